@@ -1,0 +1,86 @@
+"""Alpha-beta communication model (latency + size / bandwidth) for the collectives training uses.
+
+Volumes per rank follow Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations
+in MPICH" (2005): a ring all-reduce moves 2(n-1)/n of the buffer in 2(n-1) steps; reduce-scatter and
+all-gather move (n-1)/n in n-1 steps; a (double binary) tree all-reduce takes 2*log2(n) latency steps and
+moves about 2x the buffer. NCCL picks the faster, so all_reduce takes the minimum of the two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.specs.hardware import HardwareSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The tier a process group communicates over: bandwidth already scaled by the achieved fraction."""
+
+    bandwidth: float
+    """Bytes/s per GPU per direction that a collective achieves."""
+    latency: float
+    """Seconds per collective step (alpha)."""
+
+
+def group_link(hw: HardwareSpec, size: int, stride: int) -> Link:
+    """The link a group of `size` ranks, `stride` ranks apart, uses. Ranks are numbered tp-fastest
+    (Megatron's tp-cp-dp-pp order), so a group stays inside a node iff it spans <= gpus_per_node ranks."""
+    if size * stride <= hw.gpus_per_node:
+        return Link(hw.intra_node_bandwidth * hw.efficiency.intra_node_comm, hw.intra_node_latency)
+    return Link(hw.inter_node_bandwidth * hw.efficiency.inter_node_comm, hw.inter_node_latency)
+
+
+def ring_all_reduce(nbytes: float, n: int, link: Link) -> float:
+    """Ring all-reduce of an `nbytes` buffer on each of n ranks."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
+
+
+def tree_all_reduce(nbytes: float, n: int, link: Link) -> float:
+    """Double-binary-tree all-reduce: logarithmic latency, about twice the buffer on the wire."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * math.ceil(math.log2(n)) * link.latency + 2 * nbytes / link.bandwidth
+
+
+def all_reduce(nbytes: float, n: int, link: Link) -> float:
+    """The faster of ring and tree, as NCCL's tuner chooses."""
+    return min(ring_all_reduce(nbytes, n, link), tree_all_reduce(nbytes, n, link))
+
+
+def reduce_scatter(nbytes: float, n: int, link: Link) -> float:
+    """Reduce-scatter of an `nbytes` input per rank (each rank keeps nbytes/n)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+
+
+def all_gather(nbytes: float, n: int, link: Link) -> float:
+    """All-gather into an `nbytes` output per rank (each rank contributes nbytes/n)."""
+    return reduce_scatter(nbytes, n, link)
+
+
+def p2p(nbytes: float, link: Link) -> float:
+    """One point-to-point send between pipeline stages."""
+    if nbytes <= 0:
+        return 0.0
+    return link.latency + nbytes / link.bandwidth
+
+
+def bucketed_exposure(total_bytes: float, bucket_bytes: float, window: float, per_bucket) -> float:
+    """Time a bucketed collective runs past the compute it overlaps with.
+
+    Gradients become ready at a uniform rate during a `window` of compute and are reduced in nb equal
+    buckets of at most `bucket_bytes`, one after another, each taking c = per_bucket(size) seconds. Bucket j
+    is ready at j*window/nb; the last finishes at max_j (j*window/nb + (nb-j+1)*c), a maximum reached at
+    j = nb (comm keeps up: only the last bucket, c, is exposed) or at j = 1 (comm-bound: nb*c - window +
+    window/nb is exposed). Small buckets pay latency nb times; large ones expose a large last bucket.
+    """
+    if total_bytes <= 0:
+        return 0.0
+    nb = max(1, math.ceil(total_bytes / bucket_bytes))
+    c = per_bucket(total_bytes / nb)
+    return max(c, nb * c - window + window / nb)

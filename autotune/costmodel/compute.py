@@ -1,0 +1,42 @@
+"""Roofline time of an operator: the slower of its arithmetic and its memory traffic.
+
+The achieved fractions of the peaks (efficiency) come from the hardware file or a measured profile.
+Norms, element-wise ops and softmax have about one FLOP per byte, far left of every GPU's ridge point, so
+they are charged for their traffic alone (paper 5); GEMMs and fused attention for the slower of both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.costmodel.ops import CATEGORIES, Op
+from autotune.specs.hardware import HardwareSpec
+
+
+@dataclass(frozen=True, slots=True)
+class PassTime:
+    """Time of a list of ops, in total and per category (gemm, attention, norm, elementwise, vocab)."""
+
+    seconds: float
+    by_category: tuple[float, ...]
+    flops: float
+
+
+def op_time(op: Op, hw: HardwareSpec, dtype: str) -> float:
+    """Seconds one operator takes on one GPU."""
+    memory_s = op.bytes / (hw.hbm_bandwidth * hw.efficiency.memory)
+    if op.kernel == "memory":
+        return memory_s
+    eff = hw.efficiency.gemm if op.kernel == "gemm" else hw.efficiency.attention
+    compute_s = op.flops / (hw.peak_flops(dtype) * eff)
+    return max(compute_s, memory_s)
+
+
+def pass_time(ops: tuple[Op, ...], hw: HardwareSpec, dtype: str) -> PassTime:
+    """Total and per-category time of a sequence of ops (kernels run one after another on a GPU)."""
+    by = dict.fromkeys(CATEGORIES, 0.0)
+    flops = 0.0
+    for op in ops:
+        by[op.category] += op_time(op, hw, dtype)
+        flops += op.flops
+    return PassTime(sum(by.values()), tuple(by[c] for c in CATEGORIES), flops)

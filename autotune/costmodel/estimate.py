@@ -1,0 +1,178 @@
+"""The whole step: pipeline time, exposed data-parallel communication, optimizer, throughput and MFU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.costmodel import comm
+from autotune.costmodel.flops import model_flops_per_step
+from autotune.costmodel.layer import LayerCost, VocabCost, layer_cost, vocab_cost
+from autotune.costmodel.ops import CATEGORIES
+from autotune.costmodel.schedules import pipeline_time
+from autotune.costmodel.stages import StageCost, build_stage, p2p_time
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES, JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import Plan
+
+#: Bytes Adam touches per parameter in its step: read the fp32 gradient, read and write the fp32 master
+#: weight, m and v, write the 16-bit weight (a memory-bound kernel, paper 5).
+ADAM_STEP_BYTES = 4 + 2 * 4 * 3 + 2
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Step time split into additive terms, seen from the slowest (bottleneck) pipeline stage."""
+
+    compute_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    pp_comm_s: float
+    bubble_s: float
+    dp_comm_exposed_s: float
+    optimizer_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The cost model's prediction for one plan."""
+
+    plan: Plan
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    mfu: float
+    stages: tuple[StageCost, ...]
+    breakdown: Breakdown
+    op_seconds: tuple[tuple[str, float], ...]
+    """Per-step compute time of the bottleneck stage by operator category (gemm, attention, norm, ...)."""
+    usable_memory_bytes: int
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(s.memory.total for s in self.stages)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory_bytes <= self.usable_memory_bytes
+
+    @property
+    def bottleneck(self) -> int:
+        return max(range(len(self.stages)), key=lambda i: (self.stages[i].time_s, -i))
+
+
+class CostModel:
+    """Evaluates plans of one (model, hardware, job). Layer and vocabulary costs are memoized per
+    (tp, cp, mbs, sp), so evaluating many plans costs little more than assembling their stages."""
+
+    def __init__(self, model: ModelSpec, hw: HardwareSpec, job: JobSpec) -> None:
+        self.model, self.hw, self.job = model, hw, job
+        self._layer: dict[tuple[int, int, int, bool], LayerCost] = {}
+        self._vocab: dict[tuple[int, int, int, bool], VocabCost] = {}
+        self.model_flops = model_flops_per_step(model, job)
+
+    def layer(self, tp: int, cp: int, mbs: int, sp: bool) -> LayerCost:
+        key = (tp, cp, mbs, sp)
+        if key not in self._layer:
+            self._layer[key] = layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp)
+        return self._layer[key]
+
+    def vocab(self, tp: int, cp: int, mbs: int, sp: bool) -> VocabCost:
+        key = (tp, cp, mbs, sp)
+        if key not in self._vocab:
+            self._vocab[key] = vocab_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp)
+        return self._vocab[key]
+
+    def stages(self, plan: Plan) -> tuple[StageCost, ...]:
+        key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel)
+        layer, vocab = self.layer(*key), self.vocab(*key)
+        tokens = plan.mbs * self.job.seq_len // plan.cp
+        p2p_s = p2p_time(plan, self.hw, tokens, self.model.hidden_size)
+        return tuple(build_stage(plan, i, layer, vocab, self.hw, p2p_s) for i in range(plan.pp))
+
+    def estimate(self, plan: Plan) -> Estimate:
+        """Predict step time, throughput and per-stage memory of a plan (assumed valid: see check_plan)."""
+        stages = self.stages(plan)
+        m = plan.num_microbatches
+        times = [s.time_s for s in stages]
+        pipe = pipeline_time(times, m, plan.vpp)
+        dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.vocab(plan.tp, plan.cp, plan.mbs,
+                                                                       plan.sequence_parallel).embed_params,
+                                     self.model.tied_embeddings)
+        opt = optimizer_time(plan, self.hw, stages)
+        step = pipe + dp_exposed + opt
+        b = max(range(len(stages)), key=lambda i: (times[i], -i))
+        bs = stages[b]
+        breakdown = Breakdown(
+            compute_s=m * bs.compute_s, recompute_s=m * bs.recompute_s, tp_comm_s=m * bs.tp_comm_s,
+            cp_comm_s=m * bs.cp_comm_s, pp_comm_s=m * bs.pp_comm_s, bubble_s=pipe - m * times[b],
+            dp_comm_exposed_s=dp_exposed + m * bs.zero3_comm_s, optimizer_s=opt)
+        gpus = plan.num_gpus
+        tflops = self.model_flops / step / gpus / 1e12
+        return Estimate(
+            plan=plan, step_time_s=step, tokens_per_s=self.job.tokens_per_step / step,
+            model_tflops_per_gpu=tflops, mfu=tflops * 1e12 / self.hw.peak_flops(self.job.dtype),
+            stages=stages, breakdown=breakdown,
+            op_seconds=tuple((c, m * t) for c, t in zip(CATEGORIES, bs.by_category)),
+            usable_memory_bytes=self.hw.usable_memory_bytes)
+
+
+def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], embed_params: int,
+                    tied: bool) -> float:
+    """Data-parallel synchronization left exposed at the end (gradients) and start (parameters) of a step.
+
+    Gradients are reduced in buckets while the last micro-batch's backward runs (Megatron's
+    overlap_grad_reduce); stage i finishes that backward sum(bwd_j, j < i) before stage 0 does, so that much
+    more of its reduction hides. With the distributed optimizer (ZeRO-1/2) gradients are reduce-scattered and
+    the updated 16-bit weights all-gathered bucket by bucket during the next step's first forward
+    (overlap_param_gather), where stage i starts sum(fwd_j, j < i) late. A tied embedding's gradient is
+    all-reduced between the first and last stage after the backward (Megatron's finalize_model_grads).
+    """
+    if plan.zero >= 3:
+        return 0.0
+    n = plan.dp * plan.cp
+    link = comm.group_link(hw, n, plan.tp)
+    grad_exposed = param_exposed = 0.0
+    bwd_slack = fwd_slack = 0.0
+    for s in stages:
+        grad_exposed = max(grad_exposed, grad_sync_exposure(plan, s, n, link) - bwd_slack)
+        param_exposed = max(param_exposed, param_sync_exposure(plan, s, n, link) - fwd_slack)
+        bwd_slack += s.bwd_s
+        fwd_slack += s.fwd_s
+    return grad_exposed + param_exposed + tied_embedding_sync(plan, hw, embed_params, tied)
+
+
+def grad_sync_exposure(plan: Plan, stage: StageCost, n: int, link: comm.Link) -> float:
+    """Exposed gradient reduction of one stage, before any slack from later-finishing stages."""
+    if n == 1:
+        return 0.0
+    collective = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
+    return comm.bucketed_exposure(stage.params * GRAD_BYTES, plan.bucket_size * GRAD_BYTES, stage.bwd_s,
+                                  lambda size: collective(size, n, link))
+
+
+def param_sync_exposure(plan: Plan, stage: StageCost, n: int, link: comm.Link) -> float:
+    """Exposed all-gather of updated weights under the distributed optimizer, before slack."""
+    if n == 1 or plan.zero == 0:
+        return 0.0
+    return comm.bucketed_exposure(stage.params * WEIGHT_BYTES, plan.bucket_size * WEIGHT_BYTES, stage.fwd_s,
+                                  lambda size: comm.all_gather(size, n, link))
+
+
+def tied_embedding_sync(plan: Plan, hw: HardwareSpec, embed_params: int, tied: bool) -> float:
+    """All-reduce of the tied embedding gradient between the first and the last pipeline stage."""
+    if not tied or plan.pp == 1:
+        return 0.0
+    link = comm.group_link(hw, plan.pp, plan.tp * plan.cp * plan.dp)
+    return comm.all_reduce(embed_params * GRAD_BYTES, 2, link)
+
+
+def optimizer_time(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...]) -> float:
+    """Adam step of the slowest stage: memory-bound over the parameters this GPU updates."""
+    shards = plan.dp * plan.cp if plan.zero >= 1 else 1
+    most = max(s.params for s in stages)
+    return most * ADAM_STEP_BYTES / shards / (hw.hbm_bandwidth * hw.efficiency.memory)

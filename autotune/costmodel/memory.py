@@ -1,0 +1,149 @@
+"""Parameter counts and per-GPU memory: weights, gradients, optimizer states and activations.
+
+Activation bytes follow Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
+(MLSys 2023, arXiv 2205.05198), Section 4 and Table 2: per layer s*b*h*(34 + 5*a*s/h) bytes without
+parallelism, s*b*h*(10 + 24/t + 5*a*s/(h*t)) with tensor parallelism, all divided by t with sequence
+parallelism, the 5*a*s/h score term gone with selective recomputation, and only the 2*s*b*h layer input kept
+with full recomputation. The terms are itemized tensor by tensor below so that GQA, gated MLPs, models
+without dropout and flash attention (no s x s scores, an fp32 log-sum-exp instead) get their own sizes; for a
+GPT block they reduce exactly to the closed forms (tests/costmodel/test_memory.py checks this).
+All results are whole bytes so that the solver, the estimate and the validator agree exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.costmodel.ops import LayerShape
+from autotune.specs.job import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+from autotune.specs.model import ModelSpec
+
+_FP32 = 4
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+def layer_params(model: ModelSpec, tp: int = 1) -> int:
+    """Parameters of one Transformer block held by one GPU of a tp group (linear layers split by tp;
+    norm weights and the biases of row-parallel layers replicated)."""
+    h, q, kv, f = model.hidden_size, model.q_width, model.kv_width, model.ffn_hidden_size
+    up = 2 * f if model.gated else f
+    linear = h * (q + 2 * kv) + q * h + h * up + f * h
+    norms = 2 * h * (2 if model.norm == "layernorm" else 1)
+    split_bias = replicated_bias = 0
+    if model.bias in ("qkv", "all"):
+        split_bias += q + 2 * kv
+    if model.bias == "all":
+        split_bias += up
+        replicated_bias += 2 * h
+    return linear // tp + split_bias // tp + norms + replicated_bias
+
+
+def embedding_params(model: ModelSpec, tp: int = 1) -> int:
+    """Input embedding (vocab-parallel over tp) plus a learned position table (replicated)."""
+    return model.vocab_size * model.hidden_size // tp + model.max_position_embeddings * model.hidden_size
+
+
+def head_params(model: ModelSpec, tp: int = 1, *, separate_stage: bool = True) -> int:
+    """Final norm plus the LM head. A tied head shares the embedding when both sit on one GPU; on a
+    separate last pipeline stage Megatron keeps its own copy and all-reduces the two gradients."""
+    norm = model.hidden_size * (2 if model.norm == "layernorm" else 1)
+    if model.tied_embeddings and not separate_stage:
+        return norm
+    return norm + model.vocab_size * model.hidden_size // tp
+
+
+def total_params(model: ModelSpec) -> int:
+    """Parameters of the whole model, counting a tied embedding once."""
+    return (model.num_layers * layer_params(model) + embedding_params(model)
+            + head_params(model, separate_stage=False))
+
+
+# ---------------------------------------------------------------------------------------------- activations
+@dataclass(frozen=True, slots=True)
+class LayerActivations:
+    """Bytes one layer keeps for the backward pass, per micro-batch, under each recompute setting."""
+
+    none: int
+    selective: int
+    full: int
+
+    def get(self, recompute: str) -> int:
+        return {"none": self.none, "selective": self.selective, "full": self.full}[recompute]
+
+
+def layer_activations(model: ModelSpec, shape: LayerShape) -> LayerActivations:
+    """Per-layer stored activations (Korthikanti et al. 2022, itemized; see the module docstring)."""
+    t, e, tp = shape.tokens, shape.elem, shape.tp
+    h, f = model.hidden_size, model.ffn_hidden_size
+    q, kv = model.q_width / tp, model.kv_width / tp
+    up = (2 * f if model.gated else f) / tp
+    shard = tp if shape.sp else 1  # tensors that only sequence parallelism splits
+    mask = 1 if model.dropout else 0
+    replicated = (2 * e * t * h      # the two norm inputs
+                  + e * t * h        # QKV GEMM input
+                  + mask * t * h     # attention-output dropout mask
+                  + e * t * h        # MLP up GEMM input
+                  + mask * t * h) / shard  # MLP dropout mask
+    split = e * t * (q + kv) + e * t * kv + e * t * q + e * t * up + e * t * f / tp  # Q,K ; V ; out-proj in ; act in ; down in
+    heads = q / model.head_dim
+    if shape.flash:
+        scores = _FP32 * t * heads  # the softmax log-sum-exp per query and head
+    else:
+        n_scores = shape.mbs * heads * (t / shape.mbs) * (shape.kv_tokens / shape.mbs)
+        scores = n_scores * (e + (mask + e) * mask)  # softmax out; dropout mask and output with dropout
+    none = replicated + split + scores
+    return LayerActivations(
+        none=_whole(none),
+        selective=_whole(replicated + split),
+        full=_whole(e * t * h / shard),
+    )
+
+
+def embedding_activations(model: ModelSpec, shape: LayerShape) -> int:
+    """The embedding keeps only its dropout mask (its backward needs just the token ids)."""
+    return _whole((1 if model.dropout else 0) * shape.tokens * model.hidden_size / (shape.tp if shape.sp else 1))
+
+
+def head_activations(model: ModelSpec, shape: LayerShape) -> int:
+    """Final-norm and LM-head inputs plus the fp32 softmax of s*b*V/tp logits kept for the cross-entropy
+    backward (Korthikanti et al. 2022, Section 4.3: 4*s*b*v/t bytes), which dominates for large vocabularies."""
+    t, e, h = shape.tokens, shape.elem, model.hidden_size
+    shard = shape.tp if shape.sp else 1
+    return _whole(2 * e * t * h / shard + _FP32 * t * model.vocab_size / shape.tp)
+
+
+def head_transient(model: ModelSpec, shape: LayerShape) -> int:
+    """Peak scratch of the loss: the 16-bit logits live beside their fp32 copy for one micro-batch."""
+    return _whole(shape.elem * shape.tokens * model.vocab_size / shape.tp)
+
+
+def _whole(nbytes: float) -> int:
+    """Round up to whole bytes."""
+    return int(-(-nbytes // 1))
+
+
+# ---------------------------------------------------------------------------------------------- states
+def state_bytes_per_param(zero: int, shards: int) -> tuple[float, float, float]:
+    """(weight, gradient, optimizer) bytes per parameter under mixed-precision Adam and a ZeRO stage.
+
+    16-bit weights, fp32 main gradients, fp32 master weights + Adam m and v (Megatron-LM's distributed
+    optimizer docs: 18 bytes/param, 6 + 12/d with the distributed optimizer). ZeRO (Rajbhandari et al. 2020)
+    stage 1 shards the optimizer states over the `shards` data-parallel ranks, stage 2 also the gradients,
+    stage 3 also the weights.
+    """
+    weight = WEIGHT_BYTES / (shards if zero >= 3 else 1)
+    grad = GRAD_BYTES / (shards if zero >= 2 else 1)
+    opt = OPTIMIZER_BYTES / (shards if zero >= 1 else 1)
+    return weight, grad, opt
+
+
+def in_flight_1f1b(stage: int, pp: int, num_microbatches: int) -> int:
+    """Micro-batches whose activations stage `stage` holds at its peak under 1F1B: p - i (Narayanan 2021)."""
+    return min(pp - stage, num_microbatches)
+
+
+def in_flight_chunks_interleaved(stage: int, pp: int, vpp: int, num_microbatches: int) -> int:
+    """Model-chunk activations rank `stage` holds at its peak under interleaved 1F1B: its warm-up of
+    2*(p-i-1) + (v-1)*p chunk forwards plus the one in steady state (Megatron-LM's schedules.py);
+    for rank 0 this is p*(1 + (p-1)/(p*v)) stages' worth, Korthikanti et al.'s factor."""
+    return min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, num_microbatches * vpp)

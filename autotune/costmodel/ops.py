@@ -1,0 +1,203 @@
+"""The operators of one Transformer layer and of the vocabulary layers, each with FLOPs AND bytes moved.
+
+Paper 5 (Ivanov et al., "Data movement is all you need") shows that norms and element-wise operators take a
+large share of training time although they have few FLOPs, so every operator carries both, and the roofline in
+compute.py charges it the slower of the two. Fusion is a property of the list: a fused kernel is one op that
+reads its inputs once; the unfused variant is several ops that each round-trip through HBM.
+
+Shapes are per GPU: T = mbs * seq/cp tokens, heads and MLP width divided by tp; with sequence parallelism
+the norms and dropouts see T/tp tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from autotune.specs.model import ModelSpec
+
+Category = Literal["gemm", "attention", "norm", "elementwise", "vocab"]
+CATEGORIES: tuple[Category, ...] = ("gemm", "attention", "norm", "elementwise", "vocab")
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One kernel launch (or one fused kernel) of a forward or backward pass."""
+
+    name: str
+    category: Category
+    flops: float
+    bytes: float
+    """Bytes read plus bytes written in HBM."""
+    kernel: Literal["gemm", "attention", "memory"]
+    """Which efficiency applies: tensor-core GEMM, fused attention, or memory-bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerShape:
+    """The per-GPU sizes one layer's operators work on."""
+
+    tokens: int
+    """Tokens of one micro-batch on this GPU: mbs * seq / cp."""
+    kv_tokens: int
+    """Keys each query attends over: the full sequence times mbs (context parallelism splits only queries)."""
+    mbs: int
+    tp: int
+    sp: bool
+    elem: int
+    """Bytes per activation element (2 for bf16/fp16)."""
+    flash: bool
+    fused: bool
+
+    @property
+    def norm_tokens(self) -> float:
+        """Tokens seen by norms, dropouts and residual adds (split over tp under sequence parallelism)."""
+        return self.tokens / self.tp if self.sp else self.tokens
+
+
+def _gemm(name: str, m: float, k: float, n: float, elem: int, category: Category = "gemm") -> Op:
+    """C[m,n] = A[m,k] @ B[k,n]: 2mkn FLOPs; reads A and B, writes C."""
+    return Op(name, category, 2.0 * m * k * n, elem * (m * k + k * n + m * n), "gemm")
+
+
+def _memory_op(name: str, category: Category, flops: float, nbytes: float) -> Op:
+    return Op(name, category, flops, nbytes, "memory")
+
+
+def layer_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
+    """Forward operators of one Transformer block on one GPU, in execution order."""
+    t, e, tp = shape.tokens, shape.elem, shape.tp
+    tn = shape.norm_tokens
+    h = model.hidden_size
+    q, kv = model.q_width / tp, model.kv_width / tp
+    f = model.ffn_hidden_size / tp
+    mlp_up = 2 * f if model.gated else f
+    ops = [_norm("input_norm", model, tn, h, e)]
+    ops.append(_gemm("qkv_proj", t, h, q + 2 * kv, e))
+    if model.position_embedding == "rope":
+        ops.append(_memory_op("rope", "elementwise", 3.0 * t * (q + kv), 2.0 * e * t * (q + kv)))
+    ops.extend(_attention_forward(model, shape, q, kv))
+    ops.append(_gemm("out_proj", t, q, h, e))
+    ops.extend(_dropout_residual("attn_residual", model, shape, tn, h))
+    ops.append(_norm("post_attn_norm", model, tn, h, e))
+    ops.append(_gemm("mlp_up", t, h, mlp_up, e))
+    ops.extend(_activation(model, shape, t, f))
+    ops.append(_gemm("mlp_down", t, f, h, e))
+    ops.extend(_dropout_residual("mlp_residual", model, shape, tn, h))
+    return tuple(ops)
+
+
+def _norm(name: str, model: ModelSpec, tokens: float, h: int, e: int) -> Op:
+    """LayerNorm/RMSNorm: read x and the weight, write y (statistics in registers)."""
+    flops_per = 8 if model.norm == "layernorm" else 5
+    return _memory_op(name, "norm", flops_per * tokens * h, e * (2 * tokens * h + h))
+
+
+def _attention_forward(model: ModelSpec, shape: LayerShape, q: float, kv: float) -> list[Op]:
+    """Core attention. Flash: one kernel reading Q, K, V and writing O; causal masking skips half the tiles.
+    Unfused: two batched GEMMs around a softmax that round-trips the s x s score matrix through HBM."""
+    t, e, b = shape.tokens, shape.elem, shape.mbs
+    heads = q / model.head_dim
+    s_q, s_kv = t / b, shape.kv_tokens / b
+    score_flops = 2.0 * b * heads * s_q * s_kv * model.head_dim  # one of QK^T or PV
+    if shape.flash:
+        causal = 0.5 if model.causal else 1.0
+        io = e * (t * (q + 2 * kv) + t * q)
+        return [Op("flash_attention", "attention", 2 * score_flops * causal, io, "attention")]
+    scores = b * heads * s_q * s_kv
+    ops = [Op("qk_scores", "attention", score_flops, e * (t * q + shape.kv_tokens * kv + scores), "gemm")]
+    if shape.fused:
+        ops.append(_memory_op("scale_mask_softmax", "attention", 5.0 * scores, 2.0 * e * scores))
+    else:
+        ops += [_memory_op("scale_mask", "attention", 2.0 * scores, 2.0 * e * scores),
+                _memory_op("softmax", "attention", 3.0 * scores, 2.0 * e * scores)]
+    if model.dropout:
+        ops.append(_memory_op("attn_dropout", "attention", scores, 2.0 * e * scores + scores))
+    ops.append(Op("pv", "attention", score_flops, e * (scores + shape.kv_tokens * kv + t * q), "gemm"))
+    return ops
+
+
+def _dropout_residual(name: str, model: ModelSpec, shape: LayerShape, tokens: float, h: int) -> list[Op]:
+    """Bias + dropout + residual add: fused it reads x and the residual once and writes once."""
+    e, n = shape.elem, tokens * h
+    mask = n if model.dropout else 0.0
+    if shape.fused or not (model.dropout or model.bias == "all"):
+        return [_memory_op(f"{name}_add", "elementwise", 3.0 * n, 3.0 * e * n + mask)]
+    ops = []
+    if model.bias == "all":
+        ops.append(_memory_op(f"{name}_bias", "elementwise", n, 2.0 * e * n))
+    if model.dropout:
+        ops.append(_memory_op(f"{name}_dropout", "elementwise", n, 2.0 * e * n + mask))
+    ops.append(_memory_op(f"{name}_add", "elementwise", n, 3.0 * e * n))
+    return ops
+
+
+def _activation(model: ModelSpec, shape: LayerShape, t: float, f: float) -> list[Op]:
+    """GeLU (with bias) or a gated unit (act(x1) * x2)."""
+    e, n = shape.elem, t * f
+    if model.gated:
+        if shape.fused:
+            return [_memory_op("gated_act", "elementwise", 6.0 * n, 3.0 * e * n)]
+        return [_memory_op("act", "elementwise", 4.0 * n, 2.0 * e * n),
+                _memory_op("gate_mul", "elementwise", n, 3.0 * e * n)]
+    if shape.fused or model.bias != "all":
+        return [_memory_op("bias_gelu", "elementwise", 9.0 * n, 2.0 * e * n)]
+    return [_memory_op("mlp_bias", "elementwise", n, 2.0 * e * n), _memory_op("gelu", "elementwise", 8.0 * n, 2.0 * e * n)]
+
+
+def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
+    """Backward of a list of forward ops.
+
+    A GEMM's backward is two GEMMs (input gradient and weight gradient) of the same size. Flash attention's
+    backward recomputes the scores: 5 score-sized matmuls instead of 2 (Dao 2023), 2.5x the forward FLOPs, and
+    reads Q, K, V, O, dO and writes dQ, dK, dV. A memory-bound op's backward reads the saved input and the
+    incoming gradient and writes one gradient: about twice its forward traffic.
+    """
+    out = []
+    for op in forward:
+        if op.kernel == "gemm":
+            out.append(Op(op.name + "_dgrad", op.category, op.flops, op.bytes, "gemm"))
+            out.append(Op(op.name + "_wgrad", op.category, op.flops, op.bytes, "gemm"))
+        elif op.kernel == "attention":
+            out.append(Op(op.name + "_bwd", op.category, 2.5 * op.flops, 2.0 * op.bytes, "attention"))
+        else:
+            out.append(Op(op.name + "_bwd", op.category, 2.0 * op.flops, 2.0 * op.bytes, "memory"))
+    return tuple(out)
+
+
+def embedding_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
+    """Input embedding: a gather of T rows of the (vocab-parallel) table, written out as activations."""
+    t, e, h = shape.tokens, shape.elem, model.hidden_size
+    ops = [_memory_op("embedding_lookup", "vocab", 0.0, 2.0 * e * t * h)]
+    if model.position_embedding == "learned":
+        ops.append(_memory_op("position_add", "vocab", t * h, 3.0 * e * t * h))
+    return tuple(ops)
+
+
+def embedding_backward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
+    """Embedding gradient: scatter-add T rows into the fp32 gradient of the table."""
+    t, e, h = shape.tokens, shape.elem, model.hidden_size
+    return (_memory_op("embedding_grad", "vocab", t * h, e * t * h + 2 * 4 * t * h),)
+
+
+def head_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
+    """Final norm, LM head (vocab-parallel over tp) and the cross-entropy in fp32 over V/tp logits."""
+    t, e, h = shape.tokens, shape.elem, model.hidden_size
+    v = model.vocab_size / shape.tp
+    logits = t * v
+    return (
+        _norm("final_norm", model, shape.norm_tokens, h, e),
+        _gemm("lm_head", t, h, v, e, category="vocab"),
+        # Megatron's vocab-parallel cross-entropy: cast to fp32, max, exp, sum, normalize; reads the 16-bit
+        # logits, writes and re-reads the fp32 softmax it keeps for the backward.
+        _memory_op("cross_entropy", "vocab", 5.0 * logits, logits * (e + 4 + 4 + 4)),
+    )
+
+
+def head_backward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
+    """Cross-entropy gradient (softmax - one_hot, read fp32 and write 16-bit), LM head GEMMs, final norm."""
+    t, e = shape.tokens, shape.elem
+    logits = t * model.vocab_size / shape.tp
+    forward = head_forward_ops(model, shape)
+    ce_grad = _memory_op("cross_entropy_bwd", "vocab", 2.0 * logits, logits * (4 + e))
+    return (ce_grad,) + backward_ops((forward[1], forward[0]), model, shape)

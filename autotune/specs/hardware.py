@@ -1,0 +1,115 @@
+"""On what it is trained: one GPU type, its node, and the network between nodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.specs._strict import check_keys, fraction, nonneg_float, positive_float, positive_int, text
+from autotune.units import from_gbps, from_gib, from_tflops, from_us
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Efficiency:
+    """Fractions of a datasheet peak that real kernels reach. They live in data files, never in code."""
+
+    gemm: float
+    """Large bf16/fp16 matrix multiplies, fraction of the dense tensor-core peak."""
+    attention: float
+    """Fused (flash) attention kernels, fraction of the dense tensor-core peak."""
+    memory: float
+    """Memory-bound kernels (norms, element-wise, softmax), fraction of HBM bandwidth."""
+    intra_node_comm: float
+    """NCCL bus bandwidth inside a node, fraction of the per-direction link bandwidth."""
+    inter_node_comm: float
+    """NCCL bus bandwidth across nodes, fraction of the per-GPU network bandwidth."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareSpec:
+    """A GPU and its interconnect, in SI units (bytes, seconds, FLOP/s, bytes/s)."""
+
+    name: str
+    """Catalog name or file path."""
+    memory_bytes: int
+    """HBM capacity per GPU."""
+    memory_reserve_bytes: int
+    """Memory no plan may use: CUDA context, NCCL buffers, allocator fragmentation."""
+    hbm_bandwidth: float
+    """Peak HBM bandwidth, bytes/s."""
+    peak_flops_bf16: float
+    """Dense BF16 tensor-core peak, FLOP/s."""
+    peak_flops_fp16: float
+    """Dense FP16 tensor-core peak, FLOP/s."""
+    peak_flops_fp8: float
+    """Dense FP8 tensor-core peak, FLOP/s (0 when the GPU has no FP8)."""
+    gpus_per_node: int
+    """GPUs sharing the intra-node fabric (NVLink/NVSwitch, Infinity Fabric)."""
+    intra_node_bandwidth: float
+    """Per-GPU, per-direction intra-node link bandwidth, bytes/s."""
+    intra_node_latency: float
+    """Latency (alpha) of one collective step inside a node, seconds."""
+    inter_node_bandwidth: float
+    """Per-GPU, per-direction network bandwidth across nodes, bytes/s."""
+    inter_node_latency: float
+    """Latency (alpha) of one collective step across nodes, seconds."""
+    efficiency: Efficiency
+    """Achieved fractions of the peaks above."""
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """What a plan may fill: capacity minus the documented reserve."""
+        return self.memory_bytes - self.memory_reserve_bytes
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense tensor-core peak for a training dtype."""
+        peak = {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16, "fp8": self.peak_flops_fp8}[dtype]
+        if peak <= 0:
+            raise SpecError(f"--dtype {dtype}: {self.name} has no {dtype} tensor cores; use bf16")
+        return peak
+
+
+_FIGURES = ("memory_GiB", "memory_reserve_GiB", "hbm_bandwidth_GBps", "bf16_TFLOPs", "fp16_TFLOPs", "fp8_TFLOPs",
+            "gpus_per_node", "intra_node_GBps", "intra_node_latency_us", "inter_node_GBps", "inter_node_latency_us",
+            "efficiency")
+_EFFICIENCY_KEYS = ("gemm", "attention", "memory", "intra_node_comm", "inter_node_comm")
+
+
+def hardware_from_dict(data: dict[str, Any], where: str) -> HardwareSpec:
+    """Build a HardwareSpec from a hardware file; every figure must name its source under ``sources``."""
+    check_keys(data, required=("name", "sources", *_FIGURES), optional=("schema", "description"), where=where)
+    _check_sources(data, where)
+    eff_where = f"{where}: efficiency"
+    eff = data["efficiency"]
+    check_keys(eff, required=_EFFICIENCY_KEYS, where=eff_where)
+    reserve = nonneg_float(data, "memory_reserve_GiB", where)
+    memory = positive_float(data, "memory_GiB", where)
+    if reserve >= memory:
+        raise SpecError(f"{where}: memory_reserve_GiB {reserve} must be below memory_GiB {memory}")
+    return HardwareSpec(
+        name=text(data, "name", where),
+        memory_bytes=from_gib(memory),
+        memory_reserve_bytes=from_gib(reserve),
+        hbm_bandwidth=from_gbps(positive_float(data, "hbm_bandwidth_GBps", where)),
+        peak_flops_bf16=from_tflops(positive_float(data, "bf16_TFLOPs", where)),
+        peak_flops_fp16=from_tflops(positive_float(data, "fp16_TFLOPs", where)),
+        peak_flops_fp8=from_tflops(nonneg_float(data, "fp8_TFLOPs", where)),
+        gpus_per_node=positive_int(data, "gpus_per_node", where),
+        intra_node_bandwidth=from_gbps(positive_float(data, "intra_node_GBps", where)),
+        intra_node_latency=from_us(positive_float(data, "intra_node_latency_us", where)),
+        inter_node_bandwidth=from_gbps(positive_float(data, "inter_node_GBps", where)),
+        inter_node_latency=from_us(positive_float(data, "inter_node_latency_us", where)),
+        efficiency=Efficiency(**{k: fraction(eff, k, eff_where) for k in _EFFICIENCY_KEYS}),
+    )
+
+
+def _check_sources(data: dict[str, Any], where: str) -> None:
+    """Every figure in a hardware file says where it comes from (datasheet, paper, measured, calibrated)."""
+    sources = data["sources"]
+    if not isinstance(sources, dict):
+        raise SpecError(f"{where}: sources must map each figure key to its source")
+    unsourced = [k for k in _FIGURES if not str(sources.get(k, "")).strip()]
+    if unsourced:
+        raise SpecError(f"{where}: sources has no entry for {', '.join(unsourced)}; name the datasheet, paper "
+                        "or measurement each figure comes from")

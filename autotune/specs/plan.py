@@ -1,0 +1,207 @@
+"""How it is parallelized: one point of the search space, and the rules every plan must obey."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from autotune.errors import InvalidPlanError
+from autotune.specs._strict import check_keys
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+
+Schedule = Literal["1f1b", "interleaved"]
+Recompute = Literal["none", "selective", "full"]
+Vocab = Literal["ends", "balanced"]
+SCHEDULES = ("1f1b", "interleaved")
+RECOMPUTES = ("none", "selective", "full")
+VOCABS = ("ends", "balanced")
+#: Megatron-LM's default DDP bucket: 40M parameters (distributed/distributed_data_parallel_config.py)
+DEFAULT_BUCKET = 40_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A complete parallel plan: degrees, batching, schedule, memory savers and the pipeline partition."""
+
+    tp: int
+    """Tensor-parallel degree (Megatron 1-D split of every linear layer)."""
+    pp: int
+    """Pipeline-parallel degree (ranks, not virtual stages)."""
+    dp: int
+    """Data-parallel degree."""
+    cp: int = 1
+    """Context-parallel degree (the sequence split over ranks, ring attention)."""
+    mbs: int = 1
+    """Micro-batch size in sequences."""
+    num_microbatches: int = 1
+    """Micro-batches per optimizer step on each data-parallel rank."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule."""
+    vpp: int = 1
+    """Virtual stages (model chunks) per pipeline rank; > 1 only for the interleaved schedule."""
+    recompute: Recompute = "none"
+    """Activation recomputation granularity."""
+    recompute_layers: int | None = None
+    """With full recompute: layers per stage recomputed (Megatron's block method); None = all of them."""
+    zero: int = 0
+    """ZeRO stage: 1 = distributed optimizer, 2 = also gradients, 3 = also weights (FSDP)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (norm/dropout split over tp; all-reduce becomes RS + AG)."""
+    vocab: Vocab = "ends"
+    """Embedding on the first stage, LM head + loss on the last; 'balanced' = uneven layer counts allowed."""
+    layers_per_stage: tuple[int, ...] = ()
+    """Transformer layers on each pipeline rank, first to last."""
+    bucket_size: int = DEFAULT_BUCKET
+    """Data-parallel gradient bucket, in parameters (Megatron's --ddp-bucket-size)."""
+
+    @property
+    def model_parallel(self) -> int:
+        """GPUs holding one replica of the model."""
+        return self.tp * self.pp * self.cp
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the plan uses."""
+        return self.tp * self.pp * self.dp * self.cp
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form of ../shared/CLI.md (keys in a fixed order)."""
+        return {
+            "tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "mbs": self.mbs,
+            "num_microbatches": self.num_microbatches, "vpp": self.vpp, "schedule": self.schedule,
+            "recompute": self.recompute, "recompute_layers": self.recompute_layers, "zero": self.zero,
+            "sequence_parallel": self.sequence_parallel, "vocab": self.vocab,
+            "layers_per_stage": list(self.layers_per_stage), "bucket_size": self.bucket_size,
+        }
+
+
+_REQUIRED = ("tp", "pp", "dp", "mbs", "num_microbatches", "layers_per_stage")
+_OPTIONAL = ("cp", "vpp", "schedule", "recompute", "recompute_layers", "zero", "sequence_parallel", "vocab",
+             "bucket_size")
+
+
+def plan_from_dict(data: Any, where: str) -> Plan:
+    """Read a plan object (or a whole `plan --json` document holding one under "plan")."""
+    if isinstance(data, dict) and isinstance(data.get("plan"), dict):
+        data = data["plan"]
+    check_keys(data, required=_REQUIRED, optional=_OPTIONAL, where=where)
+    ints = {}
+    for key in ("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "zero", "bucket_size"):
+        if key in data:
+            value = data[key]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidPlanError(f"{where}: {key} must be an integer, got {value!r}")
+            ints[key] = value
+    layers = data["layers_per_stage"]
+    if not isinstance(layers, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in layers):
+        raise InvalidPlanError(f"{where}: layers_per_stage must be a list of integers, got {layers!r}")
+    extra: dict[str, Any] = {}
+    for key, options in (("schedule", SCHEDULES), ("recompute", RECOMPUTES), ("vocab", VOCABS)):
+        if key in data:
+            if data[key] not in options:
+                raise InvalidPlanError(f"{where}: {key} must be one of {', '.join(options)}, got {data[key]!r}")
+            extra[key] = data[key]
+    if "sequence_parallel" in data:
+        if not isinstance(data["sequence_parallel"], bool):
+            raise InvalidPlanError(f"{where}: sequence_parallel must be true or false")
+        extra["sequence_parallel"] = data["sequence_parallel"]
+    if data.get("recompute_layers") is not None:
+        if not isinstance(data["recompute_layers"], int) or isinstance(data["recompute_layers"], bool):
+            raise InvalidPlanError(f"{where}: recompute_layers must be an integer or null")
+        extra["recompute_layers"] = data["recompute_layers"]
+    return Plan(layers_per_stage=tuple(layers), **ints, **extra)
+
+
+def even_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    """The obvious baseline partition: layers as even as possible, extra layers on the middle stages first."""
+    base, extra = divmod(num_layers, pp)
+    counts = [base] * pp
+    # Extra layers go to the middle, away from the stages that carry the vocabulary layers.
+    order = sorted(range(pp), key=lambda i: (i in (0, pp - 1), abs(i - (pp - 1) / 2), i))
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def is_even_split(layers: tuple[int, ...]) -> bool:
+    """Whether stage layer counts differ by at most one (the 'ends' vocabulary placement)."""
+    return max(layers) - min(layers) <= 1
+
+
+def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_per_node: int, *,
+               allow_idle: bool = False, allow_cross_node_tp: bool = False) -> None:
+    """Raise InvalidPlanError naming the first rule the plan breaks and how to fix it."""
+    for key in ("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "bucket_size"):
+        if getattr(plan, key) < 1:
+            raise InvalidPlanError(f"{key} must be >= 1, got {getattr(plan, key)}")
+    used = plan.num_gpus
+    if used != num_gpus and not (allow_idle and used < num_gpus):
+        raise InvalidPlanError(f"tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = {used} GPUs, but --gpus is "
+                               f"{num_gpus}; change a degree so the product is {num_gpus}")
+    if model.num_heads % plan.tp or model.num_kv_heads % plan.tp:
+        raise InvalidPlanError(f"tp {plan.tp} must divide num_heads {model.num_heads} and num_kv_heads "
+                               f"{model.num_kv_heads}; pick a tp that divides both")
+    if plan.tp > gpus_per_node and not allow_cross_node_tp:
+        raise InvalidPlanError(f"tp {plan.tp} exceeds the {gpus_per_node} GPUs of a node; use tp <= {gpus_per_node} "
+                               "or pass --allow-cross-node-tp")
+    if plan.cp > 1 and job.seq_len % (2 * plan.cp):
+        raise InvalidPlanError(f"cp {plan.cp} needs seq_len divisible by 2*cp = {2 * plan.cp} (load-balanced "
+                               f"ring attention), got {job.seq_len}")
+    if plan.dp * plan.mbs * plan.num_microbatches != job.global_batch:
+        raise InvalidPlanError(f"global batch {job.global_batch} != dp {plan.dp} x mbs {plan.mbs} x microbatches "
+                               f"{plan.num_microbatches}; pick mbs and microbatches whose product with dp is "
+                               f"{job.global_batch}")
+    if plan.sequence_parallel and plan.tp == 1:
+        raise InvalidPlanError("sequence_parallel needs tp > 1; set it to false")
+    if plan.zero not in (0, 1, 2, 3):
+        raise InvalidPlanError(f"zero must be 0, 1, 2 or 3, got {plan.zero}")
+    if plan.zero >= 2 and plan.pp > 1:
+        raise InvalidPlanError(f"zero {plan.zero} shards gradients, which pipeline parallelism forbids (as "
+                               "DeepSpeed does); use zero 0 or 1 with pp > 1")
+    _check_partition(plan, model)
+    _check_schedule(plan)
+    _check_recompute(plan)
+
+
+def _check_partition(plan: Plan, model: ModelSpec) -> None:
+    layers = plan.layers_per_stage
+    if len(layers) != plan.pp:
+        raise InvalidPlanError(f"layers_per_stage has {len(layers)} entries but pp is {plan.pp}; give one per stage")
+    if any(n < 0 for n in layers) or sum(layers) != model.num_layers:
+        raise InvalidPlanError(f"layers_per_stage {list(layers)} must be >= 0 and sum to num_layers "
+                               f"{model.num_layers} (they sum to {sum(layers)})")
+    if plan.vocab == "ends" and not is_even_split(layers):
+        raise InvalidPlanError(f"vocab 'ends' means an even split, but layers_per_stage is {list(layers)}; "
+                               "use vocab 'balanced' for an uneven one")
+
+
+def _check_schedule(plan: Plan) -> None:
+    if plan.schedule == "1f1b" and plan.vpp != 1:
+        raise InvalidPlanError(f"vpp {plan.vpp} needs schedule 'interleaved'; 1f1b has vpp 1")
+    if plan.schedule == "interleaved":
+        if plan.pp < 2 or plan.vpp < 2:
+            raise InvalidPlanError("the interleaved schedule needs pp >= 2 and vpp >= 2")
+        if any(n % plan.vpp for n in plan.layers_per_stage):
+            raise InvalidPlanError(f"interleaved with vpp {plan.vpp}: every stage's layer count must be divisible by "
+                                   f"vpp, got {list(plan.layers_per_stage)}")
+        if plan.num_microbatches % plan.pp:
+            raise InvalidPlanError(f"the interleaved schedule needs num_microbatches ({plan.num_microbatches}) "
+                                   f"divisible by pp ({plan.pp})")
+
+
+def _check_recompute(plan: Plan) -> None:
+    if plan.recompute_layers is None:
+        return
+    if plan.recompute != "full":
+        raise InvalidPlanError("recompute_layers applies only to recompute 'full'; remove it or set recompute full")
+    if not 1 <= plan.recompute_layers <= max(plan.layers_per_stage):
+        raise InvalidPlanError(f"recompute_layers must be in 1..{max(plan.layers_per_stage)}, "
+                               f"got {plan.recompute_layers}")
+
+
+def normalized(plan: Plan) -> Plan:
+    """The canonical form of a plan: recompute_layers covering every layer means plain full recompute."""
+    if plan.recompute_layers is not None and plan.recompute_layers >= max(plan.layers_per_stage):
+        return replace(plan, recompute_layers=None)
+    return plan

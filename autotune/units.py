@@ -1,0 +1,68 @@
+"""The one module that owns units.
+
+Inside autotune every quantity is SI: seconds, bytes, FLOP, FLOP/s, bytes/s. Data files carry the unit
+in the key (``hbm_GiB``, ``nvlink_GBps``, ``bf16_TFLOPs``); these helpers convert at the boundary.
+The integer scaling used by the CP-SAT model lives here too, so the solver and the reports agree.
+"""
+
+from __future__ import annotations
+
+import math
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+GB = 10**9
+TERA = 10**12
+US = 1e-6
+
+#: bytes per element of each training dtype (fp8 GEMMs still keep bf16 activations, see dtype_bytes)
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+#: CP-SAT works on integers: one time unit is this many seconds (0.1 microsecond).
+SOLVER_TIME_UNIT_S = 1e-7
+
+
+def gib(n_bytes: float) -> float:
+    """Bytes to GiB (for display)."""
+    return n_bytes / GiB
+
+
+def from_gib(value: float) -> int:
+    """GiB to whole bytes."""
+    return int(round(value * GiB))
+
+
+def from_gbps(value: float) -> float:
+    """GB/s (decimal, as datasheets print it) to bytes/s."""
+    return value * GB
+
+
+def from_tflops(value: float) -> float:
+    """TFLOP/s to FLOP/s."""
+    return value * TERA
+
+
+def from_us(value: float) -> float:
+    """Microseconds to seconds."""
+    return value * US
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name (bf16, fp16, fp8, fp32)."""
+    return _DTYPE_BYTES[dtype]
+
+
+def to_solver_time(seconds: float) -> int:
+    """Seconds to the solver's integer time unit, rounded to nearest."""
+    return int(round(seconds / SOLVER_TIME_UNIT_S))
+
+
+def from_solver_time(units: int) -> float:
+    """The solver's integer time unit back to seconds."""
+    return units * SOLVER_TIME_UNIT_S
+
+
+def ceil_bytes(value: float) -> int:
+    """Round a byte count up, so that integer memory checks never under-count."""
+    return int(math.ceil(value - 1e-9))
