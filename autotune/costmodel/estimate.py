@@ -139,27 +139,27 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
     grad_exposed = param_exposed = 0.0
     bwd_slack = fwd_slack = 0.0
     for s in stages:
-        grad_exposed = max(grad_exposed, grad_sync_exposure(plan, s, n, link) - bwd_slack)
-        param_exposed = max(param_exposed, param_sync_exposure(plan, s, n, link) - fwd_slack)
+        grad_exposed = max(grad_exposed, grad_sync_exposure(plan, s.params, s.bwd_s, n, link) - bwd_slack)
+        param_exposed = max(param_exposed, param_sync_exposure(plan, s.params, s.fwd_s, n, link) - fwd_slack)
         bwd_slack += s.bwd_s
         fwd_slack += s.fwd_s
     return grad_exposed + param_exposed + tied_embedding_sync(plan, hw, embed_params, tied)
 
 
-def grad_sync_exposure(plan: Plan, stage: StageCost, n: int, link: comm.Link) -> float:
+def grad_sync_exposure(plan: Plan, params: int, bwd_s: float, n: int, link: comm.Link) -> float:
     """Exposed gradient reduction of one stage, before any slack from later-finishing stages."""
-    if n == 1:
+    if n == 1 or plan.zero >= 3:
         return 0.0
     collective = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
-    return comm.bucketed_exposure(stage.params * GRAD_BYTES, plan.bucket_size * GRAD_BYTES, stage.bwd_s,
+    return comm.bucketed_exposure(params * GRAD_BYTES, plan.bucket_size * GRAD_BYTES, bwd_s,
                                   lambda size: collective(size, n, link))
 
 
-def param_sync_exposure(plan: Plan, stage: StageCost, n: int, link: comm.Link) -> float:
+def param_sync_exposure(plan: Plan, params: int, fwd_s: float, n: int, link: comm.Link) -> float:
     """Exposed all-gather of updated weights under the distributed optimizer, before slack."""
-    if n == 1 or plan.zero == 0:
+    if n == 1 or plan.zero in (0, 3):
         return 0.0
-    return comm.bucketed_exposure(stage.params * WEIGHT_BYTES, plan.bucket_size * WEIGHT_BYTES, stage.fwd_s,
+    return comm.bucketed_exposure(params * WEIGHT_BYTES, plan.bucket_size * WEIGHT_BYTES, fwd_s,
                                   lambda size: comm.all_gather(size, n, link))
 
 

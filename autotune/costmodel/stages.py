@@ -97,67 +97,100 @@ def p2p_time(plan: Plan, hw: HardwareSpec, tokens: int, hidden: int) -> float:
     return 2 * plan.vpp * comm.p2p(nbytes, link)
 
 
+def stage_params(n: int, layer: LayerCost, vocab: VocabCost, *, first: bool, last: bool, pp: int) -> int:
+    """Parameters on one GPU of a stage with n layers (the vocabulary layers on the ends)."""
+    params = n * layer.params
+    if first:
+        params += vocab.embed_params
+    if last:
+        params += vocab.head_params if pp > 1 else vocab.head_params_shared
+    return params
+
+
+def stage_fwd_s(n: int, layer: LayerCost, vocab: VocabCost, *, first: bool, last: bool) -> float:
+    """Forward of one micro-batch through the stage (compute and exposed TP/CP communication)."""
+    return (n * (layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s) + (vocab.embed_fwd.seconds if first else 0.0)
+            + (vocab.head_fwd.seconds if last else 0.0))
+
+
+def stage_bwd_s(n: int, layer: LayerCost, vocab: VocabCost, *, first: bool, last: bool) -> float:
+    """Backward of one micro-batch through the stage, recomputation excluded."""
+    return (n * (layer.bwd.seconds + layer.tp_bwd_s + layer.cp_bwd_s) + (vocab.embed_bwd.seconds if first else 0.0)
+            + (vocab.head_bwd.seconds if last else 0.0))
+
+
 def build_stage(plan: Plan, index: int, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float) -> StageCost:
     """Assemble stage `index` of `plan` from per-layer and vocabulary costs."""
     n = plan.layers_per_stage[index]
     first, last = index == 0, index == plan.pp - 1
-    chunk = n // plan.vpp
-    rc = recomputed_per_chunk(plan, chunk)
+    rc = recomputed_per_chunk(plan, n // plan.vpp)
     r = rc * plan.vpp
     base = base_recompute(plan)
     compute = n * (layer.fwd.seconds + layer.bwd.seconds)
     cats = [n * (a + b) for a, b in zip(layer.fwd.by_category, layer.bwd.by_category)]
-    fwd = n * (layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s)
-    bwd = n * (layer.bwd.seconds + layer.tp_bwd_s + layer.cp_bwd_s)
     comm_tp = n * (layer.tp_fwd_s + layer.tp_bwd_s)
-    params = n * layer.params
+    vocab_compute = 0.0
     if first:
-        compute += vocab.embed_fwd.seconds + vocab.embed_bwd.seconds
-        cats[CATEGORIES.index("vocab")] += vocab.embed_fwd.seconds + vocab.embed_bwd.seconds
-        fwd += vocab.embed_fwd.seconds
-        bwd += vocab.embed_bwd.seconds
+        vocab_compute += vocab.embed_fwd.seconds + vocab.embed_bwd.seconds
         comm_tp += vocab.embed_comm_s
-        params += vocab.embed_params
     if last:
-        compute += vocab.head_fwd.seconds + vocab.head_bwd.seconds
-        cats[CATEGORIES.index("vocab")] += vocab.head_fwd.seconds + vocab.head_bwd.seconds
-        fwd += vocab.head_fwd.seconds
-        bwd += vocab.head_bwd.seconds
+        vocab_compute += vocab.head_fwd.seconds + vocab.head_bwd.seconds
         comm_tp += vocab.head_comm_s
-        params += vocab.head_params if plan.pp > 1 else vocab.head_params_shared
-    recompute = (n - r) * layer.recompute_time(base) + r * layer.recompute_time("full")
-    zero3 = _zero3_exposed(plan, hw, params, fwd, bwd)
-    memory = stage_memory(plan, index, layer, vocab, n, rc, params)
+    cats[CATEGORIES.index("vocab")] += vocab_compute
+    params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp)
+    fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
+    bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
+    recompute = n * layer.recompute_time(base) + r * (layer.recompute_time("full") - layer.recompute_time(base))
     return StageCost(
         index=index, layers=n, recomputed_layers=r, has_embedding=first, has_head=last,
-        compute_s=compute, recompute_s=recompute, tp_comm_s=comm_tp, cp_comm_s=n * (layer.cp_fwd_s + layer.cp_bwd_s),
-        pp_comm_s=p2p_s, zero3_comm_s=zero3, fwd_s=fwd, bwd_s=bwd, by_category=tuple(cats), params=params,
-        memory=memory)
+        compute_s=compute + vocab_compute, recompute_s=recompute, tp_comm_s=comm_tp,
+        cp_comm_s=n * (layer.cp_fwd_s + layer.cp_bwd_s), pp_comm_s=p2p_s,
+        zero3_comm_s=zero3_exposed(plan, hw, params, fwd, bwd), fwd_s=fwd, bwd_s=bwd, by_category=tuple(cats),
+        params=params, memory=stage_memory(plan, index, layer, vocab, n, rc))
 
 
-def stage_memory(plan: Plan, index: int, layer: LayerCost, vocab: VocabCost, n: int, rc: int, params: int) -> StageMemory:
-    """Peak bytes on one GPU of stage `index` (whole bytes; the solver uses the same integers)."""
+def state_bytes(params: int, zero: int, shards: int) -> tuple[int, int, int]:
+    """Whole bytes of (weights, gradients, optimizer states) for `params` parameters."""
+    w, g, o = state_bytes_per_param(zero, shards)
+    return _ceil(params * w), _ceil(params * g), _ceil(params * o)
+
+
+def stage_memory(plan: Plan, index: int, layer: LayerCost, vocab: VocabCost, n: int, rc: int) -> StageMemory:
+    """Peak bytes on one GPU of stage `index`. Every term is linear in the stage's layer count n and its
+    recomputed layers per chunk rc, with integer coefficients, so the CP-SAT model uses the same numbers."""
+    first, last = index == 0, index == plan.pp - 1
     shards = plan.dp * plan.cp
-    w, g, o = state_bytes_per_param(plan.zero, shards)
+    vocab_params = stage_params(0, layer, vocab, first=first, last=last, pp=plan.pp)
+    per_layer = state_bytes(layer.params, plan.zero, shards)
+    fixed = state_bytes(vocab_params, plan.zero, shards)
     num, den = activation_multiplier(plan.schedule, index, plan.pp, plan.vpp, plan.num_microbatches)
     chunk = n // plan.vpp
-    base = base_recompute(plan)
-    chunk_act = rc * layer.act.full + (chunk - rc) * layer.act.get(base)
-    vocab_act = 0
-    if index == 0:
-        vocab_act += -(-num // den) * vocab.embed_act
-    if index == plan.pp - 1:
-        vocab_act += vocab.head_act + vocab.head_transient
-    transient = layer.act.none if rc else 0
-    if plan.zero >= 3:
-        transient += 2 * layer.params * WEIGHT_BYTES  # the gathered weights of this layer and the prefetched next
+    chunk_act = rc * layer.act.full + (chunk - rc) * layer.act.get(base_recompute(plan))
     return StageMemory(
-        weights=_ceil(params * w), gradients=_ceil(params * g), optimizer=_ceil(params * o),
-        activations=num * chunk_act if den == 1 else (num * chunk_act) // 1,
-        vocab_activations=vocab_act, transient=transient)
+        weights=n * per_layer[0] + fixed[0], gradients=n * per_layer[1] + fixed[1],
+        optimizer=n * per_layer[2] + fixed[2], activations=num * chunk_act,
+        vocab_activations=stage_vocab_activations(plan, index, vocab),
+        transient=(layer.act.none if rc else 0) + zero3_transient(plan, layer))
 
 
-def _zero3_exposed(plan: Plan, hw: HardwareSpec, params: int, fwd_s: float, bwd_s: float) -> float:
+def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost) -> int:
+    """Embedding activations of the micro-batches in flight on the first stage; the LM head's fp32 softmax
+    and loss scratch of the one micro-batch the last stage holds between its forward and backward."""
+    total = 0
+    if index == 0:
+        num, den = activation_multiplier(plan.schedule, 0, plan.pp, plan.vpp, plan.num_microbatches)
+        total += -(-num // den) * vocab.embed_act
+    if index == plan.pp - 1:
+        total += vocab.head_act + vocab.head_transient
+    return total
+
+
+def zero3_transient(plan: Plan, layer: LayerCost) -> int:
+    """ZeRO-3 gathers one layer's full weights and prefetches the next."""
+    return 2 * layer.params * WEIGHT_BYTES if plan.zero >= 3 else 0
+
+
+def zero3_exposed(plan: Plan, hw: HardwareSpec, params: int, fwd_s: float, bwd_s: float) -> float:
     """ZeRO-3/FSDP per micro-batch: weights all-gathered for the forward and again for the backward, gradients
     reduce-scattered; prefetching hides them behind compute, so only the excess shows (Zhao et al. 2023)."""
     if plan.zero < 3:

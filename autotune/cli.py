@@ -1,0 +1,271 @@
+"""The command line of ../shared/CLI.md: typer commands a few lines long over library functions.
+
+`main` is the one place errors become output: every AutotuneError is one red line on stderr and its exit
+code. Usage errors (bad option values, unknown options) exit 1 rather than click's 2, because CLI.md gives
+2 to "no feasible plan". All formatting lives in render.py; here are only options -> specs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from autotune import render
+from autotune.catalog import hardware_names, load_hardware, load_model, load_raw, model_names, read_json
+from autotune.costmodel.estimate import CostModel
+from autotune.errors import AutotuneError, SpecError
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import (DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, check_plan, even_split,
+                                 plan_from_dict)
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Find the fastest parallel plan for training a Transformer on a GPU cluster.")
+
+# typer >= 0.20 vendors click, older versions use click itself; both export BadParameter, whose base
+# ClickException covers every usage error.
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+# ----------------------------------------------------------------------------------- options shared by commands
+ModelOpt = Annotated[str, typer.Option("--model", metavar="NAME|FILE",
+                                       help="Catalog model (see `autotune models`) or a config.json path.")]
+GpuOpt = Annotated[str, typer.Option("--gpu", metavar="NAME|FILE",
+                                     help="Catalog GPU (see `autotune hardware`) or a hardware file path.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", min=1, help="GPUs in the job.")]
+GpusPerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=1,
+                                                    help="GPUs per node (default: from the hardware file).")]
+BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", metavar="bf16|fp16|fp8", help="Matmul dtype.")]
+NoFlashOpt = Annotated[bool, typer.Option("--no-flash-attention", help="Unfused attention (s x s scores in HBM).")]
+UnfusedOpt = Annotated[bool, typer.Option("--unfused", help="No fused bias/activation/softmax kernels.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+CrossTpOpt = Annotated[bool, typer.Option("--allow-cross-node-tp", help="Allow tp larger than a node.")]
+
+
+def _pin(flag: str, text: str, metavar: str = "N") -> Any:
+    return Annotated[str | None, typer.Option(flag, metavar=metavar, help=text)]
+
+
+TpOpt = _pin("--tp", "Tensor-parallel degree.")
+PpOpt = _pin("--pp", "Pipeline-parallel degree.")
+DpOpt = _pin("--dp", "Data-parallel degree (default: gpus / (tp*pp*cp)).")
+CpOpt = _pin("--cp", "Context-parallel degree (default: 1).")
+MbsOpt = _pin("--mbs", "Micro-batch size in sequences (default: 1).")
+VppOpt = _pin("--vpp", "Virtual stages per pipeline rank (default: 1).")
+RecomputeOpt = _pin("--recompute", "Activation recomputation (default: none).", "|".join(RECOMPUTES))
+ScheduleOpt = _pin("--schedule", "Pipeline schedule (default: interleaved if vpp > 1, else 1f1b).",
+                   "|".join(SCHEDULES))
+ZeroOpt = _pin("--zero", "ZeRO stage (default: 0).", "0|1|2|3")
+VocabOpt = _pin("--vocab", "Where the vocabulary layers go (default: ends).", "|".join(VOCABS))
+LayersOpt = _pin("--layers-per-stage", "Layers per pipeline stage (default: even split).", "N,N,...")
+MicroOpt = Annotated[int | None, typer.Option("--num-microbatches",
+                                               help="Micro-batches per step (default: global batch / (dp*mbs)).")]
+RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-layers", help="With full recompute: "
+                                                        "layers per stage recomputed (default: all).")]
+BucketOpt = Annotated[int | None, typer.Option("--bucket-size", help=f"DP gradient bucket in parameters "
+                                               f"(default: {DEFAULT_BUCKET}).")]
+SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel",
+                                            help="Megatron sequence parallelism (default: on when tp > 1).")]
+PlanFileOpt = Annotated[str | None, typer.Option("--plan", metavar="FILE",
+                                                 help="Read the plan from a JSON file (- reads stdin).")]
+
+
+# ------------------------------------------------------------------------------------------ options -> specs
+def parse_int_list(raw: str, flag: str, *, minimum: int = 1) -> tuple[int, ...]:
+    """'4,8,16' -> (4, 8, 16); anything else is a one-line SpecError naming the flag."""
+    try:
+        values = tuple(int(item) for item in raw.split(","))
+    except ValueError:
+        raise SpecError(f"{flag} {raw!r}: expected whole numbers separated by commas, e.g. {flag} 4,8") from None
+    if any(v < minimum for v in values):
+        raise SpecError(f"{flag} {raw!r}: every value must be >= {minimum}")
+    return values
+
+
+def parse_choice_list(raw: str, flag: str, options: Sequence[str]) -> tuple[str, ...]:
+    """'none,full' -> ('none', 'full'), each checked against the allowed options."""
+    values = tuple(item.strip() for item in raw.split(","))
+    bad = [v for v in values if v not in options]
+    if bad:
+        raise SpecError(f"{flag} {','.join(bad)!r}: must be one of {', '.join(options)}")
+    return values
+
+
+def one(values: tuple[Any, ...], flag: str) -> Any:
+    """The single value `estimate` accepts where `plan` would accept a comma list."""
+    if len(values) != 1:
+        raise SpecError(f"{flag} {','.join(map(str, values))}: estimate evaluates one plan; give one value")
+    return values[0]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pins:
+    """Plan choices as typed on the command line (comma lists, which the `plan` command searches over)."""
+
+    tp: str | None = None
+    pp: str | None = None
+    dp: str | None = None
+    cp: str | None = None
+    mbs: str | None = None
+    vpp: str | None = None
+    recompute: str | None = None
+    schedule: str | None = None
+    zero: str | None = None
+    vocab: str | None = None
+    layers_per_stage: str | None = None
+    num_microbatches: int | None = None
+    recompute_layers: int | None = None
+    bucket_size: int | None = None
+    sequence_parallel: bool | None = None
+
+    def given(self) -> list[str]:
+        """The flags the user set."""
+        return ["--" + f.name.replace("_", "-") for f in fields(self) if getattr(self, f.name) is not None]
+
+
+def _one_int(raw: str | None, flag: str, default: int, minimum: int = 1) -> int:
+    return default if raw is None else one(parse_int_list(raw, flag, minimum=minimum), flag)
+
+
+def _one_choice(raw: str | None, flag: str, options: Sequence[str], default: str) -> str:
+    return default if raw is None else one(parse_choice_list(raw, flag, options), flag)
+
+
+def _quotient(total: int, flag: str, parts: dict[str, int], fix: str) -> int:
+    """total / prod(parts), or an error giving the numbers and the fix."""
+    prod = 1
+    for value in parts.values():
+        prod *= value
+    if total % prod:
+        names, values = " x ".join(parts), " x ".join(map(str, parts.values()))
+        raise SpecError(f"{flag} {total} is not divisible by {names} = {values} = {prod}; {fix}")
+    return total // prod
+
+
+def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
+    """The one plan `estimate` evaluates: each pin one value; dp, micro-batches, schedule derived."""
+    if pins.tp is None or pins.pp is None:
+        raise SpecError("estimate needs --tp and --pp (or --plan FILE); the other dimensions have defaults")
+    tp, pp = _one_int(pins.tp, "--tp", 1), _one_int(pins.pp, "--pp", 1)
+    cp, mbs, vpp = _one_int(pins.cp, "--cp", 1), _one_int(pins.mbs, "--mbs", 1), _one_int(pins.vpp, "--vpp", 1)
+    dp = (_one_int(pins.dp, "--dp", 1) if pins.dp is not None
+          else _quotient(gpus, "--gpus", {"tp": tp, "pp": pp, "cp": cp}, "change --gpus or a degree"))
+    micro = (pins.num_microbatches if pins.num_microbatches is not None
+             else _quotient(job.global_batch, "--global-batch", {"dp": dp, "mbs": mbs},
+                            f"use a multiple of {dp * mbs}, or change --mbs or --dp"))
+    layers = (parse_int_list(pins.layers_per_stage, "--layers-per-stage", minimum=0)
+              if pins.layers_per_stage is not None else even_split(model.num_layers, pp))
+    return Plan(
+        tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, num_microbatches=micro, vpp=vpp,
+        schedule=_one_choice(pins.schedule, "--schedule", SCHEDULES, "interleaved" if vpp > 1 else "1f1b"),
+        recompute=_one_choice(pins.recompute, "--recompute", RECOMPUTES, "none"),
+        recompute_layers=pins.recompute_layers, zero=_one_int(pins.zero, "--zero", 0, minimum=0),
+        sequence_parallel=tp > 1 if pins.sequence_parallel is None else pins.sequence_parallel,
+        vocab=_one_choice(pins.vocab, "--vocab", VOCABS, "ends"), layers_per_stage=layers,
+        bucket_size=DEFAULT_BUCKET if pins.bucket_size is None else pins.bucket_size)
+
+
+def read_plan(path: str, pins: Pins) -> Plan:
+    """A plan from a JSON file (or stdin for '-'); the command line may not pin anything beside it."""
+    given = pins.given()
+    if given:
+        raise SpecError(f"--plan {path} gives the whole plan; drop {', '.join(given)} or drop --plan")
+    if path != "-":
+        return plan_from_dict(read_json(Path(path), "plan file"), path)
+    try:
+        data = json.loads(sys.stdin.read())
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"--plan -: invalid JSON on stdin at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    return plan_from_dict(data, "--plan -")
+
+
+def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
+    """The GPU spec, with the node size overridden from the command line if given."""
+    hw = load_hardware(gpu)
+    return hw if gpus_per_node is None else replace(hw, gpus_per_node=gpus_per_node)
+
+
+def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool) -> JobSpec:
+    return JobSpec(global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
+                   flash_attention=not no_flash, fused_kernels=not unfused)
+
+
+def _show(renderable: Any, as_json: bool) -> None:
+    if as_json:
+        typer.echo(render.dump_json(renderable))
+    else:
+        render.make_console().print(renderable)
+
+
+# ------------------------------------------------------------------------------------------------ commands
+@app.command()
+def models(json_out: JsonOpt = False) -> None:
+    """List the catalog models."""
+    entries = [(load_model(name), load_raw("models", name)) for name in model_names()]
+    _show(render.models_json(entries) if json_out else render.models_table(entries), json_out)
+
+
+@app.command()
+def hardware(json_out: JsonOpt = False) -> None:
+    """List the catalog GPUs."""
+    entries = [(load_hardware(name), load_raw("hardware", name)) for name in hardware_names()]
+    _show(render.hardware_json(entries) if json_out else render.hardware_table(entries), json_out)
+
+
+@app.command()
+def estimate(
+    model: ModelOpt, gpu: GpuOpt, gpus: GpusOpt, global_batch: BatchOpt, seq_len: SeqOpt,
+    gpus_per_node: GpusPerNodeOpt = None, dtype: DtypeOpt = "bf16", tp: TpOpt = None, pp: PpOpt = None,
+    dp: DpOpt = None, cp: CpOpt = None, mbs: MbsOpt = None, vpp: VppOpt = None, recompute: RecomputeOpt = None,
+    schedule: ScheduleOpt = None, zero: ZeroOpt = None, vocab: VocabOpt = None,
+    layers_per_stage: LayersOpt = None, num_microbatches: MicroOpt = None,
+    recompute_layers: RecomputeLayersOpt = None, bucket_size: BucketOpt = None,
+    sequence_parallel: SpOpt = None, no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
+    plan_file: PlanFileOpt = None, json_out: JsonOpt = False,
+    ops: Annotated[bool, typer.Option("--ops", help="Also show compute time by operator category.")] = False,
+    allow_cross_node_tp: CrossTpOpt = False,
+) -> None:
+    """Evaluate one plan and explain its step time and memory term by term."""
+    spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
+    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused)
+    pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
+                vocab=vocab, layers_per_stage=layers_per_stage, num_microbatches=num_microbatches,
+                recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel)
+    plan = read_plan(plan_file, pins) if plan_file is not None else single_plan(pins, spec, job, gpus)
+    check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
+    est = CostModel(spec, hw, job).estimate(plan)
+    _show(render.estimate_json(est, spec, hw, job) if json_out
+          else render.estimate_report(est, spec, hw, job, ops=ops), json_out)
+
+
+# ------------------------------------------------------------------------------------------------ entry point
+def _fail(message: str, code: int) -> None:
+    """One red line on stderr (newlines folded so scripts can rely on a single line), then exit."""
+    typer.secho(f"error: {' '.join(message.split())}", fg="red", err=True)
+    raise SystemExit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry: run the app, turning every expected failure into `error: ...` and an exit code."""
+    try:
+        code = app(args=None if argv is None else list(argv), prog_name="autotune", standalone_mode=False)
+    except AutotuneError as exc:
+        _fail(str(exc), exc.exit_code)
+    except _CLICK_ERROR as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `autotune`: the help is the message
+            typer.echo(exc.format_message())
+            raise SystemExit(0) from None
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        _fail(exc.format_message() + hint, 1)
+    except typer.Abort:
+        _fail("aborted", 1)
+    raise SystemExit(code if isinstance(code, int) else 0)

@@ -1,0 +1,253 @@
+"""Everything the CLI shows: rich renderables for people, plain dicts for ``--json``.
+
+Functions here take finished results (specs, an `Estimate`) and only format them; no cost is computed here
+beyond unit conversion and shares of a total. JSON floats are rounded so that output is byte-identical
+across runs and platforms.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from autotune.costmodel.estimate import Estimate
+from autotune.costmodel.memory import total_params
+from autotune.costmodel.stages import StageCost
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import Plan
+from autotune.units import GB, TERA, gib
+
+#: Console width when stdout is not a terminal, so piped output and tests do not depend on $COLUMNS.
+PIPE_WIDTH = 120
+_DIGITS = 6
+
+_BREAKDOWN_LABELS = {
+    "compute_s": "compute", "recompute_s": "recomputation", "tp_comm_s": "tensor-parallel comm",
+    "cp_comm_s": "context-parallel comm", "pp_comm_s": "pipeline p2p", "bubble_s": "pipeline bubble",
+    "dp_comm_exposed_s": "data-parallel comm (exposed)", "optimizer_s": "optimizer step",
+}
+_OP_LABELS = {"gemm": "tensor contractions (gemm)", "attention": "attention", "norm": "normalizations (norm)",
+              "elementwise": "element-wise", "vocab": "vocabulary layers"}
+_MEMORY_LABELS = {"weights": "weights", "gradients": "grads", "optimizer": "optimizer",
+                  "activations": "activations", "vocab_activations": "vocab act", "transient": "transient"}
+
+
+def make_console() -> Console:
+    """A stdout console; fixed width when piped (created per command, after test runners swap stdout)."""
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(width=PIPE_WIDTH, highlight=False)
+
+
+def dump_json(obj: Any) -> str:
+    """The one JSON object a ``--json`` command prints (key order as built, so output is stable)."""
+    return json.dumps(obj, sort_keys=False, indent=2)
+
+
+def _r(x: float) -> float:
+    return round(float(x), _DIGITS)
+
+
+# ------------------------------------------------------------------------------------------------ catalogs
+def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[str, Any]:
+    """`models --json`: each catalog model's shape, parameter count and source."""
+    return {"models": [{
+        "name": m.name, "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
+        "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim, "ffn_hidden_size": m.ffn_hidden_size,
+        "vocab_size": m.vocab_size, "activation": m.activation, "norm": m.norm, "tied_embeddings": m.tied_embeddings,
+        "params_B": _r(total_params(m) / 1e9), "published_params_B": raw.get("published_params_B"),
+        "description": raw.get("description", ""), "source": m.source,
+    } for m, raw in models]}
+
+
+def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> Table:
+    table = Table(title="Models (--model NAME, or a path to a config.json)", title_justify="left")
+    for col in ("name", "layers", "hidden", "heads/kv", "ffn", "vocab", "act", "params B"):
+        table.add_column(col, justify="left" if col in ("name", "act") else "right", no_wrap=True)
+    table.add_column("source")  # the only column that shrinks to fit the width
+    for m, _ in models:
+        table.add_row(m.name, str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.num_kv_heads}",
+                      str(m.ffn_hidden_size), str(m.vocab_size), m.activation, f"{total_params(m) / 1e9:.2f}",
+                      # the first clause names the source (--json has all of it), cut to one line
+                      Text(m.source.split(";")[0], no_wrap=True, overflow="ellipsis"))
+    return table
+
+
+def hardware_json(gpus: Sequence[tuple[HardwareSpec, Mapping[str, Any]]]) -> dict[str, Any]:
+    """`hardware --json`: figures in the hardware files' own units."""
+    return {"hardware": [{
+        "name": hw.name, "memory_GiB": _r(gib(hw.memory_bytes)), "memory_reserve_GiB": _r(gib(hw.memory_reserve_bytes)),
+        "hbm_bandwidth_GBps": _r(hw.hbm_bandwidth / GB), "bf16_TFLOPs": _r(hw.peak_flops_bf16 / TERA),
+        "fp16_TFLOPs": _r(hw.peak_flops_fp16 / TERA), "fp8_TFLOPs": _r(hw.peak_flops_fp8 / TERA),
+        "gpus_per_node": hw.gpus_per_node, "intra_node_GBps": _r(hw.intra_node_bandwidth / GB),
+        "inter_node_GBps": _r(hw.inter_node_bandwidth / GB), "description": raw.get("description", ""),
+    } for hw, raw in gpus]}
+
+
+def hardware_table(gpus: Sequence[tuple[HardwareSpec, Mapping[str, Any]]]) -> Table:
+    table = Table(title="Hardware (--gpu NAME, or a path to a hardware file)", title_justify="left")
+    for col in ("name", "memory GiB", "reserve", "HBM GB/s", "bf16 TFLOP/s", "fp8 TFLOP/s", "GPUs/node",
+                "intra GB/s", "inter GB/s"):
+        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
+    for hw, _ in gpus:
+        fp8 = f"{hw.peak_flops_fp8 / TERA:g}" if hw.peak_flops_fp8 > 0 else "-"
+        table.add_row(hw.name, f"{gib(hw.memory_bytes):g}", f"{gib(hw.memory_reserve_bytes):g}",
+                      f"{hw.hbm_bandwidth / GB:g}", f"{hw.peak_flops_bf16 / TERA:g}", fp8, str(hw.gpus_per_node),
+                      f"{hw.intra_node_bandwidth / GB:g}", f"{hw.inter_node_bandwidth / GB:g}")
+    return table
+
+
+# ------------------------------------------------------------------------------------------------ estimate
+def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpec) -> dict[str, Any]:
+    """`estimate --json`: the fields of CLI.md, then per-stage detail and the operator split."""
+    return {
+        "plan": est.plan.to_dict(),
+        "step_time_s": _r(est.step_time_s),
+        "tokens_per_s": _r(est.tokens_per_s),
+        "model_tflops_per_gpu": _r(est.model_tflops_per_gpu),
+        "mfu": _r(est.mfu),
+        "peak_memory_gib": _r(gib(est.peak_memory_bytes)),
+        "memory_per_stage_gib": [_r(gib(s.memory.total)) for s in est.stages],
+        "usable_memory_gib": _r(gib(est.usable_memory_bytes)),
+        "fits": est.fits,
+        "bottleneck_stage": est.bottleneck,
+        "breakdown": {k: _r(v) for k, v in est.breakdown.as_dict().items()},
+        "stages": [_stage_json(s) for s in est.stages],
+        "operators": {c: _r(t) for c, t in est.op_seconds},
+        "job": {"model": model.name, "gpu": hw.name, "gpus": est.plan.num_gpus, "gpus_per_node": hw.gpus_per_node,
+                "global_batch": job.global_batch, "seq_len": job.seq_len, "dtype": job.dtype,
+                "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels},
+    }
+
+
+def _stage_json(s: StageCost) -> dict[str, Any]:
+    memory = {k: _r(gib(v)) for k, v in s.memory.terms().items()}
+    memory["total"] = _r(gib(s.memory.total))
+    return {"index": s.index, "layers": s.layers, "has_embedding": s.has_embedding, "has_head": s.has_head,
+            "time_s": _r(s.time_s), "compute_s": _r(s.compute_s), "recompute_s": _r(s.recompute_s),
+            "tp_comm_s": _r(s.tp_comm_s), "cp_comm_s": _r(s.cp_comm_s), "pp_comm_s": _r(s.pp_comm_s),
+            "zero3_comm_s": _r(s.zero3_comm_s), "params": s.params, "memory_gib": memory}
+
+
+def estimate_report(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpec, *,
+                    ops: bool = False) -> RenderableType:
+    """The human explanation of one plan: header, plan, summary, step breakdown, stages, operators."""
+    parts: list[RenderableType] = [
+        Text(f"{model.name} on {hw.name} x {est.plan.num_gpus} ({hw.gpus_per_node} per node), global batch "
+             f"{job.global_batch} x {job.seq_len} tokens, {job.dtype}", style="bold"),
+        Text("plan: " + plan_line(est.plan)),
+        _summary(est),
+        _breakdown_table(est),
+        _stage_time_table(est),
+        _stage_memory_table(est),
+    ]
+    if ops:
+        parts.append(_ops_table(est))
+    spaced: list[RenderableType] = []
+    for part in parts[:2]:
+        spaced.append(part)
+    for part in parts[2:]:  # a blank line before each block after the two header lines
+        spaced += [Text(""), part]
+    return Group(*spaced)
+
+
+def plan_line(plan: Plan) -> str:
+    """One line naming every choice of a plan."""
+    rc = plan.recompute if plan.recompute_layers is None else f"{plan.recompute} ({plan.recompute_layers} layers)"
+    return (f"tp {plan.tp}, pp {plan.pp}, dp {plan.dp}, cp {plan.cp}, mbs {plan.mbs} x {plan.num_microbatches} "
+            f"micro-batches, {plan.schedule} (vpp {plan.vpp}), recompute {rc}, zero {plan.zero}, sequence "
+            f"parallel {'on' if plan.sequence_parallel else 'off'}, vocab {plan.vocab}, layers "
+            f"{','.join(map(str, plan.layers_per_stage))}, bucket {plan.bucket_size / 1e6:g}M params")
+
+
+def _summary(est: Estimate) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    peak, usable = gib(est.peak_memory_bytes), gib(est.usable_memory_bytes)
+    table.add_row("step time", f"{est.step_time_s:.3f} s")
+    table.add_row("tokens/s", f"{est.tokens_per_s:,.0f}")
+    table.add_row("model TFLOP/s per GPU", f"{est.model_tflops_per_gpu:.1f}")
+    table.add_row("MFU", f"{100 * est.mfu:.1f} %")
+    table.add_row("peak memory", f"{peak:.2f} GiB of {usable:.2f} GiB usable (stage {_peak_stage(est)})")
+    if est.fits:
+        table.add_row("fits", Text("yes", style="green"))
+    else:
+        table.add_row("fits", Text(f"NO: {peak - usable:.2f} GiB over the usable memory", style="bold red"))
+    return table
+
+
+def _peak_stage(est: Estimate) -> int:
+    return max(range(len(est.stages)), key=lambda i: (est.stages[i].memory.total, -i))
+
+
+def _breakdown_table(est: Estimate) -> Table:
+    table = Table(title=f"Step time, seen from the slowest stage ({est.bottleneck})", title_justify="left")
+    table.add_column("term")
+    table.add_column("s", justify="right")
+    table.add_column("% of step", justify="right")
+    terms = est.breakdown.as_dict()
+    for key, seconds in terms.items():
+        table.add_row(_BREAKDOWN_LABELS.get(key, key), f"{seconds:.4f}", f"{100 * seconds / est.step_time_s:.1f}")
+    table.add_row(Text("total", style="bold"), f"{sum(terms.values()):.4f}", "100.0")
+    return table
+
+
+def _stage_label(s: StageCost) -> str:
+    return f"{s.layers}" + ("+E" if s.has_embedding else "") + ("+H" if s.has_head else "")
+
+
+def _stage_time_table(est: Estimate) -> Table:
+    table = Table(title="Stages: time per micro-batch (ms); * = bottleneck; E = embedding, H = LM head",
+                  title_justify="left")
+    cols = ["stage", "layers", "total", "compute", "recompute", "tp comm", "cp comm", "pp p2p"]
+    zero3 = est.plan.zero >= 3
+    for col in cols + (["zero3 comm"] if zero3 else []):
+        table.add_column(col, justify="right")
+    for s in est.stages:
+        mark = "*" if s.index == est.bottleneck else ""
+        row = [f"{s.index}{mark}", _stage_label(s)] + [
+            f"{1e3 * t:.2f}" for t in (s.time_s, s.compute_s, s.recompute_s, s.tp_comm_s, s.cp_comm_s, s.pp_comm_s)]
+        table.add_row(*row, *([f"{1e3 * s.zero3_comm_s:.2f}"] if zero3 else []))
+    return table
+
+
+def _stage_memory_table(est: Estimate) -> Table:
+    usable = est.usable_memory_bytes
+    table = Table(title=f"Stages: memory per GPU (GiB), {gib(usable):.2f} GiB usable", title_justify="left")
+    for col in ["stage", *_MEMORY_LABELS.values(), "total"]:
+        table.add_column(col, justify="right")
+    table.add_column("of usable", no_wrap=True)
+    for s in est.stages:
+        terms = [f"{gib(v):.2f}" for v in s.memory.terms().values()]
+        table.add_row(str(s.index), *terms, f"{gib(s.memory.total):.2f}", memory_bar(s.memory.total, usable))
+    return table
+
+
+def memory_bar(used: int, usable: int, width: int = 20) -> Text:
+    """A text bar of used vs usable memory; red and overflowing past the end when it does not fit."""
+    frac = used / usable
+    filled = min(width, round(frac * width))
+    bar = "#" * filled + "." * (width - filled)
+    if frac > 1:
+        return Text(f"{bar}> {100 * frac:.0f}%", style="red")
+    return Text(f"{bar} {100 * frac:.0f}%")
+
+
+def _ops_table(est: Estimate) -> Table:
+    table = Table(title="Compute by operator (slowest stage, per step)", title_justify="left")
+    table.add_column("operators")
+    table.add_column("s", justify="right")
+    table.add_column("share %", justify="right")
+    total = sum(t for _, t in est.op_seconds) or 1.0
+    for category, seconds in est.op_seconds:
+        table.add_row(_OP_LABELS.get(category, category), f"{seconds:.4f}", f"{100 * seconds / total:.1f}")
+    return table

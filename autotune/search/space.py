@@ -1,0 +1,161 @@
+"""The search space: every valid combination of degrees, batching, schedule and memory savers.
+
+The planner splits a plan into an outer part enumerated here (degrees, micro-batching, schedule, base
+recomputation, ZeRO stage, sequence parallelism) and an inner part CP-SAT decides (layers per stage, layers
+under full recomputation, gradient bucket size). Divisibility rules sit next to the generator that obeys them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from autotune.errors import SpecError
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+
+#: Gradient bucket sizes the planner chooses from, in parameters (Megatron's default is 40M).
+BUCKETS = (10_000_000, 20_000_000, 40_000_000, 80_000_000, 160_000_000, 320_000_000)
+MAX_VPP = 8
+MAX_CP = 16
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpace:
+    """Restrictions on each dimension; None leaves it free."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    dp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    mbs: tuple[int, ...] | None = None
+    vpp: tuple[int, ...] | None = None
+    schedule: tuple[str, ...] | None = None
+    recompute: tuple[str, ...] | None = None
+    zero: tuple[int, ...] | None = None
+    vocab: tuple[str, ...] | None = None
+    sequence_parallel: tuple[bool, ...] | None = None
+    layers_per_stage: tuple[int, ...] | None = None
+    buckets: tuple[int, ...] = BUCKETS
+    allow_idle: bool = False
+    """Let a plan leave GPUs unused (tp*pp*dp*cp < GPUs)."""
+    allow_cross_node_tp: bool = False
+    """Let tp exceed the GPUs of one node."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """The outer part of a plan; CP-SAT completes it with the partition, full recompute and bucket."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    mbs: int
+    num_microbatches: int
+    schedule: str
+    vpp: int
+    base: str
+    """Recomputation of layers not under full recompute: 'none' or 'selective'."""
+    full_min: int
+    """Fewest layers per chunk under full recomputation (0 lets the plan use none)."""
+    full_max: int
+    """Most layers per chunk under full recomputation (0 forbids it)."""
+    zero: int
+    sp: bool
+    even_only: bool
+    """Vocabulary placement 'ends': the layers split evenly."""
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _allowed(values: list, pins: tuple | None) -> list:
+    return values if pins is None else [v for v in values if v in pins]
+
+
+def tp_options(model: ModelSpec, gpus_per_node: int, space: SearchSpace) -> list[int]:
+    """tp must divide the query and the key/value heads (Megatron) and, by default, stay in a node."""
+    limit = None if space.allow_cross_node_tp else gpus_per_node
+    values = [d for d in divisors(model.num_heads) if model.num_kv_heads % d == 0 and (limit is None or d <= limit)]
+    return _allowed(values, space.tp)
+
+
+def cp_options(job: JobSpec, gpus: int, space: SearchSpace) -> list[int]:
+    """cp splits the sequence into 2*cp load-balanced chunks (Megatron requires seq % 2cp == 0)."""
+    cap = max(space.cp) if space.cp else MAX_CP
+    values = [d for d in divisors(gpus) if d <= cap and (d == 1 or job.seq_len % (2 * d) == 0)]
+    return _allowed(values, space.cp)
+
+
+def degree_options(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int,
+                   space: SearchSpace) -> Iterator[tuple[int, int, int, int]]:
+    """(tp, cp, pp, dp) with tp*cp*pp*dp == gpus (or <= with allow_idle) and dp dividing the batch."""
+    for tp in tp_options(model, gpus_per_node, space):
+        for cp in cp_options(job, gpus, space):
+            if gpus % (tp * cp):
+                continue
+            for pp in _allowed(divisors(gpus // (tp * cp)), space.pp):
+                if pp > model.num_layers:
+                    continue
+                rest = gpus // (tp * cp * pp)
+                dps = [d for d in range(1, rest + 1)] if space.allow_idle else [rest]
+                for dp in _allowed(dps, space.dp):
+                    if job.global_batch % dp == 0:
+                        yield tp, cp, pp, dp
+
+
+def schedule_options(model: ModelSpec, pp: int, m: int, space: SearchSpace) -> list[tuple[str, int]]:
+    """1F1B, and interleaved with v chunks where each chunk gets whole layers and m % pp == 0 (Megatron)."""
+    out = []
+    if space.schedule is None or "1f1b" in space.schedule:
+        if space.vpp is None or 1 in space.vpp:
+            out.append(("1f1b", 1))
+    if pp >= 2 and m % pp == 0 and (space.schedule is None or "interleaved" in space.schedule):
+        for v in range(2, MAX_VPP + 1):
+            if model.num_layers % v == 0 and model.num_layers // v >= pp and (space.vpp is None or v in space.vpp):
+                out.append(("interleaved", v))
+    return out
+
+
+def recompute_options(model: ModelSpec, pp: int, vpp: int, space: SearchSpace) -> list[tuple[str, int, int]]:
+    """(base, fewest, most layers per chunk under full recompute). 'none' and partial/whole 'full' are one
+    family (full on 0..all layers of a chunk); 'selective' is its own."""
+    pins = space.recompute
+    most = model.num_layers // vpp  # a chunk never holds more layers than this
+    out = []
+    allow_none = pins is None or "none" in pins
+    allow_full = pins is None or "full" in pins
+    if allow_none or allow_full:
+        out.append(("none", 0 if allow_none else 1, most if allow_full else 0))
+    if pins is None or "selective" in pins:
+        out.append(("selective", 0, 0))
+    return out
+
+
+def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int,
+                         space: SearchSpace) -> Iterator[Candidate]:
+    """Every outer combination the rules allow, in a fixed order."""
+    if space.layers_per_stage is not None and space.pp is not None and len(space.pp) != 1:
+        raise SpecError("--layers-per-stage pins the partition, so --pp must be one value")
+    for tp, cp, pp, dp in degree_options(model, job, gpus, gpus_per_node, space):
+        if space.layers_per_stage is not None and len(space.layers_per_stage) != pp:
+            continue
+        local = job.global_batch // dp
+        for mbs in _allowed(divisors(local), space.mbs):
+            m = local // mbs
+            for schedule, vpp in schedule_options(model, pp, m, space):
+                for base, fmin, fmax in recompute_options(model, pp, vpp, space):
+                    for zero in _allowed([0, 1] if pp > 1 else [0, 1, 2, 3], space.zero):
+                        for sp in _allowed([True, False] if tp > 1 else [False], space.sequence_parallel):
+                            for even in _vocab_options(space):
+                                yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin, fmax, zero, sp,
+                                                even)
+
+
+def _vocab_options(space: SearchSpace) -> list[bool]:
+    """'ends' forces the even split; 'balanced' leaves the split free (which includes the even one)."""
+    if space.vocab is None or "balanced" in space.vocab:
+        return [False]
+    return [True]

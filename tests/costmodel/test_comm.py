@@ -1,0 +1,130 @@
+"""Alpha-beta collectives pinned to Thakur, Rabenseifner & Gropp 2005, and the bucketed overlap pinned to an
+event simulation of one serial communication stream."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autotune.costmodel import comm
+
+from ._helpers import toy_hardware
+
+BW = 1e10
+NO_LATENCY = comm.Link(bandwidth=BW, latency=0.0)
+
+
+# ------------------------------------------------------------------------------ volumes (Thakur et al. 2005)
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 64, 1000])
+def test_ring_all_reduce_moves_2_n_minus_1_over_n_of_the_buffer(n):
+    """Thakur et al. 2005, Sec. 4.4 (reduce-scatter + all-gather): each rank sends 2(n-1)/n of the buffer."""
+    nbytes = 3e9
+    assert comm.ring_all_reduce(nbytes, n, NO_LATENCY) * BW == pytest.approx(2 * (n - 1) / n * nbytes)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 64])
+def test_reduce_scatter_and_all_gather_move_n_minus_1_over_n(n):
+    """Thakur et al. 2005, Sec. 4.1 and 4.3 (ring): (n-1)/n of the full buffer per rank."""
+    nbytes = 1e9
+    assert comm.reduce_scatter(nbytes, n, NO_LATENCY) * BW == pytest.approx((n - 1) / n * nbytes)
+    assert comm.all_gather(nbytes, n, NO_LATENCY) * BW == pytest.approx((n - 1) / n * nbytes)
+
+
+@pytest.mark.parametrize("fn", [comm.ring_all_reduce, comm.tree_all_reduce, comm.all_reduce, comm.reduce_scatter,
+                                comm.all_gather])
+def test_a_group_of_one_and_an_empty_buffer_are_free(fn):
+    link = comm.Link(bandwidth=BW, latency=1e-5)
+    assert fn(1e9, 1, link) == 0.0
+    assert fn(0.0, 8, link) == 0.0
+    assert comm.p2p(0.0, link) == 0.0
+
+
+@pytest.mark.parametrize("n", [2, 8, 33])
+def test_latency_terms(n):
+    """Ring all-reduce: 2(n-1) steps; reduce-scatter/all-gather: n-1 steps; tree: 2*ceil(log2 n) steps."""
+    alpha = 7e-6
+    link = comm.Link(bandwidth=math.inf, latency=alpha)
+    assert comm.ring_all_reduce(1.0, n, link) == pytest.approx(2 * (n - 1) * alpha)
+    assert comm.reduce_scatter(1.0, n, link) == pytest.approx((n - 1) * alpha)
+    assert comm.all_gather(1.0, n, link) == pytest.approx((n - 1) * alpha)
+    assert comm.tree_all_reduce(1.0, n, link) == pytest.approx(2 * math.ceil(math.log2(n)) * alpha)
+    assert comm.p2p(1.0, link) == pytest.approx(alpha)
+
+
+def test_all_reduce_is_the_faster_of_ring_and_tree():
+    """NCCL's tuner picks the faster algorithm: a tree for small messages on many ranks (fewer latency
+    steps), a ring for large ones (2(n-1)/n < 2 of the buffer)."""
+    link = comm.Link(bandwidth=BW, latency=10e-6)
+    for nbytes, n in [(1e3, 64), (1e4, 512), (1e9, 64), (1e9, 8), (5e6, 16)]:
+        ring, tree = comm.ring_all_reduce(nbytes, n, link), comm.tree_all_reduce(nbytes, n, link)
+        assert comm.all_reduce(nbytes, n, link) == min(ring, tree)
+    assert comm.all_reduce(1e3, 64, link) == comm.tree_all_reduce(1e3, 64, link) < comm.ring_all_reduce(1e3, 64, link)
+    assert comm.all_reduce(1e9, 64, link) == comm.ring_all_reduce(1e9, 64, link) < comm.tree_all_reduce(1e9, 64, link)
+
+
+@pytest.mark.parametrize(("size", "stride", "intra"), [
+    (8, 1, True), (4, 2, True), (2, 4, True), (1, 8, True),
+    (16, 1, False), (8, 2, False), (2, 8, False), (3, 3, False),
+])
+def test_group_link_stays_in_the_node_iff_it_spans_at_most_a_node(size, stride, intra):
+    """Ranks are numbered tp-fastest; a group of `size` ranks `stride` apart spans size*stride ranks."""
+    hw = toy_hardware(gpus_per_node=8)
+    link = comm.group_link(hw, size, stride)
+    if intra:
+        assert link == comm.Link(hw.intra_node_bandwidth * hw.efficiency.intra_node_comm, hw.intra_node_latency)
+    else:
+        assert link == comm.Link(hw.inter_node_bandwidth * hw.efficiency.inter_node_comm, hw.inter_node_latency)
+
+
+def test_group_link_follows_gpus_per_node():
+    hw = replace(toy_hardware(), gpus_per_node=4)
+    assert comm.group_link(hw, 8, 1).latency == hw.inter_node_latency
+    assert comm.group_link(hw, 4, 1).latency == hw.intra_node_latency
+
+
+# ------------------------------------------------------------------------------ bucketed overlap
+def simulate_buckets(total: float, bucket: float, window: float, per_bucket) -> float:
+    """Event simulation: nb = ceil(total/bucket) equal buckets; bucket j (1..nb) becomes ready at j*window/nb
+    (gradients appear at a uniform rate during the window); one communication stream runs them in order,
+    each starting when it is ready and the previous one is done. Returns finish time minus window."""
+    nb = max(1, math.ceil(total / bucket))
+    c = per_bucket(total / nb)
+    done = 0.0
+    for j in range(1, nb + 1):
+        done = max(done, j * window / nb) + c
+    return done - window
+
+
+@settings(max_examples=300, deadline=None)
+@given(total=st.floats(1e3, 1e10), bucket=st.floats(1e3, 1e10), window=st.floats(0.0, 10.0),
+       bw=st.floats(1e8, 1e12), alpha=st.floats(0.0, 1e-3), n=st.integers(2, 64))
+def test_bucketed_exposure_matches_an_event_simulation(total, bucket, window, bw, alpha, n):
+    link = comm.Link(bandwidth=bw, latency=alpha)
+
+    def per(size):
+        return comm.all_reduce(size, n, link)
+
+    if math.ceil(total / bucket) > 20000:  # keep the simulation loop short
+        return
+    got = comm.bucketed_exposure(total, bucket, window, per)
+    want = simulate_buckets(total, bucket, window, per)
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def test_bucketed_exposure_regimes():
+    """Comm keeps up (fast link, long window): only the last bucket shows. Comm-bound (slow link): everything
+    but the window shows, plus the wait for the first bucket (window/nb)."""
+    def per(size):
+        return size / 1e9  # 1 GB/s, no latency
+
+    total, bucket = 8e6, 1e6  # 8 buckets of 1 MB, 1 ms each
+    assert comm.bucketed_exposure(total, bucket, 1.0, per) == pytest.approx(1e-3)
+    window = 1e-3
+    assert comm.bucketed_exposure(total, bucket, window, per) == pytest.approx(8e-3 - window + window / 8)
+    assert comm.bucketed_exposure(0.0, bucket, 1.0, per) == 0.0
+    # one bucket larger than the whole buffer: nothing overlaps, the whole collective shows
+    assert comm.bucketed_exposure(total, 1e9, 5.0, per) == pytest.approx(8e-3)

@@ -1,0 +1,79 @@
+"""Hardware specs: strict keys, units converted once at the boundary, every figure sourced."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from autotune.catalog import hardware_names, load_hardware, load_raw
+from autotune.errors import SpecError
+from autotune.specs.hardware import hardware_from_dict
+
+RAW = load_raw("hardware", "a100-80gb")
+
+
+def _raw(**changes):
+    data = copy.deepcopy(RAW)
+    data.update(changes)
+    return data
+
+
+def test_units_are_converted_to_si():
+    """NVIDIA A100 datasheet: 80 GB, 2039 GB/s, 312 TFLOP/s; 600 GB/s NVLink both ways = 300 GB/s one way;
+    200 Gb/s HDR = 25 GB/s per GPU."""
+    hw = hardware_from_dict(_raw(), "a100.json")
+    assert hw.memory_bytes == 80 * 2**30
+    assert hw.usable_memory_bytes == 76 * 2**30
+    assert hw.hbm_bandwidth == 2039e9
+    assert hw.peak_flops("bf16") == hw.peak_flops("fp16") == 312e12
+    assert hw.intra_node_bandwidth == 300e9 and hw.inter_node_bandwidth == 25e9
+    assert hw.intra_node_latency == pytest.approx(3e-6) and hw.inter_node_latency == pytest.approx(15e-6)
+
+
+def test_unknown_keys_are_rejected_and_named():
+    with pytest.raises(SpecError, match=r"unknown key\(s\) nvlink_GBps"):
+        hardware_from_dict(_raw(nvlink_GBps=600), "a100.json")
+
+
+def test_missing_keys_are_rejected_and_named():
+    data = _raw()
+    del data["hbm_bandwidth_GBps"]
+    with pytest.raises(SpecError, match=r"a100.json: missing key\(s\) hbm_bandwidth_GBps"):
+        hardware_from_dict(data, "a100.json")
+
+
+def test_efficiency_block_is_strict_too():
+    data = _raw()
+    data["efficiency"] = {**data["efficiency"], "softmax": 0.5}
+    with pytest.raises(SpecError, match=r"efficiency: unknown key\(s\) softmax"):
+        hardware_from_dict(data, "a100.json")
+    data["efficiency"] = {**RAW["efficiency"], "gemm": 1.2}
+    with pytest.raises(SpecError, match=r"gemm must be in \(0, 1\]"):
+        hardware_from_dict(data, "a100.json")
+
+
+def test_every_figure_needs_a_source():
+    data = _raw()
+    data["sources"] = {k: v for k, v in RAW["sources"].items() if k != "inter_node_GBps"}
+    with pytest.raises(SpecError, match="sources has no entry for inter_node_GBps"):
+        hardware_from_dict(data, "a100.json")
+
+
+def test_reserve_must_be_below_capacity():
+    with pytest.raises(SpecError, match="memory_reserve_GiB 80.0 must be below memory_GiB 80"):
+        hardware_from_dict(_raw(memory_reserve_GiB=80), "a100.json")
+
+
+def test_a_gpu_without_fp8_says_so():
+    with pytest.raises(SpecError, match="a100-80gb has no fp8 tensor cores; use bf16"):
+        load_hardware("a100-80gb").peak_flops("fp8")
+
+
+def test_the_catalog_holds_the_gpus_the_cli_promises():
+    """../shared/CLI.md: at least v100-32gb, a100-40gb, a100-80gb, h100-sxm, h200, b200, mi300x."""
+    names = set(hardware_names())
+    assert {"v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x"} <= names
+    for name in names:
+        hw = load_hardware(name)
+        assert 0 < hw.usable_memory_bytes < hw.memory_bytes

@@ -1,0 +1,114 @@
+"""Plans: the strict reader and every rule of check_plan, each error naming the field and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autotune.catalog import load_model
+from autotune.errors import InvalidPlanError, SpecError
+from autotune.specs.job import JobSpec
+from autotune.specs.plan import Plan, check_plan, even_split, normalized, plan_from_dict
+
+MODEL = load_model("llama3-8b")  # 32 layers, 32 heads, 8 KV heads
+JOB = JobSpec(global_batch=64, seq_len=4096)
+GOOD = Plan(tp=2, pp=4, dp=4, mbs=1, num_microbatches=16, layers_per_stage=(8, 8, 8, 8))
+
+
+def _check(plan: Plan, gpus: int = 32) -> None:
+    check_plan(plan, MODEL, JOB, gpus, 8)
+
+
+def test_a_good_plan_passes():
+    _check(GOOD)
+    _check(replace(GOOD, schedule="interleaved", vpp=2, zero=1, sequence_parallel=True, recompute="selective"))
+
+
+@pytest.mark.parametrize(("change", "gpus", "message"), [
+    ({"tp": 3, "dp": 3, "num_microbatches": 21, "mbs": 1}, 36, "tp 3 must divide num_heads 32 and num_kv_heads 8"),
+    ({"tp": 16, "dp": 1, "num_microbatches": 64}, 64, "tp 16 must divide"),
+    ({"dp": 2, "num_microbatches": 32}, 32, r"tp\*pp\*dp\*cp = 2\*4\*2\*1 = 16 GPUs, but --gpus is 32"),
+    ({"num_microbatches": 15}, 32, "global batch 64 != dp 4 x mbs 1 x microbatches 15"),
+    ({"mbs": 3}, 32, "global batch 64 != dp 4 x mbs 3"),
+    ({"schedule": "interleaved", "vpp": 3}, 32, "every stage's layer count must be divisible by vpp"),
+    ({"schedule": "interleaved", "vpp": 1}, 32, "interleaved schedule needs pp >= 2 and vpp >= 2"),
+    ({"vpp": 2}, 32, "vpp 2 needs schedule 'interleaved'"),
+    ({"schedule": "interleaved", "vpp": 2, "num_microbatches": 2, "mbs": 8}, 32,
+     r"num_microbatches \(2\) divisible by pp \(4\)"),
+    ({"zero": 2}, 32, "zero 2 shards gradients, which pipeline parallelism forbids"),
+    ({"zero": 3}, 32, "zero 3 shards gradients"),
+    ({"zero": 4}, 32, "zero must be 0, 1, 2 or 3"),
+    ({"layers_per_stage": (8, 8, 8, 7)}, 32, r"must be >= 0 and sum to num_layers 32 \(they sum to 31\)"),
+    ({"layers_per_stage": (16, 16)}, 32, "layers_per_stage has 2 entries but pp is 4"),
+    ({"layers_per_stage": (6, 10, 8, 8)}, 32, "vocab 'ends' means an even split"),
+    ({"tp": 1, "dp": 8, "num_microbatches": 8, "sequence_parallel": True}, 32, "sequence_parallel needs tp > 1"),
+    ({"cp": 3, "dp": 1, "num_microbatches": 64}, 24, "cp 3 needs seq_len divisible by 2\\*cp = 6"),
+    ({"mbs": 0}, 32, "mbs must be >= 1"),
+    ({"recompute_layers": 2}, 32, "recompute_layers applies only to recompute 'full'"),
+    ({"recompute": "full", "recompute_layers": 9}, 32, r"recompute_layers must be in 1\.\.8"),
+])
+def test_each_rule_names_its_field(change, gpus, message):
+    with pytest.raises(InvalidPlanError, match=message):
+        _check(replace(GOOD, **change), gpus)
+
+
+def test_uneven_split_is_fine_with_balanced_vocab():
+    _check(replace(GOOD, layers_per_stage=(6, 10, 10, 6), vocab="balanced"))
+
+
+def test_zero_2_and_3_are_fine_without_pipeline():
+    for zero in (2, 3):
+        _check(Plan(tp=2, pp=1, dp=16, mbs=1, num_microbatches=4, zero=zero, layers_per_stage=(32,)))
+
+
+def test_tp_across_nodes_needs_the_flag():
+    """tp 8 divides 32 heads and 8 KV heads; on 4-GPU nodes it crosses the node boundary."""
+    plan = Plan(tp=8, pp=1, dp=4, mbs=1, num_microbatches=16, layers_per_stage=(32,))
+    with pytest.raises(InvalidPlanError, match="tp 8 exceeds the 4 GPUs of a node"):
+        check_plan(plan, MODEL, JOB, 32, 4)
+    check_plan(plan, MODEL, JOB, 32, 4, allow_cross_node_tp=True)
+
+
+def test_idle_gpus_only_when_allowed():
+    with pytest.raises(InvalidPlanError, match="--gpus is 64"):
+        _check(GOOD, 64)
+    check_plan(GOOD, MODEL, JOB, 64, 8, allow_idle=True)
+
+
+@pytest.mark.parametrize(("layers", "pp", "want"), [
+    (32, 4, (8, 8, 8, 8)), (30, 4, (7, 8, 8, 7)), (10, 3, (3, 4, 3)), (5, 5, (1, 1, 1, 1, 1)), (7, 1, (7,)),
+])
+def test_even_split_puts_extra_layers_in_the_middle(layers, pp, want):
+    got = even_split(layers, pp)
+    assert got == want and sum(got) == layers and max(got) - min(got) <= 1
+
+
+def test_plan_from_dict_is_strict_and_round_trips():
+    assert plan_from_dict(GOOD.to_dict(), "plan.json") == GOOD
+    assert plan_from_dict({"plan": GOOD.to_dict(), "step_time_s": 1.0}, "plan.json") == GOOD
+    with pytest.raises(SpecError, match=r"plan.json: unknown key\(s\) pipeline"):
+        plan_from_dict({**GOOD.to_dict(), "pipeline": 4}, "plan.json")
+    data = GOOD.to_dict()
+    del data["mbs"], data["layers_per_stage"]
+    with pytest.raises(SpecError, match=r"missing key\(s\) layers_per_stage, mbs"):
+        plan_from_dict(data, "plan.json")
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("tp", 2.0, "tp must be an integer"),
+    ("zero", True, "zero must be an integer"),
+    ("schedule", "gpipe", "schedule must be one of 1f1b, interleaved"),
+    ("recompute", "partial", "recompute must be one of none, selective, full"),
+    ("sequence_parallel", 1, "sequence_parallel must be true or false"),
+    ("layers_per_stage", [8, 8.5], "layers_per_stage must be a list of integers"),
+])
+def test_plan_from_dict_value_errors_name_the_field(key, value, message):
+    with pytest.raises(InvalidPlanError, match=message):
+        plan_from_dict({**GOOD.to_dict(), key: value}, "plan.json")
+
+
+def test_normalized_drops_a_recompute_layers_that_covers_every_layer():
+    plan = replace(GOOD, recompute="full", recompute_layers=8)
+    assert normalized(plan).recompute_layers is None
+    assert normalized(replace(plan, recompute_layers=3)).recompute_layers == 3

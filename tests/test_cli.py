@@ -1,0 +1,258 @@
+"""The command line of ../shared/CLI.md: help, catalogs, estimate (human and JSON), --plan, and error paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import one, parse_choice_list, parse_int_list
+from autotune.errors import SpecError
+
+REPO = Path(__file__).resolve().parent.parent
+H100 = REPO / "profiles" / "hardware" / "h100-sxm.json"
+
+# llama3-70b (64 heads, 8 kv heads) on 64 H100s: tp 8 x pp 4 leaves dp 2 and 32 micro-batches of 1.
+JOB = ("--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "64", "--seq-len", "8192")
+PLAN = ("--tp", "8", "--pp", "4")
+CLI_MD_KEYS = {"plan", "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "peak_memory_gib",
+               "memory_per_stage_gib", "breakdown"}
+CLI_MD_PLAN_KEYS = {"tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "schedule", "recompute", "zero",
+                    "sequence_parallel", "vocab", "layers_per_stage"}
+CLI_MD_BREAKDOWN_KEYS = {"compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_exposed_s", "bubble_s"}
+
+# Meta-Llama-3.1-8B's config.json as the hub ships it: many keys autotune ignores.
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": False,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.0.dev0", "use_cache": True, "vocab_size": 128256,
+}
+
+
+def _estimate_json(cli, *args: str) -> dict:
+    result = cli("estimate", *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+# ------------------------------------------------------------------------------------------------ help
+@pytest.mark.parametrize("command", [[], ["models"], ["hardware"], ["estimate"]])
+def test_help_of_every_command(cli, command):
+    result = cli(*command, "--help")
+    assert result.exit_code == 0
+    assert "Usage" in result.stdout
+
+
+def test_help_through_main_exits_0(autotune_proc):
+    for args in (["--help"], ["estimate", "--help"], []):  # a bare `autotune` prints the help too
+        proc = autotune_proc(*args)
+        assert proc.returncode == 0, proc.stderr
+        assert "Usage" in proc.stdout and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------ catalogs
+def test_models_lists_the_catalog(cli):
+    result = cli("models")
+    assert result.exit_code == 0
+    assert "llama3-70b" in result.stdout and "gpt3-175b" in result.stdout
+
+
+def test_models_json(cli):
+    models = {m["name"]: m for m in json.loads(cli("models", "--json").stdout)["models"]}
+    assert models["llama3-70b"]["num_layers"] == 80
+    assert models["llama3-70b"]["params_B"] == pytest.approx(70.6, abs=0.1)  # the published 70.6B
+
+
+def test_hardware_lists_the_catalog(cli):
+    result = cli("hardware")
+    assert result.exit_code == 0
+    for name in ("v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x"):  # CLI.md's list
+        assert name in result.stdout
+
+
+def test_hardware_json(cli):
+    gpus = {g["name"]: g for g in json.loads(cli("hardware", "--json").stdout)["hardware"]}
+    assert gpus["h100-sxm"]["bf16_TFLOPs"] == 989.0
+    assert gpus["h100-sxm"]["gpus_per_node"] == 8
+
+
+# ------------------------------------------------------------------------------------------------ estimate
+def test_estimate_human_output(cli):
+    result = cli("estimate", *JOB, *PLAN, "--ops")
+    assert result.exit_code == 0
+    out = result.stdout
+    for phrase in ("step time", "MFU", "tokens/s", "peak memory", "pipeline bubble", "20+E", "20+H",
+                   "tensor contractions (gemm)", "fits"):
+        assert phrase in out
+    assert max(len(line) for line in out.splitlines()) <= 120  # the fixed width when not a terminal
+
+
+def test_estimate_json_has_the_cli_md_fields(cli):
+    doc = _estimate_json(cli, *JOB, *PLAN)
+    assert CLI_MD_KEYS <= doc.keys()
+    assert CLI_MD_PLAN_KEYS <= doc["plan"].keys()
+    assert CLI_MD_BREAKDOWN_KEYS <= doc["breakdown"].keys()
+    assert doc["plan"]["dp"] == 2 and doc["plan"]["num_microbatches"] == 32  # derived from --gpus and the batch
+    assert doc["plan"]["sequence_parallel"] is True  # on by default when tp > 1
+    assert len(doc["memory_per_stage_gib"]) == len(doc["stages"]) == 4
+    assert doc["peak_memory_gib"] == max(doc["memory_per_stage_gib"])
+    assert sum(doc["breakdown"].values()) == pytest.approx(doc["step_time_s"], rel=1e-5)
+    assert set(doc["operators"]) == {"gemm", "attention", "norm", "elementwise", "vocab"}
+    assert doc["stages"][0]["has_embedding"] and doc["stages"][-1]["has_head"]
+
+
+def test_estimate_json_is_byte_identical_across_runs(cli):
+    first = cli("estimate", *JOB, *PLAN, "--json").stdout
+    assert first == cli("estimate", *JOB, *PLAN, "--json").stdout
+    json.loads(first)  # and it is exactly one JSON object
+
+
+def test_estimate_reports_a_plan_that_does_not_fit(cli):
+    args = (*JOB, "--tp", "8", "--pp", "1")  # 70B on one 8-GPU tp group without ZeRO cannot fit in 76 GiB
+    assert "NO:" in cli("estimate", *args).stdout
+    assert _estimate_json(cli, *args)["fits"] is False
+
+
+def test_estimate_options_reach_the_plan(cli):
+    doc = _estimate_json(cli, *JOB, *PLAN, "--vpp", "2", "--recompute", "full", "--recompute-layers", "5",
+                         "--zero", "1", "--mbs", "2", "--no-sequence-parallel", "--bucket-size", "1000000")
+    plan = doc["plan"]
+    assert plan["schedule"] == "interleaved"  # the default once vpp > 1
+    assert (plan["recompute"], plan["recompute_layers"], plan["zero"]) == ("full", 5, 1)
+    assert (plan["mbs"], plan["num_microbatches"], plan["bucket_size"]) == (2, 16, 1_000_000)
+    assert plan["sequence_parallel"] is False
+
+
+def test_layers_per_stage_pin(cli):
+    doc = _estimate_json(cli, *JOB, *PLAN, "--layers-per-stage", "19,21,21,19", "--vocab", "balanced")
+    assert doc["plan"]["layers_per_stage"] == [19, 21, 21, 19]
+
+
+def test_gpus_per_node_override(cli):
+    # gpt3-175b has 96 heads: tp 16 spans two 8-GPU nodes unless the node is declared larger.
+    args = ("--model", "gpt3-175b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "64", "--seq-len",
+            "2048", "--tp", "16", "--pp", "4")
+    assert _estimate_json(cli, *args, "--gpus-per-node", "16")["job"]["gpus_per_node"] == 16
+    assert _estimate_json(cli, *args, "--allow-cross-node-tp")["plan"]["tp"] == 16
+
+
+def test_plan_file_round_trip(cli, tmp_path):
+    doc = _estimate_json(cli, *JOB, *PLAN, "--recompute", "selective", "--zero", "1")
+    whole, plan_only = tmp_path / "estimate.json", tmp_path / "plan.json"
+    whole.write_text(json.dumps(doc))
+    plan_only.write_text(json.dumps(doc["plan"]))
+    for path in (whole, plan_only):
+        again = _estimate_json(cli, *JOB, "--plan", str(path))
+        assert again["plan"] == doc["plan"]
+        assert again["step_time_s"] == doc["step_time_s"]
+
+
+def test_plan_from_stdin(cli):
+    doc = _estimate_json(cli, *JOB, *PLAN)
+    result = cli("estimate", *JOB, "--plan", "-", "--json", input=json.dumps(doc["plan"]))
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["step_time_s"] == doc["step_time_s"]
+
+
+def test_real_llama_config_json_loads(cli, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_CONFIG))
+    job = ("--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "16", "--seq-len", "4096", "--tp", "2", "--pp", "1")
+    from_file = _estimate_json(cli, "--model", str(config), *job)
+    from_catalog = _estimate_json(cli, "--model", "llama3-8b", *job)  # the same shape
+    assert from_file["step_time_s"] == from_catalog["step_time_s"]
+    assert from_file["peak_memory_gib"] == from_catalog["peak_memory_gib"]
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def test_parse_int_list():
+    assert parse_int_list("4,8,16", "--pp") == (4, 8, 16)
+    assert parse_int_list("0", "--zero", minimum=0) == (0,)
+    for junk in ("4,x", "", "4,,8", "2.5", "0"):
+        with pytest.raises(SpecError, match="--pp"):
+            parse_int_list(junk, "--pp")
+
+
+def test_parse_choice_list_and_one():
+    assert parse_choice_list("none,full", "--recompute", ("none", "selective", "full")) == ("none", "full")
+    with pytest.raises(SpecError, match="sometimes"):
+        parse_choice_list("sometimes", "--recompute", ("none", "selective", "full"))
+    assert one((8,), "--tp") == 8
+    with pytest.raises(SpecError, match="one value"):
+        one((4, 8), "--tp")
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def _hardware_file(tmp_path: Path, drop: str | None = None, add: str | None = None) -> str:
+    data = json.loads(H100.read_text())
+    if drop:
+        del data[drop]
+    if add:
+        data[add] = 1
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _config_file(tmp_path: Path, data: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _with(**changes: str) -> list[str]:
+    """JOB and PLAN with some options replaced or added."""
+    args = dict(zip(JOB[::2], JOB[1::2], strict=True)) | dict(zip(PLAN[::2], PLAN[1::2], strict=True))
+    args.update({"--" + k.replace("_", "-"): v for k, v in changes.items()})
+    return [item for pair in args.items() for item in pair]
+
+
+ERROR_CASES = {
+    "unknown model": (lambda tmp: _with(model="llama9-1t"), "known models"),
+    "unknown gpu": (lambda tmp: _with(gpu="tpu-v9"), "known GPUs"),
+    "hf config missing keys": (lambda tmp: _with(model=_config_file(tmp, {"hidden_size": 4096, "vocab_size": 32000})),
+                               "num_hidden_layers"),
+    "hardware missing key": (lambda tmp: _with(gpu=_hardware_file(tmp, drop="hbm_bandwidth_GBps")),
+                             "hbm_bandwidth_GBps"),
+    "hardware unknown key": (lambda tmp: _with(gpu=_hardware_file(tmp, add="nvlink_speed")), "nvlink_speed"),
+    "global batch 0": (lambda tmp: _with(global_batch="0"), "--global-batch"),
+    "tp not dividing heads": (lambda tmp: _with(gpus="48", tp="3", pp="2"), "num_heads"),
+    "degrees vs gpus": (lambda tmp: _with(dp="4"), "--gpus is 64"),
+    "gpus not divisible": (lambda tmp: _with(gpus="60"), "not divisible"),
+    "batch not divisible": (lambda tmp: _with(mbs="3"), "dp x mbs"),
+    "unknown recompute": (lambda tmp: _with(recompute="sometimes"), "sometimes"),
+    "junk degree": (lambda tmp: _with(tp="eight"), "--tp"),
+    "list in estimate": (lambda tmp: _with(pp="2,4"), "one value"),
+    "unknown option": (lambda tmp: [*_with(), "--turbo"], "--turbo"),
+    "non-number option": (lambda tmp: _with(gpus="many"), "--gpus"),
+    "missing option": (lambda tmp: ["--model", "llama3-70b"], "--gpu"),
+    "pins beside --plan": (lambda tmp: _with(plan=str(H100)), "--plan"),
+    "bad plan file": (lambda tmp: [*JOB, "--plan", str(H100)], "missing key"),
+    "missing plan file": (lambda tmp: [*JOB, "--plan", str(tmp / "nope.json")], "cannot read"),
+    "fp8 on a100": (lambda tmp: _with(gpu="a100-80gb", dtype="fp8"), "fp8"),
+}
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_user_errors_are_one_line_exit_1(autotune_proc, tmp_path, case):
+    make_args, fragment = ERROR_CASES[case]
+    proc = autotune_proc("estimate", *make_args(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert fragment in lines[0]
+    assert proc.stdout == ""
+
+
+def test_unknown_command_is_exit_1(autotune_proc):
+    proc = autotune_proc("optimise")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
