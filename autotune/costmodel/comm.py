@@ -71,16 +71,18 @@ def p2p(nbytes: float, link: Link) -> float:
 
 
 def bucketed_exposure(total_bytes: float, bucket_bytes: float, window: float, per_bucket) -> float:
-    """Time a bucketed collective runs past the compute it overlaps with.
+    """Time a bucketed collective runs past the compute it overlaps with (paper 1: block size matters).
 
-    Gradients become ready at a uniform rate during a `window` of compute and are reduced in nb equal
-    buckets of at most `bucket_bytes`, one after another, each taking c = per_bucket(size) seconds. Bucket j
-    is ready at j*window/nb; the last finishes at max_j (j*window/nb + (nb-j+1)*c), a maximum reached at
-    j = nb (comm keeps up: only the last bucket, c, is exposed) or at j = 1 (comm-bound: nb*c - window +
-    window/nb is exposed). Small buckets pay latency nb times; large ones expose a large last bucket.
+    Gradients become ready at a uniform rate during a `window` of compute and are reduced in buckets of
+    `bucket_bytes`, one after another, each taking c = per_bucket(bucket_bytes). The stream cannot end before
+    the last bucket, filled at the very end of the window, has been reduced (one bucket's time after the
+    window; the whole buffer's if it is smaller than a bucket), nor before all total/bucket buckets have run
+    back to back from the window's start. So
+        exposed = max(per_bucket(min(bucket, total)), (total/bucket)*c - window)
+    (a fluid model: it leaves out the wait for the first bucket, at most window/nb). Small buckets pay the
+    latency alpha total/bucket times; large ones leave a large last bucket exposed.
     """
     if total_bytes <= 0:
         return 0.0
-    nb = max(1, math.ceil(total_bytes / bucket_bytes))
-    c = per_bucket(total_bytes / nb)
-    return max(c, nb * c - window + window / nb)
+    last = per_bucket(min(bucket_bytes, total_bytes))
+    return max(last, total_bytes / bucket_bytes * per_bucket(bucket_bytes) - window)

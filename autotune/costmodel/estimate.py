@@ -100,9 +100,7 @@ class CostModel:
         m = plan.num_microbatches
         times = [s.time_s for s in stages]
         pipe = pipeline_time(times, m, plan.vpp)
-        dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.vocab(plan.tp, plan.cp, plan.mbs,
-                                                                       plan.sequence_parallel).embed_params,
-                                     self.model.tied_embeddings)
+        dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model)
         opt = optimizer_time(plan, self.hw, stages)
         step = pipe + dp_exposed + opt
         b = max(range(len(stages)), key=lambda i: (times[i], -i))
@@ -121,8 +119,7 @@ class CostModel:
             usable_memory_bytes=self.hw.usable_memory_bytes)
 
 
-def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], embed_params: int,
-                    tied: bool) -> float:
+def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], model: ModelSpec) -> float:
     """Data-parallel synchronization left exposed at the end (gradients) and start (parameters) of a step.
 
     Gradients are reduced in buckets while the last micro-batch's backward runs (Megatron's
@@ -143,7 +140,7 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
         param_exposed = max(param_exposed, param_sync_exposure(plan, s.params, s.fwd_s, n, link) - fwd_slack)
         bwd_slack += s.bwd_s
         fwd_slack += s.fwd_s
-    return grad_exposed + param_exposed + tied_embedding_sync(plan, hw, embed_params, tied)
+    return grad_exposed + param_exposed + tied_embedding_sync(plan, hw, model)
 
 
 def grad_sync_exposure(plan: Plan, params: int, bwd_s: float, n: int, link: comm.Link) -> float:
@@ -163,12 +160,13 @@ def param_sync_exposure(plan: Plan, params: int, fwd_s: float, n: int, link: com
                                   lambda size: comm.all_gather(size, n, link))
 
 
-def tied_embedding_sync(plan: Plan, hw: HardwareSpec, embed_params: int, tied: bool) -> float:
-    """All-reduce of the tied embedding gradient between the first and the last pipeline stage."""
-    if not tied or plan.pp == 1:
+def tied_embedding_sync(plan: Plan, hw: HardwareSpec, model: ModelSpec) -> float:
+    """All-reduce of the tied word-embedding gradient (V*h/tp; no position table) between the first and the
+    last pipeline stage (Megatron's _allreduce_word_embedding_grads)."""
+    if not model.tied_embeddings or plan.pp == 1:
         return 0.0
     link = comm.group_link(hw, plan.pp, plan.tp * plan.cp * plan.dp)
-    return comm.all_reduce(embed_params * GRAD_BYTES, 2, link)
+    return comm.all_reduce(model.vocab_size * model.hidden_size // plan.tp * GRAD_BYTES, 2, link)
 
 
 def optimizer_time(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...]) -> float:

@@ -90,11 +90,17 @@ def base_recompute(plan: Plan) -> str:
 def p2p_time(plan: Plan, hw: HardwareSpec, tokens: int, hidden: int) -> float:
     """Per micro-batch: one activation send forward and one gradient send backward per model chunk (with
     sequence parallelism only the 1/tp shard travels, Megatron's scatter-gather optimization)."""
-    if plan.pp == 1:
+    return p2p_seconds(hw, pp=plan.pp, vpp=plan.vpp, tp=plan.tp, cp=plan.cp, dp=plan.dp,
+                       sp=plan.sequence_parallel, tokens=tokens, hidden=hidden)
+
+
+def p2p_seconds(hw: HardwareSpec, *, pp: int, vpp: int, tp: int, cp: int, dp: int, sp: bool, tokens: int,
+                hidden: int) -> float:
+    """p2p_time from the bare degrees (the planner calls it before any Plan exists)."""
+    if pp == 1:
         return 0.0
-    nbytes = _ACT_BYTES * tokens * hidden / (plan.tp if plan.sequence_parallel else 1)
-    link = comm.group_link(hw, plan.pp, plan.tp * plan.cp * plan.dp)
-    return 2 * plan.vpp * comm.p2p(nbytes, link)
+    nbytes = _ACT_BYTES * tokens * hidden / (tp if sp else 1)
+    return 2 * vpp * comm.p2p(nbytes, comm.group_link(hw, pp, tp * cp * dp))
 
 
 def stage_params(n: int, layer: LayerCost, vocab: VocabCost, *, first: bool, last: bool, pp: int) -> int:

@@ -3,10 +3,11 @@ how many layers per chunk run under full recomputation and the gradient bucket s
 time subject to every stage's memory.
 
 Layout after the cpsat-primer: instance (CandidateCosts) -> variables -> constraint groups -> objective ->
-solve -> read back. Costs are scaled to integers once (units.to_solver_time); memory stays in whole bytes.
-Step time, multiplied by vpp to stay integral:
-    vpp*m*t_max + sum(t_i) - t_max + vpp*(exposed gradient sync + exposed parameter sync + Adam step)
-with t_i = n_i*a + r_i*d + c_i linear in the layers n_i = vpp*k_i and the recomputed layers r_i = vpp*rc_i.
+solve -> read back. Times are scaled to integers once (units.to_solver_time); memory stays in whole bytes.
+The objective is the step time times vpp (to stay integral):
+    vpp*m*t_max + sum(t_i) - t_max + vpp*(sync + adam + tied)
+with t_i = n_i*a + r_i*d + c_i linear in the layers n_i = vpp*k_i and the recomputed layers r_i = vpp*rc_i;
+each bucketed sync is max(one bucket, max_i (bytes_i/B)*c - window_i - slack_i), linear per bucket choice.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from autotune.search.tables import CandidateCosts, grad_table, max_chunks, param_table
+from autotune.search.tables import CandidateCosts, chunk_range, window_s
 from autotune.units import to_solver_time
 
 
@@ -33,20 +34,23 @@ _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.
            cp_model.UNKNOWN: "UNKNOWN", cp_model.MODEL_INVALID: "MODEL_INVALID"}
 
 
-def solve_partition(cc: CandidateCosts, num_layers: int, buckets: tuple[int, ...], *, time_limit_s: float,
-                    cutoff: int | None = None, pinned: tuple[int, ...] | None = None) -> PartitionResult:
+def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float, cutoff: int | None = None,
+                    pinned: tuple[int, ...] | None = None, hint: tuple[int, ...] | None = None) -> PartitionResult:
     """Solve one candidate. With `cutoff` (scaled objective), only strictly better plans are feasible."""
     c = cc.cand
     model = cp_model.CpModel()
     chunks = _chunk_vars(model, cc, num_layers, pinned)
     if chunks is None:
         return PartitionResult("INFEASIBLE")
+    if hint is not None:
+        for k, n in zip(chunks, hint):
+            model.AddHint(k, n // c.vpp)
     rc, r = _recompute_vars(model, cc, chunks)
     times, t_hi = _stage_times(model, cc, chunks, rc, num_layers // c.vpp)
     t_max = model.NewIntVar(0, t_hi, "t_max")
     model.AddMaxEquality(t_max, times)
     _memory_constraints(model, cc, chunks, rc)
-    bucket_idx, sync = _dp_sync(model, cc, chunks, buckets, num_layers)
+    choice, sync = _dp_sync(model, cc, chunks)
     adam = _adam(model, cc, chunks)
     v, m = c.vpp, c.num_microbatches
     objective = v * m * t_max + sum(times) - t_max + v * (sync + adam + to_solver_time(cc.tied_sync_s))
@@ -57,40 +61,33 @@ def solve_partition(cc: CandidateCosts, num_layers: int, buckets: tuple[int, ...
     solver.parameters.num_workers = 1  # deterministic, and the machine has two cores
     solver.parameters.random_seed = 0
     solver.parameters.max_time_in_seconds = max(time_limit_s, 0.001)
-    code = solver.Solve(model)
-    status = _STATUS.get(code, "UNKNOWN")
+    status = _STATUS.get(solver.Solve(model), "UNKNOWN")
     if status not in ("OPTIMAL", "FEASIBLE"):
         return PartitionResult(status)
     layers = tuple(v * solver.Value(k) for k in chunks)
-    r_val = solver.Value(r) if r is not None else 0
-    r_val = min(r_val, max(layers) // v)
-    bucket = buckets[solver.Value(bucket_idx)] if bucket_idx is not None else buckets[0]
+    r_val = min(solver.Value(r), max(layers) // v) if r is not None else 0
+    bucket = next((b for b, y in zip(cc.buckets, choice) if solver.Value(y)), cc.buckets[0]) if choice else \
+        cc.buckets[0]
     return PartitionResult(status, layers, r_val, bucket, int(solver.ObjectiveValue()))
 
 
 def _chunk_vars(model: cp_model.CpModel, cc: CandidateCosts, num_layers: int,
                 pinned: tuple[int, ...] | None) -> list[cp_model.IntVar] | None:
     """k_i chunks' worth of layers per stage (n_i = vpp*k_i), summing to the model."""
-    c = cc.cand
-    v, p = c.vpp, c.pp
-    total = num_layers // v
-    chunks = []
-    for i in range(p):
-        end = i in (0, p - 1)
-        lo = 0 if (end and p > 1 and v == 1) else 1
-        hi = min(total, max_chunks(cc, i, num_layers))
-        if pinned is not None:
-            lo = hi = pinned[i] // v if pinned[i] % v == 0 else -1
-        elif c.even_only:
-            lo, hi = max(lo, (num_layers // p) // v), min(hi, -(-num_layers // p) // v)
-        if p == 1:
-            lo = hi = total if hi >= total else -1
-        if hi < lo or lo < 0:
-            return None
-        chunks.append(model.NewIntVar(lo, hi, f"k{i}"))
+    v = cc.cand.vpp
     if num_layers % v:
         return None
-    model.Add(sum(chunks) == total)
+    chunks = []
+    for i in range(cc.cand.pp):
+        lo, hi = chunk_range(cc, i, num_layers)
+        if pinned is not None:
+            if pinned[i] % v or not lo <= pinned[i] // v <= hi:
+                return None
+            lo = hi = pinned[i] // v
+        if lo > hi:
+            return None
+        chunks.append(model.NewIntVar(lo, hi, f"k{i}"))
+    model.Add(sum(chunks) == num_layers // v)
     return chunks
 
 
@@ -123,7 +120,7 @@ def _stage_times(model: cp_model.CpModel, cc: CandidateCosts, chunks, rc, kmax: 
 
 def _memory_constraints(model: cp_model.CpModel, cc: CandidateCosts, chunks, rc) -> None:
     """Weights, gradients, optimizer states, in-flight activations, vocabulary terms and the scratch of a
-    fully recomputed layer must fit in the usable memory of every stage."""
+    fully recomputed layer fit in the usable memory of every stage."""
     v = cc.cand.vpp
     for i, k in enumerate(chunks):
         s = cc.stages[i]
@@ -136,50 +133,37 @@ def _memory_constraints(model: cp_model.CpModel, cc: CandidateCosts, chunks, rc)
         model.Add(expr <= cc.usable)
 
 
-def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks, buckets: tuple[int, ...], num_layers: int):
-    """Exposed data-parallel sync: per stage an exact table over (bucket, layers), minus the slack of the
-    stages that finish their backward (start their forward) earlier, as in estimate.dp_sync_exposed."""
-    c = cc.cand
-    if cc.dp_group == 1 or c.zero >= 3:
-        return None, 0
-    v = c.vpp
-    kmax = num_layers // v
-    idx = model.NewIntVar(0, len(buckets) - 1, "bucket")
+def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks):
+    """Exposed data-parallel sync, as estimate.dp_sync_exposed computes it: for the chosen bucket B, at least
+    one bucket, and for every stage (bytes_i/B)*c - window_i minus the windows of the stages before it."""
+    if not cc.syncs:
+        return [], 0
+    v, lp = cc.cand.vpp, cc.layer.params
+    choice = [model.NewBoolVar(f"bucket{b}") for b in cc.buckets]
+    model.AddExactlyOne(choice)
     total = 0
-    for table_fn, window in ((grad_table, "bwd"), (param_table, "fwd")):
-        if table_fn is param_table and c.zero == 0:
-            continue
-        exposed = model.NewIntVar(0, 10**15, f"{window}_exposed")
-        slack = 0
-        for i, k in enumerate(chunks):
-            values = [to_solver_time(table_fn(cc, i, b, v * kk)) for b in buckets for kk in range(kmax + 1)]
-            e = model.NewIntVar(min(values), max(values), f"{window}_e{i}")
-            model.AddElement(idx * (kmax + 1) + k, values, e)
-            model.Add(exposed >= e - slack)
-            slack = slack + _window_expr(cc, i, k, window)
+    for sync in cc.syncs:
+        exposed = model.NewIntVar(0, 10**15, f"{sync.window}_exposed")
+        per_layer_window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
+        for y, bucket, c in zip(choice, cc.buckets, sync.per_bucket):
+            model.Add(exposed >= to_solver_time(c)).OnlyEnforceIf(y)
+            scale = c / (bucket * sync.bytes_per_param) * sync.bytes_per_param  # seconds per parameter
+            slack = 0
+            for i, k in enumerate(chunks):
+                s = cc.stages[i]
+                per_k = to_solver_time(v * (lp * scale - per_layer_window))
+                fixed = to_solver_time(s.vocab_params * scale - window_s(cc, i, 0, sync.window))
+                model.Add(exposed >= per_k * k + fixed - slack).OnlyEnforceIf(y)
+                slack = slack + to_solver_time(v * per_layer_window) * k + to_solver_time(window_s(cc, i, 0, sync.window))
         total = total + exposed
-    return idx, total
-
-
-def _window_expr(cc: CandidateCosts, i: int, k, window: str):
-    """Forward or backward time of stage i per micro-batch (recomputation excluded), linear in k."""
-    layer, vocab, s = cc.layer, cc.vocab, cc.stages[i]
-    v = cc.cand.vpp
-    if window == "bwd":
-        per = layer.bwd.seconds + layer.tp_bwd_s + layer.cp_bwd_s
-        fixed = (vocab.embed_bwd.seconds if s.first else 0.0) + (vocab.head_bwd.seconds if s.last else 0.0)
-    else:
-        per = layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s
-        fixed = (vocab.embed_fwd.seconds if s.first else 0.0) + (vocab.head_fwd.seconds if s.last else 0.0)
-    return v * to_solver_time(per) * k + to_solver_time(fixed)
+    return choice, total
 
 
 def _adam(model: cp_model.CpModel, cc: CandidateCosts, chunks):
     """The optimizer step of the stage with the most parameters."""
     v = cc.cand.vpp
     per = to_solver_time(cc.layer.params * cc.adam_s_per_param)
-    terms = [v * per * k + to_solver_time(s.vocab_params * cc.adam_s_per_param) for k, s in zip(chunks, cc.stages)]
     adam = model.NewIntVar(0, 10**15, "adam")
-    for t in terms:
-        model.Add(adam >= t)
+    for k, s in zip(chunks, cc.stages):
+        model.Add(adam >= v * per * k + to_solver_time(s.vocab_params * cc.adam_s_per_param))
     return adam

@@ -1,14 +1,17 @@
 """The planner: enumerate outer candidates, bound them, and let CP-SAT solve the survivors' partitions.
 
-Branch and bound over candidates. Each candidate gets a lower bound on its step time (work spread
-perfectly over the stages) and a necessary memory check. Candidates are visited in order of their bound;
-each is solved by CP-SAT with the current K-th best step time as a cutoff, so the solver only has to prove
-"nothing better here". Once the next bound reaches that threshold every remaining candidate is pruned. If
-every solve ended OPTIMAL or INFEASIBLE, the best plan is optimal over the whole space under the cost model.
+Branch and bound over candidates. Each candidate gets an O(1) lower bound on its step time (work spread
+perfectly over the stages). Candidates are visited in order of their bound from a heap; on its first visit a
+candidate gets its per-stage terms, a necessary memory check and a refined bound (the recomputation memory
+forces) and goes back on the heap; on its second it is solved by CP-SAT with the K-th best step time so far as
+a cutoff, so the solver only has to prove "nothing better here". When the smallest bound left reaches that
+threshold, every remaining candidate is pruned. If every solve ended OPTIMAL or INFEASIBLE, the best plan is
+optimal over the whole space under the cost model.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable
@@ -18,7 +21,8 @@ from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.search.partition import solve_partition
 from autotune.search.space import Candidate, SearchSpace, enumerate_candidates
-from autotune.search.tables import CandidateCosts, base_plan, candidate_costs, lower_bound, memory_possible
+from autotune.search.tables import (candidate_costs, forced_recompute_s, memory_possible, quick_bound,
+                                    stage_time_floor, to_plan)
 from autotune.search.validate import memory_summary, validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -39,10 +43,10 @@ class RunnerUp:
 class SearchStats:
     candidates: int
     """Outer candidates enumerated."""
-    pruned_memory: int
-    """Dropped because no partition could fit in memory (necessary-condition check)."""
     pruned_bound: int
     """Dropped because their lower bound could not beat the plans already found."""
+    pruned_memory: int
+    """Dropped because no partition can fit in memory (necessary-condition check)."""
     solved: int
     """CP-SAT solves run."""
     wall_s: float
@@ -54,7 +58,7 @@ class PlanResult:
     status: str
     """OPTIMAL (proven over the whole space) or FEASIBLE (time limit hit first)."""
     gap: float
-    """Relative gap between the best plan and the best bound left unexplored (0 when OPTIMAL)."""
+    """Relative gap between the best plan and the smallest bound left unexplored (0 when OPTIMAL)."""
     runners_up: tuple[RunnerUp, ...]
     stats: SearchStats
 
@@ -62,10 +66,10 @@ class PlanResult:
 Progress = Callable[[int, int], None]
 
 
-def strategy_key(est: Estimate) -> tuple:
-    """Plans that differ only in partition, bucket or ZeRO/SP details count as one strategy for runners-up."""
-    p = est.plan
-    return (p.tp, p.pp, p.dp, p.cp, p.mbs, p.schedule, p.vpp, p.recompute)
+def candidate_key(c: Candidate) -> tuple:
+    """Candidates that differ only in ZeRO stage, SP or vocabulary pin count as one strategy: the runners-up
+    list the best plan of each distinct strategy."""
+    return (c.tp, c.pp, c.dp, c.cp, c.mbs, c.schedule, c.vpp, c.base)
 
 
 def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int = 3,
@@ -75,63 +79,73 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
         raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
     if gpus <= 0:
         raise SpecError(f"--gpus must be > 0, got {gpus}")
+    if top_k < 0:
+        raise SpecError(f"--top must be >= 0, got {top_k}")
     start = time.perf_counter()
     cm = CostModel(model, hw, job)
     L = model.num_layers
-    feasible, too_big = _bounded_candidates(cm, gpus, space)
-    total = len(feasible) + len(too_big)
-    if total == 0:
+    cands = list(enumerate_candidates(model, job, gpus, hw.gpus_per_node, space))
+    if not cands:
         raise InfeasibleError(_empty_space_message(gpus, space, hw))
+    heap = [(quick_bound(cm, c, space.buckets), idx, None) for idx, c in enumerate(cands)]
+    heapq.heapify(heap)
     found: dict[tuple, Estimate] = {}
-    solved = pruned_bound = 0
+    too_big: list[tuple[float, int]] = []
+    solved = 0
     status, open_bound = "OPTIMAL", math.inf
-    for pos, (lb, _, cc) in enumerate(feasible):
+    while heap:
+        lb, idx, cc = heap[0]
         threshold = _threshold(found, top_k)
         if lb >= threshold:
-            pruned_bound = len(feasible) - pos
             break
+        heapq.heappop(heap)
+        if cc is None:  # first visit: per-stage terms, memory check, refined bound
+            cc = candidate_costs(cm, cands[idx], space.buckets)
+            if not memory_possible(cc, L):
+                too_big.append((lb, idx))
+                continue
+            refined = quick_bound(cm, cands[idx], space.buckets, forced_recompute_s(cc, L), stage_time_floor(cc, L))
+            heapq.heappush(heap, (max(lb, refined), idx, cc))
+            continue
+        key = candidate_key(cc.cand)
+        if key in found and found[key].step_time_s <= lb:
+            continue  # this strategy already has a plan no better variant of it could beat
         remaining = time_limit_s - (time.perf_counter() - start)
         if remaining <= 0:
             status, open_bound = "FEASIBLE", lb
             break
         if progress:
-            progress(pos + 1, len(feasible))
-        res = solve_partition(cc, L, space.buckets, time_limit_s=remaining, cutoff=_cutoff(threshold, cc),
+            progress(solved + 1, len(cands))
+        res = solve_partition(cc, L, time_limit_s=remaining, cutoff=_cutoff(threshold, cc.cand),
                               pinned=space.layers_per_stage)
         solved += 1
         if res.status in ("OPTIMAL", "FEASIBLE"):
-            est = validate_plan(base_plan(cc.cand, res.layers, res.bucket, res.recompute_layers), cm, gpus,
+            est = validate_plan(to_plan(cc.cand, res.layers, res.bucket, res.recompute_layers), cm, gpus,
                                 allow_idle=space.allow_idle, allow_cross_node_tp=space.allow_cross_node_tp)
-            key = strategy_key(est)
             if key not in found or est.step_time_s < found[key].step_time_s:
                 found[key] = est
         if res.status in ("FEASIBLE", "UNKNOWN"):
             status, open_bound = "FEASIBLE", min(open_bound, lb)
-    stats = SearchStats(total, len(too_big), pruned_bound, solved, time.perf_counter() - start)
-    ranked = sorted(found.values(), key=lambda e: e.step_time_s)
+    stats = SearchStats(len(cands), len(cands) - len(too_big) - solved, len(too_big), solved,
+                        time.perf_counter() - start)
+    ranked = sorted(found.values(), key=lambda e: (e.step_time_s, _plan_order(e)))
     if not ranked:
         if status != "OPTIMAL":
             raise SolverLimitError(f"no plan found within --time-limit {time_limit_s:g} s; raise it")
-        raise InfeasibleError(_infeasible_message(cm, too_big + feasible, space))
+        raise InfeasibleError(_infeasible_message(cm, [cands[i] for _, i in too_big] or cands, space))
     best = ranked[0]
     gap = 0.0 if status == "OPTIMAL" else max(0.0, (best.step_time_s - open_bound) / best.step_time_s)
     runners = tuple(RunnerUp(e, f"slower by {100 * (e.step_time_s / best.step_time_s - 1):.1f}%")
                     for e in ranked[1:top_k + 1])
-    runners += _memory_losers(cm, too_big, best, top_k)
+    runners += _memory_losers(cm, [(lb, cands[i]) for lb, i in too_big], best, top_k)
     return PlanResult(best, status, gap, runners, stats)
 
 
-def _bounded_candidates(cm: CostModel, gpus: int, space: SearchSpace):
-    """Every candidate with its bound, split into those that may fit (sorted by bound) and those that cannot."""
-    L = cm.model.num_layers
-    feasible, too_big = [], []
-    for idx, cand in enumerate(enumerate_candidates(cm.model, cm.job, gpus, cm.hw.gpus_per_node, space)):
-        cc = candidate_costs(cm, cand)
-        entry = (lower_bound(cc, L), idx, cc)
-        (feasible if memory_possible(cc, L) else too_big).append(entry)
-    feasible.sort(key=lambda e: (e[0], e[1]))
-    too_big.sort(key=lambda e: (e[0], e[1]))
-    return feasible, too_big
+def _plan_order(est: Estimate) -> tuple:
+    """Deterministic tie-break between plans of equal step time: simpler plans first."""
+    p = est.plan
+    return (p.pp, p.tp, p.cp, p.vpp, p.mbs, p.zero, not p.sequence_parallel, p.recompute, p.layers_per_stage,
+            p.bucket_size)
 
 
 def _threshold(found: dict[tuple, Estimate], top_k: int) -> float:
@@ -140,31 +154,34 @@ def _threshold(found: dict[tuple, Estimate], top_k: int) -> float:
     return times[top_k] if len(times) > top_k else math.inf
 
 
-def _cutoff(threshold: float, cc: CandidateCosts) -> int | None:
+def _cutoff(threshold: float, c: Candidate) -> int | None:
     """The threshold in the solver's scaled objective, with slack for the rounding of its coefficients."""
     if math.isinf(threshold):
         return None
-    slack = 4 * cc.cand.vpp * (cc.cand.pp + 4) * (cc.cand.num_microbatches + 2)
-    return int(threshold / SOLVER_TIME_UNIT_S * cc.cand.vpp) + slack
+    slack = 4 * c.vpp * (c.pp + 4) * (c.num_microbatches + 2)
+    return int(threshold / SOLVER_TIME_UNIT_S * c.vpp) + slack
 
 
 def _min_memory_plan(cm: CostModel, c: Candidate):
-    """The even split with the most recomputation the candidate allows: its smallest-memory plan."""
-    layers = even_split(cm.model.num_layers, c.pp)
+    """The even split with the most recomputation the candidate allows: about its smallest-memory plan."""
+    L = cm.model.num_layers
+    layers = even_split(L, c.pp)
     if any(n % c.vpp for n in layers):
-        layers = tuple([cm.model.num_layers // c.pp] * c.pp) if cm.model.num_layers % c.pp == 0 else layers
-    r = max(layers) // c.vpp if c.full_max else 0
-    return base_plan(c, layers, r=r)
+        if L % (c.pp * c.vpp):
+            return None
+        layers = (L // c.pp,) * c.pp
+    return to_plan(c, layers, r=max(layers) // c.vpp if c.full_max else 0)
 
 
-def _memory_losers(cm: CostModel, too_big, best: Estimate, top_k: int) -> tuple[RunnerUp, ...]:
-    """Candidates whose bound beat the winner but that cannot fit: which term on which stage overflows."""
+def _memory_losers(cm: CostModel, too_big: list[tuple[float, Candidate]], best: Estimate,
+                   top_k: int) -> tuple[RunnerUp, ...]:
+    """Candidates whose bound beat the winner but that cannot fit: which terms overflow on which stage."""
     out = []
-    for lb, _, cc in too_big:
+    for lb, c in sorted(too_big, key=lambda e: e[0]):
         if lb >= best.step_time_s or len(out) >= top_k:
             break
-        plan = _min_memory_plan(cm, cc.cand)
-        if any(n % plan.vpp for n in plan.layers_per_stage):
+        plan = _min_memory_plan(cm, c)
+        if plan is None:
             continue
         est = cm.estimate(plan)
         worst = max(est.stages, key=lambda s: s.memory.total)
@@ -173,18 +190,18 @@ def _memory_losers(cm: CostModel, too_big, best: Estimate, top_k: int) -> tuple[
     return tuple(out)
 
 
-def _infeasible_message(cm: CostModel, entries, space: SearchSpace) -> str:
+def _infeasible_message(cm: CostModel, cands: list[Candidate], space: SearchSpace) -> str:
     """What is short and by how much, for the candidate that comes closest to fitting."""
     best = None
-    for _, _, cc in entries:
-        plan = _min_memory_plan(cm, cc.cand)
-        if any(n % plan.vpp for n in plan.layers_per_stage):
+    for c in cands:
+        plan = _min_memory_plan(cm, c)
+        if plan is None:
             continue
         est = cm.estimate(plan)
         if best is None or est.peak_memory_bytes < best.peak_memory_bytes:
             best = est
     if best is None:
-        return "no plan in the search space: relax the pins (--tp/--pp/--mbs/...)"
+        return "no plan in the search space fits: relax the pins (--tp/--pp/--mbs/--layers-per-stage)"
     worst = max(best.stages, key=lambda s: s.memory.total)
     fixes = ["add GPUs"]
     if space.recompute is not None and "full" not in space.recompute:
@@ -200,5 +217,5 @@ def _empty_space_message(gpus: int, space: SearchSpace, hw: HardwareSpec) -> str
     pins = {k: getattr(space, k) for k in ("tp", "pp", "dp", "cp", "mbs", "vpp", "schedule", "zero")
             if getattr(space, k) is not None}
     hint = f" with pins {pins}" if pins else ""
-    return (f"no valid plan for {gpus} GPUs{hint}: the degrees cannot multiply to the GPU count, divide the "
+    return (f"no valid plan for {gpus} GPUs{hint}: the degrees must multiply to the GPU count and divide the "
             f"heads and the batch; check --gpus, --global-batch and the pins (tp <= {hw.gpus_per_node} per node)")

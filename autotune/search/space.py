@@ -18,6 +18,9 @@ from autotune.specs.model import ModelSpec
 BUCKETS = (10_000_000, 20_000_000, 40_000_000, 80_000_000, 160_000_000, 320_000_000)
 MAX_VPP = 8
 MAX_CP = 16
+#: Micro-batches larger than this many tokens per GPU only add activation memory: the GEMMs of a real model
+#: are already at full efficiency (pin --mbs to go beyond it).
+MAX_MICROBATCH_TOKENS = 65536
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,7 +146,9 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
         if space.layers_per_stage is not None and len(space.layers_per_stage) != pp:
             continue
         local = job.global_batch // dp
-        for mbs in _allowed(divisors(local), space.mbs):
+        mbs_options = divisors(local) if space.mbs else [d for d in divisors(local)
+                                                         if d * job.seq_len // cp <= MAX_MICROBATCH_TOKENS or d == 1]
+        for mbs in _allowed(mbs_options, space.mbs):
             m = local // mbs
             for schedule, vpp in schedule_options(model, pp, m, space):
                 for base, fmin, fmax in recompute_options(model, pp, vpp, space):

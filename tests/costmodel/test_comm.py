@@ -102,29 +102,33 @@ def simulate_buckets(total: float, bucket: float, window: float, per_bucket) -> 
 @settings(max_examples=300, deadline=None)
 @given(total=st.floats(1e3, 1e10), bucket=st.floats(1e3, 1e10), window=st.floats(0.0, 10.0),
        bw=st.floats(1e8, 1e12), alpha=st.floats(0.0, 1e-3), n=st.integers(2, 64))
-def test_bucketed_exposure_matches_an_event_simulation(total, bucket, window, bw, alpha, n):
+def test_bucketed_exposure_brackets_an_event_simulation(total, bucket, window, bw, alpha, n):
+    """The fluid closed form leaves out only the wait for the first bucket: for a whole number of buckets
+    it lies in [simulated - window/nb, simulated]."""
     link = comm.Link(bandwidth=bw, latency=alpha)
 
     def per(size):
         return comm.all_reduce(size, n, link)
 
-    if math.ceil(total / bucket) > 20000:  # keep the simulation loop short
+    nb = math.ceil(total / bucket)
+    if nb > 20000:  # keep the simulation loop short
         return
+    total = nb * bucket  # whole buckets
     got = comm.bucketed_exposure(total, bucket, window, per)
     want = simulate_buckets(total, bucket, window, per)
-    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert want - window / nb - 1e-12 * (1 + want) <= got <= want * (1 + 1e-9) + 1e-12
 
 
 def test_bucketed_exposure_regimes():
     """Comm keeps up (fast link, long window): only the last bucket shows. Comm-bound (slow link): everything
-    but the window shows, plus the wait for the first bucket (window/nb)."""
+    but the window shows."""
     def per(size):
         return size / 1e9  # 1 GB/s, no latency
 
     total, bucket = 8e6, 1e6  # 8 buckets of 1 MB, 1 ms each
     assert comm.bucketed_exposure(total, bucket, 1.0, per) == pytest.approx(1e-3)
     window = 1e-3
-    assert comm.bucketed_exposure(total, bucket, window, per) == pytest.approx(8e-3 - window + window / 8)
+    assert comm.bucketed_exposure(total, bucket, window, per) == pytest.approx(8e-3 - window)
     assert comm.bucketed_exposure(0.0, bucket, 1.0, per) == 0.0
     # one bucket larger than the whole buffer: nothing overlaps, the whole collective shows
     assert comm.bucketed_exposure(total, 1e9, 5.0, per) == pytest.approx(8e-3)

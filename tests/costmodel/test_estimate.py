@@ -64,10 +64,7 @@ def test_one_gpu_is_microbatches_times_the_layers_plus_the_optimizer():
 
 @pytest.mark.parametrize("model", [
     gpt_model(hidden=1024, heads=16, layers=8, vocab=32000, position_embedding="rope", max_position_embeddings=0),
-    pytest.param(MODEL, marks=pytest.mark.xfail(strict=True, reason=(
-        "estimate.tied_embedding_sync all-reduces vocab.embed_params, which includes the learned position table "
-        "(max_position_embeddings*h); Megatron-LM all-reduces only the word embedding between the first and "
-        "last stage (_allreduce_word_embedding_grads)"))),
+    MODEL,  # learned positions: only the word embedding is all-reduced, not the position table
 ], ids=["rope", "learned-positions"])
 def test_two_stages_add_the_bubble_and_the_tied_embedding_sync(model):
     """pp = 2: 1F1B time of the two stage times, plus the all-reduce of the tied word embedding's fp32
