@@ -29,8 +29,8 @@ from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan, check_plan, even_split
 
-#: ../shared/data/ beside the repository (where the project keeps published benchmark tables)
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "megatron-2021-table1.csv"
+#: a copy of ../shared/data/megatron-2021-table1.csv shipped with the package (published measurements)
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / "profiles" / "published" / "megatron-2021-table1.csv"
 SEQ_LEN = 2048
 VOCAB = 51200
 MBS_CHOICES = (1, 2, 4, 8)

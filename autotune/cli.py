@@ -19,12 +19,15 @@ import typer
 from autotune import render
 from autotune.catalog import hardware_names, load_hardware, load_model, load_raw, model_names, read_json
 from autotune.costmodel.estimate import CostModel
-from autotune.errors import AutotuneError, SpecError
+from autotune.errors import AutotuneError, InvalidPlanError, SolverLimitError, SpecError
+from autotune.search.planner import PlanResult, search
+from autotune.search.space import MAX_VPP, SearchSpace, enumerate_candidates
+from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import (DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, check_plan, even_split,
-                                 plan_from_dict)
+                                 is_even_split, plan_from_dict)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest parallel plan for training a Transformer on a GPU cluster.")
@@ -76,6 +79,25 @@ SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-p
                                             help="Megatron sequence parallelism (default: on when tp > 1).")]
 PlanFileOpt = Annotated[str | None, typer.Option("--plan", metavar="FILE",
                                                  help="Read the plan from a JSON file (- reads stdin).")]
+
+# `plan` takes the same pins as comma lists; what is not pinned is searched.
+_LIST = "; one value or a comma list (default: searched)."
+STpOpt, SPpOpt = _pin("--tp", "Tensor-parallel degree" + _LIST), _pin("--pp", "Pipeline-parallel degree" + _LIST)
+SDpOpt, SCpOpt = _pin("--dp", "Data-parallel degree" + _LIST), _pin("--cp", "Context-parallel degree" + _LIST)
+SMbsOpt = _pin("--mbs", "Micro-batch size in sequences" + _LIST)
+SVppOpt = _pin("--vpp", "Virtual stages per pipeline rank" + _LIST)
+SRecomputeOpt = _pin("--recompute", "Activation recomputation" + _LIST, "|".join(RECOMPUTES))
+SScheduleOpt = _pin("--schedule", "Pipeline schedule" + _LIST, "|".join(SCHEDULES))
+SZeroOpt = _pin("--zero", "ZeRO stage" + _LIST, "0|1|2|3")
+SVocabOpt = _pin("--vocab", "Where the vocabulary layers go" + _LIST, "|".join(VOCABS))
+SLayersOpt = _pin("--layers-per-stage", "Pin the partition: layers per pipeline stage (sets --pp).", "N,N,...")
+SSpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel",
+                                             help="Megatron sequence parallelism (default: search both).")]
+IdleOpt = Annotated[bool, typer.Option("--allow-idle", help="Allow plans that leave some GPUs unused.")]
+TopOpt = Annotated[int, typer.Option("--top", min=0, metavar="K", help="Runners-up to show.")]
+TimeLimitOpt = Annotated[float, typer.Option("--time-limit", metavar="S", help="Search time limit in seconds.")]
+CompareOpt = Annotated[str | None, typer.Option("--compare", metavar="FILE", help="Your own plan (JSON, - reads "
+                                                "stdin), estimated and shown beside the best one.")]
 
 
 # ------------------------------------------------------------------------------------------ options -> specs
@@ -178,13 +200,18 @@ def read_plan(path: str, pins: Pins) -> Plan:
     given = pins.given()
     if given:
         raise SpecError(f"--plan {path} gives the whole plan; drop {', '.join(given)} or drop --plan")
+    return load_plan_file(path, "--plan")
+
+
+def load_plan_file(path: str, flag: str) -> Plan:
+    """A plan object (or a whole `plan --json` document) from a file, or stdin for '-'."""
     if path != "-":
         return plan_from_dict(read_json(Path(path), "plan file"), path)
     try:
         data = json.loads(sys.stdin.read())
     except json.JSONDecodeError as exc:
-        raise SpecError(f"--plan -: invalid JSON on stdin at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    return plan_from_dict(data, "--plan -")
+        raise SpecError(f"{flag} -: invalid JSON on stdin at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    return plan_from_dict(data, f"{flag} -")
 
 
 def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:

@@ -1,15 +1,17 @@
 """Everything the CLI shows: rich renderables for people, plain dicts for ``--json``.
 
-Functions here take finished results (specs, an `Estimate`) and only format them; no cost is computed here
-beyond unit conversion and shares of a total. JSON floats are rounded so that output is byte-identical
-across runs and platforms.
+Functions here take finished results (specs, an `Estimate`, a `PlanResult`) and only format them; no cost is
+computed here beyond unit conversion and shares of a total. JSON floats are rounded so that output is
+byte-identical across runs and platforms.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -19,6 +21,7 @@ from rich.text import Text
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.memory import total_params
 from autotune.costmodel.stages import StageCost
+from autotune.search.planner import PlanResult
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
@@ -251,3 +254,143 @@ def _ops_table(est: Estimate) -> Table:
     for category, seconds in est.op_seconds:
         table.add_row(_OP_LABELS.get(category, category), f"{seconds:.4f}", f"{100 * seconds / total:.1f}")
     return table
+
+
+# ------------------------------------------------------------------------------------------------ plan
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """The user's own plan (`plan --compare FILE`), estimated beside the planner's."""
+
+    source: str
+    """The file it came from ('-' for stdin)."""
+    estimate: Estimate
+    problem: str | None
+    """Why it does not fit (which stage, which terms), or None when it does."""
+
+
+@contextmanager
+def search_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A spinner on stderr fed by the planner's progress callback; None (silent) when disabled or piped."""
+    console = Console(stderr=True, highlight=False)
+    if not enabled or not console.is_terminal:
+        yield None
+        return
+    with console.status("searching...") as status:
+        def update(solves: int, candidates: int) -> None:
+            status.update(f"searching {candidates:,} candidates: CP-SAT solve {solves}")
+        yield update
+
+
+def stage_layout(est: Estimate, *, elide: bool = False) -> str:
+    """'E+20 | 20 | 20 | 20+H': layers per pipeline stage, E = embedding, H = LM head; `elide` keeps the first
+    two and the last stage of a long pipeline."""
+    labels = [("E+" if s.has_embedding else "") + str(s.layers) + ("+H" if s.has_head else "") for s in est.stages]
+    if elide and len(labels) > 4:
+        labels = [*labels[:2], "...", labels[-1]]
+    return " | ".join(labels)
+
+
+def plan_brief(plan: Plan) -> str:
+    """A runner-up's choices in a few words."""
+    rc = plan.recompute if plan.recompute_layers is None else f"full x{plan.recompute_layers}"
+    sched = plan.schedule if plan.vpp == 1 else f"{plan.schedule} vpp {plan.vpp}"
+    return (f"tp {plan.tp} pp {plan.pp} dp {plan.dp} cp {plan.cp}, mbs {plan.mbs} x {plan.num_microbatches}, "
+            f"{sched}, recompute {rc}, zero {plan.zero}{', sp' if plan.sequence_parallel else ''}")
+
+
+def solver_line(result: PlanResult) -> str:
+    """'N candidates, X pruned by bound, Y by memory, Z CP-SAT solves, status OPTIMAL, W s'."""
+    s = result.stats
+    line = (f"{s.candidates} candidates, {s.pruned_bound} pruned by bound, {s.pruned_memory} by memory, "
+            f"{s.solved} CP-SAT solves, status {result.status}, {s.wall_s:.2f} s")
+    return line if result.status == "OPTIMAL" else f"{line}, gap {100 * result.gap:.1f}%"
+
+
+def _faster_by(best: Estimate, other: Estimate) -> float:
+    """How much faster `best` is than `other`, in percent of best's step time."""
+    return 100 * (other.step_time_s / best.step_time_s - 1)
+
+
+def plan_json(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: JobSpec,
+              compare: Comparison | None = None) -> dict[str, Any]:
+    """`plan --json`: the estimate of the best plan, then the search, the runners-up and the comparison."""
+    s = result.stats
+    doc = estimate_json(result.best, model, hw, job)
+    doc["solver"] = {"status": result.status, "wall_s": _r(s.wall_s), "candidates": s.candidates,
+                     "pruned_bound": s.pruned_bound, "pruned_memory": s.pruned_memory, "solved": s.solved,
+                     "gap": _r(result.gap)}
+    doc["runners_up"] = [{"plan": r.estimate.plan.to_dict(), "step_time_s": _r(r.estimate.step_time_s),
+                          "mfu": _r(r.estimate.mfu), "peak_memory_gib": _r(gib(r.estimate.peak_memory_bytes)),
+                          "fits": r.estimate.fits, "reason": r.reason} for r in result.runners_up]
+    if compare is not None:
+        est = compare.estimate
+        doc["compare"] = {
+            "source": compare.source, "plan": est.plan.to_dict(), "step_time_s": _r(est.step_time_s),
+            "tokens_per_s": _r(est.tokens_per_s), "model_tflops_per_gpu": _r(est.model_tflops_per_gpu),
+            "mfu": _r(est.mfu), "peak_memory_gib": _r(gib(est.peak_memory_bytes)),
+            "memory_per_stage_gib": [_r(gib(st.memory.total)) for st in est.stages], "fits": est.fits,
+            "problem": compare.problem, "planner_faster_by_pct": _r(_faster_by(result.best, est)),
+        }
+    return doc
+
+
+def plan_report(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: JobSpec,
+                compare: Comparison | None = None) -> RenderableType:
+    """The human report of a search: the best plan explained as `estimate` does, runners-up, comparison."""
+    best = result.best
+    title = "best plan" if result.status == "OPTIMAL" else "best plan found (not proven optimal)"
+    parts: list[RenderableType] = [
+        Text(f"{model.name} on {hw.name} x {best.plan.num_gpus} ({hw.gpus_per_node} per node), global batch "
+             f"{job.global_batch} x {job.seq_len} tokens, {job.dtype}", style="bold"),
+        Text(f"{title}: {plan_line(best.plan)}"),
+        Text(f"layers per stage: {stage_layout(best)}  (E = embedding, H = LM head)"),
+    ]
+    if result.status != "OPTIMAL":
+        parts.append(Text(f"time limit reached before the search finished: the optimum may be up to "
+                          f"{100 * result.gap:.1f}% faster; raise --time-limit to prove it", style="yellow"))
+    blocks: list[RenderableType] = [_summary(best), _breakdown_table(best), _stage_time_table(best),
+                                    _stage_memory_table(best)]
+    if result.runners_up:
+        blocks.append(_runners_up_table(result))
+    if compare is not None:
+        blocks.append(_comparison(result.best, compare))
+    blocks.append(Text(f"search: {solver_line(result)}"))
+    for block in blocks:
+        parts += [Text(""), block]
+    return Group(*parts)
+
+
+def _runners_up_table(result: PlanResult) -> Table:
+    table = Table(title="Runners-up", title_justify="left")
+    for col in ("#", "plan", "layers", "step s", "MFU %", "peak GiB", "why it lost"):
+        table.add_column(col, justify="right" if col in ("#", "step s", "MFU %", "peak GiB") else "left")
+    for rank, r in enumerate(result.runners_up, start=2):
+        est = r.estimate
+        table.add_row(str(rank), plan_brief(est.plan), stage_layout(est, elide=True), f"{est.step_time_s:.3f}",
+                      f"{100 * est.mfu:.1f}", f"{gib(est.peak_memory_bytes):.1f}",
+                      Text(r.reason, style="" if est.fits else "red"))
+    return table
+
+
+def _comparison(best: Estimate, compare: Comparison) -> RenderableType:
+    mine = compare.estimate
+    table = Table(title=f"Compared with your plan ({compare.source})", title_justify="left")
+    for col in ("", "step time s", "tokens/s", "MFU %", "peak memory GiB", "fits", "layers"):
+        table.add_column(col, justify="left" if col in ("", "layers") else "right")
+    for name, est in (("planner", best), ("yours", mine)):
+        table.add_row(name, f"{est.step_time_s:.3f}", f"{est.tokens_per_s:,.0f}", f"{100 * est.mfu:.1f}",
+                      f"{gib(est.peak_memory_bytes):.2f}", "yes" if est.fits else Text("NO", style="red"),
+                      stage_layout(est, elide=True))
+    lines: list[RenderableType] = [table, Text("yours: " + plan_line(mine.plan))]
+    if compare.problem is not None:
+        lines.append(Text(f"your plan does not fit: {compare.problem}", style="red"))
+    pct = _faster_by(best, mine)
+    if pct > 0.05:
+        verdict = f"the planner's plan is {pct:.1f}% faster"
+    elif pct < -0.05:
+        verdict = f"your plan is {-pct:.1f}% faster" + (" but does not fit" if not mine.fits else
+                                                        " (under the cost model; outside the searched space)")
+    else:
+        verdict = "the two plans have the same predicted step time"
+    lines.append(Text(verdict, style="bold"))
+    return Group(*lines)

@@ -9,7 +9,6 @@ import pytest
 from autotune import accuracy
 
 DATA = accuracy.DEFAULT_DATA
-pytestmark = pytest.mark.skipif(not DATA.is_file(), reason=f"{DATA} not found (it lives beside the repository)")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from autotune.costmodel.flops import model_flops_per_step
 from autotune.costmodel.layer import LayerCost, VocabCost, layer_cost, vocab_cost
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.schedules import pipeline_time
-from autotune.costmodel.stages import StageCost, build_stage, p2p_time
+from autotune.costmodel.stages import StageCost, build_stages, p2p_time
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES, JobSpec
 from autotune.specs.model import ModelSpec
@@ -92,7 +92,7 @@ class CostModel:
         layer, vocab = self.layer(*key), self.vocab(*key)
         tokens = plan.mbs * self.job.seq_len // plan.cp
         p2p_s = p2p_time(plan, self.hw, tokens, self.model.hidden_size)
-        return tuple(build_stage(plan, i, layer, vocab, self.hw, p2p_s) for i in range(plan.pp))
+        return build_stages(plan, layer, vocab, self.hw, p2p_s)
 
     def estimate(self, plan: Plan) -> Estimate:
         """Predict step time, throughput and per-stage memory of a plan (assumed valid: see check_plan)."""
@@ -129,35 +129,36 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
     (overlap_param_gather), where stage i starts sum(fwd_j, j < i) late. A tied embedding's gradient is
     all-reduced between the first and last stage after the backward (Megatron's finalize_model_grads).
     """
-    if plan.zero >= 3:
-        return 0.0
+    exposed = tied_embedding_sync(plan, hw, model)
     n = plan.dp * plan.cp
-    link = comm.group_link(hw, n, plan.tp)
-    grad_exposed = param_exposed = 0.0
-    bwd_slack = fwd_slack = 0.0
-    for s in stages:
-        grad_exposed = max(grad_exposed, grad_sync_exposure(plan, s.params, s.bwd_s, n, link) - bwd_slack)
-        param_exposed = max(param_exposed, param_sync_exposure(plan, s.params, s.fwd_s, n, link) - fwd_slack)
-        bwd_slack += s.bwd_s
-        fwd_slack += s.fwd_s
-    return grad_exposed + param_exposed + tied_embedding_sync(plan, hw, model)
-
-
-def grad_sync_exposure(plan: Plan, params: int, bwd_s: float, n: int, link: comm.Link) -> float:
-    """Exposed gradient reduction of one stage, before any slack from later-finishing stages."""
     if n == 1 or plan.zero >= 3:
-        return 0.0
-    collective = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
-    return comm.bucketed_exposure(params * GRAD_BYTES, plan.bucket_size * GRAD_BYTES, bwd_s,
-                                  lambda size: collective(size, n, link))
+        return exposed
+    link = comm.group_link(hw, n, plan.tp)
+    reduce = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
+    exposed += _bucketed_over_stages(stages, GRAD_BYTES, plan.bucket_size, "bwd", lambda b: reduce(b, n, link))
+    if plan.zero in (1, 2):
+        exposed += _bucketed_over_stages(stages, WEIGHT_BYTES, plan.bucket_size, "fwd",
+                                         lambda b: comm.all_gather(b, n, link))
+    return exposed
 
 
-def param_sync_exposure(plan: Plan, params: int, fwd_s: float, n: int, link: comm.Link) -> float:
-    """Exposed all-gather of updated weights under the distributed optimizer, before slack."""
-    if n == 1 or plan.zero in (0, 3):
-        return 0.0
-    return comm.bucketed_exposure(params * WEIGHT_BYTES, plan.bucket_size * WEIGHT_BYTES, fwd_s,
-                                  lambda size: comm.all_gather(size, n, link))
+def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, bucket: int, window: str,
+                          collective) -> float:
+    """max(0, max_i (exposure_i - slack_i)), slack_i = the windows of the stages before i."""
+    times: dict[float, float] = {}  # every stage fills buckets of the same size: time the collective once
+
+    def per_bucket(size: float) -> float:
+        if size not in times:
+            times[size] = collective(size)
+        return times[size]
+
+    worst = slack = 0.0
+    for s in stages:
+        w = s.bwd_s if window == "bwd" else s.fwd_s
+        worst = max(worst, comm.bucketed_exposure(s.params * bytes_per_param, bucket * bytes_per_param, w,
+                                                  per_bucket) - slack)
+        slack += w
+    return worst
 
 
 def tied_embedding_sync(plan: Plan, hw: HardwareSpec, model: ModelSpec) -> float:

@@ -125,58 +125,58 @@ def stage_bwd_s(n: int, layer: LayerCost, vocab: VocabCost, *, first: bool, last
             + (vocab.head_bwd.seconds if last else 0.0))
 
 
-def build_stage(plan: Plan, index: int, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float) -> StageCost:
-    """Assemble stage `index` of `plan` from per-layer and vocabulary costs."""
-    n = plan.layers_per_stage[index]
-    first, last = index == 0, index == plan.pp - 1
-    rc = recomputed_per_chunk(plan, n // plan.vpp)
-    r = rc * plan.vpp
+def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float) -> tuple[StageCost, ...]:
+    """Assemble every stage of `plan` from per-layer and vocabulary costs (what does not depend on the stage
+    is computed once: estimates are called thousands of times per second)."""
     base = base_recompute(plan)
-    compute = n * (layer.fwd.seconds + layer.bwd.seconds)
-    cats = [n * (a + b) for a, b in zip(layer.fwd.by_category, layer.bwd.by_category)]
-    comm_tp = n * (layer.tp_fwd_s + layer.tp_bwd_s)
-    vocab_compute = 0.0
-    if first:
-        vocab_compute += vocab.embed_fwd.seconds + vocab.embed_bwd.seconds
-        comm_tp += vocab.embed_comm_s
-    if last:
-        vocab_compute += vocab.head_fwd.seconds + vocab.head_bwd.seconds
-        comm_tp += vocab.head_comm_s
-    cats[CATEGORIES.index("vocab")] += vocab_compute
-    params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp)
-    fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
-    bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
-    recompute = n * layer.recompute_time(base) + r * (layer.recompute_time("full") - layer.recompute_time(base))
-    return StageCost(
-        index=index, layers=n, recomputed_layers=r, has_embedding=first, has_head=last,
-        compute_s=compute + vocab_compute, recompute_s=recompute, tp_comm_s=comm_tp,
-        cp_comm_s=n * (layer.cp_fwd_s + layer.cp_bwd_s), pp_comm_s=p2p_s,
-        zero3_comm_s=zero3_exposed(plan, hw, params, fwd, bwd), fwd_s=fwd, bwd_s=bwd, by_category=tuple(cats),
-        params=params, memory=stage_memory(plan, index, layer, vocab, n, rc))
+    rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
+    per_state = state_bytes(layer.params, plan.zero, plan.dp * plan.cp)
+    layer_compute = layer.fwd.seconds + layer.bwd.seconds
+    layer_tp = layer.tp_fwd_s + layer.tp_bwd_s
+    layer_cp = layer.cp_fwd_s + layer.cp_bwd_s
+    cats = tuple(a + b for a, b in zip(layer.fwd.by_category, layer.bwd.by_category))
+    vocab_cat = CATEGORIES.index("vocab")
+    act_base = layer.act.get(base)
+    transient_zero3 = zero3_transient(plan, layer)
+    shared: dict[tuple[int, bool, bool], tuple] = {}  # middle stages with equal layer counts cost the same
+    out = []
+    for index, n in enumerate(plan.layers_per_stage):
+        first, last = index == 0, index == plan.pp - 1
+        key = (n, first, last)
+        if key not in shared:
+            vocab_compute = ((vocab.embed_fwd.seconds + vocab.embed_bwd.seconds) if first else 0.0) + \
+                ((vocab.head_fwd.seconds + vocab.head_bwd.seconds) if last else 0.0)
+            by_category = [n * x for x in cats]
+            by_category[vocab_cat] += vocab_compute
+            params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp)
+            fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
+            bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
+            shared[key] = (
+                params, fwd, bwd, tuple(by_category), n * layer_compute + vocab_compute,
+                n * layer_tp + (vocab.embed_comm_s if first else 0.0) + (vocab.head_comm_s if last else 0.0),
+                state_bytes(params - n * layer.params, plan.zero, plan.dp * plan.cp),
+                zero3_exposed(plan, hw, params, fwd, bwd))
+        params, fwd, bwd, by_category, compute, tp_comm, fixed, zero3 = shared[key]
+        rc = recomputed_per_chunk(plan, n // plan.vpp)
+        num, _ = activation_multiplier(plan.schedule, index, plan.pp, plan.vpp, plan.num_microbatches)
+        memory = StageMemory(
+            weights=n * per_state[0] + fixed[0], gradients=n * per_state[1] + fixed[1],
+            optimizer=n * per_state[2] + fixed[2],
+            activations=num * (rc * layer.act.full + (n // plan.vpp - rc) * act_base),
+            vocab_activations=stage_vocab_activations(plan, index, vocab) if first or last else 0,
+            transient=(layer.act.none if rc else 0) + transient_zero3)
+        out.append(StageCost(
+            index=index, layers=n, recomputed_layers=rc * plan.vpp, has_embedding=first, has_head=last,
+            compute_s=compute, recompute_s=n * rec_base + rc * plan.vpp * (rec_full - rec_base), tp_comm_s=tp_comm,
+            cp_comm_s=n * layer_cp, pp_comm_s=p2p_s, zero3_comm_s=zero3, fwd_s=fwd, bwd_s=bwd,
+            by_category=by_category, params=params, memory=memory))
+    return tuple(out)
 
 
 def state_bytes(params: int, zero: int, shards: int) -> tuple[int, int, int]:
     """Whole bytes of (weights, gradients, optimizer states) for `params` parameters."""
     w, g, o = state_bytes_per_param(zero, shards)
     return _ceil(params * w), _ceil(params * g), _ceil(params * o)
-
-
-def stage_memory(plan: Plan, index: int, layer: LayerCost, vocab: VocabCost, n: int, rc: int) -> StageMemory:
-    """Peak bytes on one GPU of stage `index`. Every term is linear in the stage's layer count n and its
-    recomputed layers per chunk rc, with integer coefficients, so the CP-SAT model uses the same numbers."""
-    first, last = index == 0, index == plan.pp - 1
-    shards = plan.dp * plan.cp
-    vocab_params = stage_params(0, layer, vocab, first=first, last=last, pp=plan.pp)
-    per_layer = state_bytes(layer.params, plan.zero, shards)
-    fixed = state_bytes(vocab_params, plan.zero, shards)
-    num, den = activation_multiplier(plan.schedule, index, plan.pp, plan.vpp, plan.num_microbatches)
-    chunk = n // plan.vpp
-    chunk_act = rc * layer.act.full + (chunk - rc) * layer.act.get(base_recompute(plan))
-    return StageMemory(
-        weights=n * per_layer[0] + fixed[0], gradients=n * per_layer[1] + fixed[1],
-        optimizer=n * per_layer[2] + fixed[2], activations=num * chunk_act,
-        vocab_activations=stage_vocab_activations(plan, index, vocab),
-        transient=(layer.act.none if rc else 0) + zero3_transient(plan, layer))
 
 
 def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost) -> int:

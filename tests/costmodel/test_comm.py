@@ -110,6 +110,7 @@ def test_bucketed_exposure_brackets_an_event_simulation(total, bucket, window, b
     def per(size):
         return comm.all_reduce(size, n, link)
 
+    bucket = float(int(bucket))  # whole bytes, so total/bucket is exactly nb in floating point
     nb = math.ceil(total / bucket)
     if nb > 20000:  # keep the simulation loop short
         return

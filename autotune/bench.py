@@ -1,0 +1,114 @@
+"""Benchmarks: cost-model throughput, planner speed on the reference cases, and the planner on the rows of
+Megatron-LM's published table. Timings are measured here, on this machine, and printed; nothing is asserted.
+
+Run: ``python -m autotune.bench [--quick]`` (``make bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from itertools import islice
+
+from autotune import accuracy
+from autotune.catalog import load_hardware, load_model
+from autotune.costmodel.estimate import CostModel
+from autotune.search.planner import search
+from autotune.search.space import SearchSpace, enumerate_candidates
+from autotune.search.tables import to_plan
+from autotune.specs.job import JobSpec
+from autotune.specs.plan import even_split
+
+#: The planner's speed bars (issue 3): model, GPU, GPUs, global batch, sequence length, target seconds.
+PLANNER_CASES = (
+    ("llama3-8b", "h100-sxm", 64, 512, 8192, 1.0),
+    ("llama3-70b", "h100-sxm", 1024, 1024, 8192, 2.0),
+    ("llama3-405b", "h100-sxm", 16384, 2048, 8192, 5.0),
+    ("gpt3-175b", "a100-80gb", 1024, 1536, 2048, 2.0),
+)
+
+
+def estimate_throughput(n_plans: int = 10_000) -> tuple[int, float]:
+    """Seconds to estimate n distinct valid plans of llama3-70b on 1024 H100s with a fresh CostModel (so the
+    per-layer operator costs are computed inside the timing too)."""
+    model, hw = load_model("llama3-70b"), load_hardware("h100-sxm")
+    job = JobSpec(global_batch=1024, seq_len=8192)
+    plans = []
+    for c in enumerate_candidates(model, job, 1024, hw.gpus_per_node, SearchSpace()):
+        layers = even_split(model.num_layers, c.pp)
+        if all(n % c.vpp == 0 for n in layers):
+            plans.extend(to_plan(c, layers, r=r) for r in ((0, 1) if c.full_max else (0,)))
+        if len(plans) >= n_plans:
+            break
+    plans = list(islice(plans, n_plans))
+    start = time.perf_counter()
+    cm = CostModel(model, hw, job)
+    for plan in plans:
+        cm.estimate(plan)
+    return len(plans), time.perf_counter() - start
+
+
+def planner_speed(repeats: int) -> list[str]:
+    lines = [f"planner, full search space, median of {repeats} runs:",
+             f"  {'case':<44} {'median s':>8} {'target':>6} {'status':<8} {'candidates':>10} {'bound':>7} "
+             f"{'memory':>6} {'solves':>6}  best plan"]
+    for name, gpu, gpus, gbs, seq, target in PLANNER_CASES:
+        model, hw, job = load_model(name), load_hardware(gpu), JobSpec(global_batch=gbs, seq_len=seq)
+        times, result = [], None
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = search(model, hw, job, gpus, SearchSpace())
+            times.append(time.perf_counter() - start)
+        s, p = result.stats, result.best.plan
+        case = f"{name} / {gpus} x {gpu} / gbs {gbs} / seq {seq}"
+        lines.append(f"  {case:<44} {statistics.median(times):>8.2f} {target:>6.1f} {result.status:<8} "
+                     f"{s.candidates:>10} {s.pruned_bound:>7} {s.pruned_memory:>6} {s.solved:>6}  "
+                     f"tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} mbs{p.mbs} {p.schedule} v{p.vpp} {p.recompute} "
+                     f"zero{p.zero} -> {result.best.mfu:.1%} MFU")
+    return lines
+
+
+def megatron_rows() -> list[str]:
+    """The planner on each row of Narayanan et al. 2021 Table 1 (same model, GPUs and batch; fp16, no flash
+    attention as in 2021) against the published tp/pp evaluated by the same cost model."""
+    lines = ["planner vs the published tp/pp of Megatron-LM 2021 Table 1 (A100-80GB, fp16, no flash attention):",
+             f"  {'model':<11} {'gpus':>5} {'published tp/pp':>15} {'pred. TFLOP/s':>13} {'planner':>32} "
+             f"{'pred. TFLOP/s':>13} {'gain':>6} {'solve s':>7}"]
+    for row in accuracy.read_rows(accuracy.DEFAULT_DATA):
+        published = accuracy.evaluate_row(row)
+        model, hw = load_model(row["name"]), load_hardware("a100-80gb")
+        job = JobSpec(global_batch=int(row["global_batch"]), seq_len=accuracy.SEQ_LEN, dtype="fp16",
+                      flash_attention=False)
+        start = time.perf_counter()
+        result = search(model, hw, job, int(row["gpus"]), SearchSpace(), top_k=0)
+        wall = time.perf_counter() - start
+        cm = CostModel(model, hw, job)
+        pub_tflops = cm.model_flops / published.predicted_step_s / published.gpus / 1e12
+        p = result.best.plan
+        choice = f"tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} mbs{p.mbs} v{p.vpp} {p.recompute}"
+        lines.append(f"  {row['name']:<11} {int(row['gpus']):>5} {row['tp'] + '/' + row['pp']:>15} "
+                     f"{pub_tflops:>13.0f} {choice:>32} {result.best.model_tflops_per_gpu:>13.0f} "
+                     f"{result.best.model_tflops_per_gpu / pub_tflops - 1:>+6.0%} {wall:>7.2f}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autotune.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one run per planner case, skip the Megatron table")
+    args = parser.parse_args(argv)
+    n, seconds = estimate_throughput()
+    print(f"cost model: {n} estimates of llama3-70b plans in {seconds:.3f} s ({seconds / n * 1e6:.0f} us each; "
+          "target: 10,000 in under 1 s)", flush=True)
+    for line in planner_speed(1 if args.quick else 5):
+        print(line, flush=True)
+    if not args.quick:
+        for line in megatron_rows():
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
