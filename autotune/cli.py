@@ -152,6 +152,17 @@ class Pins:
         """The flags the user set."""
         return ["--" + f.name.replace("_", "-") for f in fields(self) if getattr(self, f.name) is not None]
 
+    def typed(self) -> str:
+        """The pins as the user typed them, e.g. '--tp 8 --pp 4,8 --no-sequence-parallel'."""
+        words = []
+        for f in fields(self):
+            value, flag = getattr(self, f.name), "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                words.append(flag if value else flag.replace("--", "--no-", 1))
+            elif value is not None:
+                words.append(f"{flag} {value}")
+        return " ".join(words)
+
 
 def _one_int(raw: str | None, flag: str, default: int, minimum: int = 1) -> int:
     return default if raw is None else one(parse_int_list(raw, flag, minimum=minimum), flag)
@@ -225,6 +236,136 @@ def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfus
                    flash_attention=not no_flash, fused_kernels=not unfused)
 
 
+# ------------------------------------------------------------------------------------------ pins -> search space
+def search_space(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int, *,
+                 allow_idle: bool, allow_cross_node_tp: bool) -> SearchSpace:
+    """The pins as a SearchSpace, after checks that turn contradictory pins into one-line errors (exit 1):
+    the planner's own "empty space" error (exit 2) is left for spaces that are empty without any pin."""
+    def ints(raw: str | None, flag: str, minimum: int = 1) -> tuple[int, ...] | None:
+        return None if raw is None else parse_int_list(raw, flag, minimum=minimum)
+
+    def choices(raw: str | None, flag: str, options: Sequence[str]) -> tuple[str, ...] | None:
+        return None if raw is None else parse_choice_list(raw, flag, options)
+
+    layers = ints(pins.layers_per_stage, "--layers-per-stage", minimum=0)
+    pp = ints(pins.pp, "--pp")
+    space = SearchSpace(
+        tp=ints(pins.tp, "--tp"), pp=(len(layers),) if pp is None and layers is not None else pp,
+        dp=ints(pins.dp, "--dp"), cp=ints(pins.cp, "--cp"), mbs=ints(pins.mbs, "--mbs"), vpp=ints(pins.vpp, "--vpp"),
+        schedule=choices(pins.schedule, "--schedule", SCHEDULES),
+        recompute=choices(pins.recompute, "--recompute", RECOMPUTES), zero=ints(pins.zero, "--zero", minimum=0),
+        vocab=choices(pins.vocab, "--vocab", VOCABS),
+        sequence_parallel=None if pins.sequence_parallel is None else (pins.sequence_parallel,),
+        layers_per_stage=layers, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp)
+    _check_degrees(space, model, job, gpus, gpus_per_node)
+    _check_choices(space, model)
+    if layers is not None:
+        _check_layers(space, layers, model)
+    if pins.given() and next(enumerate_candidates(model, job, gpus, gpus_per_node, space), None) is None:
+        raise SpecError(f"no valid plan for {gpus} GPUs meets {pins.typed()} together (tp x pp x dp x cp must be "
+                        f"{gpus}, dp x mbs must divide --global-batch {job.global_batch}, interleaved needs "
+                        "micro-batches divisible by pp); relax a pin")
+    return space
+
+
+def _check_degrees(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int) -> None:
+    """Each pinned degree on its own: heads, node size, GPU count, layers, batch, sequence."""
+    for tp in space.tp or ():
+        if model.num_heads % tp or model.num_kv_heads % tp:
+            ok = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0 and model.num_kv_heads % d == 0]
+            raise SpecError(f"--tp {tp} does not divide the {model.num_heads} attention heads and "
+                            f"{model.num_kv_heads} key/value heads of {model.name}; use one of {', '.join(map(str, ok))}")
+        if tp > gpus_per_node and not space.allow_cross_node_tp:
+            raise SpecError(f"tp {tp} exceeds the {gpus_per_node} GPUs of a node; pass --allow-cross-node-tp")
+    divide_gpus = [("--tp", space.tp), ("--pp", space.pp), ("--cp", space.cp)]
+    for flag, values in divide_gpus + ([] if space.allow_idle else [("--dp", space.dp)]):
+        for v in values or ():
+            if gpus % v:
+                raise SpecError(f"{flag} {v} does not divide --gpus {gpus}")
+    for pp in space.pp or ():
+        if pp > model.num_layers:
+            raise SpecError(f"--pp {pp} exceeds the {model.num_layers} layers of {model.name}")
+    for flag, values in (("--dp", space.dp), ("--mbs", space.mbs)):
+        for v in values or ():
+            if job.global_batch % v:
+                raise SpecError(f"{flag} {v} does not divide --global-batch {job.global_batch}")
+    for cp in space.cp or ():
+        if cp > 1 and job.seq_len % (2 * cp):
+            raise SpecError(f"--cp {cp} needs --seq-len divisible by 2 x cp = {2 * cp} (load-balanced ring "
+                            f"attention), got {job.seq_len}")
+
+
+def _check_choices(space: SearchSpace, model: ModelSpec) -> None:
+    """Pins that contradict each other: vpp vs schedule, ZeRO vs pp, sequence parallelism vs tp."""
+    if any(z > 3 for z in space.zero or ()):
+        raise SpecError(f"--zero {max(space.zero or ())}: ZeRO stages are 0, 1, 2 and 3")
+    for v in space.vpp or ():
+        if v > 1 and (v > MAX_VPP or model.num_layers % v):
+            raise SpecError(f"--vpp {v} must divide the {model.num_layers} layers of {model.name} and be <= {MAX_VPP}")
+    if space.schedule == ("1f1b",) and space.vpp is not None and 1 not in space.vpp:
+        raise SpecError("--schedule 1f1b has one model chunk per rank; drop --vpp or use --schedule interleaved")
+    if space.schedule == ("interleaved",) and space.vpp == (1,):
+        raise SpecError("--schedule interleaved needs --vpp >= 2")
+    if space.zero and min(space.zero) >= 2 and space.pp and min(space.pp) > 1:
+        raise SpecError(f"--zero {','.join(map(str, space.zero))} shards gradients, which pipeline parallelism "
+                        "forbids; use --zero 0,1 with --pp > 1")
+    if space.sequence_parallel == (True,) and space.tp == (1,):
+        raise SpecError("--sequence-parallel needs tp > 1; drop it or pin --tp > 1")
+
+
+def _check_layers(space: SearchSpace, layers: tuple[int, ...], model: ModelSpec) -> None:
+    """A pinned partition: one pp, one entry per stage, summing to the model, compatible with vocab and vpp."""
+    text = ",".join(map(str, layers))
+    if space.pp is not None and len(space.pp) != 1:
+        raise SpecError(f"--layers-per-stage pins the partition, so --pp must be one value, got "
+                        f"{','.join(map(str, space.pp))}")
+    if space.pp != (len(layers),):
+        raise SpecError(f"--layers-per-stage {text} has {len(layers)} stages but --pp is {space.pp[0]}")
+    if sum(layers) != model.num_layers:
+        raise SpecError(f"--layers-per-stage {text} sums to {sum(layers)}, but {model.name} has "
+                        f"{model.num_layers} layers")
+    if 0 in layers[1:-1]:
+        raise SpecError(f"--layers-per-stage {text}: only the first and last stage may have no layers")
+    if space.vocab == ("ends",) and not is_even_split(layers):
+        raise SpecError(f"--layers-per-stage {text} is uneven, and --vocab ends means an even split; "
+                        "use --vocab balanced")
+    vpps = [v for v in space.vpp or range(1, MAX_VPP + 1)
+            if (v == 1) == (space.schedule != ("interleaved",)) or space.schedule is None]
+    if not any(v == 1 or (0 not in layers and all(n % v == 0 for n in layers)) for v in vpps):
+        raise SpecError(f"--layers-per-stage {text}: the interleaved schedule needs every stage's layer count "
+                        f"to be a positive multiple of vpp ({', '.join(map(str, vpps))} allowed)")
+
+
+def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
+                 space: SearchSpace) -> render.Comparison:
+    """The user's plan, checked by the independent validator: rule breaks are errors, not fitting is reported."""
+    plan = load_plan_file(path, "--compare")
+    cm = CostModel(model, hw, job)
+    flags = {"allow_idle": space.allow_idle, "allow_cross_node_tp": space.allow_cross_node_tp}
+    try:
+        return render.Comparison(path, validate_plan(plan, cm, gpus, **flags), None)
+    except InvalidPlanError as exc:
+        try:
+            check_plan(plan, model, job, gpus, hw.gpus_per_node, **flags)
+        except InvalidPlanError as rule:
+            raise SpecError(f"--compare {path}: {rule}") from None
+        return render.Comparison(path, cm.estimate(plan), str(exc))
+
+
+def run_search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int,
+               time_limit_s: float, quiet: bool) -> PlanResult:
+    """`search` under a progress spinner; a time limit hit with a plan in hand returns it (status FEASIBLE)."""
+    if time_limit_s <= 0:
+        raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit_s:g}")
+    with render.search_progress(not quiet) as progress:
+        try:
+            return search(model, hw, job, gpus, space, top_k=top_k, time_limit_s=time_limit_s, progress=progress)
+        except SolverLimitError as exc:
+            if isinstance(exc.result, PlanResult):
+                return exc.result
+            raise
+
+
 def _show(renderable: Any, as_json: bool) -> None:
     if as_json:
         typer.echo(render.dump_json(renderable))
@@ -271,6 +412,31 @@ def estimate(
     est = CostModel(spec, hw, job).estimate(plan)
     _show(render.estimate_json(est, spec, hw, job) if json_out
           else render.estimate_report(est, spec, hw, job, ops=ops), json_out)
+
+
+@app.command()
+def plan(
+    model: ModelOpt, gpu: GpuOpt, gpus: GpusOpt, global_batch: BatchOpt, seq_len: SeqOpt,
+    gpus_per_node: GpusPerNodeOpt = None, dtype: DtypeOpt = "bf16", tp: STpOpt = None, pp: SPpOpt = None,
+    dp: SDpOpt = None, cp: SCpOpt = None, mbs: SMbsOpt = None, vpp: SVppOpt = None, recompute: SRecomputeOpt = None,
+    schedule: SScheduleOpt = None, zero: SZeroOpt = None, vocab: SVocabOpt = None,
+    layers_per_stage: SLayersOpt = None, sequence_parallel: SSpOpt = None, allow_idle: IdleOpt = False,
+    allow_cross_node_tp: CrossTpOpt = False, no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
+    top: TopOpt = 3, time_limit: TimeLimitOpt = 60.0, compare: CompareOpt = None, json_out: JsonOpt = False,
+) -> None:
+    """Search for the fastest plan that fits; show it, the runners-up and why they lost (exit 3: not proven)."""
+    spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
+    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused)
+    pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
+                vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel)
+    space = search_space(pins, spec, job, gpus, hw.gpus_per_node, allow_idle=allow_idle,
+                         allow_cross_node_tp=allow_cross_node_tp)
+    mine = compare_plan(compare, spec, hw, job, gpus, space) if compare is not None else None
+    result = run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=time_limit, quiet=json_out)
+    _show(render.plan_json(result, spec, hw, job, mine) if json_out
+          else render.plan_report(result, spec, hw, job, mine), json_out)
+    if result.status != "OPTIMAL":
+        raise typer.Exit(SolverLimitError.exit_code)
 
 
 # ------------------------------------------------------------------------------------------------ entry point

@@ -271,11 +271,10 @@ class Comparison:
 @contextmanager
 def search_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
     """A spinner on stderr fed by the planner's progress callback; None (silent) when disabled or piped."""
-    console = Console(stderr=True, highlight=False)
-    if not enabled or not console.is_terminal:
+    if not enabled or not sys.stderr.isatty():
         yield None
         return
-    with console.status("searching...") as status:
+    with Console(stderr=True, highlight=False).status("searching...") as status:
         def update(solves: int, candidates: int) -> None:
             status.update(f"searching {candidates:,} candidates: CP-SAT solve {solves}")
         yield update
@@ -361,14 +360,15 @@ def plan_report(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: Job
 
 
 def _runners_up_table(result: PlanResult) -> Table:
-    table = Table(title="Runners-up", title_justify="left")
-    for col in ("#", "plan", "layers", "step s", "MFU %", "peak GiB", "why it lost"):
-        table.add_column(col, justify="right" if col in ("#", "step s", "MFU %", "peak GiB") else "left")
+    table = Table(title="Runners-up, and why each lost (E = embedding, H = LM head)", title_justify="left")
+    for col in ("#", "plan", "step s", "MFU %", "peak GiB"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
     for rank, r in enumerate(result.runners_up, start=2):
         est = r.estimate
-        table.add_row(str(rank), plan_brief(est.plan), stage_layout(est, elide=True), f"{est.step_time_s:.3f}",
-                      f"{100 * est.mfu:.1f}", f"{gib(est.peak_memory_bytes):.1f}",
-                      Text(r.reason, style="" if est.fits else "red"))
+        cell = Text(f"{plan_brief(est.plan)}\nlayers {stage_layout(est, elide=True)}: ")
+        cell.append(r.reason, style="" if est.fits else "red")
+        table.add_row(str(rank), cell, f"{est.step_time_s:.3f}", f"{100 * est.mfu:.1f}",
+                      f"{gib(est.peak_memory_bytes):.1f}")
     return table
 
 
@@ -385,12 +385,12 @@ def _comparison(best: Estimate, compare: Comparison) -> RenderableType:
     if compare.problem is not None:
         lines.append(Text(f"your plan does not fit: {compare.problem}", style="red"))
     pct = _faster_by(best, mine)
-    if pct > 0.05:
+    if pct >= 0.05:
         verdict = f"the planner's plan is {pct:.1f}% faster"
-    elif pct < -0.05:
-        verdict = f"your plan is {-pct:.1f}% faster" + (" but does not fit" if not mine.fits else
-                                                        " (under the cost model; outside the searched space)")
+    elif pct <= -0.05:
+        verdict = f"your plan is {-pct:.1f}% faster" + ("" if not mine.fits else ", in a part of the space the search "
+                                                        "does not cover (or was stopped before)")
     else:
         verdict = "the two plans have the same predicted step time"
-    lines.append(Text(verdict, style="bold"))
+    lines.append(Text(verdict + ("" if mine.fits else ", and yours does not fit"), style="bold"))
     return Group(*lines)

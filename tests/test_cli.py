@@ -43,7 +43,7 @@ def _estimate_json(cli, *args: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ help
-@pytest.mark.parametrize("command", [[], ["models"], ["hardware"], ["estimate"]])
+@pytest.mark.parametrize("command", [[], ["models"], ["hardware"], ["estimate"], ["plan"]])
 def test_help_of_every_command(cli, command):
     result = cli(*command, "--help")
     assert result.exit_code == 0
@@ -51,7 +51,7 @@ def test_help_of_every_command(cli, command):
 
 
 def test_help_through_main_exits_0(autotune_proc):
-    for args in (["--help"], ["estimate", "--help"], []):  # a bare `autotune` prints the help too
+    for args in (["--help"], ["estimate", "--help"], ["plan", "--help"], []):  # a bare `autotune` prints the help too
         proc = autotune_proc(*args)
         assert proc.returncode == 0, proc.stderr
         assert "Usage" in proc.stdout and "Traceback" not in proc.stderr

@@ -50,8 +50,8 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
     t_max = model.NewIntVar(0, t_hi, "t_max")
     model.AddMaxEquality(t_max, times)
     _memory_constraints(model, cc, chunks, rc)
-    choice, sync = _dp_sync(model, cc, chunks)
-    adam = _adam(model, cc, chunks)
+    choice, sync = _dp_sync(model, cc, chunks, num_layers)
+    adam = _adam(model, cc, chunks, num_layers)
     v, m = c.vpp, c.num_microbatches
     objective = v * m * t_max + sum(times) - t_max + v * (sync + adam + to_solver_time(cc.tied_sync_s))
     if cutoff is not None:
@@ -60,6 +60,9 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1  # deterministic, and the machine has two cores
     solver.parameters.random_seed = 0
+    # Level 2 puts the bucket-enforced sync constraints into the LP relaxation; without it the objective
+    # bound stays weak and CP-SAT can stall on even a 2-stage model.
+    solver.parameters.linearization_level = 2
     solver.parameters.max_time_in_seconds = max(time_limit_s, 0.001)
     status = _STATUS.get(solver.Solve(model), "UNKNOWN")
     if status not in ("OPTIMAL", "FEASIBLE"):
@@ -133,7 +136,7 @@ def _memory_constraints(model: cp_model.CpModel, cc: CandidateCosts, chunks, rc)
         model.Add(expr <= cc.usable)
 
 
-def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks):
+def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks, num_layers: int):
     """Exposed data-parallel sync, as estimate.dp_sync_exposed computes it: for the chosen bucket B, at least
     one bucket, and for every stage (bytes_i/B)*c - window_i minus the windows of the stages before it."""
     if not cc.syncs:
@@ -142,8 +145,11 @@ def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks):
     choice = [model.NewBoolVar(f"bucket{b}") for b in cc.buckets]
     model.AddExactlyOne(choice)
     total = 0
+    all_params = num_layers * lp + sum(s.vocab_params for s in cc.stages)
     for sync in cc.syncs:
-        exposed = model.NewIntVar(0, 10**15, f"{sync.window}_exposed")
+        # tight domains keep CP-SAT's propagation and LP relaxation effective
+        hi = max(to_solver_time(c * (all_params / bucket + 1)) for bucket, c in zip(cc.buckets, sync.per_bucket))
+        exposed = model.NewIntVar(0, hi, f"{sync.window}_exposed")
         per_layer_window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
         for y, bucket, c in zip(choice, cc.buckets, sync.per_bucket):
             model.Add(exposed >= to_solver_time(c)).OnlyEnforceIf(y)
@@ -159,11 +165,12 @@ def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks):
     return choice, total
 
 
-def _adam(model: cp_model.CpModel, cc: CandidateCosts, chunks):
+def _adam(model: cp_model.CpModel, cc: CandidateCosts, chunks, num_layers: int):
     """The optimizer step of the stage with the most parameters."""
     v = cc.cand.vpp
     per = to_solver_time(cc.layer.params * cc.adam_s_per_param)
-    adam = model.NewIntVar(0, 10**15, "adam")
+    hi = v * per * (num_layers // v) + max(to_solver_time(s.vocab_params * cc.adam_s_per_param) for s in cc.stages)
+    adam = model.NewIntVar(0, hi, "adam")
     for k, s in zip(chunks, cc.stages):
         model.Add(adam >= v * per * k + to_solver_time(s.vocab_params * cc.adam_s_per_param))
     return adam

@@ -92,7 +92,7 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     found: dict[tuple, Estimate] = {}
     too_big: list[tuple[float, int]] = []
     solved = 0
-    status, open_bound = "OPTIMAL", math.inf
+    open_bound = math.inf  # the smallest bound of a candidate left without proof
     while heap:
         lb, idx, cc = heap[0]
         threshold = _threshold(found, top_k)
@@ -112,7 +112,7 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
             continue  # this strategy already has a plan no better variant of it could beat
         remaining = time_limit_s - (time.perf_counter() - start)
         if remaining <= 0:
-            status, open_bound = "FEASIBLE", lb
+            open_bound = min(open_bound, lb)
             break
         if progress:
             progress(solved + 1, len(cands))
@@ -125,19 +125,21 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
             if key not in found or est.step_time_s < found[key].step_time_s:
                 found[key] = est
         if res.status in ("FEASIBLE", "UNKNOWN"):
-            status, open_bound = "FEASIBLE", min(open_bound, lb)
+            open_bound = min(open_bound, lb)
     stats = SearchStats(len(cands), len(cands) - len(too_big) - solved, len(too_big), solved,
                         time.perf_counter() - start)
     ranked = sorted(found.values(), key=lambda e: (e.step_time_s, _plan_order(e)))
     if not ranked:
-        if status != "OPTIMAL":
+        if open_bound < math.inf:
             raise SolverLimitError(f"no plan found within --time-limit {time_limit_s:g} s; raise it")
         raise InfeasibleError(_infeasible_message(cm, [cands[i] for _, i in too_big] or cands, space))
     best = ranked[0]
-    gap = 0.0 if status == "OPTIMAL" else max(0.0, (best.step_time_s - open_bound) / best.step_time_s)
+    # Optimal when no candidate left without proof could beat the best (runners-up may then be incomplete).
+    status = "OPTIMAL" if open_bound >= best.step_time_s else "FEASIBLE"
+    gap = 0.0 if status == "OPTIMAL" else (best.step_time_s - open_bound) / best.step_time_s
     runners = tuple(RunnerUp(e, f"slower by {100 * (e.step_time_s / best.step_time_s - 1):.1f}%")
                     for e in ranked[1:top_k + 1])
-    runners += _memory_losers(cm, [(lb, cands[i]) for lb, i in too_big], best, top_k)
+    runners += _memory_losers(cm, [(lb, cands[i]) for lb, i in too_big], best, top_k, space.layers_per_stage)
     return PlanResult(best, status, gap, runners, stats)
 
 
@@ -162,9 +164,12 @@ def _cutoff(threshold: float, c: Candidate) -> int | None:
     return int(threshold / SOLVER_TIME_UNIT_S * c.vpp) + slack
 
 
-def _min_memory_plan(cm: CostModel, c: Candidate):
-    """The even split with the most recomputation the candidate allows: about its smallest-memory plan."""
+def _min_memory_plan(cm: CostModel, c: Candidate, pinned: tuple[int, ...] | None = None):
+    """The even split (or the pinned one) with the most recomputation the candidate allows: about its
+    smallest-memory plan."""
     L = cm.model.num_layers
+    if pinned is not None:
+        return to_plan(c, pinned, r=max(pinned) // c.vpp if c.full_max else 0) if len(pinned) == c.pp else None
     layers = even_split(L, c.pp)
     if any(n % c.vpp for n in layers):
         if L % (c.pp * c.vpp):
@@ -173,14 +178,14 @@ def _min_memory_plan(cm: CostModel, c: Candidate):
     return to_plan(c, layers, r=max(layers) // c.vpp if c.full_max else 0)
 
 
-def _memory_losers(cm: CostModel, too_big: list[tuple[float, Candidate]], best: Estimate,
-                   top_k: int) -> tuple[RunnerUp, ...]:
+def _memory_losers(cm: CostModel, too_big: list[tuple[float, Candidate]], best: Estimate, top_k: int,
+                   pinned: tuple[int, ...] | None) -> tuple[RunnerUp, ...]:
     """Candidates whose bound beat the winner but that cannot fit: which terms overflow on which stage."""
     out = []
     for lb, c in sorted(too_big, key=lambda e: e[0]):
         if lb >= best.step_time_s or len(out) >= top_k:
             break
-        plan = _min_memory_plan(cm, c)
+        plan = _min_memory_plan(cm, c, pinned)
         if plan is None:
             continue
         est = cm.estimate(plan)
@@ -194,7 +199,7 @@ def _infeasible_message(cm: CostModel, cands: list[Candidate], space: SearchSpac
     """What is short and by how much, for the candidate that comes closest to fitting."""
     best = None
     for c in cands:
-        plan = _min_memory_plan(cm, c)
+        plan = _min_memory_plan(cm, c, space.layers_per_stage)
         if plan is None:
             continue
         est = cm.estimate(plan)

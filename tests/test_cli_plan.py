@@ -1,0 +1,262 @@
+"""`autotune plan` (../shared/CLI.md): the search from the command line, its pins, outputs and exit codes.
+
+Small jobs (llama3-8b on 8-16 H100s) keep every search well under a second; each run still passes a
+--time-limit so that a slow solve costs seconds, not the default minute.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import pytest
+
+import autotune.cli
+from autotune import render
+from autotune.cli import main
+from autotune.errors import SolverLimitError
+from autotune.search.planner import search as real_search
+
+SMALL = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096",
+         "--time-limit", "20")
+MEDIUM = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "128", "--seq-len",
+          "4096", "--time-limit", "20")
+CLI_MD_KEYS = {"plan", "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "peak_memory_gib",
+               "memory_per_stage_gib", "breakdown", "solver"}
+SOLVER_KEYS = {"status", "wall_s", "candidates", "pruned_bound", "pruned_memory", "solved", "gap"}
+STATS_LINE = re.compile(r"\d+ candidates, \d+ pruned by bound, \d+ by memory, \d+ CP-SAT solves, status OPTIMAL, "
+                        r"[\d.]+ s")
+# A plan a person might write for llama3-8b on 8 GPUs: all tensor parallel, 64 micro-batches of 1.
+WORSE_PLAN = {"tp": 8, "pp": 1, "dp": 1, "mbs": 1, "num_microbatches": 64, "layers_per_stage": [32]}
+# Data parallel with micro-batches of 8 sequences and no memory saver: the activations do not fit in 80 GB.
+OOM_PLAN = {"tp": 1, "pp": 1, "dp": 8, "mbs": 8, "num_microbatches": 1, "layers_per_stage": [32]}
+
+
+def _plan(cli, *args: str, input: str | None = None):
+    result = cli("plan", *args, input=input)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def _plan_json(cli, *args: str, input: str | None = None) -> dict:
+    return json.loads(_plan(cli, *args, "--json", input=input).stdout)
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    """`autotune plan ...` through `main`, in-process: (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", *args])
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+# ------------------------------------------------------------------------------------------------ output
+def test_human_output_has_plan_runners_up_and_stats(cli):
+    result = _plan(cli, *SMALL, "--tp", "2", "--pp", "4")
+    out = result.stdout
+    assert "best plan: tp 2, pp 4, dp 1" in out
+    assert re.search(r"layers per stage: E\+\d+ \| \d+ \| \d+ \| \d+\+H", out)  # where the vocabulary layers sit
+    for phrase in ("step time", "tokens/s", "MFU", "peak memory", "of usable", "pipeline bubble",
+                   "Runners-up", "slower by"):
+        assert phrase in out
+    assert STATS_LINE.search(out)
+    assert max(len(line) for line in out.splitlines()) <= 120
+    assert result.stderr == ""  # no progress display when stderr is not a terminal
+
+
+def test_json_has_the_contract_keys(cli):
+    doc = _plan_json(cli, *SMALL, "--tp", "2", "--pp", "4")
+    assert CLI_MD_KEYS <= doc.keys() and {"stages", "runners_up"} <= doc.keys()
+    assert SOLVER_KEYS <= doc["solver"].keys()
+    assert doc["solver"]["status"] == "OPTIMAL" and doc["solver"]["gap"] == 0.0
+    assert doc["solver"]["solved"] >= 1 and doc["solver"]["candidates"] >= doc["solver"]["solved"]
+    assert len(doc["stages"]) == len(doc["memory_per_stage_gib"]) == 4
+    assert doc["peak_memory_gib"] == max(doc["memory_per_stage_gib"]) <= doc["usable_memory_gib"]
+    assert sum(doc["plan"]["layers_per_stage"]) == 32
+    assert doc["runners_up"], "a free search over 8 GPUs has more than one strategy"
+    for runner in doc["runners_up"]:
+        assert {"plan", "step_time_s", "reason"} <= runner.keys()
+        if runner["fits"]:
+            assert runner["step_time_s"] >= doc["step_time_s"] and runner["reason"].startswith("slower by")
+    assert "compare" not in doc
+
+
+def test_json_is_byte_identical_across_runs_but_for_wall_time(cli):
+    first = cli("plan", *SMALL, "--json").stdout
+    second = cli("plan", *SMALL, "--json").stdout
+    wall = re.compile(r'"wall_s": [\d.e+-]+')
+    assert wall.sub("", first) == wall.sub("", second)
+    json.loads(first)  # exactly one JSON object
+
+
+def test_top_limits_the_runners_up(cli):
+    assert _plan_json(cli, *SMALL, "--top", "0")["runners_up"] == []
+    assert len(_plan_json(cli, *SMALL, "--top", "1")["runners_up"]) <= 2  # one slower plan + one that cannot fit
+
+
+# ------------------------------------------------------------------------------------------------ pins
+@pytest.mark.parametrize("pins, expected", [
+    (("--tp", "2", "--pp", "2"), {"tp": 2, "pp": 2}),
+    (("--tp", "2", "--pp", "2", "--recompute", "selective,full", "--zero", "1", "--no-sequence-parallel",
+      "--schedule", "1f1b", "--mbs", "2"), {"tp": 2, "pp": 2, "zero": 1, "sequence_parallel": False,
+                                           "schedule": "1f1b", "mbs": 2}),
+    (("--tp", "2", "--pp", "4", "--vpp", "2", "--schedule", "interleaved"),
+     {"tp": 2, "pp": 4, "vpp": 2, "schedule": "interleaved"}),
+    (("--pp", "4", "--vocab", "ends"), {"pp": 4, "vocab": "ends", "layers_per_stage": [8, 8, 8, 8]}),
+    (("--dp", "2", "--cp", "2"), {"dp": 2, "cp": 2}),
+])
+def test_pins_restrict_the_result(cli, pins, expected):
+    plan = _plan_json(cli, *MEDIUM, *pins)["plan"]
+    assert {k: plan[k] for k in expected} == expected
+    if "--recompute" in pins:
+        assert plan["recompute"] in ("selective", "full")
+
+
+def test_layers_per_stage_pins_the_partition_and_sets_pp(cli):
+    plan = _plan_json(cli, *SMALL, "--tp", "2", "--layers-per-stage", "15,17")["plan"]
+    assert (plan["pp"], plan["layers_per_stage"], plan["vocab"]) == (2, [15, 17], "balanced")
+
+
+def test_allow_idle_may_leave_gpus_unused(cli):
+    doc = _plan_json(cli, *SMALL, "--gpus", "6", "--allow-idle")
+    plan = doc["plan"]
+    assert plan["tp"] * plan["pp"] * plan["dp"] * plan["cp"] <= 6
+
+
+# ------------------------------------------------------------------------------------------------ --compare
+def test_compare_with_a_worse_plan(cli, tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(WORSE_PLAN))
+    out = _plan(cli, *SMALL, "--compare", str(path)).stdout
+    assert "Compared with your plan" in out and "yours" in out
+    assert re.search(r"the planner's plan is \d+\.\d% faster", out)
+    doc = _plan_json(cli, *SMALL, "--compare", str(path))
+    mine = doc["compare"]
+    assert mine["plan"]["tp"] == 8 and mine["fits"] is True and mine["problem"] is None
+    assert mine["step_time_s"] > doc["step_time_s"]
+    assert mine["planner_faster_by_pct"] == pytest.approx(100 * (mine["step_time_s"] / doc["step_time_s"] - 1),
+                                                          abs=1e-3)
+
+
+def test_compare_a_plan_that_does_not_fit_from_stdin(cli):
+    out = _plan(cli, *SMALL, "--compare", "-", input=json.dumps(OOM_PLAN)).stdout
+    assert "your plan does not fit: stage 0 needs" in out and "GiB" in out
+    mine = _plan_json(cli, *SMALL, "--compare", "-", input=json.dumps(OOM_PLAN))["compare"]
+    assert mine["fits"] is False and "stage 0" in mine["problem"]
+
+
+def test_compare_a_plan_that_breaks_a_rule_is_exit_1(capsys, tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({**WORSE_PLAN, "dp": 2, "num_microbatches": 32}))  # 16 GPUs, not 8
+    code, out, err = _main(capsys, *SMALL, "--compare", str(path))
+    assert code == 1 and out == ""
+    assert err.startswith("error: --compare") and "--gpus is 8" in err
+
+
+# ------------------------------------------------------------------------------------------------ exit codes
+ERROR_CASES = {
+    "tp across nodes": (("--model", "gpt-7.5b", "--tp", "16"), "pass --allow-cross-node-tp"),
+    "tp not dividing heads": (("--tp", "3"), "does not divide the 32 attention heads"),
+    "time limit 0": (("--time-limit", "0"), "--time-limit must be > 0"),
+    "layers sum": (("--layers-per-stage", "7,8,8,7"), "sums to 30"),
+    "layers length": (("--pp", "2", "--layers-per-stage", "8,8,8,8"), "has 4 stages but --pp is 2"),
+    "layers with pp list": (("--pp", "2,4", "--layers-per-stage", "8,8,8,8"), "--pp must be one value"),
+    "uneven layers with vocab ends": (("--layers-per-stage", "15,17", "--vocab", "ends"), "--vocab balanced"),
+    "layers vs vpp": (("--layers-per-stage", "9,7,9,7", "--vpp", "2"), "positive multiple of vpp"),
+    "zero 2 with pp": (("--zero", "2", "--pp", "2"), "pipeline parallelism forbids"),
+    "vpp with 1f1b": (("--vpp", "2", "--schedule", "1f1b"), "--schedule interleaved"),
+    "pins together": (("--tp", "8", "--pp", "8"), "relax a pin"),
+    "dp not dividing gpus": (("--dp", "3"), "--dp 3 does not divide --gpus 8"),
+    "unknown schedule": (("--schedule", "gpipe"), "gpipe"),
+    "negative top": (("--top", "-1"), "--top"),
+}
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_contradictory_pins_are_one_line_exit_1(capsys, case):
+    extra, fragment = ERROR_CASES[case]
+    code, out, err = _main(capsys, *SMALL, *extra)
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], err
+
+
+def test_infeasible_is_exit_2_with_one_line(autotune_proc):
+    proc = autotune_proc("plan", "--model", "llama3-405b", "--gpu", "v100-32gb", "--gpus", "8", "--global-batch",
+                         "64", "--seq-len", "2048")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "GiB" in lines[0]
+
+
+def test_tiny_time_limit_is_exit_3(capsys):
+    # The enumeration alone outlasts 1 ms, so today no plan exists when the limit strikes: exit 3 with a one-line
+    # message. Were a plan found first, it would be printed (status FEASIBLE) and the exit code still 3.
+    code, out, err = _main(capsys, "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "1024", "--global-batch",
+                           "1024", "--seq-len", "8192", "--time-limit", "0.001")
+    assert code == 3
+    if out:
+        assert "best plan found (not proven optimal)" in out and "status FEASIBLE" in out
+    else:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "--time-limit" in lines[0]
+
+
+def _feasible(*args, **kwargs):
+    """The planner's real result, relabelled as if its time limit had struck before the proof."""
+    return replace(real_search(*args, **kwargs), status="FEASIBLE", gap=0.05)
+
+
+def test_feasible_result_prints_the_plan_and_exits_3(cli, monkeypatch):
+    monkeypatch.setattr(autotune.cli, "search", _feasible)
+    result = cli("plan", *SMALL)
+    assert result.exit_code == 3
+    assert "best plan found (not proven optimal)" in result.stdout
+    assert "status FEASIBLE" in result.stdout and "gap 5.0%" in result.stdout
+    result = cli("plan", *SMALL, "--json")
+    assert result.exit_code == 3
+    solver = json.loads(result.stdout)["solver"]
+    assert (solver["status"], solver["gap"]) == ("FEASIBLE", 0.05)
+
+
+def test_solver_limit_error_carrying_a_result_prints_it(cli, monkeypatch):
+    def limited(*args, **kwargs):
+        raise SolverLimitError("time limit", result=_feasible(*args, **kwargs))
+
+    monkeypatch.setattr(autotune.cli, "search", limited)
+    result = cli("plan", *SMALL, "--json")
+    assert result.exit_code == 3
+    assert json.loads(result.stdout)["solver"]["status"] == "FEASIBLE"
+
+
+# ------------------------------------------------------------------------------------------------ progress
+class _Tty:
+    """A stand-in stderr that says it is a terminal."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_silent_unless_stderr_is_a_terminal(monkeypatch):
+    with render.search_progress(True) as progress:  # pytest's stderr is not a terminal
+        assert progress is None
+    tty = _Tty()
+    monkeypatch.setattr("sys.stderr", tty)
+    with render.search_progress(False) as progress:  # --json
+        assert progress is None
+    with render.search_progress(True) as progress:
+        assert progress is not None
+        progress(3, 1848)
+    assert tty.text  # the spinner drew (and cleared) itself on stderr
