@@ -12,7 +12,7 @@ each bucketed sync is max(one bucket, max_i (bytes_i/B)*c - window_i - slack_i),
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
@@ -35,16 +35,13 @@ _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.
 
 
 def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float, cutoff: int | None = None,
-                    pinned: tuple[int, ...] | None = None, hint: tuple[int, ...] | None = None) -> PartitionResult:
+                    pinned: tuple[int, ...] | None = None) -> PartitionResult:
     """Solve one candidate. With `cutoff` (scaled objective), only strictly better plans are feasible."""
     c = cc.cand
     model = cp_model.CpModel()
     chunks = _chunk_vars(model, cc, num_layers, pinned)
     if chunks is None:
         return PartitionResult("INFEASIBLE")
-    if hint is not None:
-        for k, n in zip(chunks, hint):
-            model.AddHint(k, n // c.vpp)
     rc, r = _recompute_vars(model, cc, chunks)
     times, t_hi = _stage_times(model, cc, chunks, rc, num_layers // c.vpp)
     t_max = model.NewIntVar(0, t_hi, "t_max")
@@ -57,20 +54,50 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
     if cutoff is not None:
         model.Add(objective < cutoff)
     model.Minimize(objective)
+    found: PartitionResult | None = None
+    for branching, budget in _ATTEMPTS:
+        solver = _solver(branching, budget, time_limit_s)
+        status = _STATUS.get(solver.Solve(model), "UNKNOWN")
+        if status in ("OPTIMAL", "FEASIBLE"):
+            found = _read(solver, cc, chunks, r, choice, status)
+            if status == "OPTIMAL":
+                return found
+            model.Add(objective < found.objective)  # the next attempt must improve on it, or prove it optimal
+        elif status == "INFEASIBLE":
+            return PartitionResult("INFEASIBLE") if found is None else replace(found, status="OPTIMAL")
+        time_limit_s -= solver.WallTime()
+        if time_limit_s <= 0:
+            break
+    return found or PartitionResult("UNKNOWN")
+
+
+#: Search strategies tried in turn, each with a budget of conflicts (deterministic, unlike seconds; None:
+#: no budget but the time limit). CP-SAT's default search proves most partitions in milliseconds but can
+#: crawl along the objective when full recompute makes the LP relaxation weak; fixed-order and LP-guided
+#: branching finish those at once.
+_ATTEMPTS = ((cp_model.AUTOMATIC_SEARCH, 5_000), (cp_model.FIXED_SEARCH, 20_000), (cp_model.LP_SEARCH, 20_000),
+             (cp_model.AUTOMATIC_SEARCH, None))
+
+
+def _solver(branching, budget: int | None, time_limit_s: float) -> cp_model.CpSolver:
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1  # deterministic, and the machine has two cores
     solver.parameters.random_seed = 0
     # Level 2 puts the bucket-enforced sync constraints into the LP relaxation; without it the objective
     # bound stays weak and CP-SAT can stall on even a 2-stage model.
     solver.parameters.linearization_level = 2
+    solver.parameters.search_branching = branching
+    if budget is not None:
+        solver.parameters.max_number_of_conflicts = budget
     solver.parameters.max_time_in_seconds = max(time_limit_s, 0.001)
-    status = _STATUS.get(solver.Solve(model), "UNKNOWN")
-    if status not in ("OPTIMAL", "FEASIBLE"):
-        return PartitionResult(status)
+    return solver
+
+
+def _read(solver: cp_model.CpSolver, cc: CandidateCosts, chunks, r, choice, status: str) -> PartitionResult:
+    v = cc.cand.vpp
     layers = tuple(v * solver.Value(k) for k in chunks)
     r_val = min(solver.Value(r), max(layers) // v) if r is not None else 0
-    bucket = next((b for b, y in zip(cc.buckets, choice) if solver.Value(y)), cc.buckets[0]) if choice else \
-        cc.buckets[0]
+    bucket = next((b for b, y in zip(cc.buckets, choice) if solver.Value(y)), cc.buckets[0])
     return PartitionResult(status, layers, r_val, bucket, int(solver.ObjectiveValue()))
 
 

@@ -150,6 +150,7 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
         fixed = [vocab.embed_time + p2p, vocab.head_time + p2p] + [p2p] * (c.pp - 2)
     vocab_params = vocab.embed_params + (vocab.head_params if c.pp > 1 else vocab.head_params_shared)
     total_params = L * layer.params + vocab_params
+    buckets = fit_buckets(buckets, smallest_stage_params(c, layer, vocab, L))
     if c.zero >= 3:
         fixed[0] += zero3_exposed(_shell_plan(c), cm.hw, total_params,
                                   L * (layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s)
@@ -219,8 +220,7 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
                   + zero3_transient(plan, layer))
         num, _ = activation_multiplier(c.schedule, i, c.pp, c.vpp, c.num_microbatches)
         stages.append(StageTerms(first, last, time_s, memory, num, vparams, fwd, bwd))
-    smallest = min(s.vocab_params + c.vpp * _min_chunks(c, i, L) * layer.params for i, s in enumerate(stages))
-    fitted = fit_buckets(buckets, smallest)
+    fitted = fit_buckets(buckets, smallest_stage_params(c, layer, vocab, L))
     adam_shards = shards if c.zero >= 1 else 1
     return CandidateCosts(
         cand=c, layer=layer, vocab=vocab, layer_time_s=layer.time(c.base),
@@ -229,6 +229,12 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
         act_full=layer.act.full, act_none=layer.act.none, stages=tuple(stages), usable=cm.hw.usable_memory_bytes,
         buckets=fitted, syncs=sync_collectives(cm, c, fitted), tied_sync_s=tied_sync_seconds(cm, c),
         adam_s_per_param=ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory))
+
+
+def smallest_stage_params(c: Candidate, layer: LayerCost, vocab: VocabCost, num_layers: int) -> int:
+    """Fewest parameters any stage of any partition of c can hold (what every bucket must fit in)."""
+    return min(stage_params(c.vpp * _min_chunks(c, i, num_layers), layer, vocab, first=i == 0, last=i == c.pp - 1,
+                            pp=c.pp) for i in {0, c.pp // 2, c.pp - 1})
 
 
 def _min_chunks(c: Candidate, i: int, num_layers: int) -> int:
@@ -243,8 +249,9 @@ def chunk_range(cc: CandidateCosts, i: int, num_layers: int) -> tuple[int, int]:
     c = cc.cand
     total = num_layers // c.vpp
     lo, hi = _min_chunks(c, i, num_layers), min(total, max_chunks(cc, i, num_layers))
-    if c.even_only:
-        lo, hi = max(lo, (num_layers // c.pp) // c.vpp), min(hi, -(-num_layers // c.pp) // c.vpp)
+    if c.even_only:  # n_i in {floor(L/p), ceil(L/p)} and a multiple of vpp
+        lo = max(lo, -(-(num_layers // c.pp) // c.vpp))
+        hi = min(hi, -(-num_layers // c.pp) // c.vpp)
     return lo, hi
 
 
@@ -282,7 +289,7 @@ def forced_recompute_s(cc: CandidateCosts, num_layers: int) -> float:
     for i, s in enumerate(cc.stages):
         room = cc.usable - s.memory
         per_chunk = c.vpp * cc.layer_state + s.in_flight * cc.act_base
-        base_cap = max(0, room // per_chunk)
+        base_cap = max(0.0, room / per_chunk)  # fractional: a relaxation must not discard leftover memory
         free += base_cap
         saving = s.in_flight * (cc.act_base - cc.act_full)
         if saving > 0:

@@ -5,11 +5,12 @@ fully recomputed layers per chunk and every gradient bucket the planner may pick
 `tables.to_plan`, checked with `check_plan`, estimated with `CostModel.estimate` and kept if it fits. The
 fastest one is the optimum the planner must match.
 
-What "the planner's space" means, mirrored from `search/tables.py` and `search/partition.py` (and nothing else
-from the search package is used):
+What "the planner's space" means, mirrored from `search/tables.py` and `search/partition.py` (from the search
+package only `enumerate_candidates`, `to_plan` and `fit_buckets` are used):
 - partitions: each stage holds a multiple of vpp layers; with pp > 1 and vpp == 1 the first and last stage may
   hold none, every other stage holds at least vpp; pp == 1 holds every layer; a candidate with `even_only`
-  (vocab pinned to 'ends') only takes even splits (`is_even_split`); `space.layers_per_stage` pins one split.
+  (vocab pinned to 'ends') only takes even splits (`is_even_split`; stricter than `tables.chunk_range` with
+  vpp > 1); `space.layers_per_stage` pins one split.
 - full recomputation: every r in [full_min, full_max] (layers per chunk, 0 = none); r at or above the largest
   chunk all give the same plan ('full' on every layer), so the r are deduplicated through the plan they build.
 - buckets: the planner does NOT search every size of `space.buckets`. Its linear model of the bucketed sync is
@@ -53,39 +54,49 @@ def partitions(num_layers: int, pp: int, vpp: int, *, even_only: bool = False) -
     if pp == 1:
         yield (num_layers,)
         return
-    lows = [1] * pp
+    total = num_layers // vpp
+    lows, highs = [1] * pp, [total] * pp
     if vpp == 1:
         lows[0] = lows[-1] = 0
-    for chunks in _compositions(num_layers // vpp, lows):
+    if even_only:  # only counts within one of L/pp can be even (prunes the enumeration, is_even_split decides)
+        lo, hi = num_layers // pp, -(-num_layers // pp)
+        lows = [max(low, -(-lo // vpp)) for low in lows]
+        highs = [hi // vpp] * pp
+    for chunks in _compositions(total, lows, highs):
         layers = tuple(vpp * k for k in chunks)
         if not even_only or is_even_split(layers):
             yield layers
 
 
-def _compositions(total: int, lows: list[int]) -> Iterator[tuple[int, ...]]:
+def _compositions(total: int, lows: list[int], highs: list[int]) -> Iterator[tuple[int, ...]]:
+    """Tuples k with lows[i] <= k[i] <= highs[i] summing to total."""
     if len(lows) == 1:
-        if total >= lows[0]:
+        if lows[0] <= total <= highs[0]:
             yield (total,)
         return
-    for k in range(lows[0], total - sum(lows[1:]) + 1):
-        for rest in _compositions(total - k, lows[1:]):
-            yield (k, *rest)
+    for k in range(lows[0], min(highs[0], total - sum(lows[1:])) + 1):
+        yield from ((k, *rest) for rest in _compositions(total - k, lows[1:], highs[1:]))
 
 
-def allowed_buckets(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[int, ...]:
-    """The bucket sizes the planner lets candidate c use (mirrors tables.candidate_costs)."""
+def smallest_stage_params(cm: CostModel, c: Candidate) -> int:
+    """Parameters of the smallest stage any partition of candidate c can have (the fewest layers each stage
+    may hold, plus its vocabulary layers), from the cost model's `stage_params`."""
     layer = cm.layer(c.tp, c.cp, c.mbs, c.sp)
     vocab = cm.vocab(c.tp, c.cp, c.mbs, c.sp)
-    L = cm.model.num_layers
     fewest = []
     for i in range(c.pp):
         first, last = i == 0, i == c.pp - 1
         if c.pp == 1:
-            n = L
+            n = cm.model.num_layers
         else:
             n = 0 if (first or last) and c.vpp == 1 else c.vpp
         fewest.append(stage_params(n, layer, vocab, first=first, last=last, pp=c.pp))
-    fitted = fit_buckets(buckets, min(fewest))
+    return min(fewest)
+
+
+def allowed_buckets(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[int, ...]:
+    """The bucket sizes the planner lets candidate c use (mirrors tables.candidate_costs)."""
+    fitted = fit_buckets(buckets, smallest_stage_params(cm, c))
     if c.dp * c.cp == 1 or c.zero >= 3:
         return fitted[:1]
     return fitted

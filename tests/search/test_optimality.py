@@ -1,0 +1,153 @@
+"""The planner against exhaustive search (tests/search/bruteforce.py): on small spaces `search` returns exactly
+the brute-force optimum under the cost model, says OPTIMAL, and raises InfeasibleError iff nothing fits.
+
+The random spaces cover every recompute setting (none, selective, full on some or all layers) and offer
+buckets both smaller and larger than the smallest stage (the planner then falls back to a fitting one; the
+brute force mirrors that). The hand-picked cases below were bugs once: each is a regression test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from autotune.catalog import load_hardware
+from autotune.costmodel.estimate import CostModel
+from autotune.errors import InfeasibleError
+from autotune.search.partition import solve_partition
+from autotune.search.planner import PlanResult, search
+from autotune.search.space import Candidate, SearchSpace
+from autotune.search.tables import candidate_costs
+from autotune.specs.job import JobSpec
+from autotune.specs.plan import is_even_split
+from autotune.units import SOLVER_TIME_UNIT_S
+from ._instances import Instance, fitting_bucket, instances, single_gpu_peak, tiny_model, with_memory
+from .bruteforce import brute_force, candidate_optimum
+
+#: The solver rounds every time coefficient to 1 ns; the step times it compares are >= tens of microseconds.
+REL = 1e-6
+RANDOM = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+def assert_planner_matches(inst: Instance, space: SearchSpace, *, top_k: int = 3) -> PlanResult | None:
+    """search() finds the brute-force optimum and proves it, or both find nothing."""
+    bf = brute_force(inst.model, inst.hw, inst.job, inst.gpus, space).best
+    if bf is None:
+        with pytest.raises(InfeasibleError):
+            search(inst.model, inst.hw, inst.job, inst.gpus, space, top_k=top_k, time_limit_s=30)
+        return None
+    try:
+        res = search(inst.model, inst.hw, inst.job, inst.gpus, space, top_k=top_k, time_limit_s=30)
+    except InfeasibleError as exc:
+        pytest.fail(f"planner says infeasible ({exc}) but {bf.plan} fits at {bf.step_time_s:.9g} s")
+    assert res.status == "OPTIMAL"
+    assert res.stats.solved >= 1
+    assert res.best.fits
+    assert res.best.step_time_s == pytest.approx(bf.step_time_s, rel=REL), (res.best.plan, bf.plan)
+    return res
+
+
+def note(res: PlanResult | None) -> None:
+    """Hypothesis statistics (--hypothesis-show-statistics): how varied the drawn optima are."""
+    if res is None:
+        event("nothing fits")
+    else:
+        event(f"best pp {res.best.plan.pp}, {'even' if is_even_split(res.best.plan.layers_per_stage) else 'uneven'}")
+
+
+@RANDOM
+@given(inst=instances())
+def test_planner_matches_brute_force(inst: Instance) -> None:
+    space = SearchSpace()
+    s = fitting_bucket(inst, space)
+    note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 2, s, 4 * s + 1)), top_k=0))
+
+
+@settings(RANDOM, max_examples=30)
+@given(inst=instances())
+def test_bucket_choice_matches_brute_force(inst: Instance) -> None:
+    """Four buckets, one larger than some stage, and the default top-3 bookkeeping."""
+    space = SearchSpace()
+    s = fitting_bucket(inst, space)
+    note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 4, s // 2, s, 8 * s))))
+
+
+@settings(RANDOM, max_examples=50)
+@given(inst=instances(layers=st.integers(4, 8), gpus=st.sampled_from((4, 8))), pp=st.sampled_from((2, 4)))
+def test_pipelined_partition_matches_brute_force(inst: Instance, pp: int) -> None:
+    """pp pinned to 2 or 4, where the partition (and the vocabulary layers on the ends) decides the optimum."""
+    space = SearchSpace(pp=(pp,))
+    s = fitting_bucket(inst, space)
+    note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 2, s)), top_k=1))
+
+
+def _distinct(*sizes: int) -> tuple[int, ...]:
+    return tuple(sorted({max(1, b) for b in sizes}))
+
+
+# ------------------------------------------------------------------------------------------- hand-picked
+def _h100_8_layers(hidden: int, heads: int, ffn: int) -> Instance:
+    model = tiny_model(layers=8, hidden=hidden, heads=heads, kv_heads=8, ffn=ffn * hidden, vocab=256000)
+    return Instance(model, load_hardware("h100-sxm"), JobSpec(global_batch=16, seq_len=4096), 0)
+
+
+@pytest.mark.parametrize(("hidden", "heads", "ffn", "tp"), [(8192, 64, 4, 8), (4096, 32, 8, 4)])
+def test_large_vocabulary_unloads_the_last_stage(hidden: int, heads: int, ffn: int, tp: int) -> None:
+    """256k vocabulary, 8 layers, pp 4: the LM head costs about 1-2 layers, so the optimum (checked against
+    brute force) gives the last stage fewer layers than the busiest one."""
+    inst = replace(_h100_8_layers(hidden, heads, ffn), gpus=4 * tp)
+    res = assert_planner_matches(inst, SearchSpace(pp=(4,), tp=(tp,), cp=(1,), dp=(1,), buckets=(10_000_000,)))
+    layers = res.best.plan.layers_per_stage
+    assert not is_even_split(layers)
+    assert layers[-1] < max(layers)
+    assert res.best.plan.vocab == "balanced"
+
+
+def _memory_bound(fraction: float) -> Instance:
+    model = tiny_model(layers=8, hidden=1024, heads=8, vocab=32000, activation="gelu", tied=True)
+    job = JobSpec(global_batch=16, seq_len=2048)
+    hw = load_hardware("a100-80gb")
+    return Instance(model, with_memory(hw, int(single_gpu_peak(model, hw, job) * fraction)), job, 2)
+
+
+@pytest.mark.parametrize("fraction", [0.6, 0.7])
+def test_memory_forces_partial_full_recompute(fraction: float) -> None:
+    """pp 2 with too little memory for every activation: the optimum recomputes some layers in full."""
+    space = SearchSpace(tp=(1,), cp=(1,), dp=(1,), pp=(2,), zero=(0,), recompute=("none", "full"),
+                        buckets=(40_000_000,))
+    res = assert_planner_matches(_memory_bound(fraction), space)
+    assert res.best.plan.recompute == "full"
+
+
+def test_nothing_fits_is_infeasible_for_both() -> None:
+    space = SearchSpace(tp=(1,), cp=(1,), dp=(1,), pp=(2,), zero=(0,), buckets=(40_000_000,))
+    assert assert_planner_matches(_memory_bound(0.3), space) is None
+
+
+# ---------------------------------------------------------------------- regressions (bugs found by these tests)
+def test_fallback_bucket_prunes_the_optimum() -> None:
+    model = tiny_model(layers=2, hidden=64, heads=2, vocab=1000, activation="gelu")
+    inst = Instance(model, load_hardware("h100-sxm"), JobSpec(global_batch=4, seq_len=128), 4)
+    assert_planner_matches(inst, SearchSpace(buckets=(10_000_000,), recompute=("none",), zero=(0,), tp=(1,),
+                                             cp=(1,), sequence_parallel=(False,)), top_k=0)
+
+
+def test_forced_recompute_bound_prunes_the_optimum() -> None:
+    model = tiny_model(layers=5, hidden=512, heads=8, kv_heads=2, ffn=2048, vocab=32000, tied=True)
+    hw = with_memory(load_hardware("h100-sxm"), 235512729, gpus_per_node=2)
+    inst = Instance(model, hw, JobSpec(global_batch=8, seq_len=512), 4)
+    assert_planner_matches(inst, SearchSpace(tp=(2,), pp=(1,), cp=(1,), zero=(3,), mbs=(1,), recompute=("full",)))
+
+
+def test_full_recompute_stalls_the_solver() -> None:
+    model = tiny_model(layers=6, hidden=128, heads=8, ffn=256, vocab=256000)
+    cm = CostModel(model, replace(load_hardware("h100-sxm"), gpus_per_node=2), JobSpec(global_batch=32, seq_len=128))
+    c = Candidate(tp=2, pp=2, dp=2, cp=1, mbs=2, num_microbatches=8, schedule="1f1b", vpp=1, base="none",
+                  full_min=0, full_max=6, zero=1, sp=True, even_only=False)
+    res = solve_partition(candidate_costs(cm, c, (4000,)), 6, time_limit_s=2.0)
+    best = candidate_optimum(cm, c, SearchSpace(buckets=(4000,)), 8).best
+    assert res.status == "OPTIMAL"
+    assert res.objective * SOLVER_TIME_UNIT_S == pytest.approx(best.step_time_s, rel=REL)
