@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TRAINERS_STAMP := $(VENV)/.trainers
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
 # The main job's defaults: Llama-3 70B on 1024 H100s, 1024 sequences of 8192 tokens per step.
 MODEL ?= llama3-70b
@@ -11,20 +13,34 @@ GPUS ?= 1024
 GLOBAL_BATCH ?= 1024
 SEQ_LEN ?= 8192
 
-.PHONY: install plan test bench accuracy clean
+.PHONY: install trainers plan test bench accuracy clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PIP) -e '.[dev]'
 	touch $(STAMP)
+
+# The trainers' own validation code, CPU only, for the emitter contract tests (../shared/TRAINERS.md):
+# the local CPU build of torch first, then every trainer package with --no-deps so no CUDA build is pulled.
+trainers: $(TRAINERS_STAMP)
+
+$(TRAINERS_STAMP): $(STAMP) requirements-trainers.txt
+	echo "torch==2.13.0" > $(VENV)/constraints.txt
+	$(PIP) torch==2.13.0
+	$(PIP) -c $(VENV)/constraints.txt -r requirements-trainers.txt
+	$(PIP) --no-deps megatron-core==0.16.1 torchtitan==0.3.0 spmd_types==0.2.3
+	$(PIP) --no-deps --target $(VENV)/torchtitan-0.2.2 torchtitan==0.2.2
+	$(PY) -m pip download --quiet --disable-pip-version-check --no-deps deepspeed==0.19.8 -d $(VENV)/downloads
+	DS_BUILD_OPS=0 $(PIP) --no-deps --no-build-isolation $(VENV)/downloads/deepspeed-0.19.8.tar.gz
+	touch $(TRAINERS_STAMP)
 
 plan: install
 	$(VENV)/bin/autotune plan --model $(MODEL) --gpu $(GPU) --gpus $(GPUS) --global-batch $(GLOBAL_BATCH) \
 		--seq-len $(SEQ_LEN)
 
-test: install
+test: install trainers
 	$(PY) -m pytest
 
 bench: install

@@ -1,0 +1,56 @@
+"""Emitters: a plan turned into the launch configuration of a real trainer (one module per trainer).
+
+Emitters are pure and deterministic: they take an `EmitInput` (the plan, the specs and the predicted figures
+for the header) and return an `EmitResult` (file names and contents, plus one-line warnings for whatever the
+trainer cannot express; the closest valid configuration is emitted instead). Writing files is the CLI's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import Plan
+
+TRAINERS = ("megatron", "torchtitan", "deepspeed")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmitInput:
+    """Everything an emitter may use."""
+
+    plan: Plan
+    model: ModelSpec
+    job: JobSpec
+    gpu: str
+    """Hardware name (for the header)."""
+    gpus_per_node: int
+    step_time_s: float
+    """Predicted step time, for the header."""
+    peak_memory_gib: float
+    """Predicted peak memory per GPU, for the header."""
+    mfu: float
+
+
+@dataclass(frozen=True, slots=True)
+class EmitResult:
+    """Files to write (relative name, content), sorted by name, and what the trainer could not express."""
+
+    files: tuple[tuple[str, str], ...]
+    warnings: tuple[str, ...] = ()
+
+
+def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> EmitResult:
+    """Dispatch to the trainer's emitter."""
+    from autotune.emit import deepspeed, megatron, torchtitan
+
+    if trainer == "megatron":
+        return megatron.emit_megatron(inp)
+    if trainer == "torchtitan":
+        return torchtitan.emit_torchtitan(inp, fmt=torchtitan_format)
+    if trainer == "deepspeed":
+        return deepspeed.emit_deepspeed(inp)
+    from autotune.errors import SpecError
+
+    raise SpecError(f"--trainer {trainer!r}: unknown trainer; use one of {', '.join(TRAINERS)}")
