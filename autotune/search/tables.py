@@ -14,8 +14,8 @@ from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.schedules import activation_multiplier
-from autotune.costmodel.stages import (p2p_seconds, stage_params, stage_vocab_activations, state_bytes,
-                                       zero3_exposed, zero3_transient)
+from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params,
+                                       stage_vocab_activations, state_bytes, zero3_exposed, zero3_transient)
 from autotune.search.space import Candidate
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
@@ -151,20 +151,19 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     vocab_params = vocab.embed_params + (vocab.head_params if c.pp > 1 else vocab.head_params_shared)
     total_params = L * layer.params + vocab_params
     buckets = fit_buckets(buckets, smallest_stage_params(c, layer, vocab, L))
-    if c.zero >= 3:
+    if c.zero >= 3:  # pp == 1: one stage holds everything
         fixed[0] += zero3_exposed(_shell_plan(c), cm.hw, total_params,
-                                  L * (layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s)
-                                  + vocab.embed_fwd.seconds + vocab.head_fwd.seconds,
-                                  L * (layer.bwd.seconds + layer.tp_bwd_s + layer.cp_bwd_s)
-                                  + vocab.embed_bwd.seconds + vocab.head_bwd.seconds)
+                                  stage_fwd_s(L, layer, vocab, first=True, last=True),
+                                  stage_bwd_s(L, layer, vocab, first=True, last=True))
     work = L * per_layer + sum(fixed) + forced_s
     chunks = L // c.vpp
     t_max = max(work / c.pp, max(fixed), c.vpp * math.ceil(chunks / c.pp) * per_layer + min(fixed), t_max_floor)
     pipe = (c.num_microbatches - 1 / c.vpp) * t_max + work / c.vpp
-    windows = {"bwd": (layer.bwd.seconds + layer.tp_bwd_s + layer.cp_bwd_s,
-                       vocab.embed_bwd.seconds + vocab.head_bwd.seconds),
-               "fwd": (layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s,
-                       vocab.embed_fwd.seconds + vocab.head_fwd.seconds)}
+    # (one layer's window, all vocabulary windows) for the backward and the forward
+    windows = {"bwd": (stage_bwd_s(1, layer, vocab, first=False, last=False),
+                       stage_bwd_s(0, layer, vocab, first=True, last=True)),
+               "fwd": (stage_fwd_s(1, layer, vocab, first=False, last=False),
+                       stage_fwd_s(0, layer, vocab, first=True, last=True))}
     sync = 0.0
     for s in sync_collectives(cm, c, buckets):
         sync += sync_bound(s, buckets, layer.params, L, *windows[s.window], c.pp)
@@ -214,8 +213,8 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
         time_s = (vocab.embed_time if first else 0.0) + (vocab.head_time if last else 0.0) + p2p
         if c.zero >= 3:  # pp == 1: the single stage holds every layer
             time_s += zero3_exposed(plan, cm.hw, L * layer.params + vparams,
-                                    L * (layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s) + fwd,
-                                    L * (layer.bwd.seconds + layer.tp_bwd_s + layer.cp_bwd_s) + bwd)
+                                    stage_fwd_s(L, layer, vocab, first=True, last=True),
+                                    stage_bwd_s(L, layer, vocab, first=True, last=True))
         memory = (sum(state_bytes(vparams, c.zero, shards)) + stage_vocab_activations(plan, i, vocab)
                   + zero3_transient(plan, layer))
         num, _ = activation_multiplier(c.schedule, i, c.pp, c.vpp, c.num_microbatches)
