@@ -8,6 +8,7 @@ code. Usage errors (bad option values, unknown options) exit 1 rather than click
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
@@ -19,15 +20,19 @@ import typer
 from autotune import render
 from autotune.catalog import hardware_names, load_hardware, load_model, load_raw, model_names, read_json
 from autotune.costmodel.estimate import CostModel
+from autotune.documents import PLAN_FILE, emit_input_from_document
+from autotune.emit import TRAINERS, EmitInput, EmitResult
+from autotune.emit import emit as emit_config
 from autotune.errors import AutotuneError, InvalidPlanError, SolverLimitError, SpecError
+from autotune.fileio import write_file, write_files
 from autotune.search.planner import PlanResult, search
-from autotune.search.space import MAX_VPP, SearchSpace, enumerate_candidates
+from autotune.search.space import SearchSpace, check_space, enumerate_candidates
 from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import (DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, check_plan, even_split,
-                                 is_even_split, plan_from_dict)
+                                 plan_from_dict)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest parallel plan for training a Transformer on a GPU cluster.")
@@ -96,6 +101,16 @@ SSpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-
 IdleOpt = Annotated[bool, typer.Option("--allow-idle", help="Allow plans that leave some GPUs unused.")]
 TopOpt = Annotated[int, typer.Option("--top", min=0, metavar="K", help="Runners-up to show.")]
 TimeLimitOpt = Annotated[float, typer.Option("--time-limit", metavar="S", help="Search time limit in seconds.")]
+TORCHTITAN_FORMATS = ("cli", "toml")
+TrainerOpt = Annotated[str | None, typer.Option("--trainer", metavar="|".join(TRAINERS), help="Also write this "
+                                                "trainer's launch config(s) and plan.json into --out DIR.")]
+PlanOutOpt = Annotated[str | None, typer.Option("--out", metavar="DIR", help="Directory for plan.json (the --json "
+                                                "document) and, with --trainer, the launch config(s).")]
+FormatOpt = Annotated[str | None, typer.Option("--torchtitan-format", metavar="|".join(TORCHTITAN_FORMATS),
+                                               help="torchtitan: 0.3.0 command-line overrides (cli, default) or a "
+                                               "0.2.x TOML file.")]
+StrictOpt = Annotated[bool, typer.Option("--strict", help="Fail (exit 1, nothing written) when the trainer cannot "
+                                         "express the plan exactly.")]
 CompareOpt = Annotated[str | None, typer.Option("--compare", metavar="FILE", help="Your own plan (JSON, - reads "
                                                 "stdin), estimated and shown beside the best one.")]
 
@@ -216,13 +231,19 @@ def read_plan(path: str, pins: Pins) -> Plan:
 
 def load_plan_file(path: str, flag: str) -> Plan:
     """A plan object (or a whole `plan --json` document) from a file, or stdin for '-'."""
+    return plan_from_dict(read_document(path, flag), path if path != "-" else f"{flag} -")
+
+
+def read_document(path: str, flag: str) -> Any:
+    """A JSON document from a file, or from stdin for '-'; I/O and syntax problems are one-line errors."""
     if path != "-":
-        return plan_from_dict(read_json(Path(path), "plan file"), path)
+        return read_json(Path(path), "plan file")
     try:
-        data = json.loads(sys.stdin.read())
+        return json.loads(sys.stdin.read())
     except json.JSONDecodeError as exc:
         raise SpecError(f"{flag} -: invalid JSON on stdin at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    return plan_from_dict(data, f"{flag} -")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{flag} -: cannot read stdin ({exc})") from None
 
 
 def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
@@ -257,83 +278,12 @@ def search_space(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int, gpus_per
         vocab=choices(pins.vocab, "--vocab", VOCABS),
         sequence_parallel=None if pins.sequence_parallel is None else (pins.sequence_parallel,),
         layers_per_stage=layers, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp)
-    _check_degrees(space, model, job, gpus, gpus_per_node)
-    _check_choices(space, model)
-    if layers is not None:
-        _check_layers(space, layers, model)
+    check_space(space, model, job, gpus, gpus_per_node)
     if pins.given() and next(enumerate_candidates(model, job, gpus, gpus_per_node, space), None) is None:
         raise SpecError(f"no valid plan for {gpus} GPUs meets {pins.typed()} together (tp x pp x dp x cp must be "
                         f"{gpus}, dp x mbs must divide --global-batch {job.global_batch}, interleaved needs "
                         "micro-batches divisible by pp); relax a pin")
     return space
-
-
-def _check_degrees(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int) -> None:
-    """Each pinned degree on its own: heads, node size, GPU count, layers, batch, sequence."""
-    for tp in space.tp or ():
-        if model.num_heads % tp or model.num_kv_heads % tp:
-            ok = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0 and model.num_kv_heads % d == 0]
-            raise SpecError(f"--tp {tp} does not divide the {model.num_heads} attention heads and "
-                            f"{model.num_kv_heads} key/value heads of {model.name}; use one of {', '.join(map(str, ok))}")
-        if tp > gpus_per_node and not space.allow_cross_node_tp:
-            raise SpecError(f"tp {tp} exceeds the {gpus_per_node} GPUs of a node; pass --allow-cross-node-tp")
-    divide_gpus = [("--tp", space.tp), ("--pp", space.pp), ("--cp", space.cp)]
-    for flag, values in divide_gpus + ([] if space.allow_idle else [("--dp", space.dp)]):
-        for v in values or ():
-            if gpus % v:
-                raise SpecError(f"{flag} {v} does not divide --gpus {gpus}")
-    for pp in space.pp or ():
-        if pp > model.num_layers:
-            raise SpecError(f"--pp {pp} exceeds the {model.num_layers} layers of {model.name}")
-    for flag, values in (("--dp", space.dp), ("--mbs", space.mbs)):
-        for v in values or ():
-            if job.global_batch % v:
-                raise SpecError(f"{flag} {v} does not divide --global-batch {job.global_batch}")
-    for cp in space.cp or ():
-        if cp > 1 and job.seq_len % (2 * cp):
-            raise SpecError(f"--cp {cp} needs --seq-len divisible by 2 x cp = {2 * cp} (load-balanced ring "
-                            f"attention), got {job.seq_len}")
-
-
-def _check_choices(space: SearchSpace, model: ModelSpec) -> None:
-    """Pins that contradict each other: vpp vs schedule, ZeRO vs pp, sequence parallelism vs tp."""
-    if any(z > 3 for z in space.zero or ()):
-        raise SpecError(f"--zero {max(space.zero or ())}: ZeRO stages are 0, 1, 2 and 3")
-    for v in space.vpp or ():
-        if v > 1 and (v > MAX_VPP or model.num_layers % v):
-            raise SpecError(f"--vpp {v} must divide the {model.num_layers} layers of {model.name} and be <= {MAX_VPP}")
-    if space.schedule == ("1f1b",) and space.vpp is not None and 1 not in space.vpp:
-        raise SpecError("--schedule 1f1b has one model chunk per rank; drop --vpp or use --schedule interleaved")
-    if space.schedule == ("interleaved",) and space.vpp == (1,):
-        raise SpecError("--schedule interleaved needs --vpp >= 2")
-    if space.zero and min(space.zero) >= 2 and space.pp and min(space.pp) > 1:
-        raise SpecError(f"--zero {','.join(map(str, space.zero))} shards gradients, which pipeline parallelism "
-                        "forbids; use --zero 0,1 with --pp > 1")
-    if space.sequence_parallel == (True,) and space.tp == (1,):
-        raise SpecError("--sequence-parallel needs tp > 1; drop it or pin --tp > 1")
-
-
-def _check_layers(space: SearchSpace, layers: tuple[int, ...], model: ModelSpec) -> None:
-    """A pinned partition: one pp, one entry per stage, summing to the model, compatible with vocab and vpp."""
-    text = ",".join(map(str, layers))
-    if space.pp is not None and len(space.pp) != 1:
-        raise SpecError(f"--layers-per-stage pins the partition, so --pp must be one value, got "
-                        f"{','.join(map(str, space.pp))}")
-    if space.pp != (len(layers),):
-        raise SpecError(f"--layers-per-stage {text} has {len(layers)} stages but --pp is {space.pp[0]}")
-    if sum(layers) != model.num_layers:
-        raise SpecError(f"--layers-per-stage {text} sums to {sum(layers)}, but {model.name} has "
-                        f"{model.num_layers} layers")
-    if 0 in layers[1:-1]:
-        raise SpecError(f"--layers-per-stage {text}: only the first and last stage may have no layers")
-    if space.vocab == ("ends",) and not is_even_split(layers):
-        raise SpecError(f"--layers-per-stage {text} is uneven, and --vocab ends means an even split; "
-                        "use --vocab balanced")
-    vpps = [v for v in space.vpp or range(1, MAX_VPP + 1)
-            if (v == 1) == (space.schedule != ("interleaved",)) or space.schedule is None]
-    if not any(v == 1 or (0 not in layers and all(n % v == 0 for n in layers)) for v in vpps):
-        raise SpecError(f"--layers-per-stage {text}: the interleaved schedule needs every stage's layer count "
-                        f"to be a positive multiple of vpp ({', '.join(map(str, vpps))} allowed)")
 
 
 def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
@@ -371,6 +321,64 @@ def _show(renderable: Any, as_json: bool) -> None:
         typer.echo(render.dump_json(renderable))
     else:
         render.make_console().print(renderable)
+
+
+# ------------------------------------------------------------------------------------- plan documents -> configs
+def check_emit_options(trainer: str | None, torchtitan_format: str | None, strict: bool) -> None:
+    """The trainer and the options that only make sense with one."""
+    if trainer is None:
+        if strict or torchtitan_format is not None:
+            raise SpecError("--strict and --torchtitan-format apply to a launch config; add --trainer")
+        return
+    if trainer not in TRAINERS:
+        raise SpecError(f"--trainer {trainer!r}: unknown trainer; use one of {', '.join(TRAINERS)}")
+    if torchtitan_format not in (None, *TORCHTITAN_FORMATS):
+        raise SpecError(f"--torchtitan-format {torchtitan_format!r}: use one of {', '.join(TORCHTITAN_FORMATS)}")
+
+
+def launch_config(trainer: str, inp: EmitInput, *, torchtitan_format: str | None, strict: bool) -> EmitResult:
+    """The trainer's files for a plan; under --strict any warning is an error (shown first, nothing written)."""
+    result = emit_config(trainer, inp, torchtitan_format=torchtitan_format or TORCHTITAN_FORMATS[0])
+    if strict and result.warnings:
+        show_warnings(result.warnings)
+        raise SpecError(f"--strict: {trainer} cannot express this plan exactly ({len(result.warnings)} warning(s) "
+                        "above); nothing was written")
+    return result
+
+
+def show_warnings(warnings: Sequence[str]) -> None:
+    """Each warning as one `warning: ...` line on stderr."""
+    for warning in warnings:
+        typer.secho(f"warning: {' '.join(warning.split())}", fg="yellow", err=True)
+
+
+def save_plan(out: str, doc: dict[str, Any], trainer: str | None, *, torchtitan_format: str | None,
+              strict: bool) -> list[Path]:
+    """`plan --out DIR`: plan.json and, with a trainer, its launch config, built from that same document (so
+    that `autotune emit --plan DIR/plan.json` gives the same bytes); all written atomically."""
+    files, warnings = [(PLAN_FILE, render.dump_json(doc) + "\n")], ()
+    if trainer is not None:
+        inp = emit_input_from_document(doc, PLAN_FILE)
+        result = launch_config(trainer, inp, torchtitan_format=torchtitan_format, strict=strict)
+        files, warnings = files + list(result.files), result.warnings
+    written = write_files(Path(out), files)
+    show_warnings(warnings)
+    return written
+
+
+def write_launch(out: str | None, trainer: str, result: EmitResult) -> list[Path]:
+    """`emit`'s output: a single file to stdout (no --out) or to --out FILE / into --out DIR; several files need
+    --out DIR. Writes are atomic; returns the paths written."""
+    files = list(result.files)
+    if out is None:
+        if len(files) != 1:
+            raise SpecError(f"{trainer} writes {len(files)} files ({', '.join(n for n, _ in files)}); give --out DIR")
+        typer.echo(files[0][1], nl=False)
+        return []
+    target = Path(out)
+    if len(files) == 1 and not (target.is_dir() or out.endswith(("/", os.sep))):
+        return [write_file(target, files[0][1])]
+    return write_files(target, files)
 
 
 # ------------------------------------------------------------------------------------------------ commands
@@ -423,8 +431,13 @@ def plan(
     layers_per_stage: SLayersOpt = None, sequence_parallel: SSpOpt = None, allow_idle: IdleOpt = False,
     allow_cross_node_tp: CrossTpOpt = False, no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
     top: TopOpt = 3, time_limit: TimeLimitOpt = 60.0, compare: CompareOpt = None, json_out: JsonOpt = False,
+    trainer: TrainerOpt = None, out: PlanOutOpt = None, torchtitan_format: FormatOpt = None, strict: StrictOpt = False,
 ) -> None:
-    """Search for the fastest plan that fits; show it, the runners-up and why they lost (exit 3: not proven)."""
+    """Search for the fastest plan that fits; show it, the runners-up and why they lost (exit 3: not proven).
+    With --trainer T --out DIR, also write DIR/plan.json and T's launch config(s)."""
+    check_emit_options(trainer, torchtitan_format, strict)
+    if trainer is not None and out is None:
+        raise SpecError(f"--trainer {trainer} needs --out DIR, the directory for plan.json and the launch config")
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
     job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
@@ -433,10 +446,38 @@ def plan(
                          allow_cross_node_tp=allow_cross_node_tp)
     mine = compare_plan(compare, spec, hw, job, gpus, space) if compare is not None else None
     result = run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=time_limit, quiet=json_out)
-    _show(render.plan_json(result, spec, hw, job, mine) if json_out
-          else render.plan_report(result, spec, hw, job, mine), json_out)
+    doc = render.plan_json(result, spec, hw, job, mine)
+    written = [] if out is None else save_plan(out, doc, trainer, torchtitan_format=torchtitan_format, strict=strict)
+    if json_out:
+        _show(render.with_files(doc, written) if out is not None else doc, True)
+    else:
+        _show(render.plan_report(result, spec, hw, job, mine), False)
+        if written:
+            typer.echo(render.written_report(written))
     if result.status != "OPTIMAL":
         raise typer.Exit(SolverLimitError.exit_code)
+
+
+@app.command("emit")
+def emit_command(
+    plan_file: Annotated[str, typer.Option("--plan", metavar="FILE|-", help="A saved plan: plan.json or the output "
+                                           "of `autotune plan --json` (- reads stdin).")],
+    trainer: Annotated[str, typer.Option("--trainer", metavar="|".join(TRAINERS), help="Trainer to configure.")],
+    out: Annotated[str | None, typer.Option("--out", metavar="FILE|DIR", help="Where to write (default: stdout, "
+                                            "for a single file); a trainer writing several files needs a DIR.")] = None,
+    torchtitan_format: FormatOpt = None, strict: StrictOpt = False,
+    model: Annotated[str | None, typer.Option("--model", metavar="NAME|FILE", help="Check that the plan is for "
+                                              "this model.")] = None,
+) -> None:
+    """Write a trainer's launch config from a saved plan."""
+    check_emit_options(trainer, torchtitan_format, strict)
+    where = "the plan on stdin" if plan_file == "-" else plan_file
+    inp = emit_input_from_document(read_document(plan_file, "--plan"), where, model)
+    result = launch_config(trainer, inp, torchtitan_format=torchtitan_format, strict=strict)
+    written = write_launch(out, trainer, result)
+    show_warnings(result.warnings)
+    if written:
+        typer.echo(render.written_report(written))
 
 
 # ------------------------------------------------------------------------------------------------ entry point

@@ -11,7 +11,8 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -125,10 +126,21 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
         "breakdown": {k: _r(v) for k, v in est.breakdown.as_dict().items()},
         "stages": [_stage_json(s) for s in est.stages],
         "operators": {c: _r(t) for c, t in est.op_seconds},
+        "model_spec": asdict(model),
         "job": {"model": model.name, "gpu": hw.name, "gpus": est.plan.num_gpus, "gpus_per_node": hw.gpus_per_node,
                 "global_batch": job.global_batch, "seq_len": job.seq_len, "dtype": job.dtype,
                 "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels},
     }
+
+
+def with_files(doc: dict[str, Any], written: Sequence[Path]) -> dict[str, Any]:
+    """A `--json` document plus the files the command wrote."""
+    return {**doc, "files": [str(path) for path in written]}
+
+
+def written_report(written: Sequence[Path]) -> str:
+    """The files a command wrote, one plain line each (never wrapped, so scripts can read the paths)."""
+    return "\n".join(f"wrote {path}" for path in written)
 
 
 def _stage_json(s: StageCost) -> dict[str, Any]:

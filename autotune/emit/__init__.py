@@ -42,15 +42,19 @@ class EmitResult:
 
 
 def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> EmitResult:
-    """Dispatch to the trainer's emitter."""
-    from autotune.emit import deepspeed, megatron, torchtitan
-
+    """Dispatch to the trainer's emitter (imported on demand: each module is independent)."""
     if trainer == "megatron":
-        return megatron.emit_megatron(inp)
+        from autotune.emit.megatron import emit_megatron
+
+        return emit_megatron(inp)
     if trainer == "torchtitan":
-        return torchtitan.emit_torchtitan(inp, fmt=torchtitan_format)
+        from autotune.emit.torchtitan import emit_torchtitan
+
+        return emit_torchtitan(inp, fmt=torchtitan_format)
     if trainer == "deepspeed":
-        return deepspeed.emit_deepspeed(inp)
+        from autotune.emit.deepspeed import emit_deepspeed
+
+        return emit_deepspeed(inp)
     from autotune.errors import SpecError
 
     raise SpecError(f"--trainer {trainer!r}: unknown trainer; use one of {', '.join(TRAINERS)}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

@@ -1,0 +1,74 @@
+"""Plan documents (`autotune plan --json`, plan.json) read back into what an emitter needs.
+
+A document carries the plan, the model's shape ("model_spec"), the job and the predicted figures, so that a
+launch config can be emitted later, elsewhere, without re-planning."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from autotune.catalog import load_model
+from autotune.emit import EmitInput
+from autotune.errors import InvalidPlanError, SpecError
+from autotune.specs._strict import boolean, choice, nonneg_float, positive_float, positive_int, text
+from autotune.specs.job import DTYPES, JobSpec
+from autotune.specs.model import ModelSpec, model_from_dict
+from autotune.specs.plan import check_plan, plan_from_dict
+
+PLAN_FILE = "plan.json"
+_PREDICTIONS = ("step_time_s", "peak_memory_gib", "mfu")
+_JOB_KEYS = ("gpu", "gpus_per_node", "global_batch", "seq_len")
+
+
+def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> EmitInput:
+    """Rebuild what an emitter needs from a `plan --json` document (or plan.json): the plan, the model (from
+    "model_spec", else the catalog model "job.model"), the job and the predicted figures. The plan is checked
+    against the model on its own GPU count; `model`, when given, must be the model the plan is for."""
+    if not isinstance(doc, dict):
+        raise SpecError(f"{where}: expected a JSON object, the output of `autotune plan --json` or plan.json")
+    job = doc.get("job") if isinstance(doc.get("job"), dict) else {}
+    missing = [k for k in ("plan", *_PREDICTIONS) if k not in doc] + [f"job.{k}" for k in _JOB_KEYS if k not in job]
+    if "model_spec" not in doc and "model" not in job:
+        missing.append("model_spec (or job.model)")
+    if missing:
+        raise SpecError(f"{where}: missing {', '.join(missing)}; save the plan with `autotune plan --json` or "
+                        "`autotune plan --out DIR` (plan.json)")
+    spec = _document_model(doc, job, where)
+    if model is not None:
+        _check_same_model(spec, model, where)
+    job_spec = JobSpec(global_batch=positive_int(job, "global_batch", f"{where}: job"),
+                       seq_len=positive_int(job, "seq_len", f"{where}: job"),
+                       dtype=choice(job, "dtype", DTYPES, f"{where}: job") if "dtype" in job else "bf16",
+                       flash_attention=boolean(job, "flash_attention", f"{where}: job") if "flash_attention" in job
+                       else True,
+                       fused_kernels=boolean(job, "fused_kernels", f"{where}: job") if "fused_kernels" in job
+                       else True)  # type: ignore[arg-type]
+    plan = plan_from_dict(doc["plan"], f"{where}: plan")
+    gpus_per_node = positive_int(job, "gpus_per_node", f"{where}: job")
+    try:
+        check_plan(plan, spec, job_spec, plan.num_gpus, gpus_per_node, allow_cross_node_tp=True)
+    except InvalidPlanError as exc:
+        raise InvalidPlanError(f"{where}: the plan does not fit model {spec.name}: {exc}") from None
+    return EmitInput(plan=plan, model=spec, job=job_spec, gpu=text(job, "gpu", f"{where}: job"),
+                     gpus_per_node=gpus_per_node, step_time_s=positive_float(doc, "step_time_s", where),
+                     peak_memory_gib=nonneg_float(doc, "peak_memory_gib", where),
+                     mfu=nonneg_float(doc, "mfu", where))
+
+
+def _document_model(doc: dict[str, Any], job: dict[str, Any], where: str) -> ModelSpec:
+    if "model_spec" not in doc:
+        return load_model(text(job, "model", f"{where}: job"))
+    data = doc["model_spec"]
+    if isinstance(data, dict) and data.get("max_position_embeddings") == 0:  # 0 = none, which the reader omits
+        data = {k: v for k, v in data.items() if k != "max_position_embeddings"}
+    return model_from_dict(data, f"{where}: model_spec")
+
+
+def _check_same_model(spec: ModelSpec, name: str, where: str) -> None:
+    """`--model M` beside a plan: the same catalog name, or a model of the same shape."""
+    if name == spec.name:
+        return
+    other = load_model(name)
+    if replace(other, name="", source="") != replace(spec, name="", source=""):
+        raise SpecError(f"{where} is for model {spec.name}, not {name}; drop --model or plan for {name}")

@@ -1,0 +1,348 @@
+"""Megatron-LM emitter: a plan as the flags of `pretrain_gpt.py`, in a torchrun launch script and a Slurm script.
+
+Target: Megatron-LM core_r0.16 (megatron-core 0.16). Flag names are Megatron's own (megatron/training/arguments.py
+and the megatron-core dataclass fields they are generated from); see ../shared/TRAINERS.md section 1.
+
+Files (always both, also for one node, so the file set never depends on the plan):
+* `launch_megatron.sh`: the flags in bash arrays, one flag per line, groups in a fixed order, flags sorted within a
+  group; runs `torchrun ... pretrain_gpt.py` on one node. NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT and
+  MEGATRON_LM (the checkout holding pretrain_gpt.py) come from the environment; extra arguments are passed on.
+* `sbatch_megatron.sh`: one Slurm task per node, each running the launch script with NODE_RANK=$SLURM_NODEID.
+
+The pipeline partition (layers per rank, each rank's layers split evenly into vpp chunks) becomes, in order of
+preference: nothing (an even split); `--decoder-first/last-pipeline-num-layers` (the ends differ from equal middle
+ranks); otherwise `--pipeline-model-parallel-layout` listing the virtual stages in virtual order. Data
+parallelism has no flag: Megatron derives it from the world size, which the launch script checks.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+
+from autotune.emit import EmitInput, EmitResult
+from autotune.emit.common import commented, header_lines
+from autotune.specs.plan import Plan
+
+TARGET = "Megatron-LM pretrain_gpt.py, flags as in megatron-core 0.16 / Megatron-LM core_r0.16"
+
+#: Flags Megatron refuses to see together (validate_args in megatron/training/arguments.py and
+#: TransformerConfig.__post_init__); the emitter never produces any of these pairs.
+FORBIDDEN_TOGETHER: tuple[tuple[str, str, str], ...] = (
+    ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank", "at most one VPP spec"),
+    ("--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout", "at most one VPP spec"),
+    ("--num-virtual-stages-per-pipeline-rank", "--pipeline-model-parallel-layout", "at most one VPP spec"),
+    ("--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers", "VPP by layers vs uneven"),
+    ("--num-layers-per-virtual-pipeline-stage", "--decoder-last-pipeline-num-layers", "VPP by layers vs uneven"),
+    ("--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers", "layout vs uneven first"),
+    ("--pipeline-model-parallel-layout", "--decoder-last-pipeline-num-layers", "layout vs uneven last"),
+    ("--pipeline-model-parallel-layout", "--account-for-embedding-in-pipeline-split", "layout vs account-for"),
+    ("--pipeline-model-parallel-layout", "--account-for-loss-in-pipeline-split", "layout vs account-for"),
+    ("--decoder-first-pipeline-num-layers", "--account-for-embedding-in-pipeline-split", "uneven vs account-for"),
+    ("--decoder-first-pipeline-num-layers", "--account-for-loss-in-pipeline-split", "uneven vs account-for"),
+    ("--decoder-last-pipeline-num-layers", "--account-for-embedding-in-pipeline-split", "uneven vs account-for"),
+    ("--decoder-last-pipeline-num-layers", "--account-for-loss-in-pipeline-split", "uneven vs account-for"),
+    ("--bf16", "--fp16", "one 16-bit format"),
+    ("--use-megatron-fsdp", "--use-torch-fsdp2", "one FSDP implementation"),
+    ("--use-torch-fsdp2", "--use-distributed-optimizer", "torch FSDP2 shards the optimizer itself"),
+)
+#: Flags that may only follow --recompute-granularity full (selective recompute takes neither).
+FULL_RECOMPUTE_ONLY = ("--recompute-method", "--recompute-num-layers")
+
+#: Argument groups of the launch script, in the order they are written and passed.
+GROUPS = ("GPT_ARGS", "DATA_ARGS", "PARALLEL_ARGS", "BATCH_ARGS", "PRECISION_ARGS", "RECOMPUTE_ARGS", "DDP_ARGS",
+          "KERNEL_ARGS", "TRAINING_ARGS")
+#: Fixed training settings (not part of the plan); edit them in the script.
+TRAINING = (("--clip-grad", "1.0"), ("--eval-interval", "1000"), ("--eval-iters", "10"), ("--log-interval", "1"),
+            ("--lr", "3.0e-4"), ("--lr-decay-style", "cosine"), ("--min-lr", "3.0e-5"), ("--train-iters", "1000"),
+            ("--weight-decay", "0.1"))
+MASTER_PORT = 6000
+
+Flag = tuple[str, str | None]
+
+
+# ---------------------------------------------------------------- pipeline partition
+
+
+def chunk_layers(plan: Plan) -> list[list[int]]:
+    """Transformer layers of each (rank, chunk): a rank's layers split as evenly as possible into vpp chunks."""
+    out = []
+    for n in plan.layers_per_stage:
+        base, extra = divmod(n, plan.vpp)
+        out.append([base + (1 if c < extra else 0) for c in range(plan.vpp)])
+    return out
+
+
+def layout_string(plan: Plan) -> str:
+    """--pipeline-model-parallel-layout: virtual stage j holds chunk j // pp of rank j % pp; E opens the first
+    stage, L closes the last one; empty stages are allowed."""
+    chunks = chunk_layers(plan)
+    stages = []
+    for j in range(plan.pp * plan.vpp):
+        n = chunks[j % plan.pp][j // plan.pp]
+        body = "" if n == 0 else ("t" if n == 1 else f"t*{n}")
+        stages.append(("E" if j == 0 else "") + body + ("L" if j == plan.pp * plan.vpp - 1 else ""))
+    return "|".join(stages)
+
+
+def _first_last(plan: Plan) -> list[Flag] | None:
+    """The uneven-first/last flags for this partition, or None when they cannot express it (TransformerConfig's
+    "Uneven PP" rules: first/last > 0 and divisible by vpp; equal middle ranks, divisible by vpp; a middle
+    stage iff middle layers remain)."""
+    layers, v = plan.layers_per_stage, plan.vpp
+    if len(layers) == 2:  # no middle stage: both ends are given
+        first, last = layers[0], layers[1]
+    else:
+        if len(set(layers[1:-1])) != 1 or layers[1] == 0 or layers[1] % v:
+            return None
+        first = layers[0] if layers[0] != layers[1] else None
+        last = layers[-1] if layers[-1] != layers[1] else None
+    flags: list[Flag] = []
+    for flag, n in (("--decoder-first-pipeline-num-layers", first), ("--decoder-last-pipeline-num-layers", last)):
+        if n is not None:
+            if n == 0 or n % v:
+                return None
+            flags.append((flag, str(n)))
+    return flags
+
+
+def partition_flags(plan: Plan) -> tuple[list[Flag], str]:
+    """The pipeline flags for the plan's partition and a one-line description of the form chosen."""
+    if plan.pp == 1:
+        return [], "one pipeline stage"
+    vpp: list[Flag] = [("--num-virtual-stages-per-pipeline-rank", str(plan.vpp))] if plan.vpp > 1 else []
+    even = len(set(plan.layers_per_stage)) == 1 and all(len(set(c)) == 1 for c in chunk_layers(plan))
+    if even:
+        return vpp, "even split"
+    first_last = _first_last(plan)
+    if first_last is not None and not any(n % plan.vpp for n in plan.layers_per_stage):
+        return first_last + vpp, "uneven first/last stage, equal middle stages"
+    return [("--pipeline-model-parallel-layout", layout_string(plan))], "explicit layout (virtual stages in order)"
+
+
+# ---------------------------------------------------------------- flag groups
+
+
+def _model_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
+    m, job = inp.model, inp.job
+    flags: list[Flag] = [
+        ("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
+        ("--num-attention-heads", str(m.num_heads)), ("--ffn-hidden-size", str(m.ffn_hidden_size)),
+        ("--seq-length", str(job.seq_len)),
+        ("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"),
+    ]
+    if m.hidden_size % m.num_heads or m.head_dim != m.hidden_size // m.num_heads:
+        flags.append(("--kv-channels", str(m.head_dim)))
+    if m.num_kv_heads < m.num_heads:
+        flags += [("--group-query-attention", None), ("--num-query-groups", str(m.num_kv_heads))]
+    if m.activation == "geglu":
+        warn.append("geglu: Megatron-LM has no GeGLU flag; emitted --swiglu (same gated shape and cost, SiLU gate)")
+    if m.gated:
+        flags.append(("--swiglu", None))
+    if m.position_embedding == "rope":
+        flags += [("--position-embedding-type", "rope"), ("--max-position-embeddings", str(job.seq_len))]
+    else:
+        max_pos = m.max_position_embeddings
+        if max_pos < job.seq_len:
+            warn.append(f"learned position table of {max_pos} rows is shorter than seq_len {job.seq_len}; emitted "
+                        f"--max-position-embeddings {job.seq_len}")
+            max_pos = job.seq_len
+        flags += [("--position-embedding-type", "learned_absolute"), ("--max-position-embeddings", str(max_pos))]
+    if not m.tied_embeddings:
+        flags.append(("--untie-embeddings-and-output-weights", None))
+    if m.bias != "all":
+        flags.append(("--disable-bias-linear", None))
+    if m.bias == "qkv":
+        flags.append(("--add-qkv-bias", None))
+    if not m.dropout:
+        flags += [("--attention-dropout", "0.0"), ("--hidden-dropout", "0.0")]
+    if not m.causal:
+        warn.append("the model is not causal; pretrain_gpt.py trains a causal decoder (bidirectional models "
+                    "use pretrain_bert.py)")
+    return flags
+
+
+def _data_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
+    """NullTokenizer with --vocab-size V-1 has V entries (V-1 tokens + EOD); Megatron then pads the vocabulary to
+    a multiple of make_vocab_size_divisible_by * tp, chosen here so that V needs no padding."""
+    v, tp = inp.model.vocab_size, inp.plan.tp
+    divisor = math.gcd(v // tp, 128) if v % tp == 0 else 1
+    if v % tp:
+        warn.append(f"vocab {v} is not divisible by tp {tp}; Megatron pads it to {math.ceil(v / tp) * tp}")
+    return [("--mock-data", None), ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(v - 1)),
+            ("--make-vocab-size-divisible-by", str(divisor))]
+
+
+def _parallel_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
+    p = inp.plan
+    flags: list[Flag] = [("--tensor-model-parallel-size", str(p.tp)), ("--pipeline-model-parallel-size", str(p.pp))]
+    if p.cp > 1:
+        flags += [("--context-parallel-size", str(p.cp)), ("--cp-comm-type", "p2p")]
+    if p.sequence_parallel and p.tp > 1:
+        flags.append(("--sequence-parallel", None))
+    elif p.sequence_parallel:
+        warn.append("sequence_parallel needs tp > 1 (Megatron turns it off); not emitted")
+    return flags + partition_flags(p)[0]
+
+
+def _precision_flags(inp: EmitInput) -> list[Flag]:
+    if inp.job.dtype == "fp16":
+        return [("--fp16", None)]
+    if inp.job.dtype == "fp8":
+        return [("--bf16", None), ("--fp8-format", "hybrid")]
+    return [("--bf16", None)]
+
+
+def _recompute_flags(plan: Plan) -> list[Flag]:
+    if plan.recompute == "selective":
+        return [("--recompute-granularity", "selective")]
+    if plan.recompute == "full":
+        if plan.recompute_layers is None:  # every layer, each checkpointed on its own
+            return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                    ("--recompute-num-layers", "1")]
+        return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                ("--recompute-num-layers", str(plan.recompute_layers))]
+    return []
+
+
+def _ddp_flags(plan: Plan, warn: list[str]) -> list[Flag]:
+    zero = plan.zero
+    if zero >= 2 and plan.pp > 1:
+        warn.append(f"zero {zero} with pp {plan.pp}: Megatron FSDP is not used with pipelining; emitted zero 1 "
+                    "(--use-distributed-optimizer)")
+        zero = 1
+    flags: list[Flag] = [("--ddp-bucket-size", str(plan.bucket_size)), ("--overlap-grad-reduce", None)]
+    if zero >= 1:  # --overlap-param-gather needs the distributed optimizer (or FSDP) and --overlap-grad-reduce
+        flags += [("--use-distributed-optimizer", None), ("--overlap-param-gather", None)]
+    if zero >= 2:  # Megatron FSDP: the flags its guide lists as required
+        flags += [("--use-megatron-fsdp", None),
+                  ("--data-parallel-sharding-strategy", "optim_grads" if zero == 2 else "optim_grads_params"),
+                  ("--no-gradient-accumulation-fusion", None), ("--ckpt-format", "fsdp_dtensor")]
+    return flags
+
+
+def _kernel_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
+    m, job = inp.model, inp.job
+    backend = "flash" if job.flash_attention else "unfused"
+    if inp.plan.cp > 1 and not job.flash_attention:
+        warn.append("context parallelism needs a fused attention kernel; emitted --attention-backend fused")
+        backend = "fused"
+    flags: list[Flag] = [("--transformer-impl", "transformer_engine"), ("--attention-backend", backend)]
+    if not job.fused_kernels:
+        flags += [("--no-masked-softmax-fusion", None), ("--no-bias-dropout-fusion", None)]
+        if m.position_embedding == "rope":
+            flags.append(("--no-rope-fusion", None))
+    if m.gated and not job.fused_kernels:
+        flags.append(("--no-bias-swiglu-fusion", None))
+    if not m.gated and (not job.fused_kernels or m.bias != "all"):  # the fused bias-GeLU needs a bias
+        flags.append(("--no-bias-gelu-fusion", None))
+    return flags
+
+
+def megatron_flags(inp: EmitInput) -> tuple[dict[str, list[Flag]], tuple[str, ...]]:
+    """The flags by group (each group sorted by flag name) and the warnings."""
+    warn: list[str] = []
+    p = inp.plan
+    groups = {
+        "GPT_ARGS": _model_flags(inp, warn),
+        "DATA_ARGS": _data_flags(inp, warn),
+        "PARALLEL_ARGS": _parallel_flags(inp, warn),
+        "BATCH_ARGS": [("--micro-batch-size", str(p.mbs)),
+                       ("--global-batch-size", str(p.dp * p.mbs * p.num_microbatches))],
+        "PRECISION_ARGS": _precision_flags(inp),
+        "RECOMPUTE_ARGS": _recompute_flags(p),
+        "DDP_ARGS": _ddp_flags(p, warn),
+        "KERNEL_ARGS": _kernel_flags(inp, warn),
+        "TRAINING_ARGS": list(TRAINING),
+    }
+    groups = {name: sorted(flags) for name, flags in groups.items() if flags}
+    names = {f for flags in groups.values() for f, _ in flags}
+    for a, b, why in FORBIDDEN_TOGETHER:
+        assert not (a in names and b in names), f"emitted {a} with {b} ({why})"
+    return groups, tuple(warn)
+
+
+def megatron_argv(inp: EmitInput) -> list[str]:
+    """The pretrain_gpt.py arguments of the launch script, in order."""
+    groups, _ = megatron_flags(inp)
+    return [x for flags in groups.values() for flag, value in flags for x in ((flag,) if value is None else
+                                                                               (flag, value))]
+
+
+# ---------------------------------------------------------------- files
+
+
+def node_layout(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs used per node): torchrun starts the same number of processes on every node, so a plan
+    spanning nodes uses the largest divisor of its GPU count that fits in a node."""
+    if num_gpus <= gpus_per_node:
+        return 1, num_gpus
+    per_node = max(d for d in range(1, gpus_per_node + 1) if num_gpus % d == 0)
+    return num_gpus // per_node, per_node
+
+
+def _array(name: str, flags: list[Flag]) -> str:
+    lines = [f"    {flag}" + ("" if value is None else f" {shlex.quote(value)}") for flag, value in flags]
+    return f"{name}=(\n" + "\n".join(lines) + "\n)\n"
+
+
+def _launch_script(inp: EmitInput, groups: dict[str, list[Flag]], nodes: int, per_node: int) -> str:
+    p = inp.plan
+    fsdp = any(f == "--use-megatron-fsdp" for f, _ in groups.get("DDP_ARGS", []))
+    notes = [
+        "Megatron-LM launch script: run it from a Megatron-LM checkout (core_r0.16) or set MEGATRON_LM.",
+        "Run: bash launch_megatron.sh" if nodes == 1 else
+        f"Run it on each of the {nodes} nodes with NODE_RANK (0..{nodes - 1}) and MASTER_ADDR set "
+        "(sbatch_megatron.sh does).",
+        "Extra arguments are passed on to pretrain_gpt.py; replace --mock-data/NullTokenizer with real data.",
+        f"pipeline: {partition_flags(p)[1]}; transformer layers per rank {','.join(map(str, p.layers_per_stage))}"
+        + (f", per virtual stage {layout_string(p)}" if p.vpp > 1 else ""),
+        f"data parallelism {p.dp} is derived by Megatron from the world size {p.num_gpus} / (tp*pp*cp).",
+    ]
+    env = ("# Megatron FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1: leave it unset.\n" if fsdp else
+           "# One CUDA connection keeps TP/SP communication and compute kernels in issue order.\n"
+           "export CUDA_DEVICE_MAX_CONNECTIONS=1\n")
+    passed = " \\\n".join(f'    "${{{name}[@]}}"' for name in groups)
+    return (
+        "#!/usr/bin/env bash\n" + commented(header_lines(inp, "megatron", TARGET)) + "#\n" + commented(notes)
+        + "set -euo pipefail\n\n"
+        f'NNODES="${{NNODES:-{nodes}}}"\nNODE_RANK="${{NODE_RANK:-0}}"\nMASTER_ADDR="${{MASTER_ADDR:-localhost}}"\n'
+        f'MASTER_PORT="${{MASTER_PORT:-{MASTER_PORT}}}"\nMEGATRON_LM="${{MEGATRON_LM:-.}}"\n'
+        f"GPUS_PER_NODE={per_node}\nWORLD_SIZE={p.num_gpus}\n"
+        'if (( NNODES * GPUS_PER_NODE != WORLD_SIZE )); then\n'
+        '    echo "this plan needs $WORLD_SIZE GPUs ($GPUS_PER_NODE per node): set NNODES=$((WORLD_SIZE / '
+        'GPUS_PER_NODE))" >&2\n    exit 1\nfi\n' + env + "\n"
+        + "\n".join(_array(name, flags) for name, flags in groups.items()) + "\n"
+        'torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --node-rank "$NODE_RANK" \\\n'
+        '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\\n'
+        '    "$MEGATRON_LM/pretrain_gpt.py" \\\n' + passed + ' \\\n    "$@"\n'
+    )
+
+
+def _sbatch_script(inp: EmitInput, nodes: int, per_node: int) -> str:
+    notes = ["Slurm: sbatch sbatch_megatron.sh from the directory holding launch_megatron.sh",
+             "(one task per node; each runs the launch script with its node rank)."]
+    return (
+        "#!/usr/bin/env bash\n"
+        f"#SBATCH --job-name autotune-megatron\n#SBATCH --nodes {nodes}\n#SBATCH --ntasks-per-node 1\n"
+        f"#SBATCH --gpus-per-node {per_node}\n#SBATCH --exclusive\n"
+        + commented(header_lines(inp, "megatron", TARGET)) + "#\n" + commented(notes)
+        + "set -euo pipefail\n\n"
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
+        f'MASTER_PORT="${{MASTER_PORT:-{MASTER_PORT}}}"\n'
+        'export MASTER_ADDR MASTER_PORT NNODES="$SLURM_NNODES"\n\n'
+        f'srun --nodes {nodes} --ntasks-per-node 1 bash -c \\\n'
+        '    \'NODE_RANK="$SLURM_NODEID" exec bash "$SLURM_SUBMIT_DIR/launch_megatron.sh"\'\n'
+    )
+
+
+def emit_megatron(inp: EmitInput) -> EmitResult:
+    """launch_megatron.sh and sbatch_megatron.sh for the plan (see the module docstring)."""
+    groups, warnings = megatron_flags(inp)
+    nodes, per_node = node_layout(inp.plan.num_gpus, inp.gpus_per_node)
+    if nodes > 1 and per_node < inp.gpus_per_node:
+        warnings += (f"{inp.plan.num_gpus} GPUs do not fill nodes of {inp.gpus_per_node}: the scripts use "
+                     f"{per_node} GPUs on each of {nodes} nodes",)
+    files = (("launch_megatron.sh", _launch_script(inp, groups, nodes, per_node)),
+             ("sbatch_megatron.sh", _sbatch_script(inp, nodes, per_node)))
+    return EmitResult(files=files, warnings=warnings)

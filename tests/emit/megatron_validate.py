@@ -1,0 +1,365 @@
+"""Validate a Megatron-LM launch on CPU, from PyPI packages only (../shared/TRAINERS.md section 1.3).
+
+Megatron-LM's own parse_args/validate_args are not on PyPI, so this module
+1. runs the emitted launch script under bash with a fake `torchrun` that records its arguments (so the bash
+   itself, the world-size check and the array expansion are exercised too);
+2. parses the pretrain_gpt.py arguments with an argparse mirror of every flag the emitter uses (plus the ones the
+   broken-config tests need); an unknown flag or a bad value is an error, as in Megatron;
+3. replays the validate_args rules of TRAINERS.md section 1.2 that live outside megatron-core (arguments.py line
+   numbers at Megatron-LM HEAD d98e8a6), plus a few rules of autotune's own contract, marked as such;
+4. builds megatron-core 0.16's TransformerConfig (its __post_init__ checks uneven PP, the layout, recompute, SP;
+   pipeline_dtype is set when pp > 1), ConstantNumMicroBatchesCalculator, DistributedDataParallelConfig and
+   OptimizerConfig, and asks megatron-core how many layers each (pipeline rank, virtual stage) builds.
+Any rejection raises MegatronArgsError.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class MegatronArgsError(ValueError):
+    """The arguments would be rejected by Megatron-LM (or break autotune's contract)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would exit; raise instead
+        raise MegatronArgsError(f"argparse: {message}")
+
+
+# (flag, kind, extra): kind 'int' | 'float' | 'str' | 'true' (store_true) | 'false' (store_false, dest given)
+_FLAGS: tuple[tuple[str, str, dict], ...] = (
+    # model (arguments.py _add_network_size_args, _add_regularization_args)
+    ("--num-layers", "int", {}), ("--hidden-size", "int", {}), ("--ffn-hidden-size", "int", {}),
+    ("--num-attention-heads", "int", {}), ("--kv-channels", "int", {}), ("--group-query-attention", "true", {}),
+    ("--num-query-groups", "int", {"default": 1}), ("--seq-length", "int", {}),
+    ("--max-position-embeddings", "int", {}),
+    ("--position-embedding-type", "str",
+     {"choices": ["learned_absolute", "rope", "mrope", "relative", "none"], "default": "learned_absolute"}),
+    ("--normalization", "str", {"choices": ["LayerNorm", "RMSNorm"], "default": "LayerNorm"}),
+    ("--swiglu", "true", {}), ("--untie-embeddings-and-output-weights", "true", {}),
+    ("--disable-bias-linear", "false", {"dest": "add_bias_linear"}), ("--add-qkv-bias", "true", {}),
+    ("--attention-dropout", "float", {"default": 0.1}), ("--hidden-dropout", "float", {"default": 0.1}),
+    # data and tokenizer
+    ("--mock-data", "true", {}),
+    ("--tokenizer-type", "str", {"choices": ["BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer",
+                                             "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+                                             "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer",
+                                             "MultimodalTokenizer", "NullTokenizer", "NullMultimodalTokenizer",
+                                             "SFTTokenizer"]}),
+    ("--vocab-size", "int", {}), ("--make-vocab-size-divisible-by", "int", {"default": 128}),
+    # parallelism (ModelParallelConfig / TransformerConfig fields, _add_distributed_args)
+    ("--tensor-model-parallel-size", "int", {"default": 1}), ("--pipeline-model-parallel-size", "int", {"default": 1}),
+    ("--context-parallel-size", "int", {"default": 1}),
+    ("--cp-comm-type", "str", {"nargs": "+", "default": ["p2p"],
+                               "choices": ["p2p", "a2a", "allgather", "a2a+p2p"]}),
+    ("--sequence-parallel", "true", {}),
+    ("--decoder-first-pipeline-num-layers", "int", {}), ("--decoder-last-pipeline-num-layers", "int", {}),
+    ("--account-for-embedding-in-pipeline-split", "true", {}), ("--account-for-loss-in-pipeline-split", "true", {}),
+    ("--pipeline-model-parallel-layout", "str", {}), ("--num-layers-per-virtual-pipeline-stage", "int", {}),
+    ("--num-virtual-stages-per-pipeline-rank", "int", {}),
+    ("--no-overlap-p2p-communication", "false", {"dest": "overlap_p2p_comm"}),
+    ("--microbatch-group-size-per-virtual-pipeline-stage", "int", {}),
+    # batch, precision, recompute
+    ("--micro-batch-size", "int", {}), ("--global-batch-size", "int", {}),
+    ("--bf16", "true", {}), ("--fp16", "true", {}), ("--fp8-format", "str", {"choices": ["e4m3", "hybrid"]}),
+    ("--recompute-granularity", "str", {"choices": ["full", "selective"]}),
+    ("--recompute-method", "str", {"choices": ["uniform", "block"]}), ("--recompute-num-layers", "int", {}),
+    # data-parallel gradients and optimizer state
+    ("--ddp-bucket-size", "int", {}), ("--overlap-grad-reduce", "true", {}), ("--overlap-param-gather", "true", {}),
+    ("--use-distributed-optimizer", "true", {}), ("--use-megatron-fsdp", "true", {}), ("--use-torch-fsdp2", "true", {}),
+    ("--data-parallel-sharding-strategy", "str",
+     {"choices": ["no_shard", "optim", "optim_grads", "optim_grads_params"], "default": "no_shard"}),
+    ("--no-gradient-accumulation-fusion", "false", {"dest": "gradient_accumulation_fusion"}),
+    ("--ckpt-format", "str", {"choices": ["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
+                              "default": "torch_dist"}),
+    # kernels
+    ("--transformer-impl", "str", {"choices": ["local", "transformer_engine", "inference_optimized"],
+                                   "default": "transformer_engine"}),
+    ("--attention-backend", "str", {"choices": ["flash", "fused", "unfused", "local", "auto"], "default": "auto"}),
+    ("--no-masked-softmax-fusion", "false", {"dest": "masked_softmax_fusion"}),
+    ("--no-bias-dropout-fusion", "false", {"dest": "bias_dropout_fusion"}),
+    ("--no-rope-fusion", "false", {"dest": "apply_rope_fusion"}),
+    ("--no-bias-swiglu-fusion", "false", {"dest": "bias_swiglu_fusion"}),
+    ("--no-bias-gelu-fusion", "false", {"dest": "bias_gelu_fusion"}),
+    # training
+    ("--clip-grad", "float", {}), ("--eval-interval", "int", {}), ("--eval-iters", "int", {}),
+    ("--log-interval", "int", {}), ("--lr", "float", {}), ("--min-lr", "float", {}), ("--train-iters", "int", {}),
+    ("--weight-decay", "float", {}),
+    ("--lr-decay-style", "str", {"choices": ["constant", "linear", "cosine", "inverse-square-root", "WSD"]}),
+)
+KNOWN_FLAGS = frozenset(f for f, _, _ in _FLAGS)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argparse mirror of pretrain_gpt.py's flags (the subset autotune emits or tests)."""
+    p = _Parser(prog="pretrain_gpt.py", allow_abbrev=False)
+    for flag, kind, extra in _FLAGS:
+        if kind == "true":
+            p.add_argument(flag, action="store_true", **extra)
+        elif kind == "false":
+            p.add_argument(flag, action="store_false", **extra)
+        else:
+            p.add_argument(flag, type={"int": int, "float": float, "str": str}[kind], **extra)
+    return p
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the launch script ran: torchrun's node arguments, the world size and pretrain_gpt.py's argv."""
+
+    nnodes: int
+    nproc_per_node: int
+    argv: tuple[str, ...]
+    env_cuda_max_connections: str | None
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+_FAKE_TORCHRUN = """#!/usr/bin/env bash
+printf '%s\\0' "$@" > "$AUTOTUNE_TORCHRUN_LOG"
+printf '%s' "${CUDA_DEVICE_MAX_CONNECTIONS-<unset>}" > "$AUTOTUNE_TORCHRUN_LOG.env"
+"""
+
+
+def run_launch_script(script: str, env: dict[str, str] | None = None) -> Launch:
+    """Run the script under bash with a fake torchrun on PATH; return what torchrun was given."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = Path(tmp) / "torchrun"
+        fake.write_text(_FAKE_TORCHRUN)
+        fake.chmod(0o755)
+        (Path(tmp) / "launch.sh").write_text(script)
+        log = Path(tmp) / "torchrun.log"
+        full_env = {"PATH": f"{tmp}:{os.environ.get('PATH', '/usr/bin:/bin')}", "AUTOTUNE_TORCHRUN_LOG": str(log),
+                    **(env or {})}
+        proc = subprocess.run(["bash", str(Path(tmp) / "launch.sh")], env=full_env, capture_output=True, text=True,
+                              timeout=30)
+        if proc.returncode != 0:
+            raise MegatronArgsError(f"launch script failed ({proc.returncode}): {proc.stderr.strip()}")
+        args = log.read_text().split("\0")[:-1]
+        cuda = (Path(tmp) / "torchrun.log.env").read_text()
+    torchrun = argparse.ArgumentParser(add_help=False)
+    for name in ("--nnodes", "--nproc-per-node", "--node-rank", "--master-port"):
+        torchrun.add_argument(name, type=int, required=True)
+    torchrun.add_argument("--master-addr", required=True)
+    torchrun.add_argument("script")
+    known, rest = torchrun.parse_known_args(args[: args.index(next(a for a in args if a.endswith(".py"))) + 1])
+    if not known.script.endswith("/pretrain_gpt.py") or rest:
+        raise MegatronArgsError(f"torchrun does not run pretrain_gpt.py: {shlex.join(args)}")
+    argv = tuple(args[args.index(known.script) + 1:])
+    return Launch(known.nnodes, known.nproc_per_node, argv, None if cuda == "<unset>" else cuda)
+
+
+# ---------------------------------------------------------------- validate_args replay and megatron-core
+
+
+@dataclass(frozen=True)
+class Validated:
+    """What Megatron would run: the parsed arguments, derived sizes and the layers each model chunk builds."""
+
+    args: argparse.Namespace
+    dp: int
+    vpp: int
+    num_microbatches: int
+    padded_vocab: int
+    chunk_layers: tuple[tuple[int, ...], ...]
+    """[pp rank][virtual stage] -> transformer layers built there (asked of megatron-core)."""
+    embedding_at: tuple[int, int]
+    loss_at: tuple[int, int]
+    recomputed_per_chunk: tuple[tuple[int, ...], ...]
+    config: object
+    ddp_config: object
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise MegatronArgsError(message)
+
+
+def _replay_validate_args(a: argparse.Namespace, world_size: int) -> None:
+    """The validate_args rules (arguments.py at HEAD d98e8a6) that megatron-core does not check; fills in the
+    values validate_args derives (dp, vpp, gbs default, silently disabled features)."""
+    mp = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
+    _check(world_size % mp == 0, f"L432: world size {world_size} not divisible by tp*pp*cp = {mp}")
+    a.data_parallel_size = world_size // mp
+    _check(not (a.fp16 and a.bf16), "--fp16 and --bf16 together")
+    _check(a.micro_batch_size is not None and a.micro_batch_size > 0, "L692: --micro-batch-size must be > 0")
+    if a.global_batch_size is None:
+        a.global_batch_size = a.micro_batch_size * a.data_parallel_size
+    vpp_specs = [f for f in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
+                             "pipeline_model_parallel_layout") if getattr(a, f) is not None]
+    _check(len(vpp_specs) <= 1, f"L927: at most one of the VPP specifications, got {vpp_specs}")
+    pp, extra = a.pipeline_model_parallel_size, a.account_for_embedding_in_pipeline_split + \
+        a.account_for_loss_in_pipeline_split
+    uneven = a.decoder_first_pipeline_num_layers is not None or a.decoder_last_pipeline_num_layers is not None
+    a.virtual_pipeline_model_parallel_size = None
+    if a.pipeline_model_parallel_layout is not None:
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+        stages = len(PipelineParallelLayerLayout.parse_str_to_list(a.pipeline_model_parallel_layout))
+        _check(stages % pp == 0, f"L941: layout has {stages} stages, not divisible by pp={pp}")
+        a.virtual_pipeline_model_parallel_size = stages // pp if stages // pp > 1 else None
+    elif a.num_layers_per_virtual_pipeline_stage is not None:
+        _check(not uneven, "L953: --num-layers-per-virtual-pipeline-stage with decoder-first/last")
+        total = a.num_layers + extra
+        _check(total % pp == 0, f"L960: layers {total} not divisible by pp {pp}")
+        _check(total // pp % a.num_layers_per_virtual_pipeline_stage == 0,
+               "L965: layers per rank not divisible by --num-layers-per-virtual-pipeline-stage")
+        vpp = total // pp // a.num_layers_per_virtual_pipeline_stage
+        a.virtual_pipeline_model_parallel_size = vpp if vpp > 1 else None
+    elif a.num_virtual_stages_per_pipeline_rank is not None:
+        v = a.num_virtual_stages_per_pipeline_rank
+        a.virtual_pipeline_model_parallel_size = v if v > 1 else None
+    if a.pipeline_model_parallel_layout is None and not uneven:
+        _check((a.num_layers + extra) % pp == 0, "L980: Number of layers should be divisible by the "
+               f"pipeline-model-parallel size ({a.num_layers + extra} layers, pp {pp})")
+    if a.virtual_pipeline_model_parallel_size is not None:
+        _check(pp > (1 if a.overlap_p2p_comm else 2), f"L1000: VPP needs pp > {1 if a.overlap_p2p_comm else 2}")
+    else:
+        a.overlap_p2p_comm = False
+    if a.overlap_param_gather:
+        _check((a.use_distributed_optimizer or a.use_megatron_fsdp) and a.overlap_grad_reduce,
+               "L1024: --overlap-param-gather needs --use-distributed-optimizer (or Megatron FSDP) and "
+               "--overlap-grad-reduce")
+    if a.use_torch_fsdp2:
+        _check(pp == 1 and not a.use_distributed_optimizer, "L1031: torch FSDP2 needs pp 1 and no dist-opt")
+    _check(not (a.use_torch_fsdp2 and a.use_megatron_fsdp), "two FSDP implementations")
+    if a.use_megatron_fsdp:  # autotune's contract: the flags Megatron FSDP's guide requires; no pipelining
+        _check(a.use_distributed_optimizer and not a.gradient_accumulation_fusion and a.ckpt_format == "fsdp_dtensor",
+               "Megatron FSDP needs --use-distributed-optimizer, --no-gradient-accumulation-fusion and "
+               "--ckpt-format fsdp_dtensor")
+        _check(a.data_parallel_sharding_strategy != "no_shard", "Megatron FSDP without a sharding strategy")
+        _check(pp == 1, f"autotune: ZeRO-2/3 (Megatron FSDP) with pp {pp} > 1")
+    if a.context_parallel_size > 1:
+        _check(a.seq_length % (2 * a.context_parallel_size) == 0,
+               f"L1335: seq_length {a.seq_length} not divisible by 2*cp")
+        _check(a.attention_backend not in ("unfused", "local") and a.transformer_impl == "transformer_engine",
+               "context parallelism needs Transformer Engine's fused/flash attention")
+    if a.recompute_granularity == "selective":
+        _check(a.recompute_method is None, "L1418: selective recompute takes no --recompute-method")
+    if a.tensor_model_parallel_size == 1:
+        a.sequence_parallel = False  # L1433, silently
+    if a.kv_channels is None:
+        _check(a.hidden_size % a.num_attention_heads == 0, "hidden size not divisible by heads; give --kv-channels")
+    if not a.add_bias_linear:
+        a.bias_gelu_fusion = False  # validate_args: no bias, no fused bias-GeLU
+    if a.position_embedding_type == "learned_absolute":
+        _check(a.max_position_embeddings is not None and a.max_position_embeddings >= a.seq_length,
+               "--max-position-embeddings must be >= --seq-length with learned positions")
+    if a.tokenizer_type == "NullTokenizer":
+        _check(a.vocab_size is not None, "NullTokenizer needs --vocab-size")
+    if a.fp8_format is not None:
+        _check(a.transformer_impl == "transformer_engine", "fp8 needs --transformer-impl transformer_engine")
+
+
+def _transformer_config(a: argparse.Namespace):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    dtype = torch.bfloat16 if a.bf16 else torch.float16 if a.fp16 else torch.float32
+    kw = dict(
+        num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
+        num_query_groups=a.num_query_groups if a.group_query_attention else None, kv_channels=a.kv_channels,
+        ffn_hidden_size=a.ffn_hidden_size, tensor_model_parallel_size=a.tensor_model_parallel_size,
+        pipeline_model_parallel_size=a.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=a.virtual_pipeline_model_parallel_size,
+        context_parallel_size=a.context_parallel_size,
+        cp_comm_type=a.cp_comm_type[0] if len(a.cp_comm_type) == 1 else a.cp_comm_type,
+        sequence_parallel=a.sequence_parallel, pipeline_dtype=dtype, params_dtype=dtype, bf16=a.bf16, fp16=a.fp16,
+        fp8=a.fp8_format, gated_linear_unit=a.swiglu, activation_func=F.silu if a.swiglu else F.gelu,
+        add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias, normalization=a.normalization,
+        hidden_dropout=a.hidden_dropout, attention_dropout=a.attention_dropout,
+        num_layers_in_first_pipeline_stage=a.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=a.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=a.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=a.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_layout=a.pipeline_model_parallel_layout,
+        recompute_granularity=a.recompute_granularity, recompute_method=a.recompute_method,
+        recompute_num_layers=a.recompute_num_layers, attention_backend=AttnBackend[a.attention_backend],
+        bias_activation_fusion=a.bias_swiglu_fusion if a.swiglu else a.bias_gelu_fusion,
+        masked_softmax_fusion=a.masked_softmax_fusion, bias_dropout_fusion=a.bias_dropout_fusion,
+        # RoPE fusion is checked against the installed Transformer Engine, which a CPU machine lacks.
+        apply_rope_fusion=False,
+        overlap_p2p_comm=a.overlap_p2p_comm, batch_p2p_comm=not a.overlap_p2p_comm,
+        microbatch_group_size_per_vp_stage=a.microbatch_group_size_per_virtual_pipeline_stage,
+    )
+    try:
+        return TransformerConfig(**kw)
+    except (ValueError, AssertionError, TypeError) as exc:
+        raise MegatronArgsError(f"TransformerConfig: {exc}") from exc
+
+
+def _layers(a: argparse.Namespace, config) -> tuple[tuple[tuple[int, ...], ...], tuple[int, int], tuple[int, int]]:
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    pp, vpp = a.pipeline_model_parallel_size, a.virtual_pipeline_model_parallel_size or 1
+    layout = config.pipeline_model_parallel_layout
+    if layout is not None:
+        grid = layout.layout  # [pp rank][vp stage] -> layer types
+        find = lambda kind: next((r, v) for r in range(pp) for v in range(vpp) if kind in grid[r][v])  # noqa: E731
+        return (tuple(tuple(grid[r][v].count(LayerType.decoder) for v in range(vpp)) for r in range(pp)),
+                find(LayerType.embedding), find(LayerType.loss))
+    try:
+        layers = tuple(tuple(get_num_layers_to_build(config, vp_stage=v if vpp > 1 else None, pp_rank=r)
+                             for v in range(vpp)) for r in range(pp))
+    except AssertionError as exc:
+        raise MegatronArgsError(f"get_num_layers_to_build: {exc}") from exc
+    return layers, (0, 0), (pp - 1, vpp - 1)
+
+
+def validate_args(argv: list[str] | tuple[str, ...], world_size: int) -> Validated:
+    """Parse, replay validate_args and build the megatron-core configs; raise MegatronArgsError on rejection."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+    from megatron.core.optimizer import OptimizerConfig
+
+    a = parser().parse_args(list(argv))
+    _replay_validate_args(a, world_size)
+    config = _transformer_config(a)
+    try:
+        n_micro = ConstantNumMicroBatchesCalculator(a.global_batch_size, a.micro_batch_size, a.data_parallel_size,
+                                                    decrease_batch_size_if_needed=False, rank=0).get()
+        ddp = DistributedDataParallelConfig(
+            overlap_grad_reduce=a.overlap_grad_reduce, overlap_param_gather=a.overlap_param_gather,
+            use_distributed_optimizer=a.use_distributed_optimizer, bucket_size=a.ddp_bucket_size,
+            use_megatron_fsdp=a.use_megatron_fsdp, data_parallel_sharding_strategy=a.data_parallel_sharding_strategy)
+        OptimizerConfig(optimizer="adam", lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay, bf16=a.bf16,
+                        fp16=a.fp16, params_dtype=config.params_dtype, clip_grad=a.clip_grad,
+                        use_distributed_optimizer=a.use_distributed_optimizer)
+    except (ValueError, AssertionError) as exc:
+        raise MegatronArgsError(f"megatron-core: {exc}") from exc
+    vpp = a.virtual_pipeline_model_parallel_size or 1
+    pp = a.pipeline_model_parallel_size
+    if vpp > 1:  # schedules.py forward_backward_pipelining_with_interleaving (microbatch groups of pp)
+        group = a.microbatch_group_size_per_virtual_pipeline_stage or pp
+        _check(pp <= group <= n_micro, f"interleaved schedule: micro-batch group {group} must be in [pp {pp}, "
+               f"micro-batches {n_micro}]")
+        _check(n_micro % group == 0 or n_micro % group >= pp,
+               f"interleaved schedule: {n_micro} micro-batches leave a last group smaller than pp {pp}")
+    layers, emb, loss = _layers(a, config)
+    _check(sum(map(sum, layers)) == a.num_layers, f"layers built {layers} do not sum to {a.num_layers}")
+    if a.recompute_granularity == "full":
+        per = (lambda n: n) if a.recompute_method == "uniform" else (lambda n: min(n, a.recompute_num_layers))
+        recomputed = tuple(tuple(per(n) for n in rank) for rank in layers)
+    else:
+        recomputed = tuple(tuple(0 for _ in rank) for rank in layers)
+    multiple = a.make_vocab_size_divisible_by * a.tensor_model_parallel_size
+    vocab = (a.vocab_size + 1) if a.tokenizer_type == "NullTokenizer" else a.vocab_size
+    padded = -(-vocab // multiple) * multiple
+    return Validated(a, a.data_parallel_size, vpp, n_micro, padded, layers, emb, loss, recomputed, config, ddp)
+
+
+def validate_launch(script: str, env: dict[str, str] | None = None) -> tuple[Launch, Validated]:
+    """Run the launch script (fake torchrun) and validate the pretrain_gpt.py arguments it passes."""
+    launch = run_launch_script(script, env)
+    return launch, validate_args(launch.argv, launch.world_size)

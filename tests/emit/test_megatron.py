@@ -1,0 +1,393 @@
+"""The Megatron-LM emitter: golden files, contract validation against megatron-core 0.16 (tests/emit/
+megatron_validate.py) for the golden plans and the plans the planner picks, rejection of broken configs,
+the partition forms, warnings and determinism."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import warnings
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autotune import __version__
+from autotune.catalog import load_hardware, load_model
+from autotune.emit import EmitInput, emit
+from autotune.emit.megatron import (FORBIDDEN_TOGETHER, FULL_RECOMPUTE_ONLY, GROUPS, emit_megatron, layout_string,
+                                    megatron_argv, node_layout, partition_flags)
+from autotune.specs.job import JobSpec
+from autotune.specs.plan import Plan, check_plan
+
+from .megatron_validate import KNOWN_FLAGS, MegatronArgsError, Validated, validate_args, validate_launch
+from .scenarios import GOLDEN, PLANNER_CASES, check_golden, planner_scenarios
+
+#: megatron-core warns that Transformer Engine and Apex are missing (expected on CPU) and about deprecations.
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.skipif(shutil.which("bash") is None, reason="the launch scripts need bash")]
+
+
+def _inp(model: str, gpu: str, job: JobSpec, plan: Plan) -> EmitInput:
+    m, hw = load_model(model), load_hardware(gpu)
+    check_plan(plan, m, job, plan.num_gpus, hw.gpus_per_node)
+    return EmitInput(plan=plan, model=m, job=job, gpu=gpu, gpus_per_node=hw.gpus_per_node, step_time_s=2.5,
+                     peak_memory_gib=40.0, mfu=0.4)
+
+
+#: Megatron-only golden scenarios on top of the shared three: an interleaved layout, and Megatron FSDP with a
+#: warning (GeGLU).
+EXTRA_GOLDEN = {
+    "layout_interleaved": _inp("llama3-8b", "h100-sxm", JobSpec(global_batch=256, seq_len=8192),
+                               Plan(tp=1, pp=4, dp=8, mbs=1, num_microbatches=32, schedule="interleaved", vpp=2,
+                                    zero=1, vocab="balanced", layers_per_stage=(6, 10, 8, 8))),
+    "fsdp_geglu": _inp("gemma2-9b", "h100-sxm", JobSpec(global_batch=32, seq_len=8192),
+                       Plan(tp=2, pp=1, dp=4, mbs=1, num_microbatches=8, zero=3, sequence_parallel=True,
+                            layers_per_stage=(42,), bucket_size=10_000_000)),
+}
+ALL_GOLDEN = {**GOLDEN, **EXTRA_GOLDEN}
+
+
+def expected_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
+    """Each rank's layers split evenly into its vpp chunks (the plan's definition)."""
+    return tuple((n // plan.vpp,) * plan.vpp for n in plan.layers_per_stage)
+
+
+def assert_matches_plan(inp: EmitInput, v: Validated, world_size: int) -> None:
+    """What Megatron would run is the plan: degrees, batch, partition per model chunk, recompute, ZeRO, shape."""
+    p, m, a, c = inp.plan, inp.model, v.args, v.config
+    assert world_size == p.num_gpus
+    assert (c.tensor_model_parallel_size, c.pipeline_model_parallel_size, c.context_parallel_size, v.dp) == \
+        (p.tp, p.pp, p.cp, p.dp)
+    assert (a.micro_batch_size, v.num_microbatches, v.vpp) == (p.mbs, p.num_microbatches, p.vpp)
+    assert c.sequence_parallel == p.sequence_parallel
+    assert v.chunk_layers == expected_chunks(p)
+    assert v.embedding_at == (0, 0) and v.loss_at == (p.pp - 1, p.vpp - 1)
+    if p.recompute == "full":
+        r = p.recompute_layers
+        assert v.recomputed_per_chunk == tuple(tuple(n if r is None else min(n, r) for n in rank)
+                                               for rank in v.chunk_layers)
+    assert c.recompute_granularity == (None if p.recompute == "none" else p.recompute)
+    ddp = v.ddp_config
+    assert ddp.use_distributed_optimizer == (p.zero >= 1) and ddp.overlap_grad_reduce
+    assert ddp.use_megatron_fsdp == (p.zero >= 2) and ddp.bucket_size == p.bucket_size
+    assert ddp.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}.get(p.zero, "no_shard")
+    assert (c.num_layers, c.hidden_size, c.num_attention_heads, c.num_query_groups, c.kv_channels,
+            c.ffn_hidden_size) == (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
+                                   m.ffn_hidden_size)
+    assert c.gated_linear_unit == m.gated and c.add_bias_linear == (m.bias == "all")
+    assert c.add_qkv_bias == (m.bias == "qkv") and c.normalization == {"rmsnorm": "RMSNorm"}.get(m.norm, "LayerNorm")
+    assert a.untie_embeddings_and_output_weights == (not m.tied_embeddings)
+    assert a.seq_length == inp.job.seq_len and (a.bf16, a.fp16) == (inp.job.dtype != "fp16", inp.job.dtype == "fp16")
+    assert (a.fp8_format is not None) == (inp.job.dtype == "fp8")
+    if m.vocab_size % p.tp == 0:
+        assert v.padded_vocab == m.vocab_size
+    assert a.attention_backend == ("flash" if inp.job.flash_attention else "unfused")
+    assert a.position_embedding_type == ("rope" if m.position_embedding == "rope" else "learned_absolute")
+
+
+def _validate(inp: EmitInput) -> None:
+    result = emit_megatron(inp)
+    launch, v = validate_launch(dict(result.files)["launch_megatron.sh"])
+    assert launch.argv == tuple(megatron_argv(inp))
+    assert launch.env_cuda_max_connections == (None if inp.plan.zero >= 2 else "1")
+    assert_matches_plan(inp, v, launch.world_size)
+
+
+# ---------------------------------------------------------------- golden files and validation
+
+
+@pytest.mark.parametrize("scenario", sorted(ALL_GOLDEN))
+def test_golden(scenario: str) -> None:
+    check_golden(emit_megatron(ALL_GOLDEN[scenario]), "megatron", scenario)
+
+
+@pytest.mark.parametrize("scenario", sorted(ALL_GOLDEN))
+def test_golden_plans_validate(scenario: str) -> None:
+    _validate(ALL_GOLDEN[scenario])
+
+
+@pytest.mark.parametrize("name", [case[0] for case in PLANNER_CASES])
+def test_planner_plans_validate(name: str) -> None:
+    _validate(dict(planner_scenarios())[name])
+
+
+def test_planner_scenarios_cover_the_features() -> None:
+    plans = [inp.plan for _, inp in planner_scenarios()]
+    forms = {partition_flags(p)[1] for p in plans}
+    assert {"even split", "uneven first/last stage, equal middle stages",
+            "explicit layout (virtual stages in order)"} <= forms
+    assert any(p.vpp > 1 and partition_flags(p)[1] != "even split" for p in plans)
+    assert {0, 1, 3} <= {p.zero for p in plans} and any(p.cp > 1 for p in plans)
+    assert any(p.recompute == "selective" for p in plans)
+    assert any(p.recompute == "full" and p.recompute_layers for p in plans)
+
+
+def test_determinism() -> None:
+    for inp in ALL_GOLDEN.values():
+        first = emit_megatron(inp)
+        assert emit_megatron(replace(inp, plan=replace(inp.plan))) == first
+        assert [name for name, _ in first.files] == ["launch_megatron.sh", "sbatch_megatron.sh"]
+
+
+def test_dispatch() -> None:
+    pytest.importorskip("autotune.emit.torchtitan")  # emit() imports every emitter
+    pytest.importorskip("autotune.emit.deepspeed")
+    assert emit("megatron", GOLDEN["even"]) == emit_megatron(GOLDEN["even"])
+
+
+# ---------------------------------------------------------------- the script's shape
+
+
+def _arrays(script: str) -> dict[str, list[str]]:
+    return {name: body.strip("\n").split("\n") for name, body in re.findall(r"^([A-Z_]+)=\(\n(.*?)\n\)$", script,
+                                                                              re.S | re.M)}
+
+
+@pytest.mark.parametrize("scenario", sorted(ALL_GOLDEN))
+def test_one_flag_per_line_sorted_groups_no_forbidden_pairs(scenario: str) -> None:
+    inp = ALL_GOLDEN[scenario]
+    script = dict(emit_megatron(inp).files)["launch_megatron.sh"]
+    arrays = _arrays(script)
+    assert list(arrays) == [g for g in GROUPS if g in arrays]
+    for lines in arrays.values():
+        flags = [line.split()[0] for line in lines]
+        assert all(line.startswith("    --") and line.count(" --") == 1 for line in lines)
+        assert flags == sorted(flags)
+    names = set(megatron_argv(inp)) & KNOWN_FLAGS
+    assert names == {a for a in megatron_argv(inp) if a.startswith("--")}, "a flag the validator does not know"
+    for a, b, _ in FORBIDDEN_TOGETHER:
+        assert not {a, b} <= names
+    if inp.plan.recompute != "full":
+        assert not names & set(FULL_RECOMPUTE_ONLY)
+
+
+def test_launch_script_refuses_the_wrong_node_count() -> None:
+    script = dict(emit_megatron(GOLDEN["even"]).files)["launch_megatron.sh"]  # 16 GPUs = 2 nodes
+    with pytest.raises(MegatronArgsError, match="set NNODES=2"):
+        validate_launch(script, env={"NNODES": "1"})
+
+
+@pytest.mark.parametrize("scenario", sorted(ALL_GOLDEN))
+def test_sbatch_script(scenario: str) -> None:
+    inp = ALL_GOLDEN[scenario]
+    script = dict(emit_megatron(inp).files)["sbatch_megatron.sh"]
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    nodes, per_node = node_layout(inp.plan.num_gpus, inp.gpus_per_node)
+    directives = re.findall(r"^#SBATCH (\S+) (\S+)$", script, re.M)
+    assert dict(directives) == {"--job-name": "autotune-megatron", "--nodes": str(nodes), "--ntasks-per-node": "1",
+                                "--gpus-per-node": str(per_node)}
+    assert script.index("#SBATCH") < script.index("\nset ")  # directives before the first command
+    assert 'NODE_RANK="$SLURM_NODEID"' in script and "scontrol show hostnames" in script
+
+
+def test_node_layout() -> None:
+    assert node_layout(4, 8) == (1, 4) and node_layout(8, 8) == (1, 8) and node_layout(32, 8) == (4, 8)
+    assert node_layout(12, 8) == (2, 6)
+
+
+# ---------------------------------------------------------------- partitions
+
+
+def _plan(layers: tuple[int, ...], vpp: int = 1) -> Plan:
+    return Plan(tp=1, pp=len(layers), dp=1, mbs=1, num_microbatches=2 * len(layers), vpp=vpp,
+                schedule="interleaved" if vpp > 1 else "1f1b", vocab="balanced", layers_per_stage=layers)
+
+
+@pytest.mark.parametrize(("layers", "vpp", "flags"), [
+    ((16, 16), 1, []),
+    ((8, 8, 8, 8), 2, ["--num-virtual-stages-per-pipeline-rank 2"]),
+    ((7, 9, 9, 7), 1, ["--decoder-first-pipeline-num-layers 7", "--decoder-last-pipeline-num-layers 7"]),
+    ((6, 9, 9, 8), 1, ["--decoder-first-pipeline-num-layers 6", "--decoder-last-pipeline-num-layers 8"]),
+    ((9, 9, 9, 5), 1, ["--decoder-last-pipeline-num-layers 5"]),
+    ((15, 17), 1, ["--decoder-first-pipeline-num-layers 15", "--decoder-last-pipeline-num-layers 17"]),
+    ((6, 10, 10, 6), 2, ["--decoder-first-pipeline-num-layers 6", "--decoder-last-pipeline-num-layers 6",
+                         "--num-virtual-stages-per-pipeline-rank 2"]),
+    ((7, 9, 8, 8), 1, ["--pipeline-model-parallel-layout Et*7|t*9|t*8|t*8L"]),
+    ((0, 16, 16, 0), 1, ["--pipeline-model-parallel-layout E|t*16|t*16|L"]),
+    ((0, 32), 1, ["--pipeline-model-parallel-layout E|t*32L"]),
+    ((4, 0, 0, 28), 1, ["--pipeline-model-parallel-layout Et*4|||t*28L"]),
+    ((6, 10, 8, 8), 2, ["--pipeline-model-parallel-layout Et*3|t*5|t*4|t*4|t*3|t*5|t*4|t*4L"]),
+    ((2, 14, 14, 2), 2, ["--decoder-first-pipeline-num-layers 2", "--decoder-last-pipeline-num-layers 2",
+                         "--num-virtual-stages-per-pipeline-rank 2"]),
+    ((0, 16, 16), 2, ["--pipeline-model-parallel-layout E|t*8|t*8||t*8|t*8L"]),
+])
+def test_partition_forms(layers: tuple[int, ...], vpp: int, flags: list[str]) -> None:
+    plan = _plan(layers, vpp)
+    assert [f"{f} {v}" for f, v in partition_flags(plan)[0]] == flags
+    model = replace(load_model("llama3-8b"), num_layers=sum(layers))
+    inp = EmitInput(plan=plan, model=model, job=JobSpec(global_batch=plan.num_microbatches, seq_len=4096),
+                    gpu="h100-sxm", gpus_per_node=8, step_time_s=1.0, peak_memory_gib=1.0, mfu=0.5)
+    _validate(inp)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_partition_validates_and_is_kept(data) -> None:
+    """Random partitions (empty stages included): the flags pass megatron-core and build exactly the plan's
+    layers on every (rank, virtual stage)."""
+    pp = data.draw(st.integers(2, 5), label="pp")
+    vpp = data.draw(st.integers(1, 3), label="vpp")
+    layers = tuple(vpp * data.draw(st.integers(0, 5), label=f"chunk layers {i}") for i in range(pp))
+    if sum(layers) == 0:
+        layers = (vpp,) + layers[1:]
+    plan = _plan(layers, vpp)
+    model = replace(load_model("llama3-8b"), num_layers=sum(layers))
+    inp = EmitInput(plan=plan, model=model, job=JobSpec(global_batch=plan.num_microbatches, seq_len=4096),
+                    gpu="h100-sxm", gpus_per_node=8, step_time_s=1.0, peak_memory_gib=1.0, mfu=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        v = validate_args(megatron_argv(inp), plan.num_gpus)
+    assert v.chunk_layers == expected_chunks(plan) and v.vpp == vpp
+    assert v.embedding_at == (0, 0) and v.loss_at == (pp - 1, vpp - 1)
+
+
+def test_layout_is_in_virtual_order() -> None:
+    assert layout_string(_plan((2, 4, 6), 2)) == "Et|t*2|t*3|t|t*2|t*3L"
+
+
+# ---------------------------------------------------------------- broken configs are rejected
+
+_UNEVEN = GOLDEN["uneven_vocab"]  # 32 GPUs, tp 2, pp 4, layers 7,9,9,7, full block recompute, ZeRO-1
+_EVEN = GOLDEN["even"]  # 16 GPUs, tp 2, pp 2, 16+16, selective, ZeRO-1
+_INTERLEAVED = GOLDEN["interleaved"]  # 8 GPUs, tp 2, pp 4, vpp 2, gbs 16, mbs 2
+
+
+def _argv(inp: EmitInput, drop: tuple[str, ...] = (), add: tuple[str, ...] = (), **set_: str) -> list[str]:
+    """The emitted arguments with flags dropped (with their values), values replaced, and flags added."""
+    out, skip = [], False
+    argv = megatron_argv(inp)
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        key = arg.lstrip("-").replace("-", "_")
+        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if arg in drop:
+            skip = has_value
+        elif key in set_:
+            out += [arg, set_[key]]
+            skip = True
+        else:
+            out.append(arg)
+    return out + list(add)
+
+
+_FIRST_LAST = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+BROKEN = {
+    "layout with the wrong layer count": (_UNEVEN, _argv(_UNEVEN, drop=_FIRST_LAST, add=(
+        "--pipeline-model-parallel-layout", "Et*7|t*9|t*9|t*6L")), 32, "must match num_layers"),
+    "layout stages not a multiple of pp": (_UNEVEN, _argv(_UNEVEN, drop=_FIRST_LAST, add=(
+        "--pipeline-model-parallel-layout", "Et*7|t*9|t*9|t*5|t*2L")), 32, "not divisible by pp"),
+    "layout with first/last": (_UNEVEN, _argv(_UNEVEN, add=(
+        "--pipeline-model-parallel-layout", "Et*7|t*9|t*9|t*7L")), 32, "cannot be set"),
+    "first/last with account-for flags": (_UNEVEN, _argv(_UNEVEN, add=(
+        "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")), 32,
+        "set at the same time with account_for"),
+    "full recompute without method": (_UNEVEN, _argv(_UNEVEN, drop=("--recompute-method",)), 32,
+                                      "recompute_method must be"),
+    "full recompute without layer count": (_UNEVEN, _argv(_UNEVEN, drop=("--recompute-num-layers",)), 32,
+                                           "recompute_num_layers must be"),
+    "selective with a method": (_EVEN, _argv(_EVEN, add=("--recompute-method", "uniform")), 16,
+                                "selective recompute takes no"),
+    "mbs times dp not dividing gbs": (_UNEVEN, _argv(_UNEVEN, micro_batch_size="3"), 32, "not divisible by micro"),
+    "pp not dividing layers, no uneven flags": (_EVEN, _argv(_EVEN, num_layers="33"), 16,
+                                                "divisible by the pipeline"),
+    "VPP by layers with decoder-first": (_UNEVEN, _argv(_UNEVEN, add=(
+        "--num-layers-per-virtual-pipeline-stage", "1")), 32, "with decoder-first/last"),
+    "two VPP specifications": (_INTERLEAVED, _argv(_INTERLEAVED, add=(
+        "--num-layers-per-virtual-pipeline-stage", "3")), 8, "at most one"),
+    "zero 2 with pp > 1": (_UNEVEN, _argv(_UNEVEN, add=(
+        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--no-gradient-accumulation-fusion",
+        "--ckpt-format", "fsdp_dtensor")), 32, "with pp 4 > 1"),
+    "param gather without distributed optimizer": (_UNEVEN, _argv(_UNEVEN, drop=("--use-distributed-optimizer",)),
+                                                   32, "overlap-param-gather needs"),
+    "first stage not divisible by vpp": (_INTERLEAVED, _argv(_INTERLEAVED, add=(
+        "--decoder-first-pipeline-num-layers", "3")), 8, "divisible by virtual"),
+    "middle layers without middle stages": (_EVEN, _argv(_EVEN, add=(
+        "--decoder-first-pipeline-num-layers", "8", "--decoder-last-pipeline-num-layers", "6")), 16,
+        "middle PP stages"),
+    "empty first stage via first/last": (_UNEVEN, _argv(_UNEVEN, decoder_first_pipeline_num_layers="0"), 32,
+                                         "larger than 0"),
+    "unknown flag": (_UNEVEN, _argv(_UNEVEN, add=("--pipeline-parallel-size", "4")), 32, "unrecognized"),
+    "bad choice": (_UNEVEN, _argv(_UNEVEN, recompute_method="everything"), 32, "invalid choice"),
+    "world size not divisible": (_UNEVEN, _argv(_UNEVEN), 30, "not divisible by tp"),
+    "cp with an odd sequence split": (_EVEN, _argv(_EVEN, seq_length="8190", add=("--context-parallel-size", "2")),
+                                      32, "seq_length"),
+    "interleaved with a short last micro-batch group": (_INTERLEAVED, _argv(_INTERLEAVED, global_batch_size="12"),
+                                                        8, "smaller than pp"),
+    "fp16 with bf16": (_EVEN, _argv(_EVEN, add=("--fp16",)), 16, "--fp16 and --bf16"),
+    "query groups not dividing heads": (_UNEVEN, _argv(_UNEVEN, num_query_groups="3"), 32, "TransformerConfig"),
+    "learned positions shorter than the sequence": (_INTERLEAVED, _argv(_INTERLEAVED, max_position_embeddings="1024"),
+                                                     8, "max-position-embeddings"),
+    "sequence parallel with tp 1 is dropped, not kept": None,
+}
+
+
+@pytest.mark.parametrize("name", [k for k, v in BROKEN.items() if v is not None])
+def test_broken_configs_are_rejected(name: str) -> None:
+    inp, argv, world, message = BROKEN[name]
+    validate_args(megatron_argv(inp), inp.plan.num_gpus)  # the unbroken original passes
+    with pytest.raises(MegatronArgsError, match=re.escape(message)):
+        validate_args(argv, world)
+
+
+def test_sequence_parallel_with_tp_1_is_silently_off() -> None:
+    v = validate_args(_argv(_EVEN, tensor_model_parallel_size="1"), 8)
+    assert v.config.sequence_parallel is False
+
+
+# ---------------------------------------------------------------- warnings and fallbacks
+
+
+def _warnings(inp: EmitInput) -> tuple[str, ...]:
+    return emit_megatron(inp).warnings
+
+
+def test_warnings_for_what_megatron_cannot_express() -> None:
+    gemma = EXTRA_GOLDEN["fsdp_geglu"]
+    assert any(w.startswith("geglu:") for w in _warnings(gemma))
+    assert _warnings(GOLDEN["even"]) == ()
+    bert = _inp("bert-large", "v100-32gb", JobSpec(global_batch=8, seq_len=512),
+                Plan(tp=1, pp=1, dp=8, mbs=1, num_microbatches=1, layers_per_stage=(24,)))
+    assert any("not causal" in w for w in _warnings(bert))
+    # ZeRO-3 with pp > 1 (the plan rules forbid it): emitted as ZeRO-1, with a warning, and still valid
+    zero3_pp = replace(GOLDEN["uneven_vocab"], plan=replace(GOLDEN["uneven_vocab"].plan, zero=3))
+    assert any(w.startswith("zero 3 with pp 4") for w in _warnings(zero3_pp))
+    assert "--use-megatron-fsdp" not in megatron_argv(zero3_pp)
+    validate_args(megatron_argv(zero3_pp), 32)
+    # 12 GPUs on 8-GPU nodes: 2 nodes of 6
+    twelve = _inp("llama3-8b", "h100-sxm", JobSpec(global_batch=12, seq_len=4096),
+                  Plan(tp=2, pp=2, dp=3, mbs=1, num_microbatches=4, layers_per_stage=(16, 16)))
+    assert any("2 nodes" in w for w in _warnings(twelve))
+    _validate(twelve)
+    # flash attention off with cp > 1: the fused kernel, with a warning
+    cp = _inp("llama3-8b", "h100-sxm", JobSpec(global_batch=8, seq_len=8192, flash_attention=False),
+              Plan(tp=2, pp=1, cp=2, dp=2, mbs=1, num_microbatches=4, layers_per_stage=(32,)))
+    assert any("--attention-backend fused" in w for w in _warnings(cp))
+    assert validate_args(megatron_argv(cp), 8).args.attention_backend == "fused"
+
+
+def test_unfused_kernels_and_fp8() -> None:
+    inp = _inp("gpt-1.7b", "h100-sxm", JobSpec(global_batch=8, seq_len=2048, dtype="fp8", flash_attention=False,
+                                                fused_kernels=False),
+               Plan(tp=2, pp=1, dp=4, mbs=1, num_microbatches=2, layers_per_stage=(24,)))
+    argv = megatron_argv(inp)
+    assert {"--no-masked-softmax-fusion", "--no-bias-dropout-fusion", "--no-bias-gelu-fusion"} <= set(argv)
+    assert argv[argv.index("--fp8-format") + 1] == "hybrid" and "--bf16" in argv
+    _validate(inp)
+
+
+def test_targets_megatron_core_0_16() -> None:
+    """The validator checks against the megatron-core the header names; another version needs a new look at
+    TRAINERS.md section 1 before the target string changes."""
+    from importlib.metadata import version
+
+    from autotune.emit.megatron import TARGET
+
+    assert version("megatron-core").startswith("0.16.") and "megatron-core 0.16" in TARGET
+    for name, content in emit_megatron(GOLDEN["even"]).files:
+        assert f"# generated by autotune {__version__} for megatron ({TARGET})" in content.splitlines()[:10], name
