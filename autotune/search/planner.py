@@ -21,8 +21,8 @@ from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.search.partition import solve_partition
 from autotune.search.space import Candidate, SearchSpace, enumerate_candidates
-from autotune.search.tables import (candidate_costs, forced_recompute_s, memory_possible, quick_bound,
-                                    stage_time_floor, to_plan)
+from autotune.search.bounds import forced_recompute_s, memory_possible, quick_bound, stage_time_floor
+from autotune.search.tables import candidate_costs, to_plan
 from autotune.search.validate import memory_summary, validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from autotune.catalog import load_hardware
 from autotune.costmodel.estimate import CostModel
 from autotune.search.space import MAX_MICROBATCH_TOKENS, Candidate, SearchSpace, divisors
-from autotune.search.tables import (candidate_costs, forced_recompute_s, memory_possible, quick_bound,
-                                    stage_time_floor)
+from autotune.search.bounds import forced_recompute_s, memory_possible, quick_bound, stage_time_floor
+from autotune.search.tables import candidate_costs
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import is_even_split
 from ._instances import Instance, fitting_bucket, instances, tiny_model, with_memory

@@ -1,0 +1,164 @@
+"""Lower bounds on a candidate's step time and a necessary memory check: what lets the planner prune.
+
+Every bound here must never exceed the best step time any partition of the candidate reaches under the cost
+model (tests/search/test_space.py checks this against exhaustive enumeration): a bound that is too high
+prunes the optimum and breaks the proof.
+"""
+
+from __future__ import annotations
+
+import math
+
+from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
+from autotune.costmodel.stages import p2p_seconds, stage_bwd_s, stage_fwd_s, zero3_exposed
+from autotune.search.space import Candidate
+from autotune.search.tables import (CandidateCosts, Sync, shell_plan, chunk_range, fit_buckets, max_chunks,
+                                    smallest_stage_params, sync_collectives, tied_sync_seconds)
+
+
+def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s: float = 0.0,
+                t_max_floor: float = 0.0) -> float:
+    """A step time no partition of candidate c can beat, in O(1).
+
+    The work W (every layer at the cheapest recomputation allowed, the fixed vocabulary/p2p terms and the
+    `forced_s` full recomputation that memory forces) spread perfectly: t_max >= W/p; t_max >= each stage's
+    fixed part; and some stage holds ceil(chunks/p) chunks. Then T = (m - 1/v)*t_max + W/v (schedules.py),
+    plus lower bounds on the exposed data-parallel sync (sync_bound), the tied-embedding sync and Adam.
+    `t_max_floor` is a bound on t_max found elsewhere (the memory-capped water level, see stage_time_floor)."""
+    L = cm.model.num_layers
+    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
+    p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp,
+                      tokens=c.mbs * cm.job.seq_len // c.cp, hidden=cm.model.hidden_size)
+    per_layer = layer.time(c.base) + (layer.recompute_time("full") - layer.recompute_time(c.base)
+                                      if c.full_min > 0 else 0.0)
+    if c.pp == 1:
+        fixed = [vocab.embed_time + vocab.head_time]
+    else:
+        fixed = [vocab.embed_time + p2p, vocab.head_time + p2p] + [p2p] * (c.pp - 2)
+    vocab_params = vocab.embed_params + (vocab.head_params if c.pp > 1 else vocab.head_params_shared)
+    total_params = L * layer.params + vocab_params
+    buckets = fit_buckets(buckets, smallest_stage_params(c, layer, vocab, L))
+    if c.zero >= 3:  # pp == 1: one stage holds everything
+        fixed[0] += zero3_exposed(shell_plan(c), cm.hw, total_params,
+                                  stage_fwd_s(L, layer, vocab, first=True, last=True),
+                                  stage_bwd_s(L, layer, vocab, first=True, last=True))
+    work = L * per_layer + sum(fixed) + forced_s
+    chunks = L // c.vpp
+    t_max = max(work / c.pp, max(fixed), c.vpp * math.ceil(chunks / c.pp) * per_layer + min(fixed), t_max_floor)
+    pipe = (c.num_microbatches - 1 / c.vpp) * t_max + work / c.vpp
+    # (one layer's window, all vocabulary windows) for the backward and the forward
+    windows = {"bwd": (stage_bwd_s(1, layer, vocab, first=False, last=False),
+                       stage_bwd_s(0, layer, vocab, first=True, last=True)),
+               "fwd": (stage_fwd_s(1, layer, vocab, first=False, last=False),
+                       stage_fwd_s(0, layer, vocab, first=True, last=True))}
+    sync = 0.0
+    for s in sync_collectives(cm, c, buckets):
+        sync += sync_bound(s, buckets, layer.params, L, *windows[s.window], c.pp)
+    adam_shards = c.dp * c.cp if c.zero >= 1 else 1
+    adam = total_params / c.pp * ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory)
+    return pipe + sync + tied_sync_seconds(cm, c) + adam
+
+
+def sync_bound(s: Sync, buckets: tuple[int, ...], layer_params: int, num_layers: int, layer_window: float,
+               vocab_window: float, pp: int) -> float:
+    """Lower bound on the exposed part of a bucketed collective, over every partition.
+
+    With B the bucket, c its time, beta = layer_params*bytes*c/B the communication of one layer and omega its
+    window, stage i exposes x_i >= (beta - omega)*n_i - omega*sum_{j<i} n_j - Omega (Omega: every vocabulary
+    window, dropped bytes only make x_i larger), and at least one bucket c. The partition minimizing
+    max_i x_i equalizes them: S_i = (1 + rho)*S_{i-1} + z/(beta - omega) with rho = omega/(beta - omega),
+    so z = L*omega / ((1 + rho)^p - 1) for p stages holding L layers. For p == 1 it is L*(beta - omega)."""
+    best = math.inf
+    for b, c in zip(buckets, s.per_bucket):
+        beta = layer_params * s.bytes_per_param * c / (b * s.bytes_per_param)
+        omega = layer_window
+        z = 0.0
+        if beta > omega:
+            rho = omega / (beta - omega)
+            try:
+                z = num_layers * (beta - omega) if pp == 1 or rho == 0 else num_layers * omega / ((1 + rho) ** pp - 1)
+            except OverflowError:
+                z = 0.0
+        best = min(best, max(c, z - vocab_window))
+    return max(best, 0.0)
+
+
+def memory_possible(cc: CandidateCosts, num_layers: int) -> bool:
+    """A necessary condition for a fitting partition: every stage's range is non-empty and the stages
+    together can hold every layer."""
+    lo_hi = [chunk_range(cc, i, num_layers) for i in range(cc.cand.pp)]
+    if any(lo > hi for lo, hi in lo_hi) or num_layers % cc.cand.vpp:
+        return False
+    total = num_layers // cc.cand.vpp
+    return sum(lo for lo, _ in lo_hi) <= total <= sum(hi for _, hi in lo_hi)
+
+
+def forced_recompute_s(cc: CandidateCosts, num_layers: int) -> float:
+    """Least full-recomputation time (per micro-batch, summed over stages) that memory forces: place the
+    layers that do not fit without it where each extra layer costs the fewest recomputed layers
+    (a fractional relaxation of the memory constraints, so a valid lower bound)."""
+    c = cc.cand
+    if c.full_max == 0 or cc.act_base <= cc.act_full:
+        return 0.0
+    total = num_layers // c.vpp
+    free, options = 0, []
+    for i, s in enumerate(cc.stages):
+        room = cc.usable - s.memory
+        per_chunk = c.vpp * cc.layer_state + s.in_flight * cc.act_base
+        base_cap = max(0.0, room / per_chunk)  # fractional: a relaxation must not discard leftover memory
+        free += base_cap
+        saving = s.in_flight * (cc.act_base - cc.act_full)
+        if saving > 0:
+            options.append((per_chunk / saving, max_chunks(cc, i, num_layers) - base_cap))
+    need = total - free
+    extra = 0.0
+    for ratio, room_chunks in sorted(options):
+        if need <= 0:
+            break
+        take = min(need, max(room_chunks, 0))
+        extra += take * ratio
+        need -= take
+    return extra * c.vpp * cc.full_extra_s
+
+
+def stage_time_floor(cc: CandidateCosts, num_layers: int) -> float:
+    """Lowest t_max any partition reaches under the memory caps: the smallest water level T at which the
+    stages together hold every chunk, sum_i floor(n_i(T)) >= L/vpp.
+
+    Stage i holds n chunks in t_i(n) = v*a*n + v*d*rc + c_i, where memory forces rc >= (n*alpha - room)/sigma
+    recomputed layers per chunk (alpha: bytes a chunk adds without recompute, sigma: bytes recomputing one of
+    its layers saves); n_i(T) inverts this piecewise-linear time. A relaxation of the CP-SAT model (per-stage
+    fractional recompute instead of one shared count), so a valid bound; integral chunk counts make it tight."""
+    c = cc.cand
+    v = c.vpp
+    a, d = v * cc.layer_time_s, v * max(cc.full_extra_s, 0.0)
+    need = num_layers // v
+    pieces = []
+    for i, s in enumerate(cc.stages):
+        room = cc.usable - s.memory
+        alpha = v * cc.layer_state + s.in_flight * cc.act_base
+        sigma = s.in_flight * (cc.act_base - cc.act_full) if c.full_max else 0
+        pieces.append((s.time_s, max(0.0, room / alpha) if alpha else math.inf, max(0, max_chunks(cc, i, num_layers)),
+                       room, alpha, sigma))
+    if sum(p[2] for p in pieces) < need:
+        return math.inf
+    if a <= 0:
+        return max(p[0] for p in pieces)
+
+    def held(level: float) -> int:
+        total = 0
+        for fixed, cap_base, cap_full, room, alpha, sigma in pieces:
+            if level < fixed:
+                continue
+            n = (level - fixed) / a
+            if n > cap_base:
+                n = cap_base if sigma <= 0 else min(cap_full, (level - fixed + d * room / sigma) / (a + d * alpha / sigma))
+            total += min(cap_full, math.floor(n + 1e-9))
+        return total
+
+    lo, hi = max(p[0] for p in pieces) - a, max(p[0] for p in pieces) + (a + d) * need
+    lo = max(lo, 0.0)
+    for _ in range(64):  # bisection on the level; 64 halvings reach float precision
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if held(mid) < need else (lo, mid)
+    return lo
