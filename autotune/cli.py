@@ -18,21 +18,38 @@ from typing import Annotated, Any
 import typer
 
 from autotune import render
-from autotune.catalog import hardware_names, load_hardware, load_model, load_raw, model_names, read_json
+from autotune.catalog import (
+    hardware_names,
+    load_hardware,
+    load_model,
+    load_raw,
+    model_names,
+    read_json,
+)
 from autotune.costmodel.estimate import CostModel
 from autotune.documents import PLAN_FILE, emit_input_from_document
 from autotune.emit import TRAINERS, EmitInput, EmitResult
 from autotune.emit import emit as emit_config
 from autotune.errors import AutotuneError, InvalidPlanError, SolverLimitError, SpecError
 from autotune.fileio import write_file, write_files
+from autotune.scaling import DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, global_batch_for_tokens, scale
 from autotune.search.planner import PlanResult, search
 from autotune.search.space import SearchSpace, check_space, enumerate_candidates
 from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import (DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, check_plan, even_split,
-                                 plan_from_dict)
+from autotune.specs.tpgrid import MODES
+from autotune.specs.plan import (
+    DEFAULT_BUCKET,
+    RECOMPUTES,
+    SCHEDULES,
+    VOCABS,
+    Plan,
+    check_plan,
+    even_split,
+    plan_from_dict,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest parallel plan for training a Transformer on a GPU cluster.")
@@ -74,6 +91,8 @@ ScheduleOpt = _pin("--schedule", "Pipeline schedule (default: interleaved if vpp
 ZeroOpt = _pin("--zero", "ZeRO stage (default: 0).", "0|1|2|3")
 VocabOpt = _pin("--vocab", "Where the vocabulary layers go (default: ends).", "|".join(VOCABS))
 LayersOpt = _pin("--layers-per-stage", "Layers per pipeline stage (default: even split).", "N,N,...")
+TpModeOpt = _pin("--tp-mode", "Tensor-parallel mode (default: 1d; 2d/2.5d/3d grids as in paper 2).",
+                 "|".join(MODES))
 MicroOpt = Annotated[int | None, typer.Option("--num-microbatches",
                                                help="Micro-batches per step (default: global batch / (dp*mbs)).")]
 RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-layers", help="With full recompute: "
@@ -96,6 +115,8 @@ SScheduleOpt = _pin("--schedule", "Pipeline schedule" + _LIST, "|".join(SCHEDULE
 SZeroOpt = _pin("--zero", "ZeRO stage" + _LIST, "0|1|2|3")
 SVocabOpt = _pin("--vocab", "Where the vocabulary layers go" + _LIST, "|".join(VOCABS))
 SLayersOpt = _pin("--layers-per-stage", "Pin the partition: layers per pipeline stage (sets --pp).", "N,N,...")
+STpModeOpt = _pin("--tp-mode", "Tensor-parallel modes to search (default: 1d; only Colossal-AI runs 2d/2.5d/3d)"
+                  + _LIST, "|".join(MODES))
 SSpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel",
                                              help="Megatron sequence parallelism (default: search both).")]
 IdleOpt = Annotated[bool, typer.Option("--allow-idle", help="Allow plans that leave some GPUs unused.")]
@@ -162,6 +183,7 @@ class Pins:
     recompute_layers: int | None = None
     bucket_size: int | None = None
     sequence_parallel: bool | None = None
+    tp_mode: str | None = None
 
     def given(self) -> list[str]:
         """The flags the user set."""
@@ -203,6 +225,7 @@ def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
     if pins.tp is None or pins.pp is None:
         raise SpecError("estimate needs --tp and --pp (or --plan FILE); the other dimensions have defaults")
     tp, pp = _one_int(pins.tp, "--tp", 1), _one_int(pins.pp, "--pp", 1)
+    tp_mode = _one_choice(pins.tp_mode, "--tp-mode", MODES, "1d")
     cp, mbs, vpp = _one_int(pins.cp, "--cp", 1), _one_int(pins.mbs, "--mbs", 1), _one_int(pins.vpp, "--vpp", 1)
     dp = (_one_int(pins.dp, "--dp", 1) if pins.dp is not None
           else _quotient(gpus, "--gpus", {"tp": tp, "pp": pp, "cp": cp}, "change --gpus or a degree"))
@@ -216,9 +239,9 @@ def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
         schedule=_one_choice(pins.schedule, "--schedule", SCHEDULES, "interleaved" if vpp > 1 else "1f1b"),
         recompute=_one_choice(pins.recompute, "--recompute", RECOMPUTES, "none"),
         recompute_layers=pins.recompute_layers, zero=_one_int(pins.zero, "--zero", 0, minimum=0),
-        sequence_parallel=tp > 1 if pins.sequence_parallel is None else pins.sequence_parallel,
+        sequence_parallel=(tp > 1 and tp_mode == "1d") if pins.sequence_parallel is None else pins.sequence_parallel,
         vocab=_one_choice(pins.vocab, "--vocab", VOCABS, "ends"), layers_per_stage=layers,
-        bucket_size=DEFAULT_BUCKET if pins.bucket_size is None else pins.bucket_size)
+        bucket_size=DEFAULT_BUCKET if pins.bucket_size is None else pins.bucket_size, tp_mode=tp_mode)
 
 
 def read_plan(path: str, pins: Pins) -> Plan:
@@ -262,6 +285,17 @@ def search_space(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int, gpus_per
                  allow_idle: bool, allow_cross_node_tp: bool) -> SearchSpace:
     """The pins as a SearchSpace, after checks that turn contradictory pins into one-line errors (exit 1):
     the planner's own "empty space" error (exit 2) is left for spaces that are empty without any pin."""
+    space = pins_space(pins, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp)
+    check_space(space, model, job, gpus, gpus_per_node)
+    if pins.given() and next(enumerate_candidates(model, job, gpus, gpus_per_node, space), None) is None:
+        raise SpecError(f"no valid plan for {gpus} GPUs meets {pins.typed()} together (tp x pp x dp x cp must be "
+                        f"{gpus}, dp x mbs must divide --global-batch {job.global_batch}, interleaved needs "
+                        "micro-batches divisible by pp); relax a pin")
+    return space
+
+
+def pins_space(pins: Pins, *, allow_idle: bool, allow_cross_node_tp: bool) -> SearchSpace:
+    """The pins as a SearchSpace, each list parsed (a bad value is a one-line error); no check against a job."""
     def ints(raw: str | None, flag: str, minimum: int = 1) -> tuple[int, ...] | None:
         return None if raw is None else parse_int_list(raw, flag, minimum=minimum)
 
@@ -270,20 +304,15 @@ def search_space(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int, gpus_per
 
     layers = ints(pins.layers_per_stage, "--layers-per-stage", minimum=0)
     pp = ints(pins.pp, "--pp")
-    space = SearchSpace(
+    return SearchSpace(
         tp=ints(pins.tp, "--tp"), pp=(len(layers),) if pp is None and layers is not None else pp,
         dp=ints(pins.dp, "--dp"), cp=ints(pins.cp, "--cp"), mbs=ints(pins.mbs, "--mbs"), vpp=ints(pins.vpp, "--vpp"),
         schedule=choices(pins.schedule, "--schedule", SCHEDULES),
         recompute=choices(pins.recompute, "--recompute", RECOMPUTES), zero=ints(pins.zero, "--zero", minimum=0),
         vocab=choices(pins.vocab, "--vocab", VOCABS),
         sequence_parallel=None if pins.sequence_parallel is None else (pins.sequence_parallel,),
-        layers_per_stage=layers, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp)
-    check_space(space, model, job, gpus, gpus_per_node)
-    if pins.given() and next(enumerate_candidates(model, job, gpus, gpus_per_node, space), None) is None:
-        raise SpecError(f"no valid plan for {gpus} GPUs meets {pins.typed()} together (tp x pp x dp x cp must be "
-                        f"{gpus}, dp x mbs must divide --global-batch {job.global_batch}, interleaved needs "
-                        "micro-batches divisible by pp); relax a pin")
-    return space
+        layers_per_stage=layers, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp,
+        tp_mode=choices(pins.tp_mode, "--tp-mode", MODES))
 
 
 def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
@@ -401,7 +430,7 @@ def estimate(
     model: ModelOpt, gpu: GpuOpt, gpus: GpusOpt, global_batch: BatchOpt, seq_len: SeqOpt,
     gpus_per_node: GpusPerNodeOpt = None, dtype: DtypeOpt = "bf16", tp: TpOpt = None, pp: PpOpt = None,
     dp: DpOpt = None, cp: CpOpt = None, mbs: MbsOpt = None, vpp: VppOpt = None, recompute: RecomputeOpt = None,
-    schedule: ScheduleOpt = None, zero: ZeroOpt = None, vocab: VocabOpt = None,
+    schedule: ScheduleOpt = None, zero: ZeroOpt = None, vocab: VocabOpt = None, tp_mode: TpModeOpt = None,
     layers_per_stage: LayersOpt = None, num_microbatches: MicroOpt = None,
     recompute_layers: RecomputeLayersOpt = None, bucket_size: BucketOpt = None,
     sequence_parallel: SpOpt = None, no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
@@ -414,7 +443,8 @@ def estimate(
     job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, num_microbatches=num_microbatches,
-                recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel)
+                recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel,
+                tp_mode=tp_mode)
     plan = read_plan(plan_file, pins) if plan_file is not None else single_plan(pins, spec, job, gpus)
     check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
     est = CostModel(spec, hw, job).estimate(plan)
@@ -427,7 +457,7 @@ def plan(
     model: ModelOpt, gpu: GpuOpt, gpus: GpusOpt, global_batch: BatchOpt, seq_len: SeqOpt,
     gpus_per_node: GpusPerNodeOpt = None, dtype: DtypeOpt = "bf16", tp: STpOpt = None, pp: SPpOpt = None,
     dp: SDpOpt = None, cp: SCpOpt = None, mbs: SMbsOpt = None, vpp: SVppOpt = None, recompute: SRecomputeOpt = None,
-    schedule: SScheduleOpt = None, zero: SZeroOpt = None, vocab: SVocabOpt = None,
+    schedule: SScheduleOpt = None, zero: SZeroOpt = None, vocab: SVocabOpt = None, tp_mode: STpModeOpt = None,
     layers_per_stage: SLayersOpt = None, sequence_parallel: SSpOpt = None, allow_idle: IdleOpt = False,
     allow_cross_node_tp: CrossTpOpt = False, no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
     top: TopOpt = 3, time_limit: TimeLimitOpt = 60.0, compare: CompareOpt = None, json_out: JsonOpt = False,
@@ -441,7 +471,7 @@ def plan(
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
     job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
-                vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel)
+                vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = search_space(pins, spec, job, gpus, hw.gpus_per_node, allow_idle=allow_idle,
                          allow_cross_node_tp=allow_cross_node_tp)
     mine = compare_plan(compare, spec, hw, job, gpus, space) if compare is not None else None
@@ -478,6 +508,63 @@ def emit_command(
     show_warnings(result.warnings)
     if written:
         typer.echo(render.written_report(written))
+
+
+@app.command("scale")
+def scale_command(
+    model: ModelOpt, gpu: GpuOpt,
+    gpus: Annotated[str, typer.Option("--gpus", metavar="N,N,...", help="GPU counts to sweep, increasing, e.g. "
+                                      "64,128,256.")],
+    seq_len: SeqOpt,
+    global_batch: Annotated[int | None, typer.Option("--global-batch", help="Sequences per optimizer step (or "
+                                                     "--tokens-per-step).")] = None,
+    tokens_per_step: Annotated[int | None, typer.Option("--tokens-per-step", metavar="T", help="Tokens per "
+                                                        "optimizer step instead of --global-batch (a multiple of "
+                                                        "--seq-len).")] = None,
+    gpus_per_node: GpusPerNodeOpt = None, dtype: DtypeOpt = "bf16", tp: STpOpt = None, pp: SPpOpt = None,
+    cp: SCpOpt = None, mbs: SMbsOpt = None, vpp: SVppOpt = None, recompute: SRecomputeOpt = None,
+    schedule: SScheduleOpt = None, zero: SZeroOpt = None, vocab: SVocabOpt = None, tp_mode: STpModeOpt = None,
+    sequence_parallel: SSpOpt = None, allow_cross_node_tp: CrossTpOpt = False,
+    no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
+    train_tokens: Annotated[float, typer.Option("--train-tokens", metavar="N", help="Tokens to train, for the "
+                                                "days, GPU-hours and cost columns.")] = DEFAULT_TRAIN_TOKENS,
+    price_per_gpu_hour: Annotated[float | None, typer.Option("--price-per-gpu-hour", metavar="USD", help="Adds "
+                                                             "the cost per million tokens.")] = None,
+    efficiency_threshold: Annotated[float, typer.Option("--efficiency-threshold", metavar="F", help="Mark sizes "
+                                    "past the first step whose throughput ratio / GPU ratio falls below F.")]
+    = DEFAULT_EFFICIENCY_THRESHOLD,
+    time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Search time limit per size, "
+                                              "in seconds.")] = 60.0,
+    json_out: JsonOpt = False,
+    csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV (one row per size) instead of tables.")] = False,
+) -> None:
+    """The best plan at each GPU count: throughput, MFU, time and cost to train, where the winning strategy
+    changes and where more GPUs stop paying (exit 2: no size fits; 3: a size not proven)."""
+    if json_out and csv_out:
+        raise SpecError("--json and --csv each replace the tables; pick one")
+    if (global_batch is None) == (tokens_per_step is None):
+        raise SpecError("give exactly one of --global-batch (sequences) and --tokens-per-step")
+    if time_limit <= 0:
+        raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit:g}")
+    spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
+    batch = global_batch if global_batch is not None else global_batch_for_tokens(tokens_per_step, seq_len)
+    job = build_job(batch, seq_len, dtype, no_flash_attention, unfused)
+    pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
+                vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
+    space = pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp)
+    with render.scale_progress(not (json_out or csv_out)) as progress:
+        result = scale(spec, hw, job, parse_int_list(gpus, "--gpus"), space, train_tokens=train_tokens,
+                       price_per_gpu_hour=price_per_gpu_hour, efficiency_threshold=efficiency_threshold,
+                       time_limit_s=time_limit, progress=progress)
+    if csv_out:
+        typer.echo(render.scaling_csv(result), nl=False)
+    else:
+        _show(render.scaling_json(result, spec, hw, job) if json_out
+              else render.scaling_report(result, spec, hw, job), json_out)
+    if all(p.best is None for p in result.points):
+        raise typer.Exit(2 if all(p.status == "INFEASIBLE" for p in result.points) else SolverLimitError.exit_code)
+    if any(p.status in ("FEASIBLE", "TIME_LIMIT") for p in result.points):
+        raise typer.Exit(SolverLimitError.exit_code)
 
 
 # ------------------------------------------------------------------------------------------------ entry point

@@ -7,6 +7,8 @@ byte-identical across runs and platforms.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,6 +24,7 @@ from rich.text import Text
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.memory import total_params
 from autotune.costmodel.stages import StageCost
+from autotune.scaling import ScalingPoint, ScalingResult
 from autotune.search.planner import PlanResult
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -177,7 +180,8 @@ def estimate_report(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobS
 def plan_line(plan: Plan) -> str:
     """One line naming every choice of a plan."""
     rc = plan.recompute if plan.recompute_layers is None else f"{plan.recompute} ({plan.recompute_layers} layers)"
-    return (f"tp {plan.tp}, pp {plan.pp}, dp {plan.dp}, cp {plan.cp}, mbs {plan.mbs} x {plan.num_microbatches} "
+    mode = "" if plan.tp_mode == "1d" else f" ({plan.tp_mode} grid)"
+    return (f"tp {plan.tp}{mode}, pp {plan.pp}, dp {plan.dp}, cp {plan.cp}, mbs {plan.mbs} x {plan.num_microbatches} "
             f"micro-batches, {plan.schedule} (vpp {plan.vpp}), recompute {rc}, zero {plan.zero}, sequence "
             f"parallel {'on' if plan.sequence_parallel else 'off'}, vocab {plan.vocab}, layers "
             f"{','.join(map(str, plan.layers_per_stage))}, bucket {plan.bucket_size / 1e6:g}M params")
@@ -305,7 +309,8 @@ def plan_brief(plan: Plan) -> str:
     """A runner-up's choices in a few words."""
     rc = plan.recompute if plan.recompute_layers is None else f"full x{plan.recompute_layers}"
     sched = plan.schedule if plan.vpp == 1 else f"{plan.schedule} vpp {plan.vpp}"
-    return (f"tp {plan.tp} pp {plan.pp} dp {plan.dp} cp {plan.cp}, mbs {plan.mbs} x {plan.num_microbatches}, "
+    mode = "" if plan.tp_mode == "1d" else f" ({plan.tp_mode})"
+    return (f"tp {plan.tp}{mode} pp {plan.pp} dp {plan.dp} cp {plan.cp}, mbs {plan.mbs} x {plan.num_microbatches}, "
             f"{sched}, recompute {rc}, zero {plan.zero}{', sp' if plan.sequence_parallel else ''}")
 
 
@@ -406,3 +411,155 @@ def _comparison(best: Estimate, compare: Comparison) -> RenderableType:
         verdict = "the two plans have the same predicted step time"
     lines.append(Text(verdict + ("" if mine.fits else ", and yours does not fit"), style="bold"))
     return Group(*lines)
+
+
+# ------------------------------------------------------------------------------------------------ scale
+#: `scale --csv` columns, in this order (a stable interface: add at the end only).
+SCALING_CSV_COLUMNS = (
+    "gpus", "status", "family", "strategy_change", "tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp",
+    "schedule", "recompute", "zero", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
+    "model_tflops_per_gpu", "peak_memory_gib", "scaling_efficiency", "past_diminishing_returns", "train_days",
+    "gpu_hours", "cost_per_million_tokens", "reason")
+_MARK_CHANGE, _MARK_KNEE = "★", "⚠"
+
+
+def plan_tag(plan: Plan) -> str:
+    """'tp8 pp4 dp32 v5 z1 sel': a plan's degrees (cp and mbs when > 1), interleaving, ZeRO stage and
+    recomputation, short enough for a table cell."""
+    parts = [f"tp{plan.tp}" + ("" if plan.tp_mode == "1d" else f"({plan.tp_mode})"), f"pp{plan.pp}"] + ([f"cp{plan.cp}"] if plan.cp > 1 else []) + [f"dp{plan.dp}"]
+    parts += ([f"mbs{plan.mbs}"] if plan.mbs > 1 else []) + ([f"v{plan.vpp}"] if plan.vpp > 1 else [])
+    parts += [f"z{plan.zero}"] + ({"none": [], "selective": ["sel"], "full": ["full"]}[plan.recompute])
+    return " ".join(parts)
+
+
+def _opt(x: float | None) -> float | None:
+    return None if x is None else _r(x)
+
+
+def scaling_point_json(p: ScalingPoint) -> dict[str, Any]:
+    """One size of `scale --json` (also the source of the CSV row)."""
+    est = p.best
+    return {
+        "gpus": p.gpus, "status": p.status, "reason": p.reason or None,
+        "family": p.family or None, "strategy_change": p.strategy_change,
+        "plan": None if est is None else est.plan.to_dict(),
+        "step_time_s": None if est is None else _r(est.step_time_s),
+        "tokens_per_s": None if est is None else _r(est.tokens_per_s),
+        "tokens_per_s_per_gpu": _opt(p.tokens_per_s_per_gpu),
+        "mfu": None if est is None else _r(est.mfu),
+        "model_tflops_per_gpu": None if est is None else _r(est.model_tflops_per_gpu),
+        "peak_memory_gib": None if est is None else _r(gib(est.peak_memory_bytes)),
+        "scaling_efficiency": _opt(p.efficiency), "past_diminishing_returns": p.past_knee,
+        "train_days": _opt(p.train_days), "gpu_hours": _opt(p.gpu_hours),
+        "cost_per_million_tokens": _opt(p.cost_per_million_tokens), "wall_s": _r(p.wall_s),
+    }
+
+
+def scaling_json(result: ScalingResult, model: ModelSpec, hw: HardwareSpec, job: JobSpec) -> dict[str, Any]:
+    """`scale --json`: the sweep's inputs, one object per size, the diminishing-returns point."""
+    return {
+        "model": model.name, "gpu": hw.name, "gpus_per_node": hw.gpus_per_node, "global_batch": job.global_batch,
+        "seq_len": job.seq_len, "tokens_per_step": job.tokens_per_step, "dtype": job.dtype,
+        "train_tokens": result.train_tokens, "price_per_gpu_hour": result.price_per_gpu_hour,
+        "efficiency_threshold": result.efficiency_threshold, "diminishing_returns_after_gpus": result.knee_gpus,
+        "points": [scaling_point_json(p) for p in result.points],
+    }
+
+
+def scaling_csv(result: ScalingResult) -> str:
+    """`scale --csv`: a header and one row per size in SCALING_CSV_COLUMNS order; empty cells for no value;
+    no timings, so the bytes are the same on every run."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(SCALING_CSV_COLUMNS)
+    for p in result.points:
+        doc = scaling_point_json(p)
+        plan = doc["plan"] or {}
+        row = []
+        for col in SCALING_CSV_COLUMNS:
+            value = plan.get(col) if col in ("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "schedule",
+                                             "recompute", "zero") else doc[col]
+            row.append("" if value is None else str(value).lower() if isinstance(value, bool) else value)
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def _cell(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def scaling_table(result: ScalingResult) -> Table:
+    price = result.price_per_gpu_hour
+    table = Table(title=f"Best plan at each size (plan: v = interleaved chunks, z = ZeRO stage, sel = selective "
+                        f"recompute); days and GPU-hours to train {result.train_tokens:.3g} tokens",
+                  title_justify="left", box=None, padding=(0, 1), pad_edge=False,
+                  header_style="bold underline")
+    cols = ["", "GPUs", "strategy", "plan", "step s", "tokens/s", "MFU %", "tok/s/GPU", "scaling", "days",
+            "GPU-hours"] + (["$/M tok"] if price is not None else [])
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("", "strategy", "plan") else "right",
+                         no_wrap=col != "strategy")
+    for p in result.points:
+        marks = (_MARK_CHANGE if p.strategy_change else "") + (_MARK_KNEE if p.past_knee and p.best else "")
+        if p.best is None:
+            cells = [Text(f"no plan ({p.status}, see below)", style="red")] + ["-"] * (len(cols) - 4)
+            table.add_row(marks, str(p.gpus), "-", *cells)
+            continue
+        est = p.best
+        row = [marks, str(p.gpus), p.family, plan_tag(est.plan) + ("" if p.status == "OPTIMAL" else " (not proven)"),
+               f"{est.step_time_s:.2f}", f"{est.tokens_per_s:,.0f}", f"{100 * est.mfu:.1f}",
+               f"{p.tokens_per_s_per_gpu:,.0f}", _cell(p.efficiency, ".2f"), f"{p.train_days:,.1f}",
+               f"{p.gpu_hours:,.0f}"]
+        table.add_row(*row, *([_cell(p.cost_per_million_tokens, ".3f")] if price is not None else []))
+    return table
+
+
+def scaling_plot(result: ScalingResult, width: int = 50) -> str:
+    """A text chart of tokens/s per GPU (bars) against GPUs (one row per size, log2 scale), with the
+    throughput at the end of each bar; pure text, the same bytes on every run."""
+    values = [p.tokens_per_s_per_gpu for p in result.points if p.tokens_per_s_per_gpu is not None]
+    top = max(values, default=0.0) or 1.0
+    lines = ["tokens/s per GPU (bars) vs GPUs (rows, each a step on a log2 axis): flat bars = linear scaling"]
+    for p in result.points:
+        label = f"{p.gpus:>6}"
+        if p.tokens_per_s_per_gpu is None:
+            lines.append(f"{label} | {'(no plan)':<{width}}")
+            continue
+        bar = "#" * max(1, round(width * p.tokens_per_s_per_gpu / top))
+        mark = (_MARK_CHANGE if p.strategy_change else " ") + (_MARK_KNEE if p.past_knee else " ")
+        lines.append(f"{label} | {bar:<{width}} {p.tokens_per_s_per_gpu:>8,.0f} {mark} "
+                     f"total {p.best.tokens_per_s:,.0f} tokens/s")
+    return "\n".join(lines)
+
+
+def scaling_report(result: ScalingResult, model: ModelSpec, hw: HardwareSpec, job: JobSpec) -> RenderableType:
+    """`scale`'s human output: the header, the table, the marks explained, the plot."""
+    legend = (f"{_MARK_CHANGE} = the strategy family changes from the previous size; {_MARK_KNEE} = past "
+              f"the point where more GPUs give < {result.efficiency_threshold:.0%} of their share in throughput")
+    if result.knee_gpus is not None:
+        legend += f" (diminishing returns past {result.knee_gpus} GPUs)"
+    parts: list[RenderableType] = [
+        Text(f"{model.name} on {hw.name} ({hw.gpus_per_node} per node), global batch {job.global_batch} x "
+             f"{job.seq_len} tokens, {job.dtype}", style="bold"),
+        scaling_table(result),
+        Text("scaling = (throughput ratio) / (GPU ratio) against the previous size; " + legend),
+    ]
+    parts += [Text(f"{p.gpus} GPUs, no plan ({p.status}): {p.reason}", style="red")
+              for p in result.points if p.best is None]
+    parts += [Text(""), Text(scaling_plot(result))]
+    if any(p.status not in ("OPTIMAL", "INFEASIBLE") for p in result.points):
+        parts.append(Text("some sizes hit --time-limit before the search finished: raise it to prove their plans",
+                          style="yellow"))
+    return Group(*parts)
+
+
+@contextmanager
+def scale_progress(enabled: bool) -> Iterator[Callable[[int, int, int], None] | None]:
+    """A status line on stderr naming the size being searched; None (silent) when disabled or piped."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    with Console(stderr=True, highlight=False).status("searching...") as status:
+        def update(index: int, sizes: int, gpus: int) -> None:
+            status.update(f"size {index}/{sizes}: searching {gpus:,} GPUs")
+        yield update

@@ -284,8 +284,8 @@ def test_plan_for_another_model(capsys, plan_file, tmp_path):
 
 
 @pytest.mark.parametrize("args,expected", [
-    (("--trainer", "colossalai"), "--trainer 'colossalai': unknown trainer; use one of megatron, torchtitan, "
-                                  "deepspeed"),
+    (("--trainer", "nemo"), "--trainer 'nemo': unknown trainer; use one of megatron, torchtitan, "
+                            "deepspeed, colossalai"),
     (("--trainer", "torchtitan", "--torchtitan-format", "yaml"), "--torchtitan-format 'yaml'"),
 ])
 def test_bad_options(args, expected, capsys, plan_file, tmp_path):

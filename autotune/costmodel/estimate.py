@@ -71,14 +71,15 @@ class CostModel:
 
     def __init__(self, model: ModelSpec, hw: HardwareSpec, job: JobSpec) -> None:
         self.model, self.hw, self.job = model, hw, job
-        self._layer: dict[tuple[int, int, int, bool], LayerCost] = {}
+        self._layer: dict[tuple[int, int, int, bool, str], LayerCost] = {}
         self._vocab: dict[tuple[int, int, int, bool], VocabCost] = {}
         self.model_flops = model_flops_per_step(model, job)
 
-    def layer(self, tp: int, cp: int, mbs: int, sp: bool) -> LayerCost:
-        key = (tp, cp, mbs, sp)
+    def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d") -> LayerCost:
+        key = (tp, cp, mbs, sp, tp_mode)
         if key not in self._layer:
-            self._layer[key] = layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp)
+            self._layer[key] = layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp,
+                                          tp_mode=tp_mode)
         return self._layer[key]
 
     def vocab(self, tp: int, cp: int, mbs: int, sp: bool) -> VocabCost:
@@ -89,7 +90,7 @@ class CostModel:
 
     def stages(self, plan: Plan) -> tuple[StageCost, ...]:
         key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel)
-        layer, vocab = self.layer(*key), self.vocab(*key)
+        layer, vocab = self.layer(*key, plan.tp_mode), self.vocab(*key)
         tokens = plan.mbs * self.job.seq_len // plan.cp
         p2p_s = p2p_time(plan, self.hw, tokens, self.model.hidden_size)
         return build_stages(plan, layer, vocab, self.hw, p2p_s)

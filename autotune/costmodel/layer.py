@@ -6,7 +6,7 @@ assembles stages from them, so a whole estimate costs a few dozen arithmetic ope
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.costmodel import comm
 from autotune.costmodel.compute import PassTime, pass_time
@@ -14,9 +14,11 @@ from autotune.costmodel.memory import (LayerActivations, embedding_activations, 
                                        head_params, head_transient, layer_activations, layer_params)
 from autotune.costmodel.ops import (LayerShape, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
+from autotune.costmodel.tpmodes import layer_tp_comm_s, layer_tp_memory
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.tpgrid import tp_mode_degrees
 
 _ACT_BYTES = 2  # activations and the tensors collectives move stay 16-bit, fp8 GEMMs included
 _FP32 = 4
@@ -95,8 +97,11 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
                       elem=_ACT_BYTES, flash=job.flash_attention, fused=job.fused_kernels)
 
 
-def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool) -> LayerCost:
+def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
+               tp_mode: str = "1d") -> LayerCost:
     """Costs of one Transformer layer under one parallel setting."""
+    if tp_mode != "1d":
+        return _grid_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, tp_mode=tp_mode)
     shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp)
     fwd_ops = layer_forward_ops(model, shape)
     bwd_ops = backward_ops(fwd_ops, model, shape)
@@ -164,3 +169,21 @@ def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
         head_act=head_activations(model, shape),
         head_transient=head_transient(model, shape),
     )
+
+
+def _grid_layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int,
+                     tp_mode: str) -> LayerCost:
+    """A 2-D, 2.5-D or 3-D tensor-parallel layer (paper 2). Every device does 1/tp of every operator: the
+    micro-batch's token rows are split act_split ways and heads/widths q ways, which is the 1-D layer with tp=q
+    and sequence parallelism on mbs/act_split sequences; communication, parameters and activations are the
+    mode's own (costmodel/tpmodes.py)."""
+    grid = tp_mode_degrees(tp_mode, tp)
+    local = layer_cost(model, hw, job, tp=grid.q, cp=cp, mbs=mbs // grid.act_split, sp=True)
+    tokens, seq = mbs * job.seq_len // cp, job.seq_len // cp
+    comm_s = layer_tp_comm_s(tp_mode, model, hw, tp=tp, tokens=tokens, elem=_ACT_BYTES)
+    mem = layer_tp_memory(tp_mode, model, tp=tp, tokens=tokens, elem=_ACT_BYTES, seq_len=seq,
+                          flash=job.flash_attention)
+    gathered = mem.act_bytes - local.act.none + mem.saved_weight_bytes  # 3-D keeps gathered inputs and weights
+    act = LayerActivations(none=local.act.none + gathered, selective=local.act.selective + gathered,
+                           full=local.act.full)
+    return replace(local, tp_fwd_s=comm_s.fwd_s, tp_bwd_s=comm_s.bwd_s, params=mem.params, act=act)

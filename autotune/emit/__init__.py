@@ -7,13 +7,13 @@ trainer cannot express; the closest valid configuration is emitted instead). Wri
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 
-TRAINERS = ("megatron", "torchtitan", "deepspeed")
+TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +42,19 @@ class EmitResult:
 
 
 def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> EmitResult:
-    """Dispatch to the trainer's emitter (imported on demand: each module is independent)."""
+    """Dispatch to the trainer's emitter (imported on demand: each module is independent). Only Colossal-AI
+    runs 2-D/2.5-D/3-D tensor parallelism; for the others such a plan is emitted as 1-D, with a warning."""
+    if trainer in TRAINERS and trainer != "colossalai" and inp.plan.tp_mode != "1d":
+        result = emit(trainer, replace(inp, plan=replace(inp.plan, tp_mode="1d")),
+                      torchtitan_format=torchtitan_format)
+        warning = (f"{trainer} has only 1-D (Megatron-style) tensor parallelism: the plan's {inp.plan.tp_mode} "
+                   f"tensor parallelism over {inp.plan.tp} GPUs is emitted as 1-D tp {inp.plan.tp} (its predicted "
+                   "time does not hold); use --trainer colossalai for the grid")
+        return EmitResult(result.files, (warning, *result.warnings))
+    if trainer == "colossalai":
+        from autotune.emit.colossalai import emit_colossalai
+
+        return emit_colossalai(inp)
     if trainer == "megatron":
         from autotune.emit.megatron import emit_megatron
 

@@ -26,7 +26,7 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     plus lower bounds on the exposed data-parallel sync (sync_bound), the tied-embedding sync and Adam.
     `t_max_floor` is a bound on t_max found elsewhere (the memory-capped water level, see stage_time_floor)."""
     L = cm.model.num_layers
-    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
+    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
     p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp,
                       tokens=c.mbs * cm.job.seq_len // c.cp, hidden=cm.model.hidden_size)
     per_layer = layer.time(c.base) + (layer.recompute_time("full") - layer.recompute_time(c.base)

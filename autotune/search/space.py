@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from autotune.errors import SpecError
+from autotune.errors import InvalidPlanError, SpecError
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import is_even_split
+from autotune.specs.tpgrid import check_tp_shapes, tp_mode_degrees
 
 #: Gradient bucket sizes the planner chooses from, in parameters (Megatron's default is 40M).
 BUCKETS = (10_000_000, 20_000_000, 40_000_000, 80_000_000, 160_000_000, 320_000_000)
@@ -40,6 +41,8 @@ class SearchSpace:
     vocab: tuple[str, ...] | None = None
     sequence_parallel: tuple[bool, ...] | None = None
     layers_per_stage: tuple[int, ...] | None = None
+    tp_mode: tuple[str, ...] | None = None
+    """Tensor-parallel modes to consider; None means 1-D only (the mode every trainer but Colossal-AI runs)."""
     buckets: tuple[int, ...] = BUCKETS
     allow_idle: bool = False
     """Let a plan leave GPUs unused (tp*pp*dp*cp < GPUs)."""
@@ -69,6 +72,8 @@ class Candidate:
     sp: bool
     even_only: bool
     """Vocabulary placement 'ends': the layers split evenly."""
+    tp_mode: str = "1d"
+    """Tensor-parallel mode (2-D/2.5-D/3-D grids only when the space asks for them)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -79,11 +84,34 @@ def _allowed(values: list, pins: tuple | None) -> list:
     return values if pins is None else [v for v in values if v in pins]
 
 
-def tp_options(model: ModelSpec, gpus_per_node: int, space: SearchSpace) -> list[int]:
-    """tp must divide the query and the key/value heads (Megatron) and, by default, stay in a node."""
-    limit = None if space.allow_cross_node_tp else gpus_per_node
-    values = [d for d in divisors(model.num_heads) if model.num_kv_heads % d == 0 and (limit is None or d <= limit)]
-    return _allowed(values, space.tp)
+def tp_options(model: ModelSpec, gpus: int, gpus_per_node: int, space: SearchSpace) -> list[tuple[str, int]]:
+    """(mode, tp) pairs. 1-D: tp divides the query and key/value heads (Megatron) and, by default, stays in a
+    node. 2-D/2.5-D/3-D: tp is a grid (q^2, d*q^2, q^3) whose side divides the heads and widths; grids span
+    nodes by design. The micro-batch rule of a grid is checked per micro-batch size."""
+    out = []
+    for mode in space.tp_mode or ("1d",):
+        if mode == "1d":
+            limit = None if space.allow_cross_node_tp else gpus_per_node
+            values = [d for d in divisors(model.num_heads)
+                      if model.num_kv_heads % d == 0 and (limit is None or d <= limit)]
+        else:
+            values = [d for d in divisors(gpus) if d > 1 and _grid_fits(mode, d, model)]
+        out += [(mode, tp) for tp in _allowed(values, space.tp)]
+    return out
+
+
+def _grid_fits(mode: str, tp: int, model: ModelSpec) -> bool:
+    """Whether tp forms a grid of this mode that splits the model's heads and widths (any micro-batch aside)."""
+    try:
+        grid = tp_mode_degrees(mode, tp)
+        check_tp_shapes(grid, model, grid.act_split)
+    except InvalidPlanError:
+        return False
+    return True
+
+
+def _mbs_fits(mode: str, tp: int, mbs: int) -> bool:
+    return mode == "1d" or mbs % tp_mode_degrees(mode, tp).act_split == 0
 
 
 def cp_options(job: JobSpec, gpus: int, space: SearchSpace) -> list[int]:
@@ -94,9 +122,9 @@ def cp_options(job: JobSpec, gpus: int, space: SearchSpace) -> list[int]:
 
 
 def degree_options(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int,
-                   space: SearchSpace) -> Iterator[tuple[int, int, int, int]]:
-    """(tp, cp, pp, dp) with tp*cp*pp*dp == gpus (or <= with allow_idle) and dp dividing the batch."""
-    for tp in tp_options(model, gpus_per_node, space):
+                   space: SearchSpace) -> Iterator[tuple[str, int, int, int, int]]:
+    """(tp_mode, tp, cp, pp, dp) with tp*cp*pp*dp == gpus (or <= with allow_idle) and dp dividing the batch."""
+    for mode, tp in tp_options(model, gpus, gpus_per_node, space):
         for cp in cp_options(job, gpus, space):
             if gpus % (tp * cp):
                 continue
@@ -107,7 +135,7 @@ def degree_options(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int
                 dps = [d for d in range(1, rest + 1)] if space.allow_idle else [rest]
                 for dp in _allowed(dps, space.dp):
                     if job.global_batch % dp == 0:
-                        yield tp, cp, pp, dp
+                        yield mode, tp, cp, pp, dp
 
 
 def schedule_options(model: ModelSpec, pp: int, m: int, space: SearchSpace) -> list[tuple[str, int]]:
@@ -143,21 +171,24 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
     """Every outer combination the rules allow, in a fixed order."""
     if space.layers_per_stage is not None and space.pp is not None and len(space.pp) != 1:
         raise SpecError("--layers-per-stage pins the partition, so --pp must be one value")
-    for tp, cp, pp, dp in degree_options(model, job, gpus, gpus_per_node, space):
+    for mode, tp, cp, pp, dp in degree_options(model, job, gpus, gpus_per_node, space):
         if space.layers_per_stage is not None and len(space.layers_per_stage) != pp:
             continue
         local = job.global_batch // dp
         mbs_options = divisors(local) if space.mbs else [d for d in divisors(local)
                                                          if d * job.seq_len // cp <= MAX_MICROBATCH_TOKENS or d == 1]
         for mbs in _allowed(mbs_options, space.mbs):
+            if not _mbs_fits(mode, tp, mbs):
+                continue
             m = local // mbs
             for schedule, vpp in schedule_options(model, pp, m, space):
                 for base, fmin, fmax in recompute_options(model, pp, vpp, space):
                     for zero in _allowed([0, 1] if pp > 1 else [0, 1, 2, 3], space.zero):
-                        for sp in _allowed([True, False] if tp > 1 else [False], space.sequence_parallel):
+                        sps = [True, False] if tp > 1 and mode == "1d" else [False]
+                        for sp in _allowed(sps, space.sequence_parallel):
                             for even in _vocab_options(space):
                                 yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin, fmax, zero, sp,
-                                                even)
+                                                even, mode)
 
 
 def _vocab_options(space: SearchSpace) -> list[bool]:
@@ -179,7 +210,13 @@ def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, g
 
 def _check_degrees(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int) -> None:
     """Each pinned degree on its own: heads, node size, GPU count, layers, batch, sequence."""
+    grids = [m for m in space.tp_mode or ("1d",) if m != "1d"]
     for tp in space.tp or ():
+        if grids and (tp == 1 or any(_grid_fits(m, tp, model) for m in grids)):
+            continue
+        if grids and "1d" not in (space.tp_mode or ()):
+            raise SpecError(f"--tp {tp} is not a {'/'.join(grids)} tensor-parallel grid that splits {model.name} "
+                            "(2-D: q^2, 2.5-D: d*q^2, 3-D: q^3, with q dividing the heads and widths)")
         if model.num_heads % tp or model.num_kv_heads % tp:
             ok = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0 and model.num_kv_heads % d == 0]
             raise SpecError(f"--tp {tp} does not divide the {model.num_heads} attention heads and "

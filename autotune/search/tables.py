@@ -92,7 +92,7 @@ def to_plan(c: Candidate, layers: tuple[int, ...], bucket: int = DEFAULT_BUCKET,
     return Plan(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, mbs=c.mbs, num_microbatches=c.num_microbatches,
                 schedule=c.schedule, vpp=c.vpp, recompute=recompute, recompute_layers=r_layers, zero=c.zero,
                 sequence_parallel=c.sp, vocab="ends" if is_even_split(layers) else "balanced",
-                layers_per_stage=layers, bucket_size=bucket)
+                layers_per_stage=layers, bucket_size=bucket, tp_mode=c.tp_mode)
 
 
 def shell_plan(c: Candidate) -> Plan:
@@ -130,7 +130,7 @@ def fit_buckets(buckets: tuple[int, ...], smallest_stage_params: int) -> tuple[i
 
 def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> CandidateCosts:
     """Gather the per-stage coefficients of one candidate."""
-    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
+    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
     plan = shell_plan(c)
     shards = c.dp * c.cp
     L = cm.model.num_layers

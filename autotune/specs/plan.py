@@ -9,6 +9,7 @@ from autotune.errors import InvalidPlanError
 from autotune.specs._strict import check_keys
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.tpgrid import MODES, check_tp_shapes, tp_mode_degrees
 
 Schedule = Literal["1f1b", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
@@ -54,6 +55,8 @@ class Plan:
     """Transformer layers on each pipeline rank, first to last."""
     bucket_size: int = DEFAULT_BUCKET
     """Data-parallel gradient bucket, in parameters (Megatron's --ddp-bucket-size)."""
+    tp_mode: str = "1d"
+    """Tensor-parallel mode: 1-D (Megatron), 2-D (q x q), 2.5-D (d x q x q) or 3-D (q x q x q), paper 2."""
 
     @property
     def model_parallel(self) -> int:
@@ -73,12 +76,13 @@ class Plan:
             "recompute": self.recompute, "recompute_layers": self.recompute_layers, "zero": self.zero,
             "sequence_parallel": self.sequence_parallel, "vocab": self.vocab,
             "layers_per_stage": list(self.layers_per_stage), "bucket_size": self.bucket_size,
+            "tp_mode": self.tp_mode,
         }
 
 
 _REQUIRED = ("tp", "pp", "dp", "mbs", "num_microbatches", "layers_per_stage")
 _OPTIONAL = ("cp", "vpp", "schedule", "recompute", "recompute_layers", "zero", "sequence_parallel", "vocab",
-             "bucket_size")
+             "bucket_size", "tp_mode")
 
 
 def plan_from_dict(data: Any, where: str) -> Plan:
@@ -97,7 +101,7 @@ def plan_from_dict(data: Any, where: str) -> Plan:
     if not isinstance(layers, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in layers):
         raise InvalidPlanError(f"{where}: layers_per_stage must be a list of integers, got {layers!r}")
     extra: dict[str, Any] = {}
-    for key, options in (("schedule", SCHEDULES), ("recompute", RECOMPUTES), ("vocab", VOCABS)):
+    for key, options in (("schedule", SCHEDULES), ("recompute", RECOMPUTES), ("vocab", VOCABS), ("tp_mode", MODES)):
         if key in data:
             if data[key] not in options:
                 raise InvalidPlanError(f"{where}: {key} must be one of {', '.join(options)}, got {data[key]!r}")
@@ -139,10 +143,12 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
     if used != num_gpus and not (allow_idle and used < num_gpus):
         raise InvalidPlanError(f"tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = {used} GPUs, but --gpus is "
                                f"{num_gpus}; change a degree so the product is {num_gpus}")
-    if model.num_heads % plan.tp or model.num_kv_heads % plan.tp:
+    if plan.tp_mode != "1d":
+        _check_grid(plan, model)
+    elif model.num_heads % plan.tp or model.num_kv_heads % plan.tp:
         raise InvalidPlanError(f"tp {plan.tp} must divide num_heads {model.num_heads} and num_kv_heads "
                                f"{model.num_kv_heads}; pick a tp that divides both")
-    if plan.tp > gpus_per_node and not allow_cross_node_tp:
+    elif plan.tp > gpus_per_node and not allow_cross_node_tp:
         raise InvalidPlanError(f"tp {plan.tp} exceeds the {gpus_per_node} GPUs of a node; use tp <= {gpus_per_node} "
                                "or pass --allow-cross-node-tp")
     if plan.cp > 1 and job.seq_len % (2 * plan.cp):
@@ -162,6 +168,17 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
     _check_partition(plan, model)
     _check_schedule(plan)
     _check_recompute(plan)
+
+
+def _check_grid(plan: Plan, model: ModelSpec) -> None:
+    """2-D/2.5-D/3-D tensor parallelism: the grid's degree rule and divisibility; these modes span nodes by
+    design, and sequence parallelism is a 1-D notion (the grid splits the token rows already)."""
+    if plan.tp_mode not in MODES:
+        raise InvalidPlanError(f"tp_mode must be one of {', '.join(MODES)}, got {plan.tp_mode!r}")
+    check_tp_shapes(tp_mode_degrees(plan.tp_mode, plan.tp), model, plan.mbs)
+    if plan.sequence_parallel:
+        raise InvalidPlanError(f"sequence_parallel applies to 1-D tensor parallelism; set it to false for "
+                               f"tp_mode {plan.tp_mode}")
 
 
 def _check_partition(plan: Plan, model: ModelSpec) -> None:

@@ -81,7 +81,7 @@ def _compositions(total: int, lows: list[int], highs: list[int]) -> Iterator[tup
 def smallest_stage_params(cm: CostModel, c: Candidate) -> int:
     """Parameters of the smallest stage any partition of candidate c can have (the fewest layers each stage
     may hold, plus its vocabulary layers), from the cost model's `stage_params`."""
-    layer = cm.layer(c.tp, c.cp, c.mbs, c.sp)
+    layer = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode)
     vocab = cm.vocab(c.tp, c.cp, c.mbs, c.sp)
     fewest = []
     for i in range(c.pp):

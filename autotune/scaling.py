@@ -1,0 +1,185 @@
+"""The scaling sweep (paper 3 of ../shared/papers.md): the best plan at each GPU count, what it costs to train
+a given number of tokens, where the winning strategy changes and where adding GPUs stops paying.
+
+At each size the planner searches the same space; a size where nothing fits, or where the global batch cannot
+be split over the GPUs, is a row with its reason, not an error. Scaling efficiency between consecutive sizes is
+(throughput ratio) / (GPU ratio): 1.0 is perfect linear scaling, 0.5 means the extra GPUs bought nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from autotune.costmodel.estimate import Estimate
+from autotune.errors import InfeasibleError, SolverLimitError, SpecError
+from autotune.search.planner import PlanResult, search
+from autotune.search.space import SearchSpace, check_space, enumerate_candidates
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import Plan
+
+#: Tokens the time, GPU-hour and cost columns are computed for: one trillion, so the numbers scale by eye
+#: (Llama 3 trained on about 15T; multiply by 15).
+DEFAULT_TRAIN_TOKENS = 1e12
+#: "A doubling of GPUs gives less than 80% of a doubling in throughput" marks diminishing returns.
+DEFAULT_EFFICIENCY_THRESHOLD = 0.8
+SECONDS_PER_HOUR = 3600.0
+SECONDS_PER_DAY = 86400.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScalingPoint:
+    """One GPU count of the sweep."""
+
+    gpus: int
+    status: str
+    """OPTIMAL, FEASIBLE (time limit hit, best plan found shown), INFEASIBLE (nothing fits or the batch cannot
+    be split) or TIME_LIMIT (no plan found in time)."""
+    reason: str
+    """Why there is no plan (empty when there is one)."""
+    best: Estimate | None
+    """The fastest plan found at this size."""
+    family: str
+    """Coarse strategy family of the best plan (see `strategy_family`); empty without a plan."""
+    strategy_change: bool
+    """The family differs from the previous size that has a plan."""
+    efficiency: float | None
+    """Throughput ratio / GPU ratio against the previous size with a plan (None for the first)."""
+    past_knee: bool
+    """At or past the first size whose efficiency fell below the threshold."""
+    tokens_per_s_per_gpu: float | None
+    train_days: float | None
+    """Wall-clock days to train `train_tokens`."""
+    gpu_hours: float | None
+    """gpus x hours to train `train_tokens`."""
+    cost_per_million_tokens: float | None
+    """price per GPU-hour x GPU-hours per million tokens; None without a price."""
+    wall_s: float
+    """Search time at this size."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScalingResult:
+    points: tuple[ScalingPoint, ...]
+    train_tokens: float
+    price_per_gpu_hour: float | None
+    efficiency_threshold: float
+    knee_gpus: int | None
+    """The last size before efficiency first fell below the threshold: past it, more GPUs give diminishing
+    returns (None when every step stays above)."""
+
+
+Progress = Callable[[int, int, int], None]
+"""Called before each size with (index from 1, number of sizes, GPUs)."""
+
+
+def global_batch_for_tokens(tokens_per_step: int, seq_len: int) -> int:
+    """Sequences per step for a tokens-per-step target; it must be a whole number of sequences."""
+    if tokens_per_step <= 0:
+        raise SpecError(f"--tokens-per-step must be > 0, got {tokens_per_step}")
+    if tokens_per_step % seq_len:
+        raise SpecError(f"--tokens-per-step {tokens_per_step} is not a multiple of --seq-len {seq_len}; use a "
+                        f"multiple such as {max(1, round(tokens_per_step / seq_len)) * seq_len}")
+    return tokens_per_step // seq_len
+
+
+def check_sweep(gpu_counts: Sequence[int], *, train_tokens: float, price_per_gpu_hour: float | None,
+                efficiency_threshold: float) -> None:
+    """The sweep's own inputs: sizes positive, increasing, distinct; threshold in (0, 1]; positive amounts."""
+    if not gpu_counts:
+        raise SpecError("--gpus: give at least one GPU count, e.g. --gpus 64,128,256")
+    if any(g <= 0 for g in gpu_counts):
+        raise SpecError(f"--gpus {','.join(map(str, gpu_counts))}: every GPU count must be > 0")
+    if list(gpu_counts) != sorted(set(gpu_counts)):
+        raise SpecError(f"--gpus {','.join(map(str, gpu_counts))}: give distinct GPU counts in increasing order, "
+                        f"e.g. {','.join(map(str, sorted(set(gpu_counts))))}")
+    if not 0 < efficiency_threshold <= 1:
+        raise SpecError(f"--efficiency-threshold must be in (0, 1], got {efficiency_threshold:g}")
+    if train_tokens <= 0:
+        raise SpecError(f"--train-tokens must be > 0, got {train_tokens:g}")
+    if price_per_gpu_hour is not None and price_per_gpu_hour <= 0:
+        raise SpecError(f"--price-per-gpu-hour must be > 0, got {price_per_gpu_hour:g}")
+
+
+def strategy_family(plan: Plan) -> str:
+    """The coarse strategy: pure data parallelism, fully sharded (FSDP / ZeRO-3) or not, else the model-parallel
+    axes in use (with '+ZeRO-3' when the data-parallel part is fully sharded)."""
+    axes = [name for name, degree in (("tp", plan.tp), ("pp", plan.pp), ("cp", plan.cp)) if degree > 1]
+    if not axes:
+        return "dp FSDP (ZeRO-3)" if plan.zero == 3 else "dp (ZeRO-0/1/2)"
+    return "+".join(axes) + ("+ZeRO-3" if plan.zero == 3 else "")
+
+
+def scale(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpu_counts: Sequence[int], space: SearchSpace, *,
+          train_tokens: float = DEFAULT_TRAIN_TOKENS, price_per_gpu_hour: float | None = None,
+          efficiency_threshold: float = DEFAULT_EFFICIENCY_THRESHOLD, time_limit_s: float = 60.0,
+          progress: Progress | None = None) -> ScalingResult:
+    """The best plan at each GPU count and the sweep's derived columns (raises SpecError on bad input, and when
+    the pins hold at no size)."""
+    check_sweep(gpu_counts, train_tokens=train_tokens, price_per_gpu_hour=price_per_gpu_hour,
+                efficiency_threshold=efficiency_threshold)
+    found: list[tuple[int, str, str, Estimate | None, float]] = []
+    pin_errors = []
+    for i, gpus in enumerate(gpu_counts, start=1):
+        if progress:
+            progress(i, len(gpu_counts), gpus)
+        try:
+            check_space(space, model, job, gpus, hw.gpus_per_node)
+        except SpecError as exc:
+            pin_errors.append(str(exc))
+            found.append((gpus, "INFEASIBLE", str(exc), None, 0.0))
+            continue
+        found.append((gpus, *_best_at(model, hw, job, gpus, space, time_limit_s)))
+    if len(pin_errors) == len(gpu_counts):
+        raise SpecError(f"the pins hold at no size of the sweep: {pin_errors[0]}")
+    return _derive(found, train_tokens=train_tokens, price=price_per_gpu_hour, threshold=efficiency_threshold)
+
+
+def _best_at(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace,
+             time_limit_s: float) -> tuple[str, str, Estimate | None, float]:
+    """(status, reason, best, wall seconds) of one size's search; no plan is a status, not an exception."""
+    if next(enumerate_candidates(model, job, gpus, hw.gpus_per_node, space), None) is None:
+        reason = (f"no valid split: tp x pp x cp x dp must be {gpus} with dp dividing the global batch "
+                  f"{job.global_batch} (and tp <= {hw.gpus_per_node}, the pins); use a larger batch")
+        return "INFEASIBLE", reason, None, 0.0
+    try:
+        result: PlanResult = search(model, hw, job, gpus, space, top_k=0, time_limit_s=time_limit_s)
+    except InfeasibleError as exc:
+        return "INFEASIBLE", str(exc), None, 0.0
+    except SolverLimitError as exc:
+        if isinstance(exc.result, PlanResult):
+            result = exc.result
+        else:
+            return "TIME_LIMIT", str(exc), None, time_limit_s
+    return result.status, "", result.best, result.stats.wall_s
+
+
+def _derive(found: list[tuple[int, str, str, Estimate | None, float]], *, train_tokens: float,
+            price: float | None, threshold: float) -> ScalingResult:
+    """Per-size throughput, time and cost; family changes and the diminishing-returns point across sizes."""
+    points, prev, knee, past = [], None, None, False
+    for gpus, status, reason, best, wall in found:
+        if best is None:
+            points.append(ScalingPoint(gpus=gpus, status=status, reason=reason, best=None, family="",
+                                       strategy_change=False, efficiency=None, past_knee=past,
+                                       tokens_per_s_per_gpu=None, train_days=None, gpu_hours=None,
+                                       cost_per_million_tokens=None, wall_s=wall))
+            continue
+        family, eff = strategy_family(best.plan), None
+        if prev is not None:
+            eff = (best.tokens_per_s / prev.best.tokens_per_s) / (gpus / prev.gpus)
+            if eff < threshold and not past:
+                past, knee = True, prev.gpus
+        seconds = train_tokens / best.tokens_per_s
+        gpu_hours = gpus * seconds / SECONDS_PER_HOUR
+        point = ScalingPoint(
+            gpus=gpus, status=status, reason=reason, best=best, family=family,
+            strategy_change=prev is not None and family != prev.family, efficiency=eff, past_knee=past,
+            tokens_per_s_per_gpu=best.tokens_per_s / gpus, train_days=seconds / SECONDS_PER_DAY, gpu_hours=gpu_hours,
+            cost_per_million_tokens=None if price is None else price * gpu_hours / (train_tokens / 1e6), wall_s=wall)
+        points.append(point)
+        prev = point
+    return ScalingResult(points=tuple(points), train_tokens=train_tokens, price_per_gpu_hour=price,
+                         efficiency_threshold=threshold, knee_gpus=knee)
