@@ -28,8 +28,16 @@ def op_time(op: Op, hw: HardwareSpec, dtype: str) -> float:
     if op.kernel == "memory":
         return memory_s
     eff = hw.efficiency.gemm if op.kernel == "gemm" else hw.efficiency.attention
-    compute_s = op.flops / (hw.peak_flops(dtype) * eff)
+    compute_s = op.flops / (hw.peak_flops(matmul_dtype(op, dtype)) * eff)
     return max(compute_s, memory_s)
+
+
+def matmul_dtype(op: Op, dtype: str) -> str:
+    """fp8 training (Transformer Engine) runs the transformer's linear layers in fp8; core attention and the
+    LM head stay bf16 unless asked otherwise, so they keep the bf16 peak."""
+    if dtype == "fp8" and op.category != "gemm":
+        return "bf16"
+    return dtype
 
 
 def pass_time(ops: tuple[Op, ...], hw: HardwareSpec, dtype: str) -> PassTime:

@@ -183,7 +183,7 @@ def _grid_layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: in
     comm_s = layer_tp_comm_s(tp_mode, model, hw, tp=tp, tokens=tokens, elem=_ACT_BYTES)
     mem = layer_tp_memory(tp_mode, model, tp=tp, tokens=tokens, elem=_ACT_BYTES, seq_len=seq,
                           flash=job.flash_attention)
-    gathered = mem.act_bytes - local.act.none + mem.saved_weight_bytes  # 3-D keeps gathered inputs and weights
+    gathered = mem.gathered_act_bytes + mem.saved_weight_bytes  # 3-D keeps gathered inputs and weights
     act = LayerActivations(none=local.act.none + gathered, selective=local.act.selective + gathered,
                            full=local.act.full)
     return replace(local, tp_fwd_s=comm_s.fwd_s, tp_bwd_s=comm_s.bwd_s, params=mem.params, act=act)

@@ -188,6 +188,8 @@ class TPMemory:
     """Activations kept for the backward, one micro-batch (no recomputation)."""
     saved_weight_bytes: int = 0
     """3-D only: the all-gathered weight blocks the backward reuses (Bian et al. Alg. 1; K*N/q^2 per GEMM)."""
+    gathered_act_bytes: int = 0
+    """3-D only: the all-gathered GEMM inputs kept for the weight gradients (included in act_bytes)."""
 
 
 def layer_tp_memory(mode: str, model: ModelSpec, *, tp: int, tokens: int, elem: int = 2, seq_len: int | None = None,
@@ -212,9 +214,9 @@ def layer_tp_memory(mode: str, model: ModelSpec, *, tp: int, tokens: int, elem: 
     vectors = layer_params(model, 1) - linear
     weight_split = grid.q ** 2 if grid.mode == "2.5d" else tp
     params = -(-linear // weight_split) + -(-vectors // grid.q)
-    saved_w = 0
+    saved_w = gathered = 0
     if grid.mode == "3d":
         q = grid.q
-        act += sum(elem * tokens * k for _, k, _ in layer_gemms(model)) * (q - 1) // q**3
+        gathered = sum(elem * tokens * k for _, k, _ in layer_gemms(model)) * (q - 1) // q**3
         saved_w = sum(elem * k * n for _, k, n in layer_gemms(model)) // q**2
-    return TPMemory(params, act, saved_w)
+    return TPMemory(params, act + gathered, saved_w, gathered)

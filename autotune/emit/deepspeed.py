@@ -165,7 +165,8 @@ def _pipeline_args(inp: EmitInput, interval: int, warnings: list[str]) -> dict[s
         "partition_method_layers_per_stage": ds_layers,
         "layers_per_stage": layers,
         "activation_checkpoint_interval": interval,
-        "topology": {"num_pp": plan.pp, "num_mp": plan.tp, "num_dp": plan.dp},
+        # PipeModelDataParallelTopology must cover the world: context-parallel (Ulysses) ranks sit in the dp axis
+        "topology": {"num_pp": plan.pp, "num_mp": plan.tp, "num_dp": plan.dp * plan.cp},
         "mpu": {"tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
                 "data_parallel_size": plan.dp, "sequence_parallel": plan.sequence_parallel,
                 "sequence_parallel_world_size": plan.cp},

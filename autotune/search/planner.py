@@ -75,7 +75,7 @@ def candidate_key(c: Candidate) -> tuple:
 def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int = 3,
            time_limit_s: float = 60.0, progress: Progress | None = None) -> PlanResult:
     """Find the fastest plan that fits, and prove it optimal (raises InfeasibleError / SolverLimitError)."""
-    if time_limit_s <= 0:
+    if not time_limit_s > 0:  # also rejects NaN
         raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
     if gpus <= 0:
         raise SpecError(f"--gpus must be > 0, got {gpus}")

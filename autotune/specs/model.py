@@ -116,6 +116,7 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
 # Gemma a gated GeLU (GeGLU); GPT-2/BERT a plain GeLU.
 _HF_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu": "gelu", "gelu_new": "gelu",
            "gelu_fast": "gelu", "relu": "gelu"}
+_UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
 _GATED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "mixtral", "phi3")
 
 
@@ -135,6 +136,10 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
     if act not in _HF_ACT:
         raise SpecError(f"{where}: hidden_act {act!r} is not supported; use one of {', '.join(sorted(_HF_ACT))}")
     model_type = str(data.get("model_type", ""))
+    experts = data.get("num_local_experts") or data.get("num_experts") or data.get("n_routed_experts")
+    if isinstance(experts, int) and experts > 1:
+        raise SpecError(f"{where}: a mixture-of-experts model ({experts} experts) is not modelled yet; autotune "
+                        "would count it as dense; use a dense model")
     activation = _HF_ACT[act]
     if activation == "gelu" and model_type in _GATED_MODEL_TYPES:
         activation = "geglu"
@@ -148,7 +153,8 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         "vocab_size": data["vocab_size"],
         "activation": activation,
         "norm": "layernorm" if model_type in ("bert", "gpt2", "opt", "falcon") else "rmsnorm",
-        "tied_embeddings": bool(data.get("tie_word_embeddings", True)),  # the transformers default
+        # transformers' default is tied, but Llama-family configs default to untied
+        "tied_embeddings": bool(data.get("tie_word_embeddings", model_type not in _UNTIED_BY_DEFAULT)),
         "bias": "qkv" if data.get("attention_bias") is None and model_type.startswith("qwen2")
         else ("all" if data.get("attention_bias") else "none"),
         "source": f"Hugging Face config {where}",

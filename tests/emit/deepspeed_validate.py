@@ -104,7 +104,9 @@ def validate(files: dict[str, str], workdir: Path) -> dict[str, Any]:
     assert got == pipe["partition_method_layers_per_stage"], f"DeepSpeed partitions {got}, file says " \
         f"{pipe['partition_method_layers_per_stage']}"
     topo = PipeModelDataParallelTopology(**pipe["topology"])
-    assert topo.world_size() * mpu["sequence_parallel_world_size"] == pipe["world_size"]
+    # DeepSpeed's PipelineParallelGrid needs the topology to cover every rank (Ulysses ranks in the dp axis)
+    assert topo.world_size() == pipe["world_size"]
+    assert topo.get_dim("data") == mpu["data_parallel_size"] * mpu["sequence_parallel_world_size"]
     assert (mpu["tensor_model_parallel_size"], mpu["pipeline_model_parallel_size"]) == \
         (pipe["topology"]["num_mp"], pp)
     if pp > 1:
