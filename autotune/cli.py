@@ -590,3 +590,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     except typer.Abort:
         _fail("aborted", 1)
     raise SystemExit(code if isinstance(code, int) else 0)
+
+
+import autotune.cli_calibrate  # noqa: E402, F401  (registers `autotune calibrate` on app; must follow `app`)

@@ -63,6 +63,18 @@ def all_gather(nbytes: float, n: int, link: Link) -> float:
     return reduce_scatter(nbytes, n, link)
 
 
+def linear_pieces(kind: str, n: int, link: Link) -> tuple[tuple[float, float], ...]:
+    """The collective as min over (latency, seconds per byte) pieces, so that for any positive size x
+    collective(x) == min(a + b*x): all-reduce has a ring and a tree piece, reduce-scatter and all-gather one.
+    The planner's linear model uses these; tests check them against the functions above."""
+    if n <= 1:
+        return ((0.0, 0.0),)
+    if kind == "all_reduce":
+        return ((2 * (n - 1) * link.latency, 2 * (n - 1) / n / link.bandwidth),
+                (2 * math.ceil(math.log2(n)) * link.latency, 2 / link.bandwidth))
+    return (((n - 1) * link.latency, (n - 1) / n / link.bandwidth),)
+
+
 def p2p(nbytes: float, link: Link) -> float:
     """One point-to-point send between pipeline stages."""
     if nbytes <= 0:

@@ -12,8 +12,8 @@ import math
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.stages import p2p_seconds, stage_bwd_s, stage_fwd_s, zero3_exposed
 from autotune.search.space import Candidate
-from autotune.search.tables import (CandidateCosts, Sync, shell_plan, chunk_range, fit_buckets, max_chunks,
-                                    smallest_stage_params, sync_collectives, tied_sync_seconds)
+from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunks, shell_plan, smallest_stage_params,
+                                    sync_collectives, tied_sync_seconds)
 
 
 def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s: float = 0.0,
@@ -37,7 +37,7 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
         fixed = [vocab.embed_time + p2p, vocab.head_time + p2p] + [p2p] * (c.pp - 2)
     vocab_params = vocab.embed_params + (vocab.head_params if c.pp > 1 else vocab.head_params_shared)
     total_params = L * layer.params + vocab_params
-    buckets = fit_buckets(buckets, smallest_stage_params(c, layer, vocab, L))
+    smallest = smallest_stage_params(c, layer, vocab, L)
     if c.zero >= 3:  # pp == 1: one stage holds everything
         fixed[0] += zero3_exposed(shell_plan(c), cm.hw, total_params,
                                   stage_fwd_s(L, layer, vocab, first=True, last=True),
@@ -53,21 +53,23 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
                        stage_fwd_s(0, layer, vocab, first=True, last=True))}
     sync = 0.0
     for s in sync_collectives(cm, c, buckets):
-        sync += sync_bound(s, buckets, layer.params, L, *windows[s.window], c.pp)
+        sync += sync_bound(s, buckets, layer.params, L, *windows[s.window], c.pp, smallest)
     adam_shards = c.dp * c.cp if c.zero >= 1 else 1
     adam = total_params / c.pp * ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory)
     return pipe + sync + tied_sync_seconds(cm, c) + adam
 
 
 def sync_bound(s: Sync, buckets: tuple[int, ...], layer_params: int, num_layers: int, layer_window: float,
-               vocab_window: float, pp: int) -> float:
+               vocab_window: float, pp: int, smallest_params: int) -> float:
     """Lower bound on the exposed part of a bucketed collective, over every partition.
 
     With B the bucket, c its time, beta = layer_params*bytes*c/B the communication of one layer and omega its
     window, stage i exposes x_i >= (beta - omega)*n_i - omega*sum_{j<i} n_j - Omega (Omega: every vocabulary
     window, dropped bytes only make x_i larger), and at least one bucket c. The partition minimizing
     max_i x_i equalizes them: S_i = (1 + rho)*S_{i-1} + z/(beta - omega) with rho = omega/(beta - omega),
-    so z = L*omega / ((1 + rho)^p - 1) for p stages holding L layers. For p == 1 it is L*(beta - omega)."""
+    so z = L*omega / ((1 + rho)^p - 1) for p stages holding L layers. For p == 1 it is L*(beta - omega).
+    Stage 0 has no slack, so its last bucket shows in full: at least one bucket, or its whole buffer when the
+    stage may hold less than a bucket (`smallest_params`)."""
     best = math.inf
     for b, c in zip(buckets, s.per_bucket):
         beta = layer_params * s.bytes_per_param * c / (b * s.bytes_per_param)
@@ -79,7 +81,8 @@ def sync_bound(s: Sync, buckets: tuple[int, ...], layer_params: int, num_layers:
                 z = num_layers * (beta - omega) if pp == 1 or rho == 0 else num_layers * omega / ((1 + rho) ** pp - 1)
             except OverflowError:
                 z = 0.0
-        best = min(best, max(c, z - vocab_window))
+        last = min(a + slope * min(b, smallest_params) * s.bytes_per_param for a, slope in s.pieces)
+        best = min(best, max(last, z - vocab_window))
     return max(best, 0.0)
 
 

@@ -39,7 +39,7 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
     """Solve one candidate. With `cutoff` (scaled objective), only strictly better plans are feasible."""
     c = cc.cand
     model = cp_model.CpModel()
-    chunks = _chunk_vars(model, cc, num_layers, pinned)
+    chunks, ranges = _chunk_vars(model, cc, num_layers, pinned)
     if chunks is None:
         return PartitionResult("INFEASIBLE")
     rc, r = _recompute_vars(model, cc, chunks)
@@ -47,7 +47,7 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
     t_max = model.NewIntVar(0, t_hi, "t_max")
     model.AddMaxEquality(t_max, times)
     _memory_constraints(model, cc, chunks, rc)
-    choice, sync = _dp_sync(model, cc, chunks, num_layers)
+    choice, sync = _dp_sync(model, cc, chunks, ranges, num_layers)
     adam = _adam(model, cc, chunks, num_layers)
     v, m = c.vpp, c.num_microbatches
     objective = v * m * t_max + sum(times) - t_max + v * (sync + adam + to_solver_time(cc.tied_sync_s))
@@ -101,24 +101,24 @@ def _read(solver: cp_model.CpSolver, cc: CandidateCosts, chunks, r, choice, stat
     return PartitionResult(status, layers, r_val, bucket, int(solver.ObjectiveValue()))
 
 
-def _chunk_vars(model: cp_model.CpModel, cc: CandidateCosts, num_layers: int,
-                pinned: tuple[int, ...] | None) -> list[cp_model.IntVar] | None:
-    """k_i chunks' worth of layers per stage (n_i = vpp*k_i), summing to the model."""
+def _chunk_vars(model: cp_model.CpModel, cc: CandidateCosts, num_layers: int, pinned: tuple[int, ...] | None):
+    """k_i chunks' worth of layers per stage (n_i = vpp*k_i), summing to the model; and each one's (lo, hi)."""
     v = cc.cand.vpp
     if num_layers % v:
-        return None
-    chunks = []
+        return None, None
+    chunks, ranges = [], []
     for i in range(cc.cand.pp):
         lo, hi = chunk_range(cc, i, num_layers)
         if pinned is not None:
             if pinned[i] % v or not lo <= pinned[i] // v <= hi:
-                return None
+                return None, None
             lo = hi = pinned[i] // v
         if lo > hi:
-            return None
+            return None, None
         chunks.append(model.NewIntVar(lo, hi, f"k{i}"))
+        ranges.append((lo, hi))
     model.Add(sum(chunks) == num_layers // v)
-    return chunks
+    return chunks, ranges
 
 
 def _recompute_vars(model: cp_model.CpModel, cc: CandidateCosts, chunks: list[cp_model.IntVar]):
@@ -163,9 +163,10 @@ def _memory_constraints(model: cp_model.CpModel, cc: CandidateCosts, chunks, rc)
         model.Add(expr <= cc.usable)
 
 
-def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks, num_layers: int):
-    """Exposed data-parallel sync, as estimate.dp_sync_exposed computes it: for the chosen bucket B, at least
-    one bucket, and for every stage (bytes_i/B)*c - window_i minus the windows of the stages before it."""
+def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks, ranges, num_layers: int):
+    """Exposed data-parallel sync, as estimate.dp_sync_exposed computes it: for the chosen bucket B and every
+    stage i, minus the windows of the stages before it (slack_i), the last bucket (one bucket if the stage
+    holds at least B, else its whole buffer) and the fluid term (bytes_i/B)*c - window_i."""
     if not cc.syncs:
         return [], 0
     v, lp = cc.cand.vpp, cc.layer.params
@@ -179,17 +180,44 @@ def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks, num_layers: in
         exposed = model.NewIntVar(0, hi, f"{sync.window}_exposed")
         per_layer_window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
         for y, bucket, c in zip(choice, cc.buckets, sync.per_bucket):
-            model.Add(exposed >= to_solver_time(c)).OnlyEnforceIf(y)
-            scale = c / (bucket * sync.bytes_per_param) * sync.bytes_per_param  # seconds per parameter
+            per_param = c / bucket  # seconds of fluid communication per parameter
             slack = 0
             for i, k in enumerate(chunks):
                 s = cc.stages[i]
-                per_k = to_solver_time(v * (lp * scale - per_layer_window))
-                fixed = to_solver_time(s.vocab_params * scale - window_s(cc, i, 0, sync.window))
+                per_k = to_solver_time(v * (lp * per_param - per_layer_window))
+                fixed = to_solver_time(s.vocab_params * per_param - window_s(cc, i, 0, sync.window))
                 model.Add(exposed >= per_k * k + fixed - slack).OnlyEnforceIf(y)
+                _last_bucket(model, cc, sync, i, k, ranges[i], y, bucket, c, exposed, slack)
                 slack = slack + to_solver_time(v * per_layer_window) * k + to_solver_time(window_s(cc, i, 0, sync.window))
         total = total + exposed
     return choice, total
+
+
+def _last_bucket(model: cp_model.CpModel, cc: CandidateCosts, sync, i: int, k, k_range: tuple[int, int], y,
+                 bucket: int, c: float, exposed, slack) -> None:
+    """exposed >= last_i - slack_i, where last_i is one full bucket (c) when stage i holds at least `bucket`
+    parameters, else the collective of its whole buffer: min over the collective's linear pieces, which the
+    minimization picks through one literal per piece."""
+    v, lp, s = cc.cand.vpp, cc.layer.params, cc.stages[i]
+    threshold = -(-(bucket - s.vocab_params) // (v * lp)) if lp else 0  # fewest chunks that fill one bucket
+    lo, hi = k_range
+    if threshold <= lo:  # always at least one full bucket
+        model.Add(exposed >= to_solver_time(c) - slack).OnlyEnforceIf(y)
+        return
+    small = model.NewBoolVar(f"small_{sync.window}_{i}_{bucket}")
+    if threshold > hi:
+        model.Add(small == 1)
+    else:
+        model.Add(k <= threshold - 1).OnlyEnforceIf(small)
+        model.Add(k >= threshold).OnlyEnforceIf(small.Not())
+        model.Add(exposed >= to_solver_time(c) - slack).OnlyEnforceIf([y, small.Not()])
+    pieces = [model.NewBoolVar(f"piece_{sync.window}_{i}_{bucket}_{j}") for j in range(len(sync.pieces))]
+    model.AddBoolOr(pieces).OnlyEnforceIf([y, small])
+    nbytes = sync.bytes_per_param
+    for lit, (a, slope) in zip(pieces, sync.pieces):
+        per_k = to_solver_time(slope * nbytes * v * lp)
+        fixed = to_solver_time(a + slope * nbytes * s.vocab_params)
+        model.Add(exposed >= per_k * k + fixed - slack).OnlyEnforceIf([y, small, lit])
 
 
 def _adam(model: cp_model.CpModel, cc: CandidateCosts, chunks, num_layers: int):

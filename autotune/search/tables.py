@@ -48,6 +48,9 @@ class Sync:
     """Seconds of one full bucket, for each candidate bucket size."""
     window: str
     """'bwd' or 'fwd': the compute it hides behind."""
+    pieces: tuple[tuple[float, float], ...]
+    """The collective's time as min over (latency, seconds per byte): a stage smaller than a bucket sends
+    its whole buffer as one bucket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,7 @@ class CandidateCosts:
     stages: tuple[StageTerms, ...]
     usable: int
     buckets: tuple[int, ...]
-    """Bucket sizes (parameters) the solver may pick: none larger than the smallest stage's parameters."""
+    """Bucket sizes (parameters) the solver may pick."""
     syncs: tuple[Sync, ...]
     tied_sync_s: float
     adam_s_per_param: float
@@ -114,18 +117,13 @@ def sync_collectives(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> t
     if n == 1 or c.zero >= 3:
         return ()
     link = comm.group_link(cm.hw, n, c.tp)
-    reduce = comm.all_reduce if c.zero == 0 else comm.reduce_scatter
-    out = [Sync(GRAD_BYTES, tuple(reduce(b * GRAD_BYTES, n, link) for b in buckets), "bwd")]
+    reduce, kind = (comm.all_reduce, "all_reduce") if c.zero == 0 else (comm.reduce_scatter, "reduce_scatter")
+    out = [Sync(GRAD_BYTES, tuple(reduce(b * GRAD_BYTES, n, link) for b in buckets), "bwd",
+                comm.linear_pieces(kind, n, link))]
     if c.zero in (1, 2):
-        out.append(Sync(WEIGHT_BYTES, tuple(comm.all_gather(b * WEIGHT_BYTES, n, link) for b in buckets), "fwd"))
+        out.append(Sync(WEIGHT_BYTES, tuple(comm.all_gather(b * WEIGHT_BYTES, n, link) for b in buckets), "fwd",
+                        comm.linear_pieces("all_gather", n, link)))
     return tuple(out)
-
-
-def fit_buckets(buckets: tuple[int, ...], smallest_stage_params: int) -> tuple[int, ...]:
-    """Bucket sizes no larger than the smallest stage (so every stage fills at least one bucket, which keeps
-    the solver's linear model exact); if none is, one bucket of the smallest stage's size."""
-    fit = tuple(b for b in buckets if b <= smallest_stage_params)
-    return fit or (max(1, smallest_stage_params),)
 
 
 def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> CandidateCosts:
@@ -151,14 +149,13 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
                   + zero3_transient(plan, layer))
         num, _ = activation_multiplier(c.schedule, i, c.pp, c.vpp, c.num_microbatches)
         stages.append(StageTerms(first, last, time_s, memory, num, vparams, fwd, bwd))
-    fitted = fit_buckets(buckets, smallest_stage_params(c, layer, vocab, L))
     adam_shards = shards if c.zero >= 1 else 1
     return CandidateCosts(
         cand=c, layer=layer, vocab=vocab, layer_time_s=layer.time(c.base),
         full_extra_s=layer.recompute_time("full") - layer.recompute_time(c.base),
         layer_state=sum(state_bytes(layer.params, c.zero, shards)), act_base=layer.act.get(c.base),
         act_full=layer.act.full, act_none=layer.act.none, stages=tuple(stages), usable=cm.hw.usable_memory_bytes,
-        buckets=fitted, syncs=sync_collectives(cm, c, fitted), tied_sync_s=tied_sync_seconds(cm, c),
+        buckets=buckets, syncs=sync_collectives(cm, c, buckets), tied_sync_s=tied_sync_seconds(cm, c),
         adam_s_per_param=ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory))
 
 

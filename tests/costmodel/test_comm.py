@@ -133,3 +133,14 @@ def test_bucketed_exposure_regimes():
     assert comm.bucketed_exposure(0.0, bucket, 1.0, per) == 0.0
     # one bucket larger than the whole buffer: nothing overlaps, the whole collective shows
     assert comm.bucketed_exposure(total, 1e9, 5.0, per) == pytest.approx(8e-3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(nbytes=st.floats(1.0, 1e11), n=st.integers(1, 4096), bw=st.floats(1e8, 1e12), alpha=st.floats(0.0, 1e-4))
+def test_linear_pieces_reproduce_each_collective(nbytes, n, bw, alpha):
+    """The planner's linear pieces are the collectives themselves: min over pieces == the function."""
+    link = comm.Link(bandwidth=bw, latency=alpha)
+    for kind, fn in (("all_reduce", comm.all_reduce), ("reduce_scatter", comm.reduce_scatter),
+                     ("all_gather", comm.all_gather)):
+        got = min(a + b * nbytes for a, b in comm.linear_pieces(kind, n, link))
+        assert got == pytest.approx(fn(nbytes, n, link), rel=1e-12, abs=1e-15)

@@ -6,19 +6,16 @@ fully recomputed layers per chunk and every gradient bucket the planner may pick
 fastest one is the optimum the planner must match.
 
 What "the planner's space" means, mirrored from `search/tables.py` and `search/partition.py` (from the search
-package only `enumerate_candidates`, `to_plan` and `fit_buckets` are used):
+package only `enumerate_candidates` and `to_plan` are used):
 - partitions: each stage holds a multiple of vpp layers; with pp > 1 and vpp == 1 the first and last stage may
   hold none, every other stage holds at least vpp; pp == 1 holds every layer; a candidate with `even_only`
   (vocab pinned to 'ends') only takes even splits (`is_even_split`; stricter than `tables.chunk_range` with
   vpp > 1); `space.layers_per_stage` pins one split.
 - full recomputation: every r in [full_min, full_max] (layers per chunk, 0 = none); r at or above the largest
   chunk all give the same plan ('full' on every layer), so the r are deduplicated through the plan they build.
-- buckets: the planner does NOT search every size of `space.buckets`. Its linear model of the bucketed sync is
-  exact only when every stage fills one bucket, so `candidate_costs` keeps the sizes no larger than the
-  smallest stage's parameters (vocabulary parameters + vpp * fewest chunks * layer parameters, over the
-  stages), or else one bucket of exactly that size (`tables.fit_buckets`). `allowed_buckets` re-derives this
-  from the cost model's `stage_params`. When the candidate has no bucketed sync (dp*cp == 1 or ZeRO-3) the
-  bucket cannot change the step time and only the first one is evaluated.
+- buckets: every size of `space.buckets` (a stage smaller than a bucket sends its whole buffer as one).
+  When the candidate has no bucketed sync (dp*cp == 1 or ZeRO-3) the bucket cannot change the step time and
+  only the first one is evaluated.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.costmodel.stages import stage_params
 from autotune.errors import InvalidPlanError
 from autotune.search.space import Candidate, SearchSpace, enumerate_candidates
-from autotune.search.tables import fit_buckets, to_plan
+from autotune.search.tables import to_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
@@ -95,11 +92,10 @@ def smallest_stage_params(cm: CostModel, c: Candidate) -> int:
 
 
 def allowed_buckets(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[int, ...]:
-    """The bucket sizes the planner lets candidate c use (mirrors tables.candidate_costs)."""
-    fitted = fit_buckets(buckets, smallest_stage_params(cm, c))
+    """The bucket sizes the planner lets candidate c use: all of them (one when there is no bucketed sync)."""
     if c.dp * c.cp == 1 or c.zero >= 3:
-        return fitted[:1]
-    return fitted
+        return buckets[:1]
+    return buckets
 
 
 def candidate_optimum(cm: CostModel, c: Candidate, space: SearchSpace, gpus: int) -> BruteForce:
