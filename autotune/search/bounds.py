@@ -17,14 +17,16 @@ from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunk
 
 
 def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s: float = 0.0,
-                t_max_floor: float = 0.0) -> float:
+                t_max_floor: float = 0.0, memo: dict | None = None) -> float:
     """A step time no partition of candidate c can beat, in O(1).
 
     The work W (every layer at the cheapest recomputation allowed, the fixed vocabulary/p2p terms and the
     `forced_s` full recomputation that memory forces) spread perfectly: t_max >= W/p; t_max >= each stage's
     fixed part; and some stage holds ceil(chunks/p) chunks. Then T = (m - 1/v)*t_max + W/v (schedules.py),
     plus lower bounds on the exposed data-parallel sync (sync_bound), the tied-embedding sync and Adam.
-    `t_max_floor` is a bound on t_max found elsewhere (the memory-capped water level, see stage_time_floor)."""
+    `t_max_floor` is a bound on t_max found elsewhere (the memory-capped water level, see stage_time_floor).
+    `memo` (one dict per search) keeps the sync bound, shared by every candidate with the same layer, data
+    and pipeline degrees."""
     L = cm.model.num_layers
     layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
     p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp,
@@ -46,17 +48,27 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     chunks = L // c.vpp
     t_max = max(work / c.pp, max(fixed), c.vpp * math.ceil(chunks / c.pp) * per_layer + min(fixed), t_max_floor)
     pipe = (c.num_microbatches - 1 / c.vpp) * t_max + work / c.vpp
+    key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.dp, c.zero, c.pp, c.vpp)
+    if memo is None or key not in memo:
+        sync = _sync_bound(cm, c, buckets, layer, vocab, smallest)
+        if memo is not None:
+            memo[key] = sync
+    else:
+        sync = memo[key]
+    adam_shards = c.dp * c.cp if c.zero >= 1 else 1
+    adam = total_params / c.pp * ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory)
+    return pipe + sync + tied_sync_seconds(cm, c) + adam
+
+
+def _sync_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], layer, vocab, smallest: int) -> float:
+    """Every bucketed sync of candidate c, bounded (sync_bound)."""
     # (one layer's window, all vocabulary windows) for the backward and the forward
     windows = {"bwd": (stage_bwd_s(1, layer, vocab, first=False, last=False),
                        stage_bwd_s(0, layer, vocab, first=True, last=True)),
                "fwd": (stage_fwd_s(1, layer, vocab, first=False, last=False),
                        stage_fwd_s(0, layer, vocab, first=True, last=True))}
-    sync = 0.0
-    for s in sync_collectives(cm, c, buckets):
-        sync += sync_bound(s, buckets, layer.params, L, *windows[s.window], c.pp, smallest)
-    adam_shards = c.dp * c.cp if c.zero >= 1 else 1
-    adam = total_params / c.pp * ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory)
-    return pipe + sync + tied_sync_seconds(cm, c) + adam
+    return sum(sync_bound(s, buckets, layer.params, cm.model.num_layers, *windows[s.window], c.pp, smallest)
+               for s in sync_collectives(cm, c, buckets))
 
 
 def sync_bound(s: Sync, buckets: tuple[int, ...], layer_params: int, num_layers: int, layer_window: float,

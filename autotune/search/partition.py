@@ -181,14 +181,17 @@ def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks, ranges, num_la
         per_layer_window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
         for y, bucket, c in zip(choice, cc.buckets, sync.per_bucket):
             per_param = c / bucket  # seconds of fluid communication per parameter
-            slack = 0
+            slack, least_slack = 0, 0  # least_slack: the slack with every earlier stage at its fewest layers
             for i, k in enumerate(chunks):
                 s = cc.stages[i]
                 per_k = to_solver_time(v * (lp * per_param - per_layer_window))
                 fixed = to_solver_time(s.vocab_params * per_param - window_s(cc, i, 0, sync.window))
                 model.Add(exposed >= per_k * k + fixed - slack).OnlyEnforceIf(y)
-                _last_bucket(model, cc, sync, i, k, ranges[i], y, bucket, c, exposed, slack)
-                slack = slack + to_solver_time(v * per_layer_window) * k + to_solver_time(window_s(cc, i, 0, sync.window))
+                if to_solver_time(c) > least_slack:  # otherwise this stage's last bucket is always hidden
+                    _last_bucket(model, cc, sync, i, k, ranges[i], y, bucket, c, exposed, slack)
+                step = to_solver_time(v * per_layer_window), to_solver_time(window_s(cc, i, 0, sync.window))
+                slack = slack + step[0] * k + step[1]
+                least_slack += step[0] * ranges[i][0] + step[1]
         total = total + exposed
     return choice, total
 

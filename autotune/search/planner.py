@@ -87,7 +87,8 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     cands = list(enumerate_candidates(model, job, gpus, hw.gpus_per_node, space))
     if not cands:
         raise InfeasibleError(_empty_space_message(gpus, space, hw))
-    heap = [(quick_bound(cm, c, space.buckets), idx, None) for idx, c in enumerate(cands)]
+    memo: dict = {}  # sync bounds shared between candidates of this search
+    heap = [(quick_bound(cm, c, space.buckets, memo=memo), idx, None) for idx, c in enumerate(cands)]
     heapq.heapify(heap)
     found: dict[tuple, Estimate] = {}
     too_big: list[tuple[float, int]] = []
@@ -104,7 +105,8 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
             if not memory_possible(cc, L):
                 too_big.append((lb, idx))
                 continue
-            refined = quick_bound(cm, cands[idx], space.buckets, forced_recompute_s(cc, L), stage_time_floor(cc, L))
+            refined = quick_bound(cm, cands[idx], space.buckets, forced_recompute_s(cc, L), stage_time_floor(cc, L),
+                                  memo=memo)
             heapq.heappush(heap, (max(lb, refined), idx, cc))
             continue
         key = candidate_key(cc.cand)
