@@ -19,12 +19,10 @@ from autotune.errors import SpecError
 
 
 def _read_umask() -> int:
+    """The process umask (reading it means setting it; it is put back at once)."""
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-_UMASK = _read_umask()
 
 
 def write_files(directory: Path, files: Sequence[tuple[str, str]], *, flag: str = "--out") -> list[Path]:
@@ -75,7 +73,7 @@ def _stage(target: Path, content: str) -> Path:
     """The content, complete and fsynced, in a temporary file beside `target`."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the mode an ordinary file gets
+        os.fchmod(fd, 0o666 & ~_read_umask())  # mkstemp creates 0600; give the mode an ordinary file gets
         with os.fdopen(fd, "wb") as handle:
             handle.write(content.encode())
             handle.flush()

@@ -7,17 +7,15 @@ The integer scaling used by the CP-SAT model lives here too, so the solver and t
 
 from __future__ import annotations
 
-import math
-
-KiB = 1024
-MiB = 1024**2
 GiB = 1024**3
 GB = 10**9
 TERA = 10**12
 US = 1e-6
 
-#: bytes per element of each training dtype (fp8 GEMMs still keep bf16 activations, see dtype_bytes)
-_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+#: Bytes per activation element: activations and what collectives move stay 16-bit, fp8 GEMMs included.
+ACTIVATION_BYTES = 2
+#: Bytes of an fp32 value (softmax statistics, logits kept for the loss).
+FP32_BYTES = 4
 
 #: CP-SAT works on integers: one time unit is this many seconds (1 ns: rounding stays far below any
 #: difference between plans worth reporting, and a 100 s step times 10^4 micro-batches still fits in int64).
@@ -49,21 +47,11 @@ def from_us(value: float) -> float:
     return value * US
 
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a dtype name (bf16, fp16, fp8, fp32)."""
-    return _DTYPE_BYTES[dtype]
-
-
 def to_solver_time(seconds: float) -> int:
     """Seconds to the solver's integer time unit, rounded to nearest."""
     return int(round(seconds / SOLVER_TIME_UNIT_S))
 
 
-def from_solver_time(units: int) -> float:
-    """The solver's integer time unit back to seconds."""
-    return units * SOLVER_TIME_UNIT_S
-
-
-def ceil_bytes(value: float) -> int:
-    """Round a byte count up, so that integer memory checks never under-count."""
-    return int(math.ceil(value - 1e-9))
+def whole_bytes(nbytes: float) -> int:
+    """Round a byte count up to whole bytes, so that integer memory checks never under-count."""
+    return int(-(-nbytes // 1))

@@ -19,9 +19,8 @@ from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.tpgrid import tp_mode_degrees
+from autotune.units import ACTIVATION_BYTES, FP32_BYTES
 
-_ACT_BYTES = 2  # activations and the tensors collectives move stay 16-bit, fp8 GEMMs included
-_FP32 = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +93,7 @@ class VocabCost:
 def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool) -> LayerShape:
     """Per-GPU sizes of one micro-batch."""
     return LayerShape(tokens=mbs * job.seq_len // cp, kv_tokens=mbs * job.seq_len, mbs=mbs, tp=tp, sp=sp,
-                      elem=_ACT_BYTES, flash=job.flash_attention, fused=job.fused_kernels)
+                      elem=ACTIVATION_BYTES, flash=job.flash_attention, fused=job.fused_kernels)
 
 
 def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
@@ -154,7 +153,7 @@ def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
         embed_comm = comm.all_reduce(act_bytes, tp, link)
         head_comm = comm.all_reduce(act_bytes, tp, link)
     # vocab-parallel cross-entropy: all-reduce of the max, the sum of exponentials and the target logit
-    head_comm += 3 * comm.all_reduce(_FP32 * shape.tokens, tp, link)
+    head_comm += 3 * comm.all_reduce(FP32_BYTES * shape.tokens, tp, link)
     return VocabCost(
         embed_fwd=pass_time(embedding_forward_ops(model, shape), hw, job.dtype),
         embed_bwd=pass_time(embedding_backward_ops(model, shape), hw, job.dtype),
@@ -180,8 +179,8 @@ def _grid_layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: in
     grid = tp_mode_degrees(tp_mode, tp)
     local = layer_cost(model, hw, job, tp=grid.q, cp=cp, mbs=mbs // grid.act_split, sp=True)
     tokens, seq = mbs * job.seq_len // cp, job.seq_len // cp
-    comm_s = layer_tp_comm_s(tp_mode, model, hw, tp=tp, tokens=tokens, elem=_ACT_BYTES)
-    mem = layer_tp_memory(tp_mode, model, tp=tp, tokens=tokens, elem=_ACT_BYTES, seq_len=seq,
+    comm_s = layer_tp_comm_s(tp_mode, model, hw, tp=tp, tokens=tokens, elem=ACTIVATION_BYTES)
+    mem = layer_tp_memory(tp_mode, model, tp=tp, tokens=tokens, elem=ACTIVATION_BYTES, seq_len=seq,
                           flash=job.flash_attention)
     gathered = mem.gathered_act_bytes + mem.saved_weight_bytes  # 3-D keeps gathered inputs and weights
     act = LayerActivations(none=local.act.none + gathered, selective=local.act.selective + gathered,

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from autotune.costmodel.ops import LayerShape
 from autotune.specs.job import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from autotune.specs.model import ModelSpec
+from autotune.units import FP32_BYTES, whole_bytes
 
-_FP32 = 4
 
 
 # ---------------------------------------------------------------------------------------------- parameters
@@ -87,21 +87,21 @@ def layer_activations(model: ModelSpec, shape: LayerShape) -> LayerActivations:
     split = e * t * (q + kv) + e * t * kv + e * t * q + e * t * up + e * t * f / tp  # Q,K ; V ; out-proj in ; act in ; down in
     heads = q / model.head_dim
     if shape.flash:
-        scores = _FP32 * t * heads  # the softmax log-sum-exp per query and head
+        scores = FP32_BYTES * t * heads  # the softmax log-sum-exp per query and head
     else:
         n_scores = shape.mbs * heads * (t / shape.mbs) * (shape.kv_tokens / shape.mbs)
         scores = n_scores * (e + (mask + e) * mask)  # softmax out; dropout mask and output with dropout
     none = replicated + split + scores
     return LayerActivations(
-        none=_whole(none),
-        selective=_whole(replicated + split),
-        full=_whole(e * t * h / shard),
+        none=whole_bytes(none),
+        selective=whole_bytes(replicated + split),
+        full=whole_bytes(e * t * h / shard),
     )
 
 
 def embedding_activations(model: ModelSpec, shape: LayerShape) -> int:
     """The embedding keeps only its dropout mask (its backward needs just the token ids)."""
-    return _whole((1 if model.dropout else 0) * shape.tokens * model.hidden_size / (shape.tp if shape.sp else 1))
+    return whole_bytes((1 if model.dropout else 0) * shape.tokens * model.hidden_size / (shape.tp if shape.sp else 1))
 
 
 def head_activations(model: ModelSpec, shape: LayerShape) -> int:
@@ -109,17 +109,12 @@ def head_activations(model: ModelSpec, shape: LayerShape) -> int:
     backward (Korthikanti et al. 2022, Section 4.3: 4*s*b*v/t bytes), which dominates for large vocabularies."""
     t, e, h = shape.tokens, shape.elem, model.hidden_size
     shard = shape.tp if shape.sp else 1
-    return _whole(2 * e * t * h / shard + _FP32 * t * model.vocab_size / shape.tp)
+    return whole_bytes(2 * e * t * h / shard + FP32_BYTES * t * model.vocab_size / shape.tp)
 
 
 def head_transient(model: ModelSpec, shape: LayerShape) -> int:
     """Peak scratch of the loss: the 16-bit logits live beside their fp32 copy for one micro-batch."""
-    return _whole(shape.elem * shape.tokens * model.vocab_size / shape.tp)
-
-
-def _whole(nbytes: float) -> int:
-    """Round up to whole bytes."""
-    return int(-(-nbytes // 1))
+    return whole_bytes(shape.elem * shape.tokens * model.vocab_size / shape.tp)
 
 
 # ---------------------------------------------------------------------------------------------- states

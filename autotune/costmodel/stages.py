@@ -12,8 +12,8 @@ from autotune.costmodel.schedules import activation_multiplier
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES
 from autotune.specs.plan import Plan
+from autotune.units import ACTIVATION_BYTES, whole_bytes
 
-_ACT_BYTES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +99,7 @@ def p2p_seconds(hw: HardwareSpec, *, pp: int, vpp: int, tp: int, cp: int, dp: in
     """p2p_time from the bare degrees (the planner calls it before any Plan exists)."""
     if pp == 1:
         return 0.0
-    nbytes = _ACT_BYTES * tokens * hidden / (tp if sp else 1)
+    nbytes = ACTIVATION_BYTES * tokens * hidden / (tp if sp else 1)
     return 2 * vpp * comm.p2p(nbytes, comm.group_link(hw, pp, tp * cp * dp))
 
 
@@ -176,7 +176,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
 def state_bytes(params: int, zero: int, shards: int) -> tuple[int, int, int]:
     """Whole bytes of (weights, gradients, optimizer states) for `params` parameters."""
     w, g, o = state_bytes_per_param(zero, shards)
-    return _ceil(params * w), _ceil(params * g), _ceil(params * o)
+    return whole_bytes(params * w), whole_bytes(params * g), whole_bytes(params * o)
 
 
 def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost) -> int:
@@ -206,7 +206,3 @@ def zero3_exposed(plan: Plan, hw: HardwareSpec, params: int, fwd_s: float, bwd_s
     gather = comm.all_gather(params * WEIGHT_BYTES, n, link)
     scatter = comm.reduce_scatter(params * GRAD_BYTES, n, link)
     return max(0.0, gather - fwd_s) + max(0.0, gather + scatter - bwd_s)
-
-
-def _ceil(x: float) -> int:
-    return int(-(-x // 1))

@@ -32,10 +32,10 @@ from autotune.costmodel.ops import LayerShape
 from autotune.errors import InvalidPlanError
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.model import ModelSpec
+from autotune.units import FP32_BYTES
 from autotune.specs.tpgrid import MODES, Mode, TPGrid, check_tp_shapes, tp_mode_degrees  # noqa: F401 (re-exported)
 
 Kind = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"]
-_FP32 = 4
 
 
 # ---------------------------------------------------------------------------------------------- communication
@@ -131,7 +131,7 @@ def _comm_summa(grid: TPGrid, model: ModelSpec, m: int, e: int) -> TPLayerComm:
                 Collective(kind="broadcast", count=q, group=q, stride=1, nbytes=a, what=f"{name} A (for dW)"),
                 Collective(kind="reduce", count=q, group=q, stride=q, nbytes=b, what=f"{name} dW")]
         if d > 1:
-            step.append(Collective(kind="all_reduce", count=1, group=d, stride=q * q, nbytes=_FP32 * k * n / (q * q),
+            step.append(Collective(kind="all_reduce", count=1, group=d, stride=q * q, nbytes=FP32_BYTES * k * n / (q * q),
                                    what=f"{name} dW over depth"))
     ln = _norm_stats(model, m / (d * q), group=q, stride=1)
     return TPLayerComm(grid=grid, fwd=tuple(fwd) + ln, bwd=tuple(bwd) + ln, per_step=tuple(step))
@@ -160,7 +160,7 @@ def _norm_stats(model: ModelSpec, local_tokens: float, *, group: int, stride: in
     (sum and sum of squares for LayerNorm, Optimus Section 3; one sum of squares for RMSNorm)."""
     stats = 2 if model.norm == "layernorm" else 1
     return (Collective(kind="all_reduce", count=2, group=group, stride=stride,
-                       nbytes=_FP32 * stats * local_tokens, what="norm statistics"),)
+                       nbytes=FP32_BYTES * stats * local_tokens, what="norm statistics"),)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,10 +33,6 @@ class StageTerms:
     in_flight: int
     """Model chunks whose activations the stage holds at its peak."""
     vocab_params: int
-    fwd_s: float
-    """Forward of the vocabulary layers on this stage (window that hides the parameter all-gather)."""
-    bwd_s: float
-    """Backward of the vocabulary layers on this stage (window that hides the gradient reduction)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +75,11 @@ class CandidateCosts:
 
     @property
     def layer_fwd_s(self) -> float:
-        return self.layer.fwd.seconds + self.layer.tp_fwd_s + self.layer.cp_fwd_s
+        return stage_fwd_s(1, self.layer, self.vocab, first=False, last=False)
 
     @property
     def layer_bwd_s(self) -> float:
-        return self.layer.bwd.seconds + self.layer.tp_bwd_s + self.layer.cp_bwd_s
+        return stage_bwd_s(1, self.layer, self.vocab, first=False, last=False)
 
 
 def to_plan(c: Candidate, layers: tuple[int, ...], bucket: int = DEFAULT_BUCKET, r: int = 0) -> Plan:
@@ -138,8 +134,6 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
     for i in range(c.pp):
         first, last = i == 0, i == c.pp - 1
         vparams = stage_params(0, layer, vocab, first=first, last=last, pp=c.pp)
-        fwd = (vocab.embed_fwd.seconds if first else 0.0) + (vocab.head_fwd.seconds if last else 0.0)
-        bwd = (vocab.embed_bwd.seconds if first else 0.0) + (vocab.head_bwd.seconds if last else 0.0)
         time_s = (vocab.embed_time if first else 0.0) + (vocab.head_time if last else 0.0) + p2p
         if c.zero >= 3:  # pp == 1: the single stage holds every layer
             time_s += zero3_exposed(plan, cm.hw, L * layer.params + vparams,
@@ -148,7 +142,7 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
         memory = (sum(state_bytes(vparams, c.zero, shards)) + stage_vocab_activations(plan, i, vocab)
                   + zero3_transient(plan, layer))
         num, _ = activation_multiplier(c.schedule, i, c.pp, c.vpp, c.num_microbatches)
-        stages.append(StageTerms(first, last, time_s, memory, num, vparams, fwd, bwd))
+        stages.append(StageTerms(first, last, time_s, memory, num, vparams))
     adam_shards = shards if c.zero >= 1 else 1
     return CandidateCosts(
         cand=c, layer=layer, vocab=vocab, layer_time_s=layer.time(c.base),
@@ -198,6 +192,5 @@ def max_chunks(cc: CandidateCosts, i: int, num_layers: int) -> int:
 def window_s(cc: CandidateCosts, i: int, k: int, window: str) -> float:
     """Forward or backward of stage i holding k chunks' worth of layers (recomputation excluded)."""
     s = cc.stages[i]
-    if window == "bwd":
-        return cc.cand.vpp * k * cc.layer_bwd_s + s.bwd_s
-    return cc.cand.vpp * k * cc.layer_fwd_s + s.fwd_s
+    stage_window = stage_bwd_s if window == "bwd" else stage_fwd_s
+    return stage_window(cc.cand.vpp * k, cc.layer, cc.vocab, first=s.first, last=s.last)
