@@ -13,7 +13,7 @@ GPUS ?= 1024
 GLOBAL_BATCH ?= 1024
 SEQ_LEN ?= 8192
 
-.PHONY: install trainers plan test bench accuracy clean
+.PHONY: install trainers plan test bench accuracy vocab-report clean
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ bench: install
 
 accuracy: install
 	$(PY) -m autotune.accuracy
+
+# Paper 4: vocabulary placement (ends / balanced / parallel) vs vocabulary size on a ~4B model, pp 8.
+vocab-report: install
+	$(PY) -m autotune.vocab_report
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -170,7 +170,9 @@ def read_runs(path: Path) -> RunsFile:
         raise SpecError(f"{path}: {len(rows)} run(s); calibrating needs at least 2 (more than the fitted values)")
     gpus = sorted({r["gpu"] for _, r in rows})
     if len(gpus) > 1:
-        raise SpecError(f"{path}: rows use {len(gpus)} GPU types ({', '.join(gpus)}); calibrate one at a time")
+        other = next(no for no, r in rows if r["gpu"] != rows[0][1]["gpu"])
+        raise SpecError(f"{path}:{other}: gpu: {rows[0][1]['gpu']!r} above, {dict(rows)[other]['gpu']!r} here; rows use "
+                        f"{len(gpus)} GPU types ({', '.join(gpus)}); calibrate one at a time")
     no = rows[0][0]
     try:
         hw = load_hardware(gpus[0])

@@ -19,6 +19,7 @@ import typer
 
 from autotune import render
 from autotune.catalog import (
+    PROFILES_DIR,
     hardware_names,
     load_hardware,
     load_model,
@@ -27,6 +28,7 @@ from autotune.catalog import (
     read_json,
 )
 from autotune.costmodel.estimate import CostModel
+from autotune.costmodel.measured import check_profile_model, profile_warnings
 from autotune.documents import PLAN_FILE, emit_input_from_document
 from autotune.emit import TRAINERS, EmitInput, EmitResult
 from autotune.emit import emit as emit_config
@@ -39,6 +41,7 @@ from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.profile import Profile, load_profile
 from autotune.specs.tpgrid import MODES
 from autotune.specs.plan import (
     DEFAULT_BUCKET,
@@ -73,6 +76,9 @@ NoFlashOpt = Annotated[bool, typer.Option("--no-flash-attention", help="Unfused 
 UnfusedOpt = Annotated[bool, typer.Option("--unfused", help="No fused bias/activation/softmax kernels.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 CrossTpOpt = Annotated[bool, typer.Option("--allow-cross-node-tp", help="Allow tp larger than a node.")]
+ProfileOpt = Annotated[str | None, typer.Option("--profile", metavar="FILE", help="Measured per-op costs (`autotune "
+                                                "profile`); default: profiles/measured/<gpu>-<model>.json if shipped, "
+                                                "else the roofline model.")]
 
 
 def _pin(flag: str, text: str, metavar: str = "N") -> Any:
@@ -86,10 +92,12 @@ CpOpt = _pin("--cp", "Context-parallel degree (default: 1).")
 MbsOpt = _pin("--mbs", "Micro-batch size in sequences (default: 1).")
 VppOpt = _pin("--vpp", "Virtual stages per pipeline rank (default: 1).")
 RecomputeOpt = _pin("--recompute", "Activation recomputation (default: none).", "|".join(RECOMPUTES))
-ScheduleOpt = _pin("--schedule", "Pipeline schedule (default: interleaved if vpp > 1, else 1f1b).",
+ScheduleOpt = _pin("--schedule", "Pipeline schedule (default: interleaved if vpp > 1, else 1f1b; v-half has "
+                   "vpp 2).",
                    "|".join(SCHEDULES))
 ZeroOpt = _pin("--zero", "ZeRO stage (default: 0).", "0|1|2|3")
-VocabOpt = _pin("--vocab", "Where the vocabulary layers go (default: ends).", "|".join(VOCABS))
+VocabOpt = _pin("--vocab", "Where the vocabulary layers go: ends (even split), balanced (uneven split) or "
+                "parallel (split over all pipeline ranks) (default: ends).", "|".join(VOCABS))
 LayersOpt = _pin("--layers-per-stage", "Layers per pipeline stage (default: even split).", "N,N,...")
 TpModeOpt = _pin("--tp-mode", "Tensor-parallel mode (default: 1d; 2d/2.5d/3d grids as in paper 2).",
                  "|".join(MODES))
@@ -226,7 +234,9 @@ def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
         raise SpecError("estimate needs --tp and --pp (or --plan FILE); the other dimensions have defaults")
     tp, pp = _one_int(pins.tp, "--tp", 1), _one_int(pins.pp, "--pp", 1)
     tp_mode = _one_choice(pins.tp_mode, "--tp-mode", MODES, "1d")
-    cp, mbs, vpp = _one_int(pins.cp, "--cp", 1), _one_int(pins.mbs, "--mbs", 1), _one_int(pins.vpp, "--vpp", 1)
+    v_half = pins.schedule is not None and pins.schedule.strip() == "v-half"  # its V is two chunks per rank
+    cp, mbs = _one_int(pins.cp, "--cp", 1), _one_int(pins.mbs, "--mbs", 1)
+    vpp = _one_int(pins.vpp, "--vpp", 2 if v_half else 1)
     dp = (_one_int(pins.dp, "--dp", 1) if pins.dp is not None
           else _quotient(gpus, "--gpus", {"tp": tp, "pp": pp, "cp": cp}, "change --gpus or a degree"))
     micro = (pins.num_microbatches if pins.num_microbatches is not None
@@ -267,6 +277,20 @@ def read_document(path: str, flag: str) -> Any:
         raise SpecError(f"{flag} -: invalid JSON on stdin at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{flag} -: cannot read stdin ({exc})") from None
+
+
+def load_cost_profile(path: str | None, gpu: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec) -> Profile | None:
+    """--profile FILE, else the shipped profiles/measured/<gpu>-<model>.json, else None (roofline); a profile
+    for another model is an error, one measured on another device or dtype a warning."""
+    if path is None:
+        shipped = PROFILES_DIR / "measured" / f"{gpu}-{model.name}.json"
+        if not shipped.is_file():
+            return None
+        path = str(shipped)
+    profile = load_profile(path)
+    check_profile_model(profile, model)
+    show_warnings(profile_warnings(profile, hw, job.dtype))
+    return profile
 
 
 def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
@@ -316,10 +340,10 @@ def pins_space(pins: Pins, *, allow_idle: bool, allow_cross_node_tp: bool) -> Se
 
 
 def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
-                 space: SearchSpace) -> render.Comparison:
+                 space: SearchSpace, profile: Profile | None = None) -> render.Comparison:
     """The user's plan, checked by the independent validator: rule breaks are errors, not fitting is reported."""
     plan = load_plan_file(path, "--compare")
-    cm = CostModel(model, hw, job)
+    cm = CostModel(model, hw, job, profile)
     flags = {"allow_idle": space.allow_idle, "allow_cross_node_tp": space.allow_cross_node_tp}
     try:
         return render.Comparison(path, validate_plan(plan, cm, gpus, **flags), None)
@@ -332,13 +356,14 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
 
 
 def run_search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int,
-               time_limit_s: float, quiet: bool) -> PlanResult:
+               time_limit_s: float, quiet: bool, profile: Profile | None = None) -> PlanResult:
     """`search` under a progress spinner; a time limit hit with a plan in hand returns it (status FEASIBLE)."""
     if time_limit_s <= 0:
         raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit_s:g}")
     with render.search_progress(not quiet) as progress:
         try:
-            return search(model, hw, job, gpus, space, top_k=top_k, time_limit_s=time_limit_s, progress=progress)
+            return search(model, hw, job, gpus, space, top_k=top_k, time_limit_s=time_limit_s, progress=progress,
+                          profile=profile)
         except SolverLimitError as exc:
             if isinstance(exc.result, PlanResult):
                 return exc.result
@@ -436,7 +461,7 @@ def estimate(
     sequence_parallel: SpOpt = None, no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
     plan_file: PlanFileOpt = None, json_out: JsonOpt = False,
     ops: Annotated[bool, typer.Option("--ops", help="Also show compute time by operator category.")] = False,
-    allow_cross_node_tp: CrossTpOpt = False,
+    allow_cross_node_tp: CrossTpOpt = False, profile: ProfileOpt = None,
 ) -> None:
     """Evaluate one plan and explain its step time and memory term by term."""
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
@@ -447,9 +472,13 @@ def estimate(
                 tp_mode=tp_mode)
     plan = read_plan(plan_file, pins) if plan_file is not None else single_plan(pins, spec, job, gpus)
     check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
-    est = CostModel(spec, hw, job).estimate(plan)
-    _show(render.estimate_json(est, spec, hw, job) if json_out
-          else render.estimate_report(est, spec, hw, job, ops=ops), json_out)
+    cm = CostModel(spec, hw, job, load_cost_profile(profile, gpu, spec, hw, job))
+    est, coverage = cm.estimate(plan), cm.op_coverage(plan)
+    if json_out:
+        _show({**render.estimate_json(est, spec, hw, job), "op_costs": coverage.as_dict()}, True)
+    else:
+        _show(render.estimate_report(est, spec, hw, job, ops=ops, timeline=cm.timeline(plan)), False)
+        typer.echo(coverage.line())
 
 
 @app.command()
@@ -462,6 +491,7 @@ def plan(
     allow_cross_node_tp: CrossTpOpt = False, no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
     top: TopOpt = 3, time_limit: TimeLimitOpt = 60.0, compare: CompareOpt = None, json_out: JsonOpt = False,
     trainer: TrainerOpt = None, out: PlanOutOpt = None, torchtitan_format: FormatOpt = None, strict: StrictOpt = False,
+    profile: ProfileOpt = None,
 ) -> None:
     """Search for the fastest plan that fits; show it, the runners-up and why they lost (exit 3: not proven).
     With --trainer T --out DIR, also write DIR/plan.json and T's launch config(s)."""
@@ -474,14 +504,17 @@ def plan(
                 vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = search_space(pins, spec, job, gpus, hw.gpus_per_node, allow_idle=allow_idle,
                          allow_cross_node_tp=allow_cross_node_tp)
-    mine = compare_plan(compare, spec, hw, job, gpus, space) if compare is not None else None
-    result = run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=time_limit, quiet=json_out)
+    measured = load_cost_profile(profile, gpu, spec, hw, job)
+    mine = compare_plan(compare, spec, hw, job, gpus, space, measured) if compare is not None else None
+    result = run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=time_limit, quiet=json_out,
+                        profile=measured)
     doc = render.plan_json(result, spec, hw, job, mine)
     written = [] if out is None else save_plan(out, doc, trainer, torchtitan_format=torchtitan_format, strict=strict)
     if json_out:
         _show(render.with_files(doc, written) if out is not None else doc, True)
     else:
-        _show(render.plan_report(result, spec, hw, job, mine), False)
+        timeline = CostModel(spec, hw, job, measured).timeline(result.best.plan)
+        _show(render.plan_report(result, spec, hw, job, mine, timeline), False)
         if written:
             typer.echo(render.written_report(written))
     if result.status != "OPTIMAL":
@@ -537,6 +570,7 @@ def scale_command(
                                               "in seconds.")] = 60.0,
     json_out: JsonOpt = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV (one row per size) instead of tables.")] = False,
+    profile: ProfileOpt = None,
 ) -> None:
     """The best plan at each GPU count: throughput, MFU, time and cost to train, where the winning strategy
     changes and where more GPUs stop paying (exit 2: no size fits; 3: a size not proven)."""
@@ -552,10 +586,11 @@ def scale_command(
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp)
+    measured = load_cost_profile(profile, gpu, spec, hw, job)
     with render.scale_progress(not (json_out or csv_out)) as progress:
         result = scale(spec, hw, job, parse_int_list(gpus, "--gpus"), space, train_tokens=train_tokens,
                        price_per_gpu_hour=price_per_gpu_hour, efficiency_threshold=efficiency_threshold,
-                       time_limit_s=time_limit, progress=progress)
+                       time_limit_s=time_limit, progress=progress, profile=measured)
     if csv_out:
         typer.echo(render.scaling_csv(result), nl=False)
     else:
@@ -593,3 +628,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 import autotune.cli_calibrate  # noqa: E402, F401  (registers `autotune calibrate` on app; must follow `app`)
+import autotune.cli_profile  # noqa: E402, F401  (registers `autotune profile` on app; must follow `app`)

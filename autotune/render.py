@@ -23,6 +23,7 @@ from rich.text import Text
 
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.memory import total_params
+from autotune.costmodel.pipeline import Timeline
 from autotune.costmodel.stages import StageCost
 from autotune.scaling import ScalingPoint, ScalingResult
 from autotune.search.planner import PlanResult
@@ -30,6 +31,7 @@ from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
+from autotune.timeline import schedule_chart, stage_bars, stage_label
 from autotune.units import GB, TERA, gib
 
 #: Console width when stdout is not a terminal, so piped output and tests do not depend on $COLUMNS.
@@ -156,7 +158,7 @@ def _stage_json(s: StageCost) -> dict[str, Any]:
 
 
 def estimate_report(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpec, *,
-                    ops: bool = False) -> RenderableType:
+                    ops: bool = False, timeline: Timeline | None = None) -> RenderableType:
     """The human explanation of one plan: header, plan, summary, step breakdown, stages, operators."""
     parts: list[RenderableType] = [
         Text(f"{model.name} on {hw.name} x {est.plan.num_gpus} ({hw.gpus_per_node} per node), global batch "
@@ -166,6 +168,7 @@ def estimate_report(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobS
         _breakdown_table(est),
         _stage_time_table(est),
         _stage_memory_table(est),
+        *_pipeline_pictures(est, timeline),
     ]
     if ops:
         parts.append(_ops_table(est))
@@ -220,10 +223,6 @@ def _breakdown_table(est: Estimate) -> Table:
     return table
 
 
-def _stage_label(s: StageCost) -> str:
-    return f"{s.layers}" + ("+E" if s.has_embedding else "") + ("+H" if s.has_head else "")
-
-
 def _stage_time_table(est: Estimate) -> Table:
     table = Table(title="Stages: time per micro-batch (ms); * = bottleneck; E = embedding, H = LM head",
                   title_justify="left")
@@ -233,7 +232,7 @@ def _stage_time_table(est: Estimate) -> Table:
         table.add_column(col, justify="right")
     for s in est.stages:
         mark = "*" if s.index == est.bottleneck else ""
-        row = [f"{s.index}{mark}", _stage_label(s)] + [
+        row = [f"{s.index}{mark}", stage_label(s, est.plan)] + [
             f"{1e3 * t:.2f}" for t in (s.time_s, s.compute_s, s.recompute_s, s.tp_comm_s, s.cp_comm_s, s.pp_comm_s)]
         table.add_row(*row, *([f"{1e3 * s.zero3_comm_s:.2f}"] if zero3 else []))
     return table
@@ -249,6 +248,18 @@ def _stage_memory_table(est: Estimate) -> Table:
         terms = [f"{gib(v):.2f}" for v in s.memory.terms().values()]
         table.add_row(str(s.index), *terms, f"{gib(s.memory.total):.2f}", memory_bar(s.memory.total, usable))
     return table
+
+
+def _pipeline_pictures(est: Estimate, timeline: Timeline | None) -> list[RenderableType]:
+    """Per-stage time and memory bars side by side, and the schedule's timeline (pipelines only)."""
+    if est.plan.pp == 1:
+        return []
+    out: list[RenderableType] = [Text("Stages side by side (# = share of the slowest stage / of usable memory)",
+                                      style="italic"), Text("\n".join(stage_bars(est)))]
+    if timeline is not None:
+        out += [Text(f"Pipeline timeline, {est.plan.schedule}, {est.plan.num_microbatches} micro-batches: "
+                     f"bubbles are the dots", style="italic"), Text("\n".join(schedule_chart(timeline, est.plan.pp)))]
+    return out
 
 
 def memory_bar(used: int, usable: int, width: int = 20) -> Text:
@@ -297,9 +308,10 @@ def search_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None
 
 
 def stage_layout(est: Estimate, *, elide: bool = False) -> str:
-    """'E+20 | 20 | 20 | 20+H': layers per pipeline stage, E = embedding, H = LM head; `elide` keeps the first
+    """'E+20 | 20 | 20 | 20+H': layers per pipeline stage, E = embedding, H = LM head (V/p: a share of both
+    under vocabulary parallelism); `elide` keeps the first
     two and the last stage of a long pipeline."""
-    labels = [("E+" if s.has_embedding else "") + str(s.layers) + ("+H" if s.has_head else "") for s in est.stages]
+    labels = [stage_label(s, est.plan) for s in est.stages]
     if elide and len(labels) > 4:
         labels = [*labels[:2], "...", labels[-1]]
     return " | ".join(labels)
@@ -351,7 +363,7 @@ def plan_json(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: JobSp
 
 
 def plan_report(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: JobSpec,
-                compare: Comparison | None = None) -> RenderableType:
+                compare: Comparison | None = None, timeline: Timeline | None = None) -> RenderableType:
     """The human report of a search: the best plan explained as `estimate` does, runners-up, comparison."""
     best = result.best
     title = "best plan" if result.status == "OPTIMAL" else "best plan found (not proven optimal)"
@@ -359,13 +371,13 @@ def plan_report(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: Job
         Text(f"{model.name} on {hw.name} x {best.plan.num_gpus} ({hw.gpus_per_node} per node), global batch "
              f"{job.global_batch} x {job.seq_len} tokens, {job.dtype}", style="bold"),
         Text(f"{title}: {plan_line(best.plan)}"),
-        Text(f"layers per stage: {stage_layout(best)}  (E = embedding, H = LM head)"),
+        Text(f"layers per stage: {stage_layout(best)}  (E = embedding, H = LM head, V/p = 1/p of both)"),
     ]
     if result.status != "OPTIMAL":
         parts.append(Text(f"time limit reached before the search finished: the optimum may be up to "
                           f"{100 * result.gap:.1f}% faster; raise --time-limit to prove it", style="yellow"))
     blocks: list[RenderableType] = [_summary(best), _breakdown_table(best), _stage_time_table(best),
-                                    _stage_memory_table(best)]
+                                    _stage_memory_table(best), *_pipeline_pictures(best, timeline)]
     if result.runners_up:
         blocks.append(_runners_up_table(result))
     if compare is not None:

@@ -19,6 +19,7 @@ from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
+from autotune.specs.profile import Profile
 
 #: Tokens the time, GPU-hour and cost columns are computed for: one trillion, so the numbers scale by eye
 #: (Llama 3 trained on about 15T; multiply by 15).
@@ -115,9 +116,9 @@ def strategy_family(plan: Plan) -> str:
 def scale(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpu_counts: Sequence[int], space: SearchSpace, *,
           train_tokens: float = DEFAULT_TRAIN_TOKENS, price_per_gpu_hour: float | None = None,
           efficiency_threshold: float = DEFAULT_EFFICIENCY_THRESHOLD, time_limit_s: float = 60.0,
-          progress: Progress | None = None) -> ScalingResult:
+          progress: Progress | None = None, profile: Profile | None = None) -> ScalingResult:
     """The best plan at each GPU count and the sweep's derived columns (raises SpecError on bad input, and when
-    the pins hold at no size)."""
+    the pins hold at no size). `profile`: measured costs for the cost model."""
     check_sweep(gpu_counts, train_tokens=train_tokens, price_per_gpu_hour=price_per_gpu_hour,
                 efficiency_threshold=efficiency_threshold)
     found: list[tuple[int, str, str, Estimate | None, float]] = []
@@ -131,21 +132,22 @@ def scale(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpu_counts: Sequence
             pin_errors.append(str(exc))
             found.append((gpus, "INFEASIBLE", str(exc), None, 0.0))
             continue
-        found.append((gpus, *_best_at(model, hw, job, gpus, space, time_limit_s)))
+        found.append((gpus, *_best_at(model, hw, job, gpus, space, time_limit_s, profile)))
     if len(pin_errors) == len(gpu_counts):
         raise SpecError(f"the pins hold at no size of the sweep: {pin_errors[0]}")
     return _derive(found, train_tokens=train_tokens, price=price_per_gpu_hour, threshold=efficiency_threshold)
 
 
 def _best_at(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace,
-             time_limit_s: float) -> tuple[str, str, Estimate | None, float]:
+             time_limit_s: float, profile: Profile | None = None) -> tuple[str, str, Estimate | None, float]:
     """(status, reason, best, wall seconds) of one size's search; no plan is a status, not an exception."""
     if next(enumerate_candidates(model, job, gpus, hw.gpus_per_node, space), None) is None:
         reason = (f"no valid split: tp x pp x cp x dp must be {gpus} with dp dividing the global batch "
                   f"{job.global_batch} (and tp <= {hw.gpus_per_node}, the pins); use a larger batch")
         return "INFEASIBLE", reason, None, 0.0
     try:
-        result: PlanResult = search(model, hw, job, gpus, space, top_k=0, time_limit_s=time_limit_s)
+        result: PlanResult = search(model, hw, job, gpus, space, top_k=0, time_limit_s=time_limit_s,
+                                    profile=profile)
     except InfeasibleError as exc:
         return "INFEASIBLE", str(exc), None, 0.0
     except SolverLimitError as exc:

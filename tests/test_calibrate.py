@@ -137,7 +137,7 @@ ERROR_CASES = {
     "unknown model": ((HEADER, ROW_17B, ROW_36B.replace("gpt-3.6b", "gpt-9z")), ":3: model: --model 'gpt-9z'"),
     "unknown gpu": ((HEADER, ROW_17B.replace("a100-80gb", "z100"), ROW_36B.replace("a100-80gb", "z100")),
                     ":2: gpu: --gpu 'z100'"),
-    "mixed gpus": ((HEADER, ROW_17B, ROW_36B.replace("a100-80gb", "h100-sxm")), "rows use 2 GPU types"),
+    "mixed gpus": ((HEADER, ROW_17B, ROW_36B.replace("a100-80gb", "h100-sxm")), ":3: gpu: 'a100-80gb' above"),
     "bad plan": ((HEADER, ROW_17B, ROW_36B.replace(",64,512,2048,fp16,2,1,32,", ",64,512,2048,fp16,2,1,16,")),
                  ":3: plan: tp*pp*dp*cp = 2*1*16*1 = 32 GPUs"),
     "one row": ((HEADER, ROW_17B), "1 run(s); calibrating needs at least 2"),

@@ -88,7 +88,7 @@ def test_estimate_human_output(cli):
     result = cli("estimate", *JOB, *PLAN, "--ops")
     assert result.exit_code == 0
     out = result.stdout
-    for phrase in ("step time", "MFU", "tokens/s", "peak memory", "pipeline bubble", "20+E", "20+H",
+    for phrase in ("step time", "MFU", "tokens/s", "peak memory", "pipeline bubble", "E+20", "20+H",
                    "tensor contractions (gemm)", "fits"):
         assert phrase in out
     assert max(len(line) for line in out.splitlines()) <= 120  # the fixed width when not a terminal

@@ -53,16 +53,23 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
 
 # ------------------------------------------------------------------------------------------------ output
 def test_human_output_has_plan_runners_up_and_stats(cli):
-    result = _plan(cli, *SMALL, "--tp", "2", "--pp", "4")
+    result = _plan(cli, *SMALL, "--tp", "2", "--pp", "4", "--vocab", "ends,balanced")
     out = result.stdout
     assert "best plan: tp 2, pp 4, dp 1" in out
     assert re.search(r"layers per stage: E\+\d+ \| \d+ \| \d+ \| \d+\+H", out)  # where the vocabulary layers sit
+    assert "Pipeline timeline" in out and re.search(r"rank  3 \|[FBw.]+\| idle", out)
+    assert "Stages side by side" in out
     for phrase in ("step time", "tokens/s", "MFU", "peak memory", "of usable", "pipeline bubble",
                    "Runners-up", "slower by"):
         assert phrase in out
     assert STATS_LINE.search(out)
     assert max(len(line) for line in out.splitlines()) <= 120
     assert result.stderr == ""  # no progress display when stderr is not a terminal
+
+
+def test_vocabulary_parallel_stages_are_labelled(cli):
+    out = _plan(cli, *SMALL, "--tp", "2", "--pp", "4", "--vocab", "parallel").stdout
+    assert "vocab parallel" in out and "layers per stage: 8+V/4 | 8+V/4 | 8+V/4 | 8+V/4" in out
 
 
 def test_json_has_the_contract_keys(cli):

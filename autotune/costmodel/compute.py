@@ -7,6 +7,7 @@ they are charged for their traffic alone (paper 5); GEMMs and fused attention fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autotune.costmodel.ops import CATEGORIES, Op
@@ -40,11 +41,14 @@ def matmul_dtype(op: Op, dtype: str) -> str:
     return dtype
 
 
-def pass_time(ops: tuple[Op, ...], hw: HardwareSpec, dtype: str) -> PassTime:
-    """Total and per-category time of a sequence of ops (kernels run one after another on a GPU)."""
+def pass_time(ops: tuple[Op, ...], hw: HardwareSpec, dtype: str,
+              measured: Callable[[Op], float | None] | None = None) -> PassTime:
+    """Total and per-category time of a sequence of ops (kernels run one after another on a GPU). With
+    `measured` (a profile's lookup, costmodel/measured.py), an op it has a time for is charged that time."""
     by = dict.fromkeys(CATEGORIES, 0.0)
     flops = 0.0
     for op in ops:
-        by[op.category] += op_time(op, hw, dtype)
+        seconds = None if measured is None else measured(op)
+        by[op.category] += op_time(op, hw, dtype) if seconds is None else seconds
         flops += op.flops
     return PassTime(sum(by.values()), tuple(by[c] for c in CATEGORIES), flops)

@@ -6,14 +6,18 @@ from dataclasses import dataclass
 
 from autotune.costmodel import comm
 from autotune.costmodel.flops import model_flops_per_step
-from autotune.costmodel.layer import LayerCost, VocabCost, layer_cost, vocab_cost
+from autotune.costmodel.layer import LayerCost, VocabCost, layer_cost, layer_shape, vocab_cost
+from autotune.costmodel.measured import (MeasuredOps, OpCoverage, apply_comm, check_profile_model,
+                                         roofline_coverage, step_ops)
 from autotune.costmodel.ops import CATEGORIES
-from autotune.costmodel.schedules import pipeline_time
-from autotune.costmodel.stages import StageCost, build_stages, p2p_time
+from autotune.costmodel.pipeline import Ticks, Timeline, makespan, simulate
+from autotune.costmodel.stages import StageCost, build_stages, p2p_time, schedule_ticks, vocab_parallel_comm
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES, JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
+from autotune.specs.profile import Profile
+from autotune.specs.tpgrid import tp_mode_degrees
 
 #: Bytes Adam touches per parameter in its step: read the fp32 gradient, read and write the fp32 master
 #: weight, m and v, write the 16-bit weight (a memory-bound kernel, paper 5).
@@ -69,7 +73,15 @@ class CostModel:
     """Evaluates plans of one (model, hardware, job). Layer and vocabulary costs are memoized per
     (tp, cp, mbs, sp), so evaluating many plans costs little more than assembling their stages."""
 
-    def __init__(self, model: ModelSpec, hw: HardwareSpec, job: JobSpec) -> None:
+    def __init__(self, model: ModelSpec, hw: HardwareSpec, job: JobSpec, profile: Profile | None = None) -> None:
+        """With a measured `profile`, op times come from it where it covers them and its measured link tiers
+        replace the hardware file's (costmodel/measured.py); the rest stays roofline and datasheet."""
+        self.profile = profile
+        self.measured: MeasuredOps | None = None
+        if profile is not None:
+            check_profile_model(profile, model)
+            hw = apply_comm(profile, hw)
+            self.measured = MeasuredOps(profile) if profile.ops else None
         self.model, self.hw, self.job = model, hw, job
         self._layer: dict[tuple[int, int, int, bool, str], LayerCost] = {}
         self._vocab: dict[tuple[int, int, int, bool], VocabCost] = {}
@@ -79,28 +91,53 @@ class CostModel:
         key = (tp, cp, mbs, sp, tp_mode)
         if key not in self._layer:
             self._layer[key] = layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp,
-                                          tp_mode=tp_mode)
+                                          tp_mode=tp_mode, measured=self.measured)
         return self._layer[key]
 
     def vocab(self, tp: int, cp: int, mbs: int, sp: bool) -> VocabCost:
         key = (tp, cp, mbs, sp)
         if key not in self._vocab:
-            self._vocab[key] = vocab_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp)
+            self._vocab[key] = vocab_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp,
+                                          measured=self.measured)
         return self._vocab[key]
+
+    def op_coverage(self, plan: Plan) -> OpCoverage:
+        """Which of the plan's ops (one layer forward and backward, embedding, head) have measured times."""
+        tp, mbs, sp = plan.tp, plan.mbs, plan.sequence_parallel
+        if plan.tp_mode != "1d":  # a grid layer is the 1-D layer at tp=q, sp, on mbs/act_split (layer.py)
+            grid = tp_mode_degrees(plan.tp_mode, plan.tp)
+            tp, mbs, sp = grid.q, mbs // grid.act_split, True
+        shape = layer_shape(self.model, self.job, tp=tp, cp=plan.cp, mbs=mbs, sp=sp)
+        ops = step_ops(self.model, shape)
+        return roofline_coverage(ops) if self.measured is None else self.measured.coverage(ops, tp)
 
     def stages(self, plan: Plan) -> tuple[StageCost, ...]:
         key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel)
         layer, vocab = self.layer(*key, plan.tp_mode), self.vocab(*key)
         tokens = plan.mbs * self.job.seq_len // plan.cp
         p2p_s = p2p_time(plan, self.hw, tokens, self.model.hidden_size)
-        return build_stages(plan, layer, vocab, self.hw, p2p_s)
+        vp_comm = (0.0, 0.0)
+        if plan.vocab == "parallel":
+            vp_comm = vocab_parallel_comm(self.model, self.hw, pp=plan.pp, tp=plan.tp, cp=plan.cp, dp=plan.dp,
+                                          tokens=tokens)
+        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm)
+
+    def timeline(self, plan: Plan) -> Timeline:
+        """Every pass of every rank in one step, as the schedule runs them (for the text timeline)."""
+        stages = self.stages(plan)
+        return simulate(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, tuple(s.chunks for s in stages),
+                        self.ticks(plan))
+
+    def ticks(self, plan: Plan) -> Ticks:
+        """The proportions the plan's v-half order is built for (stages.schedule_ticks)."""
+        return schedule_ticks(plan, self.layer(plan.tp, plan.cp, plan.mbs, plan.sequence_parallel, plan.tp_mode))
 
     def estimate(self, plan: Plan) -> Estimate:
         """Predict step time, throughput and per-stage memory of a plan (assumed valid: see check_plan)."""
         stages = self.stages(plan)
         m = plan.num_microbatches
         times = [s.time_s for s in stages]
-        pipe = pipeline_time(times, m, plan.vpp)
+        pipe = makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(s.chunks for s in stages), self.ticks(plan))
         dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model)
         opt = optimizer_time(plan, self.hw, stages)
         step = pipe + dp_exposed + opt
@@ -165,7 +202,7 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
 def tied_embedding_sync(plan: Plan, hw: HardwareSpec, model: ModelSpec) -> float:
     """All-reduce of the tied word-embedding gradient (V*h/tp; no position table) between the first and the
     last pipeline stage (Megatron's _allreduce_word_embedding_grads)."""
-    if not model.tied_embeddings or plan.pp == 1:
+    if not model.tied_embeddings or plan.pp == 1 or plan.schedule == "v-half":  # v-half: both on rank 0
         return 0.0
     link = comm.group_link(hw, plan.pp, plan.tp * plan.cp * plan.dp)
     return comm.all_reduce(model.vocab_size * model.hidden_size // plan.tp * GRAD_BYTES, 2, link)

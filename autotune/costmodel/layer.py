@@ -7,6 +7,7 @@ assembles stages from them, so a whole estimate costs a few dozen arithmetic ope
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from autotune.costmodel import comm
 from autotune.costmodel.compute import PassTime, pass_time
@@ -21,6 +22,8 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.tpgrid import tp_mode_degrees
 from autotune.units import ACTIVATION_BYTES, FP32_BYTES
 
+if TYPE_CHECKING:  # measured.py imports ops and specs only, but layer need not load numpy tables to type it
+    from autotune.costmodel.measured import MeasuredOps
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,8 @@ class LayerCost:
     cp_bwd_s: float
     params: int
     """Parameters on this GPU."""
+    wgrad_s: float
+    """The weight-gradient GEMMs inside bwd: what zero-bubble schedules run apart as W passes."""
     act: LayerActivations
 
     def time(self, recompute: str) -> float:
@@ -80,6 +85,8 @@ class VocabCost:
     embed_act: int
     head_act: int
     head_transient: int
+    head_wgrad_s: float
+    """The LM head's weight-gradient GEMM inside head_bwd (a W pass under zero-bubble schedules)."""
 
     @property
     def embed_time(self) -> float:
@@ -97,24 +104,31 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
 
 
 def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
-               tp_mode: str = "1d") -> LayerCost:
-    """Costs of one Transformer layer under one parallel setting."""
+               tp_mode: str = "1d", measured: MeasuredOps | None = None) -> LayerCost:
+    """Costs of one Transformer layer under one parallel setting; op times from `measured` where it has them."""
     if tp_mode != "1d":
-        return _grid_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, tp_mode=tp_mode)
+        return _grid_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, tp_mode=tp_mode, measured=measured)
     shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp)
     fwd_ops = layer_forward_ops(model, shape)
     bwd_ops = backward_ops(fwd_ops, model, shape)
     attn_fwd = tuple(op for op in fwd_ops if op.category == "attention")
     attn_bwd = tuple(op for op in bwd_ops if op.category == "attention")
-    fwd, bwd = pass_time(fwd_ops, hw, job.dtype), pass_time(bwd_ops, hw, job.dtype)
-    attn_fwd_s = pass_time(attn_fwd, hw, job.dtype).seconds
+    lookup = None if measured is None else measured.lookup(tp)
+    fwd, bwd = pass_time(fwd_ops, hw, job.dtype, lookup), pass_time(bwd_ops, hw, job.dtype, lookup)
+    attn_fwd_s = pass_time(attn_fwd, hw, job.dtype, lookup).seconds
     tp_pass = _tp_layer_comm(model, hw, shape)
     cp_fwd, cp_bwd = _cp_exchange(model, hw, shape, cp)
     return LayerCost(
         fwd=fwd, bwd=bwd, attn_fwd_s=attn_fwd_s, tp_fwd_s=tp_pass, tp_bwd_s=tp_pass,
         cp_fwd_s=max(0.0, cp_fwd - attn_fwd_s),
-        cp_bwd_s=max(0.0, cp_bwd - pass_time(attn_bwd, hw, job.dtype).seconds),
-        params=layer_params(model, tp), act=layer_activations(model, shape))
+        cp_bwd_s=max(0.0, cp_bwd - pass_time(attn_bwd, hw, job.dtype, lookup).seconds),
+        params=layer_params(model, tp), act=layer_activations(model, shape),
+        wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup))
+
+
+def _wgrad_seconds(bwd_ops, hw: HardwareSpec, dtype: str, lookup=None) -> float:
+    """Time of the weight-gradient GEMMs of a backward op list."""
+    return pass_time(tuple(op for op in bwd_ops if op.name.endswith("_wgrad")), hw, dtype, lookup).seconds
 
 
 def _tp_layer_comm(model: ModelSpec, hw: HardwareSpec, shape: LayerShape) -> float:
@@ -141,9 +155,11 @@ def _cp_exchange(model: ModelSpec, hw: HardwareSpec, shape: LayerShape, cp: int)
     return (cp - 1) * step, 2 * (cp - 1) * step
 
 
-def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool) -> VocabCost:
+def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
+               measured: MeasuredOps | None = None) -> VocabCost:
     """Costs of the vocabulary layers (vocab-parallel over tp, as in Megatron-LM)."""
     shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp)
+    lookup = None if measured is None else measured.lookup(tp)
     link = comm.group_link(hw, tp, 1)
     act_bytes = shape.elem * shape.tokens * model.hidden_size
     if sp:  # reduce-scatter the embedding output; gather the head input, scatter its gradient
@@ -155,11 +171,11 @@ def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
     # vocab-parallel cross-entropy: all-reduce of the max, the sum of exponentials and the target logit
     head_comm += 3 * comm.all_reduce(FP32_BYTES * shape.tokens, tp, link)
     return VocabCost(
-        embed_fwd=pass_time(embedding_forward_ops(model, shape), hw, job.dtype),
-        embed_bwd=pass_time(embedding_backward_ops(model, shape), hw, job.dtype),
+        embed_fwd=pass_time(embedding_forward_ops(model, shape), hw, job.dtype, lookup),
+        embed_bwd=pass_time(embedding_backward_ops(model, shape), hw, job.dtype, lookup),
         embed_comm_s=embed_comm,
-        head_fwd=pass_time(head_forward_ops(model, shape), hw, job.dtype),
-        head_bwd=pass_time(head_backward_ops(model, shape), hw, job.dtype),
+        head_fwd=pass_time(head_forward_ops(model, shape), hw, job.dtype, lookup),
+        head_bwd=pass_time(head_backward_ops(model, shape), hw, job.dtype, lookup),
         head_comm_s=head_comm,
         embed_params=embedding_params(model, tp),
         head_params=head_params(model, tp, separate_stage=True),
@@ -167,17 +183,18 @@ def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
         embed_act=embedding_activations(model, shape),
         head_act=head_activations(model, shape),
         head_transient=head_transient(model, shape),
+        head_wgrad_s=_wgrad_seconds(head_backward_ops(model, shape), hw, job.dtype, lookup),
     )
 
 
 def _grid_layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int,
-                     tp_mode: str) -> LayerCost:
+                     tp_mode: str, measured: MeasuredOps | None = None) -> LayerCost:
     """A 2-D, 2.5-D or 3-D tensor-parallel layer (paper 2). Every device does 1/tp of every operator: the
     micro-batch's token rows are split act_split ways and heads/widths q ways, which is the 1-D layer with tp=q
     and sequence parallelism on mbs/act_split sequences; communication, parameters and activations are the
     mode's own (costmodel/tpmodes.py)."""
     grid = tp_mode_degrees(tp_mode, tp)
-    local = layer_cost(model, hw, job, tp=grid.q, cp=cp, mbs=mbs // grid.act_split, sp=True)
+    local = layer_cost(model, hw, job, tp=grid.q, cp=cp, mbs=mbs // grid.act_split, sp=True, measured=measured)
     tokens, seq = mbs * job.seq_len // cp, job.seq_len // cp
     comm_s = layer_tp_comm_s(tp_mode, model, hw, tp=tp, tokens=tokens, elem=ACTIVATION_BYTES)
     mem = layer_tp_memory(tp_mode, model, tp=tp, tokens=tokens, elem=ACTIVATION_BYTES, seq_len=seq,

@@ -130,15 +130,3 @@ def state_bytes_per_param(zero: int, shards: int) -> tuple[float, float, float]:
     grad = GRAD_BYTES / (shards if zero >= 2 else 1)
     opt = OPTIMIZER_BYTES / (shards if zero >= 1 else 1)
     return weight, grad, opt
-
-
-def in_flight_1f1b(stage: int, pp: int, num_microbatches: int) -> int:
-    """Micro-batches whose activations stage `stage` holds at its peak under 1F1B: p - i (Narayanan 2021)."""
-    return min(pp - stage, num_microbatches)
-
-
-def in_flight_chunks_interleaved(stage: int, pp: int, vpp: int, num_microbatches: int) -> int:
-    """Model-chunk activations rank `stage` holds at its peak under interleaved 1F1B: its warm-up of
-    2*(p-i-1) + (v-1)*p chunk forwards plus the one in steady state (Megatron-LM's schedules.py);
-    for rank 0 this is p*(1 + (p-1)/(p*v)) stages' worth, Korthikanti et al.'s factor."""
-    return min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, num_microbatches * vpp)

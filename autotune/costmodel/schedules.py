@@ -1,33 +1,35 @@
-"""Pipeline schedules: step time from per-stage times, and how many micro-batches each stage holds.
+"""Closed forms of the pipeline schedules: what the simulation in pipeline.py must reproduce for equal
+stages, and the bounds for unequal ones that the planner prunes with.
 
-With per-micro-batch stage times t_i (forward + backward + point-to-point), 1F1B spends one pass through
-every stage filling and draining the pipeline and m-1 passes of the slowest stage in steady state:
-T = (m-1)*max(t) + sum(t) (the form Alpa and PipeDream use; (m+p-1)*t for equal stages, Narayanan et al.
-2021). Interleaving v model chunks per rank shrinks the fill/drain pass by v: T = m*max(t) + (sum(t)-max(t))/v,
-which is (m + (p-1)/v)*t for equal stages, Narayanan et al.'s interleaved bubble.
+For equal stages of F + B seconds per micro-batch (B including W unless the schedule splits it):
+  1f1b         (m + p - 1) * (F + B)                      Narayanan et al. 2021
+  interleaved  (m + (p - 1)/v) * (F + B)                  Narayanan et al. 2021, v chunks per rank
+  zb-h1        m * (F + B + W) + (p - 1) * (F + B - W)     Qi et al. 2024 (W <= min(F, B))
+For unequal stages no closed form is exact: step time is a longest path (pipeline.py). Any one path is a
+lower bound, and the planner's bounds use the one that runs the forward of the first micro-batch down to the
+last rank, every pass of that rank, and the backward of the last micro-batch back up:
+  1f1b, interleaved:  T >= m * t_last + sum_{i < last} t_i / v   and  T >= m * max_i t_i
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
-from autotune.costmodel.memory import in_flight_1f1b, in_flight_chunks_interleaved
-
-
-def pipeline_time(stage_times: Sequence[float], num_microbatches: int, vpp: int = 1) -> float:
-    """Time from the first forward to the last backward of one step."""
-    slowest = max(stage_times)
-    return num_microbatches * slowest + (sum(stage_times) - slowest) / vpp
-
-
-def bubble_time(stage_times: Sequence[float], num_microbatches: int, vpp: int = 1) -> float:
-    """Idle time of the slowest stage: pipeline time minus its own busy time."""
-    return pipeline_time(stage_times, num_microbatches, vpp) - num_microbatches * max(stage_times)
-
-
-def activation_multiplier(schedule: str, stage: int, pp: int, vpp: int, num_microbatches: int) -> tuple[int, int]:
-    """Stage activations held at peak, as a fraction (numerator, denominator) of one micro-batch's worth of
-    the stage's layers: (p - i, 1) for 1F1B, (chunks in flight, v) for interleaved."""
+def equal_stage_time(schedule: str, pp: int, vpp: int, m: int, f: float, b: float, w: float = 0.0) -> float:
+    """Pipeline time of equal stages (per rank and micro-batch: f forward, b backward, w weight gradient)."""
     if schedule == "interleaved":
-        return in_flight_chunks_interleaved(stage, pp, vpp, num_microbatches), vpp
-    return in_flight_1f1b(stage, pp, num_microbatches), 1
+        return (m + (pp - 1) / vpp) * (f + b + w)
+    if schedule == "zb-h1":
+        return m * (f + b + w) + (pp - 1) * (f + b - w)
+    return (m + pp - 1) * (f + b + w)
+
+
+def pipeline_lower_bound(schedule: str, m: int, vpp: int, t_max: float, t_last: float, work: float) -> float:
+    """A pipeline time no partition beats, from lower bounds on the slowest rank's time (t_max), the last
+    rank's (t_last) and the total work per micro-batch (work >= sum of rank times)."""
+    bound = m * t_max
+    if schedule in ("1f1b", "interleaved"):
+        if m * vpp >= 2:  # the last-rank path: (m - 1/v)*t_last + (work - t_last)/v, increasing in both
+            bound = max(bound, (m - 2 / vpp) * t_last + work / vpp)
+        else:
+            bound = max(bound, work)
+    return bound

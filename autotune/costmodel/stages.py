@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autotune.costmodel import comm
 from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.memory import state_bytes_per_param
 from autotune.costmodel.ops import CATEGORIES
-from autotune.costmodel.schedules import activation_multiplier
+from autotune.costmodel.pipeline import Ticks, chunks_per_rank, pass_ticks, peak_in_flight
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES
+from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
-from autotune.units import ACTIVATION_BYTES, whole_bytes
+from autotune.units import ACTIVATION_BYTES, FP32_BYTES, whole_bytes
 
 
 
@@ -64,6 +66,10 @@ class StageCost:
     by_category: tuple[float, ...]
     params: int
     memory: StageMemory
+    chunks: tuple[tuple[float, float, float], ...] = ()
+    """(F, B, W) seconds of one micro-batch on each of the rank's model chunks: what the schedule runs."""
+    wgrad_s: float = 0.0
+    """Weight-gradient part of the backward (W passes under zero-bubble schedules)."""
 
     @property
     def time_s(self) -> float:
@@ -103,31 +109,128 @@ def p2p_seconds(hw: HardwareSpec, *, pp: int, vpp: int, tp: int, cp: int, dp: in
     return 2 * vpp * comm.p2p(nbytes, comm.group_link(hw, pp, tp * cp * dp))
 
 
-def stage_params(n: int, layer: LayerCost, vocab: VocabCost, *, first: bool, last: bool, pp: int) -> int:
-    """Parameters on one GPU of a stage with n layers (the vocabulary layers on the ends)."""
-    params = n * layer.params
-    if first:
-        params += vocab.embed_params
-    if last:
-        params += vocab.head_params if pp > 1 else vocab.head_params_shared
-    return params
+@dataclass(frozen=True, slots=True)
+class VocabPlacement:
+    """Which share of the vocabulary layers a pipeline rank runs, and in which of its model chunks."""
+
+    embed: float
+    """Share of the input embedding (1 on the rank that holds it, 1/p each under vocabulary parallelism)."""
+    head: float
+    """Share of the output layer: final norm, LM head and cross-entropy."""
+    embed_chunk: int
+    head_chunk: int
+    shared: bool
+    """Embedding and LM head on one GPU: a tied head needs no second copy of the table."""
 
 
-def stage_fwd_s(n: int, layer: LayerCost, vocab: VocabCost, *, first: bool, last: bool) -> float:
+def vocab_placement(schedule: str, vocab: str, pp: int, vpp: int, rank: int) -> VocabPlacement:
+    """'ends'/'balanced': the embedding opens virtual stage 0 and the head closes the last one (rank p-1,
+    or rank 0 under v-half, whose V ends where it starts); 'parallel': both split evenly over all ranks
+    (Yeung et al. 2024), the embedding's share in the first chunk and the head's in the last."""
+    last_chunk = 1 if schedule == "v-half" else vpp - 1
+    if vocab == "parallel" and pp > 1:
+        return VocabPlacement(1 / pp, 1 / pp, 0, last_chunk, False)
+    head_rank = 0 if schedule == "v-half" else pp - 1
+    embed, head = float(rank == 0), float(rank == head_rank)
+    return VocabPlacement(embed, head, 0, last_chunk, bool(embed and head))
+
+
+def stage_params(n: int, layer: LayerCost, vocab: VocabCost, *, first: float, last: float, pp: int,
+                 shared: bool | None = None) -> int:
+    """Parameters on one GPU of a stage with n layers and `first`/`last` shares of the embedding/head."""
+    shared = (pp == 1) if shared is None else shared
+    head = vocab.head_params_shared if shared else vocab.head_params
+    return n * layer.params + math.ceil(first * vocab.embed_params) + math.ceil(last * head)
+
+
+def stage_fwd_s(n: int, layer: LayerCost, vocab: VocabCost, *, first: float, last: float) -> float:
     """Forward of one micro-batch through the stage (compute and exposed TP/CP communication)."""
-    return (n * (layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s) + (vocab.embed_fwd.seconds if first else 0.0)
-            + (vocab.head_fwd.seconds if last else 0.0))
+    return (n * (layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s) + first * vocab.embed_fwd.seconds
+            + last * vocab.head_fwd.seconds)
 
 
-def stage_bwd_s(n: int, layer: LayerCost, vocab: VocabCost, *, first: bool, last: bool) -> float:
+def stage_bwd_s(n: int, layer: LayerCost, vocab: VocabCost, *, first: float, last: float) -> float:
     """Backward of one micro-batch through the stage, recomputation excluded."""
-    return (n * (layer.bwd.seconds + layer.tp_bwd_s + layer.cp_bwd_s) + (vocab.embed_bwd.seconds if first else 0.0)
-            + (vocab.head_bwd.seconds if last else 0.0))
+    return (n * (layer.bwd.seconds + layer.tp_bwd_s + layer.cp_bwd_s) + first * vocab.embed_bwd.seconds
+            + last * vocab.head_bwd.seconds)
 
 
-def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float) -> tuple[StageCost, ...]:
+def vocab_parallel_comm(model: ModelSpec, hw: HardwareSpec, *, pp: int, tp: int, cp: int, dp: int,
+                        tokens: int) -> tuple[float, float]:
+    """Per micro-batch (forward, backward) collectives vocabulary parallelism adds over the pipeline group
+    (Yeung et al. 2024): the partial embeddings are all-reduced and the last layer's output is broadcast to
+    every rank; the softmax's max and sum (fp32 per token) are all-reduced; backward the input gradient of
+    the head is reduced and the embedding's output gradient broadcast. Counted as exposed: the fork
+    overlaps part of it with transformer passes, so this errs on the slow side."""
+    if pp == 1:
+        return 0.0, 0.0
+    link = comm.group_link(hw, pp, tp * cp * dp)
+    hidden = ACTIVATION_BYTES * tokens * model.hidden_size
+    stats = 2 * FP32_BYTES * tokens
+    fwd = comm.all_reduce(hidden, pp, link) + comm.all_gather(hidden, pp, link) + comm.all_reduce(stats, pp, link)
+    bwd = comm.reduce_scatter(hidden, pp, link) + comm.all_gather(hidden, pp, link)
+    return fwd, bwd
+
+
+#: Micro-batches of activations vocabulary parallelism keeps in flight beyond the schedule's own (Yeung et
+#: al. 2024, Table 1: 1F1B holds p, Vocab-1 p+2): its output-layer passes run two slots behind.
+VOCAB_PARALLEL_EXTRA_IN_FLIGHT = 2
+
+
+def in_flight_chunks(plan: Plan, rank: int, ticks: Ticks) -> int:
+    """Chunk activations the rank holds at its peak: the schedule's count, plus vocabulary parallelism's."""
+    chunks = peak_in_flight(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, ticks)[rank]
+    if plan.vocab == "parallel" and plan.pp > 1:
+        chunks += VOCAB_PARALLEL_EXTRA_IN_FLIGHT * chunks_per_rank(plan.schedule, plan.vpp)
+    return chunks
+
+
+def chunk_durations(plan: Plan, n: int, layer: LayerCost, vocab: VocabCost, place: VocabPlacement,
+                    rc: int, p2p_s: float, vp_comm: tuple[float, float], extra_bwd_s: float = 0.0
+                    ) -> tuple[tuple[float, float, float], ...]:
+    """(F, B, W) seconds of one micro-batch on each model chunk of a rank with n layers: layers split evenly
+    over the chunks, the vocabulary shares on their chunks, point-to-point per chunk pass, full recompute of
+    rc layers per chunk in B, the weight-gradient GEMMs in W."""
+    v = chunks_per_rank(plan.schedule, plan.vpp)
+    per = n / v
+    base = base_recompute(plan)
+    rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
+    f_layer = layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s
+    w_layer = layer.wgrad_s
+    b_layer = layer.bwd.seconds - w_layer + layer.tp_bwd_s + layer.cp_bwd_s + rec_base
+    hop = p2p_s / (2 * v) if plan.pp > 1 else 0.0
+    out = []
+    for c in range(v):
+        f = per * f_layer + hop
+        b = per * b_layer + rc * (rec_full - rec_base) + hop
+        w = per * w_layer
+        if c == place.embed_chunk and place.embed:
+            f += place.embed * (vocab.embed_fwd.seconds + vocab.embed_comm_s / 2)
+            b += place.embed * (vocab.embed_bwd.seconds + vocab.embed_comm_s / 2)
+        if c == place.head_chunk and place.head:
+            f += place.head * (vocab.head_fwd.seconds + vocab.head_comm_s / 2)
+            b += place.head * (vocab.head_bwd.seconds - vocab.head_wgrad_s + vocab.head_comm_s / 2)
+            w += place.head * vocab.head_wgrad_s
+        if c == 0:
+            f += vp_comm[0]
+            b += vp_comm[1] + extra_bwd_s
+        out.append((f, b, w))
+    return tuple(out)
+
+
+def schedule_ticks(plan: Plan, layer: LayerCost) -> Ticks:
+    """The F:B:W proportions of one layer under the plan's base recomputation: what a v-half order is built
+    for (independent of the partition, so every partition of a plan runs the same order)."""
+    f = layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s
+    b = layer.bwd.seconds - layer.wgrad_s + layer.tp_bwd_s + layer.cp_bwd_s + layer.recompute_time(base_recompute(plan))
+    return pass_ticks((((f, b, layer.wgrad_s),),))
+
+
+def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float,
+                 vp_comm: tuple[float, float] = (0.0, 0.0)) -> tuple[StageCost, ...]:
     """Assemble every stage of `plan` from per-layer and vocabulary costs (what does not depend on the stage
     is computed once: estimates are called thousands of times per second)."""
+    v = chunks_per_rank(plan.schedule, plan.vpp)
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
     per_state = state_bytes(layer.params, plan.zero, plan.dp * plan.cp)
@@ -138,38 +241,42 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     vocab_cat = CATEGORIES.index("vocab")
     act_base = layer.act.get(base)
     transient_zero3 = zero3_transient(plan, layer)
-    shared: dict[tuple[int, bool, bool], tuple] = {}  # middle stages with equal layer counts cost the same
+    ticks = schedule_ticks(plan, layer)
+    shared: dict[tuple, tuple] = {}  # middle stages with equal layer counts cost the same
     out = []
     for index, n in enumerate(plan.layers_per_stage):
-        first, last = index == 0, index == plan.pp - 1
-        key = (n, first, last)
+        place = vocab_placement(plan.schedule, plan.vocab, plan.pp, plan.vpp, index)
+        first, last = place.embed, place.head
+        rc = recomputed_per_chunk(plan, n // v)
+        key = (n, place, rc)
         if key not in shared:
-            vocab_compute = ((vocab.embed_fwd.seconds + vocab.embed_bwd.seconds) if first else 0.0) + \
-                ((vocab.head_fwd.seconds + vocab.head_bwd.seconds) if last else 0.0)
+            vocab_compute = (first * (vocab.embed_fwd.seconds + vocab.embed_bwd.seconds)
+                             + last * (vocab.head_fwd.seconds + vocab.head_bwd.seconds))
             by_category = [n * x for x in cats]
             by_category[vocab_cat] += vocab_compute
-            params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp)
+            params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp, shared=place.shared)
             fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
             bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
+            zero3 = zero3_exposed(plan, hw, params, fwd, bwd)
             shared[key] = (
                 params, fwd, bwd, tuple(by_category), n * layer_compute + vocab_compute,
-                n * layer_tp + (vocab.embed_comm_s if first else 0.0) + (vocab.head_comm_s if last else 0.0),
-                state_bytes(params - n * layer.params, plan.zero, plan.dp * plan.cp),
-                zero3_exposed(plan, hw, params, fwd, bwd))
-        params, fwd, bwd, by_category, compute, tp_comm, fixed, zero3 = shared[key]
-        rc = recomputed_per_chunk(plan, n // plan.vpp)
-        num, _ = activation_multiplier(plan.schedule, index, plan.pp, plan.vpp, plan.num_microbatches)
+                n * layer_tp + first * vocab.embed_comm_s + last * vocab.head_comm_s + sum(vp_comm),
+                state_bytes(params - n * layer.params, plan.zero, plan.dp * plan.cp), zero3,
+                chunk_durations(plan, n, layer, vocab, place, rc, p2p_s, vp_comm, zero3))
+        params, fwd, bwd, by_category, compute, tp_comm, fixed, zero3, chunks = shared[key]
+        num = in_flight_chunks(plan, index, ticks)
         memory = StageMemory(
             weights=n * per_state[0] + fixed[0], gradients=n * per_state[1] + fixed[1],
             optimizer=n * per_state[2] + fixed[2],
-            activations=num * (rc * layer.act.full + (n // plan.vpp - rc) * act_base),
-            vocab_activations=stage_vocab_activations(plan, index, vocab) if first or last else 0,
+            activations=num * (rc * layer.act.full + (n // v - rc) * act_base),
+            vocab_activations=stage_vocab_activations(plan, index, vocab, ticks),
             transient=(layer.act.none if rc else 0) + transient_zero3)
         out.append(StageCost(
-            index=index, layers=n, recomputed_layers=rc * plan.vpp, has_embedding=first, has_head=last,
-            compute_s=compute, recompute_s=n * rec_base + rc * plan.vpp * (rec_full - rec_base), tp_comm_s=tp_comm,
+            index=index, layers=n, recomputed_layers=rc * v, has_embedding=first > 0, has_head=last > 0,
+            compute_s=compute, recompute_s=n * rec_base + rc * v * (rec_full - rec_base), tp_comm_s=tp_comm,
             cp_comm_s=n * layer_cp, pp_comm_s=p2p_s, zero3_comm_s=zero3, fwd_s=fwd, bwd_s=bwd,
-            by_category=by_category, params=params, memory=memory))
+            by_category=by_category, params=params, memory=memory, chunks=chunks,
+            wgrad_s=sum(w for _, _, w in chunks)))
     return tuple(out)
 
 
@@ -179,15 +286,19 @@ def state_bytes(params: int, zero: int, shards: int) -> tuple[int, int, int]:
     return whole_bytes(params * w), whole_bytes(params * g), whole_bytes(params * o)
 
 
-def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost) -> int:
-    """Embedding activations of the micro-batches in flight on the first stage; the LM head's fp32 softmax
-    and loss scratch of the one micro-batch the last stage holds between its forward and backward."""
+def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost, ticks: Ticks) -> int:
+    """The rank's share of the embedding activations of every micro-batch it holds in flight, and of the
+    LM head's fp32 softmax and loss scratch for the one micro-batch between its head forward and backward."""
+    place = vocab_placement(plan.schedule, plan.vocab, plan.pp, plan.vpp, index)
     total = 0
-    if index == 0:
-        num, den = activation_multiplier(plan.schedule, 0, plan.pp, plan.vpp, plan.num_microbatches)
-        total += -(-num // den) * vocab.embed_act
-    if index == plan.pp - 1:
-        total += vocab.head_act + vocab.head_transient
+    if place.embed:
+        v = chunks_per_rank(plan.schedule, plan.vpp)
+        micro = -(-peak_in_flight(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, ticks)[index] // v)
+        if plan.vocab == "parallel":
+            micro += VOCAB_PARALLEL_EXTRA_IN_FLIGHT
+        total += math.ceil(place.embed * micro * vocab.embed_act)
+    if place.head:
+        total += math.ceil(place.head * (vocab.head_act + vocab.head_transient))
     return total
 
 

@@ -24,6 +24,15 @@ def emit_colossalai(inp: EmitInput) -> EmitResult:
                         "parallelism (the predicted time does not hold)")
     if p.schedule == "interleaved":
         warnings.append("Colossal-AI's legacy pipeline is 1F1B with one chunk per rank here: vpp is set to 1")
+    elif p.schedule in ("zb-h1", "v-half"):
+        warnings.append(f"schedule {p.schedule}: Colossal-AI's legacy schedules have no zero-bubble or V "
+                        "schedule; emitted 1F1B with one chunk per rank (a larger bubble than predicted"
+                        + (", about twice V-Half's activation memory" if p.schedule == "v-half" else "")
+                        + "). Its newer booster API has a V-shaped zero-bubble scheduler (HybridParallelPlugin("
+                        "pp_style='zbv'), Colossal-AI 0.5.0), outside the legacy schema this emitter targets")
+    if p.vocab == "parallel":
+        warnings.append("vocab parallel: Colossal-AI cannot split the embedding and LM head over pipeline stages; "
+                        "they stay on the first and last stage (more memory there, a slower step than predicted)")
     if p.recompute == "selective" or p.recompute_layers is not None:
         warnings.append("Colossal-AI's legacy checkpointing is per layer and all-or-nothing: full recompute emitted")
     if p.zero >= 2:

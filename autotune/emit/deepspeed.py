@@ -135,6 +135,25 @@ def _checkpoint_interval(plan: Plan, warnings: list[str]) -> int:
     return 1
 
 
+def _schedule_warnings(plan: Plan) -> list[str]:
+    """ZB-H1, V-Half and vocabulary parallelism: DeepSpeed's PipelineModule runs its 1F1B TrainSchedule."""
+    out = []
+    if plan.schedule == "zb-h1":
+        out.append("schedule zb-h1: DeepSpeed's pipeline engine has no zero-bubble schedule (TrainSchedule is "
+                   "1F1B); emitted 1F1B with the same layers per rank: the same peak memory, but a larger bubble "
+                   "than predicted (weight gradients are not deferred into it)")
+    elif plan.schedule == "v-half":
+        out.append("schedule v-half: DeepSpeed has no V-Half; emitted PipelineModule's 1F1B with the same layers per "
+                   f"rank, one chunk each: the LM head moves from rank 0 to stage {plan.pp - 1}, the bubble is larger "
+                   "and the activation memory about twice the V-Half prediction (DeepSpeed 0.19.8's "
+                   "deepspeed.pipe.DualPipeVModule has the V placement, but not V-Half's memory; not emitted)")
+    if plan.vocab == "parallel":
+        out.append("vocab parallel: DeepSpeed cannot split the embedding and LM head over pipeline stages; emitted "
+                   "the embedding on the first stage and the norm and LM head on the last (more memory there and a "
+                   "slower step than predicted)")
+    return out
+
+
 def _pipeline_args(inp: EmitInput, interval: int, warnings: list[str]) -> dict[str, Any]:
     plan = inp.plan
     layers, ds_layers = list(plan.layers_per_stage), list(deepspeed_split(inp.model.num_layers, plan.pp))
@@ -147,10 +166,11 @@ def _pipeline_args(inp: EmitInput, interval: int, warnings: list[str]) -> dict[s
         "(Megatron-DeepSpeed's) whose get_*_world_size methods return the mpu degrees here; DeepSpeed takes the "
         "data-parallel size for the batch from mpu.get_data_parallel_world_size()",
     ]
-    if plan.vpp > 1:
+    if plan.schedule == "interleaved":
         warnings.append(f"schedule interleaved (vpp {plan.vpp}): DeepSpeed's pipeline engine has no interleaved "
                         "schedule; emitted plain 1F1B (vpp 1) with the same layers per rank, whose bubble is "
                         f"{plan.vpp}x larger than predicted")
+    warnings += _schedule_warnings(plan)
     if layers != ds_layers:
         warnings.append(f"layers_per_stage {','.join(map(str, layers))}: DeepSpeed's partition_method "
                         f"'{PARTITION_METHOD}' gives {','.join(map(str, ds_layers))}; to get the planned split, "

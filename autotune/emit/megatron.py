@@ -13,6 +13,9 @@ The pipeline partition (layers per rank, each rank's layers split evenly into vp
 preference: nothing (an even split); `--decoder-first/last-pipeline-num-layers` (the ends differ from equal middle
 ranks); otherwise `--pipeline-model-parallel-layout` listing the virtual stages in virtual order. Data
 parallelism has no flag: Megatron derives it from the world size, which the launch script checks.
+
+What mainline Megatron-LM lacks (zero-bubble and V schedules, vocabulary parallelism) is emitted as the closest
+config with a warning; megatron_forks.py says how, and how the vocabulary-parallel fork's flag stays switchable.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import shlex
 
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
+from autotune.emit.megatron_forks import VOCAB_FORK, fork_block, fork_flags, mainline_plan, schedule_warnings
 from autotune.specs.plan import Plan
 
 TARGET = "Megatron-LM pretrain_gpt.py, flags as in megatron-core 0.16 / Megatron-LM core_r0.16"
-
 #: Flags Megatron refuses to see together (validate_args in megatron/training/arguments.py and
 #: TransformerConfig.__post_init__); the emitter never produces any of these pairs.
 FORBIDDEN_TOGETHER: tuple[tuple[str, str, str], ...] = (
@@ -165,10 +168,16 @@ def _model_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
 def _data_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
     """NullTokenizer with --vocab-size V-1 has V entries (V-1 tokens + EOD); Megatron then pads the vocabulary to
     a multiple of make_vocab_size_divisible_by * tp, chosen here so that V needs no padding."""
-    v, tp = inp.model.vocab_size, inp.plan.tp
+    v, tp, pp = inp.model.vocab_size, inp.plan.tp, inp.plan.pp
     divisor = math.gcd(v // tp, 128) if v % tp == 0 else 1
+    if inp.plan.vocab == "parallel":  # the vocabulary-parallel fork: make_vocab_size_divisible_by % (tp*pp) == 0
+        divisor = math.lcm(divisor, tp * pp)
+    padded = math.ceil(v / (divisor * tp)) * divisor * tp
     if v % tp:
-        warn.append(f"vocab {v} is not divisible by tp {tp}; Megatron pads it to {math.ceil(v / tp) * tp}")
+        warn.append(f"vocab {v} is not divisible by tp {tp}; Megatron pads it to {padded}")
+    elif padded != v:
+        warn.append(f"vocab parallel: {VOCAB_FORK} needs --make-vocab-size-divisible-by a multiple of tp*pp = "
+                    f"{tp * pp}; with {divisor}, Megatron pads the vocabulary {v} to {padded}")
     return [("--mock-data", None), ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(v - 1)),
             ("--make-vocab-size-divisible-by", str(divisor))]
 
@@ -182,7 +191,7 @@ def _parallel_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
         flags.append(("--sequence-parallel", None))
     elif p.sequence_parallel:
         warn.append("sequence_parallel needs tp > 1 (Megatron turns it off); not emitted")
-    return flags + partition_flags(p)[0]
+    return flags + partition_flags(mainline_plan(p))[0]
 
 
 def _precision_flags(inp: EmitInput) -> list[Flag]:
@@ -241,7 +250,7 @@ def _kernel_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
 
 def megatron_flags(inp: EmitInput) -> tuple[dict[str, list[Flag]], tuple[str, ...]]:
     """The flags by group (each group sorted by flag name) and the warnings."""
-    warn: list[str] = []
+    warn: list[str] = schedule_warnings(inp.plan)
     p = inp.plan
     groups = {
         "GPT_ARGS": _model_flags(inp, warn),
@@ -262,11 +271,12 @@ def megatron_flags(inp: EmitInput) -> tuple[dict[str, list[Flag]], tuple[str, ..
     return groups, tuple(warn)
 
 
-def megatron_argv(inp: EmitInput) -> list[str]:
-    """The pretrain_gpt.py arguments of the launch script, in order."""
+def megatron_argv(inp: EmitInput, *, fork: bool = True) -> list[str]:
+    """The pretrain_gpt.py arguments of the launch script, in order; `fork=False`: as run on mainline Megatron-LM
+    (VOCAB_PARALLEL=0, without the vocabulary-parallel fork's flags)."""
     groups, _ = megatron_flags(inp)
-    return [x for flags in groups.values() for flag, value in flags for x in ((flag,) if value is None else
-                                                                               (flag, value))]
+    flags = [f for group in groups.values() for f in group] + (fork_flags(inp.plan) if fork else [])
+    return [x for flag, value in flags for x in ((flag,) if value is None else (flag, value))]
 
 
 # ---------------------------------------------------------------- files
@@ -287,7 +297,7 @@ def _array(name: str, flags: list[Flag]) -> str:
 
 
 def _launch_script(inp: EmitInput, groups: dict[str, list[Flag]], nodes: int, per_node: int) -> str:
-    p = inp.plan
+    p, run = inp.plan, mainline_plan(inp.plan)
     fsdp = any(f == "--use-megatron-fsdp" for f, _ in groups.get("DDP_ARGS", []))
     notes = [
         "Megatron-LM launch script: run it from a Megatron-LM checkout (core_r0.16) or set MEGATRON_LM.",
@@ -295,14 +305,18 @@ def _launch_script(inp: EmitInput, groups: dict[str, list[Flag]], nodes: int, pe
         f"Run it on each of the {nodes} nodes with NODE_RANK (0..{nodes - 1}) and MASTER_ADDR set "
         "(sbatch_megatron.sh does).",
         "Extra arguments are passed on to pretrain_gpt.py; replace --mock-data/NullTokenizer with real data.",
-        f"pipeline: {partition_flags(p)[1]}; transformer layers per rank {','.join(map(str, p.layers_per_stage))}"
-        + (f", per virtual stage {layout_string(p)}" if p.vpp > 1 else ""),
+        f"pipeline: {partition_flags(run)[1]}; transformer layers per rank {','.join(map(str, p.layers_per_stage))}"
+        + (f", per virtual stage {layout_string(run)}" if run.vpp > 1 else ""),
         f"data parallelism {p.dp} is derived by Megatron from the world size {p.num_gpus} / (tp*pp*cp).",
     ]
+    if run.schedule != p.schedule:
+        notes.append(f"schedule: the plan's {p.schedule} runs as 1F1B here (mainline Megatron-LM has no zero-bubble "
+                     "or V schedule; see autotune's warnings).")
     env = ("# Megatron FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1: leave it unset.\n" if fsdp else
            "# One CUDA connection keeps TP/SP communication and compute kernels in issue order.\n"
            "export CUDA_DEVICE_MAX_CONNECTIONS=1\n")
-    passed = " \\\n".join(f'    "${{{name}[@]}}"' for name in groups)
+    fork = fork_block(inp.plan, dict(groups["DATA_ARGS"])["--make-vocab-size-divisible-by"])
+    passed = " \\\n".join(f'    "${{{name}[@]}}"' for name in [*groups, *(["FORK_ARGS"] if fork else [])])
     return (
         "#!/usr/bin/env bash\n" + commented(header_lines(inp, "megatron", TARGET)) + "#\n" + commented(notes)
         + "set -euo pipefail\n\n"
@@ -312,7 +326,7 @@ def _launch_script(inp: EmitInput, groups: dict[str, list[Flag]], nodes: int, pe
         'if (( NNODES * GPUS_PER_NODE != WORLD_SIZE )); then\n'
         '    echo "this plan needs $WORLD_SIZE GPUs ($GPUS_PER_NODE per node): set NNODES=$((WORLD_SIZE / '
         'GPUS_PER_NODE))" >&2\n    exit 1\nfi\n' + env + "\n"
-        + "\n".join(_array(name, flags) for name, flags in groups.items()) + "\n"
+        + "\n".join(_array(name, flags) for name, flags in groups.items()) + "\n" + fork +
         'torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --node-rank "$NODE_RANK" \\\n'
         '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\\n'
         '    "$MEGATRON_LM/pretrain_gpt.py" \\\n' + passed + ' \\\n    "$@"\n'

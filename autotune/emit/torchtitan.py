@@ -12,7 +12,12 @@ same key names (torchtitan/config/configs.py in 0.3.0, config/job_config.py in 0
 * the partition: a split with the same layer count in every virtual stage is `pipeline_parallel_layers_per_stage`
   with no layer-equivalents for the embedding or head (`first/last_stage_less_layers` 0); any other split is
   `module_fqns_per_model_part`, one list per virtual stage in virtual order (stage j*pp + i = chunk j of rank i,
-  as torchtitan's looped schedules place them).
+  as torchtitan's looped schedules place them);
+* the schedules: 1f1b -> `1F1B`, interleaved -> `Interleaved1F1B`, v-half -> `ZBVZeroBubble` (the V-shaped
+  zero-bubble schedule: 2 stages per rank, rank i holding virtual stages i and 2pp-1-i, so the embedding and
+  the head both sit on rank 0; it keeps about 1F1B's activation memory, not V-Half's half, hence a warning);
+  zb-h1 -> `1F1B` with a warning (torchtitan's zero-bubble schedules all need 2 stages per rank). Vocabulary
+  parallelism has no torchtitan setting: the embedding stays in the first virtual stage and the head in the last.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ REGISTRY = {
     "llama3-405b": ("llama3_405b", "405B"), "llama3.1-405b": ("llama3_405b", "405B"),
 }
 #: torchtitan's names for autotune's schedules (torch.distributed.pipelining.schedules.get_schedule_class).
-SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B", "v-half": "ZBVZeroBubble"}
 #: The LM head's module name: `lm_head` in 0.3.0 (models/llama3/__init__.py), `output` in 0.2.x.
 HEAD = {"cli": "lm_head", "toml": "output"}
 
@@ -69,8 +74,20 @@ def emit_torchtitan(inp: EmitInput, *, fmt: str = "cli") -> EmitResult:
 
 
 def virtual_stage_layers(plan: Plan) -> list[int]:
-    """Transformer layers of each virtual stage in virtual order (stage v is chunk v // pp of rank v % pp)."""
-    return [plan.layers_per_stage[v % plan.pp] // plan.vpp for v in range(plan.pp * plan.vpp)]
+    """Transformer layers of each virtual stage in virtual (model) order: looped schedules put chunk v // pp of
+    rank v % pp there; v-half's V puts rank v's first half for v < pp and rank 2pp-1-v's second half after."""
+    p, layers = plan.pp, plan.layers_per_stage
+    if plan.schedule == "v-half":
+        return [layers[v if v < p else 2 * p - 1 - v] // 2 for v in range(2 * p)]
+    return [layers[v % p] // plan.vpp for v in range(p * plan.vpp)]
+
+
+def stage_ranks(plan: Plan) -> list[int]:
+    """The pipeline rank that runs each virtual stage (torchtitan's loop or V placement)."""
+    p = plan.pp
+    if plan.schedule == "v-half":
+        return [v if v < p else 2 * p - 1 - v for v in range(2 * p)]
+    return [v % p for v in range(p * plan.vpp)]
 
 
 def module_fqns(plan: Plan, head: str) -> list[list[str]]:
@@ -108,6 +125,7 @@ def map_plan(inp: EmitInput, fmt: str) -> Mapping:
     if plan.pp > 1 and fmt == "cli":
         keys.append(("training", "disable_cuda_graphs", True))
         notes.append("CUDA graphs do not support pipeline parallelism yet (Trainer.Config): disabled")
+    warnings += _schedule_warnings(plan)
     keys += _data_parallel(plan, fmt, notes, warnings)
     keys.append(("parallelism", "tensor_parallel_degree", plan.tp))
     if plan.tp > 1 and fmt == "cli":
@@ -149,6 +167,24 @@ def _model_warnings(inp: EmitInput, fmt: str) -> list[str]:
     elif m.tied_embeddings and plan.pp > 1:
         out.append("tied embeddings: torchtitan does not support weight tying with pipeline parallelism; the config "
                    "function must untie them (the LM head gets its own weights on the last stage)")
+    return out
+
+
+def _schedule_warnings(plan: Plan) -> list[str]:
+    """What torchtitan's schedules cannot express: ZB-H1, V-Half's memory, vocabulary parallelism."""
+    out = []
+    if plan.schedule == "zb-h1":
+        out.append("schedule zb-h1: torchtitan has no single-stage zero-bubble schedule (InterleavedZeroBubble and "
+                   "ZBVZeroBubble need 2 stages per rank); emitted 1F1B with the same stages: the same peak memory, "
+                   "but a larger bubble than predicted (weight gradients are not deferred into it)")
+    elif plan.schedule == "v-half":
+        out.append("schedule v-half: torchtitan has no V-Half; emitted ZBVZeroBubble, the V-shaped zero-bubble "
+                   "schedule with the same 2 stages per rank in V order: a smaller bubble, but it keeps about 1F1B's "
+                   "activation memory, about twice V-Half's, so peak memory exceeds the prediction")
+    if plan.vocab == "parallel":
+        out.append("vocab parallel: torchtitan cannot split the embedding and LM head over pipeline stages; emitted "
+                   "the embedding in the first virtual stage and the norm and LM head in the last (more memory "
+                   "there and a slower step than predicted)")
     return out
 
 
@@ -198,8 +234,9 @@ def _pipeline(plan: Plan, fmt: str, notes: list[str]) -> list[tuple[str, str, ob
         return keys + [("parallelism", "pipeline_parallel_layers_per_stage", counts[0]),
                        ("parallelism", "pipeline_parallel_first_stage_less_layers", 0),
                        ("parallelism", "pipeline_parallel_last_stage_less_layers", 0)]
-    notes.append(f"pipeline: layers per virtual stage {','.join(map(str, counts))} (stage j*pp + i = chunk j of "
-                 "rank i)")
+    order = ("V order: stage i < pp is the first half of rank i, stage 2pp-1-i its second half"
+             if plan.schedule == "v-half" else "stage j*pp + i = chunk j of rank i")
+    notes.append(f"pipeline: layers per virtual stage {','.join(map(str, counts))} ({order})")
     return keys + [("parallelism", "module_fqns_per_model_part", module_fqns(plan, HEAD[fmt]))]
 
 

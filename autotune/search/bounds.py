@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
-from autotune.costmodel.stages import p2p_seconds, stage_bwd_s, stage_fwd_s, zero3_exposed
+from autotune.costmodel.schedules import pipeline_lower_bound
+from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params, vocab_parallel_comm,
+                                       vocab_placement, zero3_exposed)
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunks, shell_plan, smallest_stage_params,
                                     sync_collectives, tied_sync_seconds)
@@ -22,22 +24,28 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
 
     The work W (every layer at the cheapest recomputation allowed, the fixed vocabulary/p2p terms and the
     `forced_s` full recomputation that memory forces) spread perfectly: t_max >= W/p; t_max >= each stage's
-    fixed part; and some stage holds ceil(chunks/p) chunks. Then T = (m - 1/v)*t_max + W/v (schedules.py),
+    fixed part; and some stage holds ceil(chunks/p) chunks. The pipeline time is at least m*t_max and, for
+    1F1B-like schedules, the last-rank path (schedules.pipeline_lower_bound),
     plus lower bounds on the exposed data-parallel sync (sync_bound), the tied-embedding sync and Adam.
     `t_max_floor` is a bound on t_max found elsewhere (the memory-capped water level, see stage_time_floor).
     `memo` (one dict per search) keeps the sync bound, shared by every candidate with the same layer, data
     and pipeline degrees."""
     L = cm.model.num_layers
     layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
-    p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp,
-                      tokens=c.mbs * cm.job.seq_len // c.cp, hidden=cm.model.hidden_size)
+    tokens = c.mbs * cm.job.seq_len // c.cp
+    p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp, tokens=tokens,
+                      hidden=cm.model.hidden_size)
     per_layer = layer.time(c.base) + (layer.recompute_time("full") - layer.recompute_time(c.base)
                                       if c.full_min > 0 else 0.0)
-    if c.pp == 1:
-        fixed = [vocab.embed_time + vocab.head_time]
-    else:
-        fixed = [vocab.embed_time + p2p, vocab.head_time + p2p] + [p2p] * (c.pp - 2)
-    vocab_params = vocab.embed_params + (vocab.head_params if c.pp > 1 else vocab.head_params_shared)
+    vocab_mode = "parallel" if c.vocab == "parallel" else "ends"
+    vp = sum(vocab_parallel_comm(cm.model, cm.hw, pp=c.pp, tp=c.tp, cp=c.cp, dp=c.dp, tokens=tokens)) \
+        if c.vocab == "parallel" else 0.0
+    fixed, vocab_params = [], 0
+    for i in range(c.pp):
+        place = vocab_placement(c.schedule, vocab_mode, c.pp, c.vpp, i)
+        fixed.append(place.embed * vocab.embed_time + place.head * vocab.head_time + (p2p if c.pp > 1 else 0.0) + vp)
+        vocab_params += stage_params(0, layer, vocab, first=place.embed, last=place.head, pp=c.pp,
+                                     shared=place.shared)
     total_params = L * layer.params + vocab_params
     smallest = smallest_stage_params(c, layer, vocab, L)
     if c.zero >= 3:  # pp == 1: one stage holds everything
@@ -47,7 +55,9 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     work = L * per_layer + sum(fixed) + forced_s
     chunks = L // c.vpp
     t_max = max(work / c.pp, max(fixed), c.vpp * math.ceil(chunks / c.pp) * per_layer + min(fixed), t_max_floor)
-    pipe = (c.num_microbatches - 1 / c.vpp) * t_max + work / c.vpp
+    last_layers = c.vpp * ((chunks // c.pp) if c.even_only else (1 if c.vpp > 1 else 0))
+    t_last = fixed[-1] + last_layers * layer.time(c.base)
+    pipe = pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, t_max, t_last, work)
     key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.dp, c.zero, c.pp, c.vpp)
     if memo is None or key not in memo:
         sync = _sync_bound(cm, c, buckets, layer, vocab, smallest)

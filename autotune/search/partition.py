@@ -4,10 +4,15 @@ time subject to every stage's memory.
 
 Layout after the cpsat-primer: instance (CandidateCosts) -> variables -> constraint groups -> objective ->
 solve -> read back. Times are scaled to integers once (units.to_solver_time); memory stays in whole bytes.
-The objective is the step time times vpp (to stay integral):
-    vpp*m*t_max + sum(t_i) - t_max + vpp*(sync + adam + tied)
-with t_i = n_i*a + r_i*d + c_i linear in the layers n_i = vpp*k_i and the recomputed layers r_i = vpp*rc_i;
-each bucketed sync is max(one bucket, max_i (bytes_i/B)*c - window_i - slack_i), linear per bucket choice.
+The objective is the step time: pipeline + sync + adam + tied. Every chunk's pass durations are linear in
+the chunks' worth of layers k_i (n_i = vpp*k_i) and the recomputed layers rc_i: F = k_i*f + F_i,
+B = k_i*b + rc_i*d + B_i, W = k_i*w + W_i. The pipeline time is the longest path through the schedule's
+passes (costmodel/pipeline.py), a maximum over exponentially many paths, each linear in those durations. So
+it is modelled lazily: pipe >= length of a path, for a small set of paths; solve; simulate the solution; if
+its critical path is longer than `pipe`, add that path and solve again. Each added path is a valid lower
+bound for every partition, so when the solution's own critical path is already in the set, the solution is
+optimal for the exact (simulated) pipeline time. Each bucketed sync is max(one bucket, max_i
+(bytes_i/B)*c - window_i - slack_i), linear per bucket choice.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
+from autotune.costmodel.pipeline import SPLIT_BACKWARD, critical_path
 from autotune.search.tables import CandidateCosts, chunk_range, window_s
 from autotune.units import to_solver_time
 
@@ -28,6 +34,10 @@ class PartitionResult:
     recompute_layers: int = 0
     bucket: int = 0
     objective: int = 0
+    chunk_values: tuple = ((), ())
+    """(k_i, rc_i) of the solution, for simulating it."""
+    pipe: int = 0
+    """The solver's pipeline-time variable at the solution."""
 
 
 _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
@@ -37,38 +47,131 @@ _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.
 def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float, cutoff: int | None = None,
                     pinned: tuple[int, ...] | None = None) -> PartitionResult:
     """Solve one candidate. With `cutoff` (scaled objective), only strictly better plans are feasible."""
-    c = cc.cand
     model = cp_model.CpModel()
     chunks, ranges = _chunk_vars(model, cc, num_layers, pinned)
     if chunks is None:
         return PartitionResult("INFEASIBLE")
     rc, r = _recompute_vars(model, cc, chunks)
-    times, t_hi = _stage_times(model, cc, chunks, rc, num_layers // c.vpp)
-    t_max = model.NewIntVar(0, t_hi, "t_max")
-    model.AddMaxEquality(t_max, times)
+    durations = _pass_coefficients(cc)
+    pipe = model.NewIntVar(0, _pipe_upper(cc, num_layers), "pipe")
+    for path in _initial_paths(cc, ranges):
+        _add_path(model, pipe, path, durations, chunks, rc)
     _memory_constraints(model, cc, chunks, rc)
     choice, sync = _dp_sync(model, cc, chunks, ranges, num_layers)
     adam = _adam(model, cc, chunks, num_layers)
-    v, m = c.vpp, c.num_microbatches
-    objective = v * m * t_max + sum(times) - t_max + v * (sync + adam + to_solver_time(cc.tied_sync_s))
+    objective = pipe + sync + adam + to_solver_time(cc.tied_sync_s)
     if cutoff is not None:
         model.Add(objective < cutoff)
     model.Minimize(objective)
+    best: PartitionResult | None = None
+    proven = False
+    while time_limit_s > 0:
+        found, time_limit_s = _solve(model, objective, pipe, cc, chunks, r, choice, time_limit_s)
+        if found is None or found.status == "INFEASIBLE":  # nothing (else) beats the cutoff or the best so far
+            proven = found is not None
+            break
+        k_vals, rc_vals = found.chunk_values
+        exact, path = _critical_path(cc, durations, k_vals, rc_vals)
+        true_objective = found.objective - found.pipe + exact
+        if best is None or true_objective < best.objective:
+            best = replace(found, objective=true_objective, status="FEASIBLE")
+        if exact <= found.pipe:  # the solution's critical path is already a constraint: nothing can do better
+            proven = found.status == "OPTIMAL"
+            break
+        _add_path(model, pipe, path, durations, chunks, rc)
+        model.Add(objective < best.objective)
+    if best is None:
+        return PartitionResult("INFEASIBLE" if proven else "UNKNOWN")
+    return replace(best, status="OPTIMAL" if proven else "FEASIBLE")
+
+
+def _solve(model, objective, pipe, cc: CandidateCosts, chunks, r, choice, time_limit_s: float):
+    """One solve of the current model with the strategy fallbacks; (result or None, time left)."""
     found: PartitionResult | None = None
     for branching, budget in _ATTEMPTS:
         solver = _solver(branching, budget, time_limit_s)
         status = _STATUS.get(solver.Solve(model), "UNKNOWN")
+        time_limit_s -= solver.WallTime()
         if status in ("OPTIMAL", "FEASIBLE"):
-            found = _read(solver, cc, chunks, r, choice, status)
+            found = _read(solver, cc, chunks, r, choice, status, pipe)
             if status == "OPTIMAL":
-                return found
+                return found, time_limit_s
             model.Add(objective < found.objective)  # the next attempt must improve on it, or prove it optimal
         elif status == "INFEASIBLE":
-            return PartitionResult("INFEASIBLE") if found is None else replace(found, status="OPTIMAL")
-        time_limit_s -= solver.WallTime()
+            return (PartitionResult("INFEASIBLE") if found is None else replace(found, status="OPTIMAL")), time_limit_s
         if time_limit_s <= 0:
             break
-    return found or PartitionResult("UNKNOWN")
+    return found, time_limit_s
+
+
+Coefficients = tuple[tuple[tuple[tuple[int, int, int], ...], ...], tuple[int, int, int, int]]
+
+
+def _pass_coefficients(cc: CandidateCosts) -> Coefficients:
+    """Solver-unit (F, B, W) constants per rank and chunk, and per-layer (f, b, w, d) slopes; for schedules
+    that do not split the backward W is folded into B."""
+    split = cc.cand.schedule in SPLIT_BACKWARD
+    f, b, w = (to_solver_time(x) for x in cc.layer_fbw)
+    d = to_solver_time(cc.full_extra_s)
+    fixed = tuple(tuple((to_solver_time(x), to_solver_time(y + (0.0 if split else z)), to_solver_time(z) if split else 0)
+                        for x, y, z in s.chunk_fixed) for s in cc.stages)
+    return fixed, (f, b + (0 if split else w), w if split else 0, d)
+
+
+def _durations_at(durations: Coefficients, k_vals, rc_vals):
+    """Integer (F, B, W) per rank and chunk for a given partition."""
+    fixed, (f, b, w, d) = durations
+    return tuple(tuple((k * f + F, k * b + rc * d + B, k * w + W) for F, B, W in row)
+                 for row, k, rc in zip(fixed, k_vals, rc_vals))
+
+
+def _critical_path(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals):
+    c = cc.cand
+    table = _durations_at(durations, k_vals, rc_vals)
+    if c.schedule not in SPLIT_BACKWARD:
+        table = tuple(tuple((F, B, 0) for F, B, _ in row) for row in table)
+    total, path = critical_path(c.schedule, c.pp, c.vpp, c.num_microbatches, table, cc.ticks)
+    return int(round(total)), path
+
+
+def _add_path(model: cp_model.CpModel, pipe, path: dict, durations: Coefficients, chunks, rc) -> None:
+    """pipe >= the length of one path: sum over its passes of their durations, linear in k_i and rc_i."""
+    fixed, (f, b, w, d) = durations
+    slope = {"F": f, "B": b, "W": w}
+    const = 0
+    per_k = [0] * len(chunks)
+    per_rc = [0] * len(chunks)
+    for (rank, chunk, kind), count in path.items():
+        const += count * fixed[rank][chunk]["FBW".index(kind)]
+        per_k[rank] += count * slope[kind]
+        if kind == "B":
+            per_rc[rank] += count * d
+    model.Add(pipe >= const + sum(a * k for a, k in zip(per_k, chunks) if a)
+              + sum(a * x for a, x in zip(per_rc, rc) if a and not isinstance(x, int)))
+
+
+def _initial_paths(cc: CandidateCosts, ranges) -> list[dict]:
+    """Critical paths of a few partitions: each rank in turn made the heaviest (its whole pass sequence
+    plus the fill before and the drain after it), and the most even split."""
+    c = cc.cand
+    lo = [a for a, _ in ranges]
+    paths = []
+    for heavy in range(c.pp):
+        k_vals = [max(x, 1) for x in lo]
+        k_vals[heavy] = max(k_vals[heavy], 1) * 1000
+        table = _durations_at(_pass_coefficients(cc), k_vals, [0] * c.pp)
+        if c.schedule not in SPLIT_BACKWARD:
+            table = tuple(tuple((F, B, 0) for F, B, _ in row) for row in table)
+        paths.append(critical_path(c.schedule, c.pp, c.vpp, c.num_microbatches, table, cc.ticks)[1])
+    return paths
+
+
+def _pipe_upper(cc: CandidateCosts, num_layers: int) -> int:
+    """A safe upper bound on the pipeline time: every pass of every rank one after another."""
+    c = cc.cand
+    fixed, (f, b, w, d) = _pass_coefficients(cc)
+    per_mb = sum(sum(F + B + W for F, B, W in row) for row in fixed) + num_layers * (f + b + w + max(d, 0))
+    return c.num_microbatches * per_mb + 1
 
 
 #: Search strategies tried in turn, each with a budget of conflicts (deterministic, unlike seconds; None:
@@ -93,12 +196,15 @@ def _solver(branching, budget: int | None, time_limit_s: float) -> cp_model.CpSo
     return solver
 
 
-def _read(solver: cp_model.CpSolver, cc: CandidateCosts, chunks, r, choice, status: str) -> PartitionResult:
+def _read(solver: cp_model.CpSolver, cc: CandidateCosts, chunks, r, choice, status: str, pipe) -> PartitionResult:
     v = cc.cand.vpp
-    layers = tuple(v * solver.Value(k) for k in chunks)
+    k_vals = tuple(solver.Value(k) for k in chunks)
+    layers = tuple(v * k for k in k_vals)
     r_val = min(solver.Value(r), max(layers) // v) if r is not None else 0
+    rc_vals = tuple(min(r_val, k) for k in k_vals)
     bucket = next((b for b, y in zip(cc.buckets, choice) if solver.Value(y)), cc.buckets[0])
-    return PartitionResult(status, layers, r_val, bucket, int(solver.ObjectiveValue()))
+    return PartitionResult(status, layers, r_val, bucket, int(solver.ObjectiveValue()), (k_vals, rc_vals),
+                           solver.Value(pipe))
 
 
 def _chunk_vars(model: cp_model.CpModel, cc: CandidateCosts, num_layers: int, pinned: tuple[int, ...] | None):
@@ -133,19 +239,6 @@ def _recompute_vars(model: cp_model.CpModel, cc: CandidateCosts, chunks: list[cp
         model.AddMinEquality(x, [r, k])
         rc.append(x)
     return rc, r
-
-
-def _stage_times(model: cp_model.CpModel, cc: CandidateCosts, chunks, rc, kmax: int) -> tuple[list, int]:
-    """t_i = n_i*a + r_i*d + c_i in solver units, and an upper bound on all of them."""
-    v = cc.cand.vpp
-    a, d = to_solver_time(cc.layer_time_s), to_solver_time(cc.full_extra_s)
-    hi = v * (a + max(d, 0)) * kmax + max(to_solver_time(s.time_s) for s in cc.stages)
-    out = []
-    for i, k in enumerate(chunks):
-        t = model.NewIntVar(0, hi, f"t{i}")
-        model.Add(t == v * a * k + v * d * rc[i] + to_solver_time(cc.stages[i].time_s))
-        out.append(t)
-    return out, hi
 
 
 def _memory_constraints(model: cp_model.CpModel, cc: CandidateCosts, chunks, rc) -> None:

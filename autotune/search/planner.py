@@ -28,6 +28,7 @@ from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import even_split
+from autotune.specs.profile import Profile
 from autotune.units import SOLVER_TIME_UNIT_S, gib
 
 
@@ -73,8 +74,9 @@ def candidate_key(c: Candidate) -> tuple:
 
 
 def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int = 3,
-           time_limit_s: float = 60.0, progress: Progress | None = None) -> PlanResult:
-    """Find the fastest plan that fits, and prove it optimal (raises InfeasibleError / SolverLimitError)."""
+           time_limit_s: float = 60.0, progress: Progress | None = None, profile: Profile | None = None) -> PlanResult:
+    """Find the fastest plan that fits, and prove it optimal (raises InfeasibleError / SolverLimitError).
+    `profile`: measured op and link costs for the cost model (costmodel/measured.py)."""
     if not time_limit_s > 0:  # also rejects NaN
         raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
     if gpus <= 0:
@@ -82,7 +84,7 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     if top_k < 0:
         raise SpecError(f"--top must be >= 0, got {top_k}")
     start = time.perf_counter()
-    cm = CostModel(model, hw, job)
+    cm = CostModel(model, hw, job, profile)
     L = model.num_layers
     cands = list(enumerate_candidates(model, job, gpus, hw.gpus_per_node, space))
     if not cands:
@@ -162,8 +164,8 @@ def _cutoff(threshold: float, c: Candidate) -> int | None:
     """The threshold in the solver's scaled objective, with slack for the rounding of its coefficients."""
     if math.isinf(threshold):
         return None
-    slack = 4 * c.vpp * (c.pp + 4) * (c.num_microbatches + 2)
-    return int(threshold / SOLVER_TIME_UNIT_S * c.vpp) + slack
+    slack = 4 * (c.pp + 4) * (c.num_microbatches + 2) * 3 * max(c.vpp, 2)
+    return int(threshold / SOLVER_TIME_UNIT_S) + slack
 
 
 def _min_memory_plan(cm: CostModel, c: Candidate, pinned: tuple[int, ...] | None = None):

@@ -70,10 +70,17 @@ class Candidate:
     """Most layers per chunk under full recomputation (0 forbids it)."""
     zero: int
     sp: bool
-    even_only: bool
-    """Vocabulary placement 'ends': the layers split evenly."""
+    vocab: str
+    """Vocabulary placement: 'ends' (even split), 'balanced' (free split) or 'parallel' (vocabulary
+    parallelism, even split)."""
     tp_mode: str = "1d"
     """Tensor-parallel mode (2-D/2.5-D/3-D grids only when the space asks for them)."""
+
+
+    @property
+    def even_only(self) -> bool:
+        """The layers split evenly ('ends' and 'parallel')."""
+        return self.vocab != "balanced"
 
 
 def divisors(n: int) -> list[int]:
@@ -139,11 +146,14 @@ def degree_options(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int
 
 
 def schedule_options(model: ModelSpec, pp: int, m: int, space: SearchSpace) -> list[tuple[str, int]]:
-    """1F1B, and interleaved with v chunks where each chunk gets whole layers and m % pp == 0 (Megatron)."""
+    """1F1B and ZB-H1 (one chunk per rank), v-half (two chunks in a V, pp >= 2), and interleaved with v chunks
+    where each chunk gets whole layers and m % pp == 0 (Megatron)."""
     out = []
-    if space.schedule is None or "1f1b" in space.schedule:
-        if space.vpp is None or 1 in space.vpp:
-            out.append(("1f1b", 1))
+    for name, v in (("1f1b", 1), ("zb-h1", 1), ("v-half", 2)):
+        if name != "1f1b" and (pp < 2 or (name == "v-half" and model.num_layers < 2 * pp)):
+            continue
+        if (space.schedule is None or name in space.schedule) and (space.vpp is None or v in space.vpp):
+            out.append((name, v))
     if pp >= 2 and m % pp == 0 and (space.schedule is None or "interleaved" in space.schedule):
         for v in range(2, MAX_VPP + 1):
             if model.num_layers % v == 0 and model.num_layers // v >= pp and (space.vpp is None or v in space.vpp):
@@ -186,16 +196,19 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
                     for zero in _allowed([0, 1] if pp > 1 else [0, 1, 2, 3], space.zero):
                         sps = [True, False] if tp > 1 and mode == "1d" else [False]
                         for sp in _allowed(sps, space.sequence_parallel):
-                            for even in _vocab_options(space):
+                            for vocab in _vocab_options(space, model, pp, schedule):
                                 yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin, fmax, zero, sp,
-                                                even, mode)
+                                                vocab, mode)
 
 
-def _vocab_options(space: SearchSpace) -> list[bool]:
-    """'ends' forces the even split; 'balanced' leaves the split free (which includes the even one)."""
-    if space.vocab is None or "balanced" in space.vocab:
-        return [False]
-    return [True]
+def _vocab_options(space: SearchSpace, model: ModelSpec, pp: int, schedule: str) -> list[str]:
+    """'ends' forces the even split; 'balanced' leaves the split free (which includes the even one, so it
+    subsumes 'ends'); 'parallel' needs pp >= 2, a non-interleaved schedule and untied embeddings."""
+    allowed = space.vocab or ("ends", "balanced", "parallel")
+    out = ["balanced" if "balanced" in allowed else "ends"] if {"ends", "balanced"} & set(allowed) else []
+    if "parallel" in allowed and pp >= 2 and schedule != "interleaved" and not model.tied_embeddings:
+        out.append("parallel")
+    return out
 
 
 # ------------------------------------------------------------------------------------ pins that contradict

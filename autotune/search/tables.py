@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
-from autotune.costmodel.schedules import activation_multiplier
-from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params,
-                                       stage_vocab_activations, state_bytes, zero3_exposed, zero3_transient)
+from autotune.costmodel.stages import (chunk_durations, in_flight_chunks, p2p_seconds, schedule_ticks, stage_bwd_s,
+                                       stage_fwd_s, stage_params, stage_vocab_activations, state_bytes,
+                                       vocab_parallel_comm, vocab_placement, zero3_exposed, zero3_transient)
 from autotune.search.space import Candidate
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
@@ -24,8 +24,12 @@ from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
 class StageTerms:
     """Stage i's constants: what its vocabulary layers, point-to-point and ZeRO-3 traffic add."""
 
-    first: bool
-    last: bool
+    first: float
+    """Share of the input embedding on this rank."""
+    last: float
+    """Share of the output layer on this rank."""
+    chunk_fixed: tuple[tuple[float, float, float], ...]
+    """(F, B, W) seconds per micro-batch on each chunk that do not scale with the layer count."""
     time_s: float
     """Per micro-batch time that does not scale with the layer count."""
     memory: int
@@ -72,6 +76,10 @@ class CandidateCosts:
     syncs: tuple[Sync, ...]
     tied_sync_s: float
     adam_s_per_param: float
+    layer_fbw: tuple[float, float, float]
+    """One layer's (F, B, W) seconds per micro-batch with the base recomputation (B without W)."""
+    ticks: tuple[int, int, int]
+    """The proportions a v-half order is built for (stages.schedule_ticks)."""
 
     @property
     def layer_fwd_s(self) -> float:
@@ -90,7 +98,8 @@ def to_plan(c: Candidate, layers: tuple[int, ...], bucket: int = DEFAULT_BUCKET,
         r_layers = None if r >= max(layers) // c.vpp else r
     return Plan(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, mbs=c.mbs, num_microbatches=c.num_microbatches,
                 schedule=c.schedule, vpp=c.vpp, recompute=recompute, recompute_layers=r_layers, zero=c.zero,
-                sequence_parallel=c.sp, vocab="ends" if is_even_split(layers) else "balanced",
+                sequence_parallel=c.sp,
+                vocab="parallel" if c.vocab == "parallel" else ("ends" if is_even_split(layers) else "balanced"),
                 layers_per_stage=layers, bucket_size=bucket, tp_mode=c.tp_mode)
 
 
@@ -101,7 +110,7 @@ def shell_plan(c: Candidate) -> Plan:
 
 def tied_sync_seconds(cm: CostModel, c: Candidate) -> float:
     model = cm.model
-    if not model.tied_embeddings or c.pp == 1:
+    if not model.tied_embeddings or c.pp == 1 or c.schedule == "v-half":
         return 0.0
     link = comm.group_link(cm.hw, c.pp, c.tp * c.cp * c.dp)
     return comm.all_reduce(model.vocab_size * model.hidden_size // c.tp * GRAD_BYTES, 2, link)
@@ -128,35 +137,49 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
     plan = shell_plan(c)
     shards = c.dp * c.cp
     L = cm.model.num_layers
-    p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp,
-                      tokens=c.mbs * cm.job.seq_len // c.cp, hidden=cm.model.hidden_size)
+    tokens = c.mbs * cm.job.seq_len // c.cp
+    p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp, tokens=tokens,
+                      hidden=cm.model.hidden_size)
+    vp_comm = (vocab_parallel_comm(cm.model, cm.hw, pp=c.pp, tp=c.tp, cp=c.cp, dp=c.dp, tokens=tokens)
+               if c.vocab == "parallel" else (0.0, 0.0))
+    ticks = schedule_ticks(plan, layer)
     stages = []
     for i in range(c.pp):
-        first, last = i == 0, i == c.pp - 1
-        vparams = stage_params(0, layer, vocab, first=first, last=last, pp=c.pp)
-        time_s = (vocab.embed_time if first else 0.0) + (vocab.head_time if last else 0.0) + p2p
+        place = vocab_placement(c.schedule, plan.vocab, c.pp, c.vpp, i)
+        vparams = stage_params(0, layer, vocab, first=place.embed, last=place.head, pp=c.pp, shared=place.shared)
+        zero3 = 0.0
         if c.zero >= 3:  # pp == 1: the single stage holds every layer
-            time_s += zero3_exposed(plan, cm.hw, L * layer.params + vparams,
-                                    stage_fwd_s(L, layer, vocab, first=True, last=True),
-                                    stage_bwd_s(L, layer, vocab, first=True, last=True))
-        memory = (sum(state_bytes(vparams, c.zero, shards)) + stage_vocab_activations(plan, i, vocab)
+            zero3 = zero3_exposed(plan, cm.hw, L * layer.params + vparams,
+                                  stage_fwd_s(L, layer, vocab, first=True, last=True),
+                                  stage_bwd_s(L, layer, vocab, first=True, last=True))
+        fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
+        memory = (sum(state_bytes(vparams, c.zero, shards)) + stage_vocab_activations(plan, i, vocab, ticks)
                   + zero3_transient(plan, layer))
-        num, _ = activation_multiplier(c.schedule, i, c.pp, c.vpp, c.num_microbatches)
-        stages.append(StageTerms(first, last, time_s, memory, num, vparams))
+        stages.append(StageTerms(place.embed, place.head, fixed, sum(map(sum, fixed)), memory,
+                                 in_flight_chunks(plan, i, ticks), vparams))
     adam_shards = shards if c.zero >= 1 else 1
+    base = layer.recompute_time(c.base)
     return CandidateCosts(
         cand=c, layer=layer, vocab=vocab, layer_time_s=layer.time(c.base),
-        full_extra_s=layer.recompute_time("full") - layer.recompute_time(c.base),
+        full_extra_s=layer.recompute_time("full") - base,
         layer_state=sum(state_bytes(layer.params, c.zero, shards)), act_base=layer.act.get(c.base),
         act_full=layer.act.full, act_none=layer.act.none, stages=tuple(stages), usable=cm.hw.usable_memory_bytes,
         buckets=buckets, syncs=sync_collectives(cm, c, buckets), tied_sync_s=tied_sync_seconds(cm, c),
-        adam_s_per_param=ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory))
+        adam_s_per_param=ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory),
+        layer_fbw=(layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s,
+                   layer.bwd.seconds - layer.wgrad_s + layer.tp_bwd_s + layer.cp_bwd_s + base, layer.wgrad_s),
+        ticks=ticks)
 
 
 def smallest_stage_params(c: Candidate, layer: LayerCost, vocab: VocabCost, num_layers: int) -> int:
     """Fewest parameters any stage of any partition of c can hold (what every bucket must fit in)."""
-    return min(stage_params(c.vpp * _min_chunks(c, i, num_layers), layer, vocab, first=i == 0, last=i == c.pp - 1,
-                            pp=c.pp) for i in {0, c.pp // 2, c.pp - 1})
+    vocab_mode = "parallel" if c.vocab == "parallel" else "ends"
+    out = []
+    for i in {0, c.pp // 2, c.pp - 1}:
+        place = vocab_placement(c.schedule, vocab_mode, c.pp, c.vpp, i)
+        out.append(stage_params(c.vpp * _min_chunks(c, i, num_layers), layer, vocab, first=place.embed,
+                                last=place.head, pp=c.pp, shared=place.shared))
+    return min(out)
 
 
 def _min_chunks(c: Candidate, i: int, num_layers: int) -> int:

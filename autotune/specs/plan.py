@@ -11,12 +11,12 @@ from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.tpgrid import MODES, check_tp_shapes, tp_mode_degrees
 
-Schedule = Literal["1f1b", "interleaved"]
+Schedule = Literal["1f1b", "interleaved", "zb-h1", "v-half"]
 Recompute = Literal["none", "selective", "full"]
-Vocab = Literal["ends", "balanced"]
-SCHEDULES = ("1f1b", "interleaved")
+Vocab = Literal["ends", "balanced", "parallel"]
+SCHEDULES = ("1f1b", "interleaved", "zb-h1", "v-half")
 RECOMPUTES = ("none", "selective", "full")
-VOCABS = ("ends", "balanced")
+VOCABS = ("ends", "balanced", "parallel")
 #: Megatron-LM's default DDP bucket: 40M parameters (distributed/distributed_data_parallel_config.py)
 DEFAULT_BUCKET = 40_000_000
 
@@ -40,7 +40,7 @@ class Plan:
     schedule: Schedule = "1f1b"
     """Pipeline schedule."""
     vpp: int = 1
-    """Virtual stages (model chunks) per pipeline rank; > 1 only for the interleaved schedule."""
+    """Model chunks per pipeline rank: > 1 for the interleaved schedule, 2 for v-half (the V), else 1."""
     recompute: Recompute = "none"
     """Activation recomputation granularity."""
     recompute_layers: int | None = None
@@ -50,7 +50,9 @@ class Plan:
     sequence_parallel: bool = False
     """Megatron sequence parallelism (norm/dropout split over tp; all-reduce becomes RS + AG)."""
     vocab: Vocab = "ends"
-    """Embedding on the first stage, LM head + loss on the last; 'balanced' = uneven layer counts allowed."""
+    """'ends': embedding on the first stage, LM head + loss on the last, layers split evenly; 'balanced': the
+    same placement with uneven layer counts; 'parallel': vocabulary parallelism (paper 4), the embedding and
+    the output layer split evenly over all pipeline ranks, layers split evenly."""
     layers_per_stage: tuple[int, ...] = ()
     """Transformer layers on each pipeline rank, first to last."""
     bucket_size: int = DEFAULT_BUCKET
@@ -188,14 +190,32 @@ def _check_partition(plan: Plan, model: ModelSpec) -> None:
     if any(n < 0 for n in layers) or sum(layers) != model.num_layers:
         raise InvalidPlanError(f"layers_per_stage {list(layers)} must be >= 0 and sum to num_layers "
                                f"{model.num_layers} (they sum to {sum(layers)})")
-    if plan.vocab == "ends" and not is_even_split(layers):
-        raise InvalidPlanError(f"vocab 'ends' means an even split, but layers_per_stage is {list(layers)}; "
+    if plan.vocab in ("ends", "parallel") and not is_even_split(layers):
+        raise InvalidPlanError(f"vocab '{plan.vocab}' means an even split, but layers_per_stage is {list(layers)}; "
                                "use vocab 'balanced' for an uneven one")
+    if plan.vocab == "parallel":
+        if plan.pp < 2:
+            raise InvalidPlanError("vocab 'parallel' splits the vocabulary layers over pipeline ranks and needs "
+                                   "pp >= 2; use vocab 'ends'")
+        if plan.schedule == "interleaved":
+            raise InvalidPlanError("vocab 'parallel' runs with the 1f1b, zb-h1 or v-half schedule, not "
+                                   "interleaved (as the vocabulary-parallel Megatron fork); change one of them")
+        if model.tied_embeddings:
+            raise InvalidPlanError("vocab 'parallel' needs untied input and output embeddings (the fork requires "
+                                   "--untie-embeddings-and-output-weights); use vocab 'ends' or 'balanced'")
 
 
 def _check_schedule(plan: Plan) -> None:
-    if plan.schedule == "1f1b" and plan.vpp != 1:
-        raise InvalidPlanError(f"vpp {plan.vpp} needs schedule 'interleaved'; 1f1b has vpp 1")
+    if plan.schedule in ("1f1b", "zb-h1") and plan.vpp != 1:
+        raise InvalidPlanError(f"vpp {plan.vpp} needs schedule 'interleaved'; {plan.schedule} has vpp 1")
+    if plan.schedule in ("zb-h1", "v-half") and plan.pp < 2:
+        raise InvalidPlanError(f"the {plan.schedule} schedule needs pp >= 2; use 1f1b")
+    if plan.schedule == "v-half":
+        if plan.vpp != 2:
+            raise InvalidPlanError(f"v-half places two model chunks per rank in a V: vpp must be 2, got {plan.vpp}")
+        if any(n % 2 for n in plan.layers_per_stage):
+            raise InvalidPlanError(f"v-half splits every rank's layers into two chunks: every stage's layer count "
+                                   f"must be even, got {list(plan.layers_per_stage)}")
     if plan.schedule == "interleaved":
         if plan.pp < 2 or plan.vpp < 2:
             raise InvalidPlanError("the interleaved schedule needs pp >= 2 and vpp >= 2")

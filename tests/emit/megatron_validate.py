@@ -95,12 +95,20 @@ _FLAGS: tuple[tuple[str, str, dict], ...] = (
     ("--lr-decay-style", "str", {"choices": ["constant", "linear", "cosine", "inverse-square-root", "WSD"]}),
 )
 KNOWN_FLAGS = frozenset(f for f, _, _ in _FLAGS)
+#: Flags only the sail-sg/VocabularyParallelism fork adds (TRAINERS.md section 4; timer and overlap knobs left out).
+_FORK_FLAGS: tuple[tuple[str, str, dict], ...] = (
+    ("--enable-vocab-parallel", "true", {}), ("--disable-backward-fusion", "true", {}),
+    ("--use-interlaced-schedule", "true", {}), ("--enable-layer-redistribution", "true", {}),
+    ("--final-stage-num-layers", "int", {}),
+)
+FORK_FLAGS = frozenset(f for f, _, _ in _FORK_FLAGS)
 
 
-def parser() -> argparse.ArgumentParser:
-    """The argparse mirror of pretrain_gpt.py's flags (the subset autotune emits or tests)."""
+def parser(fork: bool = False) -> argparse.ArgumentParser:
+    """The argparse mirror of pretrain_gpt.py's flags (the subset autotune emits or tests); `fork`: the
+    sail-sg/VocabularyParallelism fork's, which adds its own flags (mainline rejects them as unrecognized)."""
     p = _Parser(prog="pretrain_gpt.py", allow_abbrev=False)
-    for flag, kind, extra in _FLAGS:
+    for flag, kind, extra in _FLAGS + (_FORK_FLAGS if fork else ()):
         if kind == "true":
             p.add_argument(flag, action="store_true", **extra)
         elif kind == "false":
@@ -259,6 +267,24 @@ def _replay_validate_args(a: argparse.Namespace, world_size: int) -> None:
         _check(a.transformer_impl == "transformer_engine", "fp8 needs --transformer-impl transformer_engine")
 
 
+def _replay_fork_rules(a: argparse.Namespace) -> None:
+    """The sail-sg/VocabularyParallelism fork's checks (its arguments.py L283-320, TRAINERS.md section 4)."""
+    pp, tp = a.pipeline_model_parallel_size, a.tensor_model_parallel_size
+    vpp = a.virtual_pipeline_model_parallel_size
+    if a.enable_vocab_parallel:
+        _check(pp > 1, "fork: --enable-vocab-parallel needs pipeline-model-parallel-size > 1")
+        _check(vpp is None, "fork: --enable-vocab-parallel does not support virtual pipeline stages")
+        _check(a.make_vocab_size_divisible_by % (tp * pp) == 0,
+               f"fork: --make-vocab-size-divisible-by {a.make_vocab_size_divisible_by} must be a multiple of "
+               f"tp*pp = {tp * pp} with --enable-vocab-parallel")
+        _check(a.untie_embeddings_and_output_weights,
+               "fork: --enable-vocab-parallel requires --untie-embeddings-and-output-weights")
+    if a.enable_layer_redistribution:
+        _check(pp > 1 and vpp is None, "fork: layer redistribution needs pp > 1 and no virtual pipeline stages")
+        _check(a.final_stage_num_layers is not None and 0 <= a.final_stage_num_layers <= a.num_layers,
+               "fork: --final-stage-num-layers must be in 0..num_layers")
+
+
 def _transformer_config(a: argparse.Namespace):
     import torch
     import torch.nn.functional as F
@@ -317,14 +343,18 @@ def _layers(a: argparse.Namespace, config) -> tuple[tuple[tuple[int, ...], ...],
     return layers, (0, 0), (pp - 1, vpp - 1)
 
 
-def validate_args(argv: list[str] | tuple[str, ...], world_size: int) -> Validated:
-    """Parse, replay validate_args and build the megatron-core configs; raise MegatronArgsError on rejection."""
+def validate_args(argv: list[str] | tuple[str, ...], world_size: int, *, fork: bool = False) -> Validated:
+    """Parse, replay validate_args and build the megatron-core configs; raise MegatronArgsError on rejection.
+    `fork`: parse as the sail-sg/VocabularyParallelism fork does (its flags, and its rules when they are given);
+    its core 0.9 base is approximated by the megatron-core 0.16 checks."""
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
     from megatron.core.optimizer import OptimizerConfig
 
-    a = parser().parse_args(list(argv))
+    a = parser(fork).parse_args(list(argv))
     _replay_validate_args(a, world_size)
+    if fork:
+        _replay_fork_rules(a)
     config = _transformer_config(a)
     try:
         n_micro = ConstantNumMicroBatchesCalculator(a.global_batch_size, a.micro_batch_size, a.data_parallel_size,
@@ -359,7 +389,9 @@ def validate_args(argv: list[str] | tuple[str, ...], world_size: int) -> Validat
     return Validated(a, a.data_parallel_size, vpp, n_micro, padded, layers, emb, loss, recomputed, config, ddp)
 
 
-def validate_launch(script: str, env: dict[str, str] | None = None) -> tuple[Launch, Validated]:
-    """Run the launch script (fake torchrun) and validate the pretrain_gpt.py arguments it passes."""
+def validate_launch(script: str, env: dict[str, str] | None = None, *,
+                    fork: bool = False) -> tuple[Launch, Validated]:
+    """Run the launch script (fake torchrun) and validate the pretrain_gpt.py arguments it passes (as the
+    vocabulary-parallel fork would with `fork`)."""
     launch = run_launch_script(script, env)
-    return launch, validate_args(launch.argv, launch.world_size)
+    return launch, validate_args(launch.argv, launch.world_size, fork=fork)

@@ -1,7 +1,8 @@
 """Scenarios shared by the emitter tests (megatron, torchtitan, deepspeed) and the golden-file helper.
 
-* `GOLDEN`: hand-built EmitInputs, one per golden scenario (`even`, `uneven_vocab`, `interleaved`); the
-  predicted figures in their headers are fixed numbers, so the golden files do not move with the cost model.
+* `GOLDEN`: hand-built EmitInputs, one per golden scenario (`even`, `uneven_vocab`, `interleaved`,
+  `vocab_parallel`, `v_half`); the predicted figures in their headers are fixed numbers, so the golden files do
+  not move with the cost model.
 * `planner_scenarios()`: EmitInputs for the plans `autotune.search.planner.search` picks on catalog scenarios
   (each search kept small by pins; computed once per test session and cached).
 * `check_golden(result, trainer, scenario)`: byte-for-byte comparison with tests/emit/golden/<trainer>/<scenario>/;
@@ -90,7 +91,22 @@ INTERLEAVED = _inp("gpt-1.7b", "a100-80gb", JobSpec(global_batch=16, seq_len=204
                         layers_per_stage=(6, 6, 6, 6)),
                    step=1.875, mem=21.4, mfu=0.38)
 
-GOLDEN: dict[str, EmitInput] = {"even": EVEN, "uneven_vocab": UNEVEN_VOCAB, "interleaved": INTERLEAVED}
+#: vocab_parallel: llama3-8b (untied) on 2 nodes, tp 2 x pp 4 x dp 2, 1F1B, 8 layers per rank, the embedding and
+#: LM head split over all 4 pipeline ranks (vocabulary parallelism, Yeung et al. 2024), ZeRO-1, SP.
+VOCAB_PARALLEL = _inp("llama3-8b", "h100-sxm", JobSpec(global_batch=64, seq_len=4096),
+                      Plan(tp=2, pp=4, dp=2, mbs=1, num_microbatches=32, zero=1, sequence_parallel=True,
+                           vocab="parallel", layers_per_stage=(8, 8, 8, 8)),
+                      step=4.125, mem=52.3, mfu=0.47)
+
+#: v_half: llama3-8b on one node, pp 4 x dp 2, the V-Half schedule (2 chunks per rank in a V, rank 0 holding
+#: the embedding and the LM head, hence its fewer layers), layers 6,8,8,10, ZeRO-1.
+V_HALF = _inp("llama3-8b", "h100-sxm", JobSpec(global_batch=32, seq_len=4096),
+              Plan(tp=1, pp=4, dp=2, mbs=1, num_microbatches=16, schedule="v-half", vpp=2, zero=1,
+                   vocab="balanced", layers_per_stage=(6, 8, 8, 10)),
+              step=3.5, mem=48.5, mfu=0.45)
+
+GOLDEN: dict[str, EmitInput] = {"even": EVEN, "uneven_vocab": UNEVEN_VOCAB, "interleaved": INTERLEAVED,
+                                "vocab_parallel": VOCAB_PARALLEL, "v_half": V_HALF}
 
 # ---------------------------------------------------------------- plans the planner picks
 

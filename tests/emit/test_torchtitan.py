@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from autotune.emit import EmitInput, emit
-from autotune.emit.torchtitan import REGISTRY, emit_torchtitan, launch_shape, module_fqns, virtual_stage_layers
+from autotune.emit.torchtitan import (REGISTRY, emit_torchtitan, launch_shape, module_fqns, stage_ranks,
+                                      virtual_stage_layers)
 from autotune.errors import SpecError
 
 from . import torchtitan_validate as tv
@@ -136,7 +137,9 @@ def test_torchtitan_030_accepts(name, tmp_path, tt030):
     assert report["stages"] == virtual_stage_layers(plan)
     if plan.pp > 1:
         assert report["grad_accum"] == 1 and report["n_microbatches"] == plan.num_microbatches
-        assert report["schedule"] == {"1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}[plan.schedule]
+        assert report["schedule"] == {"1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
+                                      "zb-h1": "Schedule1F1B", "v-half": "ScheduleZBVZeroBubble"}[plan.schedule]
+        assert report["ranks"] == stage_ranks(plan)
     else:
         assert report["grad_accum"] == plan.num_microbatches
 
@@ -359,3 +362,56 @@ def test_warns_when_torchtitan_would_refuse_the_sequence_length():
     inp = dataclasses.replace(GOLDEN["even"], job=dataclasses.replace(GOLDEN["even"].job, seq_len=8191))
     assert any("seq_len 8191" in w and "divisible by 2" in w for w in emit_torchtitan(inp).warnings)
     assert not any("seq_len" in w for w in emit_torchtitan(GOLDEN["even"]).warnings)
+
+
+# ---------------------------------------------------------------- zero-bubble and V schedules, vocabulary parallelism
+
+
+def test_v_half_is_zbv_in_v_order():
+    """v-half: ZBVZeroBubble, 2 stages per rank; virtual stage s < pp is rank s's first half, s >= pp rank
+    2pp-1-s's second half; the embedding in stage 0, norm and head in stage 2pp-1 (both on rank 0)."""
+    plan = GOLDEN["v_half"].plan  # layers 6,8,8,10
+    assert virtual_stage_layers(plan) == [3, 4, 4, 5, 5, 4, 4, 3]
+    assert stage_ranks(plan) == [0, 1, 2, 3, 3, 2, 1, 0]
+    parts = module_fqns(plan, "lm_head")
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+    for fmt in ("cli", "toml"):
+        keys = _keys(GOLDEN["v_half"], fmt)
+        assert keys["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+    (warning,) = [w for w in emit_torchtitan(GOLDEN["v_half"]).warnings if w.startswith("schedule")]
+    assert warning.startswith("schedule v-half: torchtitan has no V-Half; emitted ZBVZeroBubble")
+    assert "about twice V-Half's" in warning
+
+
+def test_v_half_even_split_uses_layers_per_stage(tmp_path, tt030):
+    inp = _with("v_half", layers_per_stage=(8, 8, 8, 8))
+    keys = _keys(inp, "cli")
+    assert keys["pipeline_parallel_layers_per_stage"] == "4" and "module_fqns_per_model_part" not in keys
+    report = tt030.validate_cli(launched_argv(inp, tmp_path), 8, [4] * 8)
+    assert report["schedule"] == "ScheduleZBVZeroBubble" and report["ranks"] == [0, 1, 2, 3, 3, 2, 1, 0]
+
+
+def test_zbv_rejects_the_looped_order_and_one_stage_per_rank(tmp_path, tt030):
+    inp = GOLDEN["v_half"]
+    argv = launched_argv(inp, tmp_path)
+    one_stage = _split_by_fqns(argv, dataclasses.replace(inp.plan, schedule="1f1b", vpp=1), "lm_head")
+    with pytest.raises(tt030.ConfigRejected, match="at least 2 stages per rank"):
+        tt030.validate_cli(one_stage, 8)
+    looped = _split_by_fqns(argv, dataclasses.replace(inp.plan, schedule="interleaved"), "lm_head")
+    with pytest.raises(tt030.ConfigRejected, match=r"layers per virtual stage \[3, 4, 4, 5, 3, 4, 4, 5\]"):
+        tt030.validate_cli(looped, 8, virtual_stage_layers(inp.plan))
+
+
+def test_zb_h1_is_1f1b_with_a_warning(tmp_path, tt030):
+    inp = _with("v_half", schedule="zb-h1", vpp=1)
+    assert _keys(inp, "cli")["pipeline_parallel_schedule"] == "1F1B"
+    (warning,) = [w for w in emit_torchtitan(inp).warnings if w.startswith("schedule")]
+    assert "no single-stage zero-bubble schedule" in warning and "emitted 1F1B" in warning
+    report = tt030.validate_cli(launched_argv(inp, tmp_path), 8, [6, 8, 8, 10])
+    assert report["schedule"] == "Schedule1F1B" and report["ranks"] == [0, 1, 2, 3]
+
+
+def test_vocab_parallel_keeps_the_ends():
+    inp = GOLDEN["vocab_parallel"]
+    assert any(w.startswith("vocab parallel: torchtitan cannot split") for w in emit_torchtitan(inp).warnings)
+    assert _keys(inp, "cli")["pipeline_parallel_schedule"] == "1F1B"

@@ -12,7 +12,8 @@ Both replay what the trainer does before its first step, minus what needs device
 4. the model config's `update_from_config` (0.3.0: no weight tying with PP, tp divides the heads, RoPE length);
 5. `pipeline_llm` for every pp rank on a meta-device model with `PipelineStage` replaced by a recorder: this
    runs torchtitan's stage-count rules, FQN generation, module split, rank -> stage mapping and builds the real
-   torch schedule object (its microbatch rules). The recorded chunks are compared with the expected partition.
+   torch schedule object (its microbatch rules). The recorded chunks are compared with the expected partition,
+   and the pp rank that built each virtual stage is reported (loop or V placement, e.g. ZBVZeroBubble's V).
    torchtitan checks "single-stage schedule = 1 stage per rank, multi-stage >= 2" only for
    pipeline_parallel_layers_per_stage; with module_fqns_per_model_part the same rule is applied here.
 """
@@ -229,7 +230,7 @@ def validate_cli(argv: list[str], world_size: int, expect: list[int] | None = No
         stages, schedule = _run_pipeline(pp_module, dims.pp, call)
         counts = _check_chunks(stages, "lm_head", len(model_config.layers), expect)
     return report | {"schedule": type(schedule).__name__, "n_microbatches": schedule._n_microbatches,
-                     "stages": counts}
+                     "stages": counts, "ranks": [stage.group_rank for stage in stages]}
 
 
 # ---------------------------------------------------------------- torchtitan 0.2.2 (TOML), run in a subprocess
@@ -284,7 +285,7 @@ def validate_toml(path: str, world_size: int, shape: dict[str, Any], expect: lis
         stages, schedule = _run_pipeline(pp_module, dims.pp, call)
         counts = _check_chunks(stages, "output", model_args.n_layers, expect)
     return report | {"schedule": type(schedule).__name__, "n_microbatches": schedule._n_microbatches,
-                     "stages": counts}
+                     "stages": counts, "ranks": [stage.group_rank for stage in stages]}
 
 
 def main() -> None:

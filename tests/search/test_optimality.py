@@ -146,7 +146,7 @@ def test_full_recompute_stalls_the_solver() -> None:
     model = tiny_model(layers=6, hidden=128, heads=8, ffn=256, vocab=256000)
     cm = CostModel(model, replace(load_hardware("h100-sxm"), gpus_per_node=2), JobSpec(global_batch=32, seq_len=128))
     c = Candidate(tp=2, pp=2, dp=2, cp=1, mbs=2, num_microbatches=8, schedule="1f1b", vpp=1, base="none",
-                  full_min=0, full_max=6, zero=1, sp=True, even_only=False)
+                  full_min=0, full_max=6, zero=1, sp=True, vocab="balanced")
     res = solve_partition(candidate_costs(cm, c, (4000,)), 6, time_limit_s=2.0)
     best = candidate_optimum(cm, c, SearchSpace(buckets=(4000,)), 8).best
     assert res.status == "OPTIMAL"

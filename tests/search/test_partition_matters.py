@@ -24,8 +24,9 @@ from .bruteforce import brute_force
 
 JOB = JobSpec(global_batch=32, seq_len=4096)
 GPUS = 8
-#: pp pinned to 8 on 8 GPUs; the rest of the space (micro-batch, schedule, recompute, ZeRO, bucket) stays free.
-SPACE = SearchSpace(pp=(8,), tp=(1,), dp=(1,), cp=(1,))
+#: pp pinned to 8 on 8 GPUs; the rest of the space (micro-batch, schedule, recompute, ZeRO, bucket) stays free;
+#: the vocabulary layers stay on the end stages (vocabulary parallelism: tests/search/test_vocab_choice.py).
+SPACE = SearchSpace(pp=(8,), tp=(1,), dp=(1,), cp=(1,), vocab=("ends", "balanced"))
 EVEN = replace(SPACE, vocab=("ends",))
 
 

@@ -47,8 +47,12 @@ def test_candidates_obey_the_divisibility_rules(inst: Instance, idle: bool, cros
         assert 1 <= c.pp <= model.num_layers
         if c.schedule == "interleaved":
             assert c.pp >= 2 and c.vpp >= 2 and c.num_microbatches % c.pp == 0 and model.num_layers % c.vpp == 0
+        elif c.schedule == "v-half":
+            assert c.pp >= 2 and c.vpp == 2 and model.num_layers >= 2 * c.pp
         else:
-            assert c.schedule == "1f1b" and c.vpp == 1
+            assert c.schedule in ("1f1b", "zb-h1") and c.vpp == 1 and (c.schedule == "1f1b" or c.pp >= 2)
+        if c.vocab == "parallel":
+            assert c.pp >= 2 and c.schedule != "interleaved" and not model.tied_embeddings
         assert c.zero in ((0, 1) if c.pp > 1 else (0, 1, 2, 3))
         assert not c.sp or c.tp > 1
         assert 0 <= c.full_min <= c.full_max <= model.num_layers // c.vpp
@@ -84,7 +88,7 @@ def test_pins_restrict_each_axis() -> None:
     space = SearchSpace(tp=(2,), pp=(2,), cp=(1,), mbs=(2,), schedule=("interleaved",), vpp=(4,),
                         recompute=("selective",), zero=(1,), sequence_parallel=(True,), vocab=("ends",))
     cands = inst.candidates(space)
-    assert cands == [Candidate(2, 2, 2, 1, 2, 4, "interleaved", 4, "selective", 0, 0, 1, True, True)]
+    assert cands == [Candidate(2, 2, 2, 1, 2, 4, "interleaved", 4, "selective", 0, 0, 1, True, "ends")]
 
 
 def test_brute_force_partitions_are_every_allowed_split() -> None:
@@ -131,7 +135,7 @@ def test_forced_recompute_is_a_lower_bound() -> None:
     hw = with_memory(load_hardware("h100-sxm"), 149856460)
     cm = CostModel(model, hw, JobSpec(global_batch=16, seq_len=1024))
     c = Candidate(tp=1, pp=1, dp=4, cp=1, mbs=1, num_microbatches=4, schedule="1f1b", vpp=1, base="none",
-                  full_min=0, full_max=5, zero=1, sp=False, even_only=False)
+                  full_min=0, full_max=5, zero=1, sp=False, vocab="balanced")
     buckets = (1_000_000, 4_000_000, 16_000_000)
     best = candidate_optimum(cm, c, SearchSpace(buckets=buckets), 4).best
     cc = candidate_costs(cm, c, buckets)
@@ -142,7 +146,7 @@ def test_quick_bound_holds_when_no_bucket_fits() -> None:
     model = tiny_model(layers=2, hidden=64, heads=2, vocab=1000, activation="gelu")
     cm = CostModel(model, load_hardware("h100-sxm"), JobSpec(global_batch=4, seq_len=128))
     c = Candidate(tp=1, pp=1, dp=4, cp=1, mbs=1, num_microbatches=1, schedule="1f1b", vpp=1, base="none",
-                  full_min=0, full_max=0, zero=0, sp=False, even_only=False)
+                  full_min=0, full_max=0, zero=0, sp=False, vocab="balanced")
     buckets = (10_000_000,)
     best = candidate_optimum(cm, c, SearchSpace(buckets=buckets), 4).best
     assert quick_bound(cm, c, buckets) <= best.step_time_s

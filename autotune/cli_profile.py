@@ -1,0 +1,162 @@
+"""`autotune profile`: time the cost model's operators (and, with --comm, the collectives) on this machine.
+
+Registered on the shared app by importing this module from cli.py. Torch is an optional extra; it is imported
+only when the command runs, so the rest of autotune works without it. --out pointing at an existing profile
+replaces only what this run measured (the ops, or with --comm the link tier) and keeps the rest, so one file can
+hold both: `autotune profile --model M --out F` then `autotune profile --comm --out F`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autotune.catalog import load_model
+from autotune.cli import app, parse_int_list, show_warnings
+from autotune.errors import SpecError
+from autotune.specs.profile import TIERS, Profile, load_profile, write_profile
+
+GiB = 2**30
+
+
+def _need_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise SpecError("autotune profile needs PyTorch: pip install 'autotune[profile]'") from None
+
+
+@contextlib.contextmanager
+def _progress(show: bool, what: str):
+    """A rich progress bar on stderr (stdout stays clean for --json); yields the library's callback."""
+    if not show:
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=None)
+
+        def update(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{what}: {label}")
+        yield update
+
+
+def _existing(out: Path) -> Profile | None:
+    return load_profile(out) if out.is_file() else None
+
+
+@app.command("profile")
+def profile_command(
+    model: Annotated[str | None, typer.Option("--model", metavar="NAME|FILE", help="Model whose ops to time "
+                                              "(not needed with --comm).")] = None,
+    device: Annotated[str | None, typer.Option("--device", metavar="cpu|cuda", help="Where to time (default: cuda "
+                                               "if torch sees a GPU, else cpu).")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, help="Tokens per sequence (default: 2048, or "
+                                                "the model's learned positions if fewer).")] = None,
+    tp: Annotated[str, typer.Option("--tp", metavar="N,N,...", help="Tensor-parallel degrees whose per-GPU "
+                                    "shapes to time.")] = "1,2,4,8",
+    mbs: Annotated[str, typer.Option("--mbs", metavar="N,N,...", help="Micro-batch sizes to time.")] = "1,2,4",
+    dtype: Annotated[str, typer.Option("--dtype", metavar="bf16|fp16", help="Activation and matmul dtype.")] = "bf16",
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs per op (median kept).")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before timing.")] = 3,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="CPU threads for torch (--device cpu). One by "
+                                         "default: a thread pool waiting on a busy core times the wait.")] = 1,
+    out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Profile to write (default: "
+                                             "./<device>-<model>.json, or ./<device>-comm.json).")] = None,
+    comm_: Annotated[bool, typer.Option("--comm", help="Time collectives instead of ops, and fit alpha/beta.")]
+    = False,
+    min_bytes: Annotated[int, typer.Option("--min-bytes", min=1, help="--comm: smallest size.")] = 4096,
+    max_bytes: Annotated[int, typer.Option("--max-bytes", min=1, help="--comm: largest size.")] = GiB,
+    nproc: Annotated[int, typer.Option("--nproc", min=2, help="--comm: processes (GPUs) in the group.")] = 2,
+    backend: Annotated[str | None, typer.Option("--backend", metavar="gloo|nccl", help="--comm: default gloo on "
+                                                "cpu, nccl on cuda.")] = None,
+    tier: Annotated[str, typer.Option("--tier", metavar="|".join(TIERS), help="--comm: which link the group "
+                                      "spans (one node under torchrun --standalone).")] = "intra_node",
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON summary instead of text.")] = False,
+) -> None:
+    """Measure per-op costs with PyTorch on this machine's device and write a profile (--comm: collectives)."""
+    _need_torch()
+    import torch
+
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cpu":
+        torch.set_num_threads(threads)
+    if kind not in ("cpu", "cuda"):
+        raise SpecError(f"--device {kind!r}: use cpu or cuda")
+    start = time.perf_counter()
+    if comm_:
+        summary = _profile_comm(kind, out, min_bytes=min_bytes, max_bytes=max_bytes, nproc=nproc,
+                                backend=backend or ("nccl" if kind == "cuda" else "gloo"), tier=tier,
+                                repeats=repeats, warmup=warmup, show=not json_out)
+    else:
+        summary = _profile_ops(kind, out, model=model, seq_len=seq_len, tp=tp, mbs=mbs, dtype=dtype,
+                               repeats=repeats, warmup=warmup, show=not json_out)
+    summary["wall_s"] = round(time.perf_counter() - start, 1)
+    text = summary.pop("text")
+    if json_out:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        typer.echo(text)
+        typer.echo(f"wrote {summary['out']} in {summary['wall_s']} s")
+
+
+def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int | None, tp: str, mbs: str,
+                 dtype: str, repeats: int, warmup: int, show: bool) -> dict:
+    from autotune.profiling.optimer import profile_model
+
+    if model is None:
+        raise SpecError("autotune profile needs --model M (or --comm to time collectives)")
+    spec = load_model(model)
+    seq = seq_len or min(2048, spec.max_position_embeddings or 2048)
+    target = out or Path(f"{kind}-{spec.name}.json")
+    old = _existing(target)
+    with _progress(show, f"timing {spec.name} ops on {kind}") as progress:
+        prof = profile_model(spec, seq_len=seq, tps=parse_int_list(tp, "--tp"), mbss=parse_int_list(mbs, "--mbs"),
+                             dtype=dtype, device=kind, repeats=repeats, warmup=warmup, progress=progress)
+    if old is not None and old.comm:
+        prof = dataclasses.replace(prof, comm=old.comm)
+    written = write_profile(prof, target)
+    text = (f"timed {len(prof.ops)} ops of {spec.name} (seq {seq}, tp {tp}, mbs {mbs}, {dtype}) on "
+            f"{prof.device.kind} {prof.device.name!r}, {prof.device.threads} thread(s)")
+    return {"out": str(written), "model": spec.name, "device": dataclasses.asdict(prof.device), "seq_len": seq,
+            "dtype": dtype, "ops": len(prof.ops), "text": text}
+
+
+def _profile_comm(kind: str, out: Path | None, *, min_bytes: int, max_bytes: int, nproc: int, backend: str,
+                  tier: str, repeats: int, warmup: int, show: bool) -> dict:
+    from autotune.profiling.comm import fit_tier, run_commbench
+    from autotune.profiling.optimer import device_info, libraries, utc_date
+
+    if tier not in TIERS:
+        raise SpecError(f"--tier {tier!r}: use one of {', '.join(TIERS)}")
+    target = out or Path(f"{kind}-comm.json")
+    old = _existing(target)
+    with _progress(show, f"timing collectives on {nproc} x {kind} ({backend})") as progress:
+        raw = run_commbench(nproc=nproc, backend=backend, device=kind, min_bytes=min_bytes, max_bytes=max_bytes,
+                            repeats=repeats, warmup=warmup, progress=progress)
+    fit = fit_tier(raw)
+    if old is None:
+        old = Profile(path="", created=utc_date(), device=device_info(kind), libraries=libraries(), model=None,
+                      seq_len=None, dtype=None, ops=(), comm={})
+    written = write_profile(dataclasses.replace(old, created=utc_date(), comm={**old.comm, tier: fit}), target)
+    if fit.max_error_pct > 20:
+        show_warnings([f"--comm: the joint alpha-beta fit misses some points by up to {fit.max_error_pct:.0f}% "
+                       "(see fit_error_pct in the file); each collective's own fit is under comm.collectives"])
+    lines = [f"{tier}: alpha {fit.alpha_us:.1f} us, bandwidth {fit.bandwidth_GBps:.3f} GB/s over {len(fit.points)} "
+             f"points ({nproc} x {kind}, {backend}); max error {fit.max_error_pct:.1f}%"]
+    lines += [f"  {c:<15} alpha {f.alpha_us:8.1f} us  bandwidth {f.bandwidth_GBps:8.3f} GB/s  max error "
+              f"{f.max_error_pct:5.1f}%" for c, f in fit.collectives.items()]
+    lines += [f"  {p.collective:<15} {int(p.bytes):>11} B  {p.seconds * 1e6:10.1f} us  fit {p.fit_error_pct:+6.1f}%"
+              for p in fit.points]
+    return {"out": str(written), "tier": tier, "nproc": nproc, "backend": backend, "alpha_us": fit.alpha_us,
+            "bandwidth_GBps": fit.bandwidth_GBps, "max_error_pct": fit.max_error_pct,
+            "collectives": {c: dataclasses.asdict(f) for c, f in fit.collectives.items()},
+            "points": [dataclasses.asdict(p) for p in fit.points], "text": "\n".join(lines)}

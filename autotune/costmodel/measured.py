@@ -1,0 +1,156 @@
+"""Measured operator times from a profile, in place of the roofline where the profile covers the op.
+
+An op's time is read off the points measured for the same op name at the same tp, interpolated over the op's
+work (FLOPs for GEMM and attention kernels, bytes for memory-bound ones) linearly in log-log space, where
+kernel time is close to a power law of size. Outside the measured range, for an unmeasured name or tp, the
+answer is None and the caller charges the roofline: extrapolating a kernel's time past what was timed is what
+the roofline model is for. Lookups are memoized; the planner asks for the same few shapes thousands of times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+
+import numpy as np
+
+from autotune.costmodel.ops import (LayerShape, Op, backward_ops, embedding_backward_ops, embedding_forward_ops,
+                                    head_backward_ops, head_forward_ops, layer_forward_ops)
+from autotune.errors import SpecError
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.profile import Profile
+from autotune.units import from_gbps, from_us
+
+Lookup = Callable[[Op], "float | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpCoverage:
+    """How many of a plan's ops a profile timed, and which fell back to the roofline."""
+
+    source: str
+    """The profile file, or "roofline" when there is none."""
+    device: str
+    measured: int
+    total: int
+    fallback: tuple[str, ...]
+    """Names charged by the roofline although a profile is in use (sorted, unique)."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"source": self.source, "device": self.device, "measured_ops": self.measured,
+                "roofline_ops": self.total - self.measured, "fallback": list(self.fallback)}
+
+    def line(self) -> str:
+        if self.source == "roofline":
+            return f"op times: roofline for all {self.total} ops (no profile; see `autotune profile`)"
+        rest = f"; roofline for the rest: {', '.join(self.fallback)}" if self.fallback else ""
+        return f"op times: {self.measured} of {self.total} measured (profile {self.source}, device {self.device}){rest}"
+
+
+def _work(op: Op) -> float:
+    """What an op's time scales with: arithmetic for GEMM and attention kernels, traffic for the others."""
+    return op.bytes if op.kernel == "memory" else op.flops
+
+
+class MeasuredOps:
+    """Seconds of an Op at a tp, interpolated from a profile's points; None where the profile cannot say."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self._points: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        for p in profile.ops:
+            self._points.setdefault((p.op, p.tp), []).append((p.flops, p.bytes, p.seconds))
+        self._tables: dict[tuple[str, int, str], tuple[np.ndarray, np.ndarray] | None] = {}
+        self._memo: dict[tuple[str, int, str, float], float | None] = {}
+        self.hits = 0
+        """Lookups answered from the profile (memoized repeats not counted)."""
+        self.misses = 0
+        """Lookups left to the roofline."""
+
+    def lookup(self, tp: int) -> Lookup:
+        """The lookup for ops of one tp, as compute.pass_time takes it."""
+        return partial(self.seconds, tp=tp)
+
+    def seconds(self, op: Op, tp: int) -> float | None:
+        key = (op.name, tp, op.kernel, _work(op))
+        if key not in self._memo:
+            self._memo[key] = value = self._interpolate(op, tp)
+            if value is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+        return self._memo[key]
+
+    def _table(self, name: str, tp: int, kernel: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """log(work) ascending and log(seconds); equal work measured twice (e.g. with and without sequence
+        parallelism) is averaged."""
+        key = (name, tp, kernel)
+        if key not in self._tables:
+            by_work: dict[float, list[float]] = {}
+            for flops, nbytes, seconds in self._points.get((name, tp), ()):
+                work = nbytes if kernel == "memory" else flops
+                if work > 0:
+                    by_work.setdefault(work, []).append(seconds)
+            works = sorted(by_work)
+            self._tables[key] = None if not works else (
+                np.log(np.array(works)), np.log(np.array([sum(by_work[w]) / len(by_work[w]) for w in works])))
+        return self._tables[key]
+
+    def _interpolate(self, op: Op, tp: int) -> float | None:
+        table, work = self._table(op.name, tp, op.kernel), _work(op)
+        if table is None or work <= 0:
+            return None
+        xs, ys = table
+        x = math.log(work)
+        # a hair of tolerance: the same shape recomputed in floating point must hit its own point
+        if x < xs[0] - 1e-9 or x > xs[-1] + 1e-9:
+            return None
+        return float(math.exp(np.interp(x, xs, ys)))
+
+    def coverage(self, ops: tuple[Op, ...], tp: int) -> OpCoverage:
+        """Which of `ops` (all of one tp) this profile times."""
+        missed = [op.name for op in ops if self.seconds(op, tp) is None]
+        return OpCoverage(source=self.profile.path, device=self.profile.device.name, measured=len(ops) - len(missed),
+                          total=len(ops), fallback=tuple(sorted(set(missed))))
+
+
+def roofline_coverage(ops: tuple[Op, ...]) -> OpCoverage:
+    return OpCoverage(source="roofline", device="", measured=0, total=len(ops), fallback=())
+
+
+def step_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
+    """Every op kind a step runs at one shape: one layer forward and backward, embedding and head."""
+    fwd = layer_forward_ops(model, shape)
+    return (fwd + backward_ops(fwd, model, shape) + embedding_forward_ops(model, shape)
+            + embedding_backward_ops(model, shape) + head_forward_ops(model, shape) + head_backward_ops(model, shape))
+
+
+def check_profile_model(profile: Profile, model: ModelSpec) -> None:
+    """A profile times one model's shapes; using it for another would be silently wrong."""
+    if profile.model is not None and profile.model != model.name:
+        raise SpecError(f"--profile {profile.path} was measured for model {profile.model!r}, not {model.name!r}; "
+                        f"measure this model with `autotune profile --model {model.name} --out FILE`")
+
+
+def profile_warnings(profile: Profile, hw: HardwareSpec, dtype: str) -> tuple[str, ...]:
+    """Mismatches worth a warning, not an error (a CPU profile on a GPU plan is how the tests run)."""
+    out = []
+    device = profile.device.name.lower()
+    if profile.ops and (profile.device.kind == "cpu" or hw.name.split("-")[0].lower() not in device):
+        out.append(f"--profile {profile.path}: measured on {profile.device.kind} {profile.device.name!r}, but the "
+                   f"plan is for {hw.name}; measured op times are used as they are")
+    if profile.dtype is not None and profile.dtype != dtype:
+        out.append(f"--profile {profile.path}: measured in {profile.dtype}, but the job uses --dtype {dtype}")
+    return tuple(out)
+
+
+def apply_comm(profile: Profile, hw: HardwareSpec) -> HardwareSpec:
+    """The hardware with the link tiers the profile measured replaced by the fitted alpha and beta (which are
+    achieved figures, so that tier's efficiency becomes 1)."""
+    for tier, fit in profile.comm.items():
+        hw = replace(hw, **{f"{tier}_bandwidth": from_gbps(fit.bandwidth_GBps), f"{tier}_latency": from_us(fit.alpha_us)},
+                     efficiency=replace(hw.efficiency, **{f"{tier}_comm": 1.0}))
+    return hw

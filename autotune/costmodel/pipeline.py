@@ -1,0 +1,357 @@
+"""Pipeline schedules as explicit per-rank operation orders, and their exact timing.
+
+A schedule fixes, for every pipeline rank, the order in which it runs the passes of each micro-batch on
+each of its model chunks: F (forward), B (backward; for zero-bubble schedules only the input gradient) and
+W (the weight gradient, run apart only by zero-bubble schedules). A pass starts when its rank has finished
+the previous pass in its order and the pass it depends on is done: F on virtual stage s needs F of the same
+micro-batch on stage s-1; B on s needs B on s+1 (the last stage's B needs its own F); W needs its own B.
+The step's pipeline time is then the longest path through that graph, which `simulate` computes exactly in
+one pass over a topological order. No closed form is exact for unequal stages (schedules.py has the bounds
+the planner optimizes); this is the ground truth that `estimate` reports and the timeline shows.
+
+Orders:
+- 1f1b (PipeDream-Flush, Megatron's default): rank i runs p-i-1 warm-up forwards, then alternates one
+  forward and one backward, then drains the remaining backwards.
+- interleaved (Narayanan et al. 2021): v chunks per rank, virtual stage c*p + i; Megatron's order: warm-up
+  (p-i-1)*2 + (v-1)*p forward chunk-passes, then 1F1B over chunk-passes; forwards walk chunks in groups of p
+  micro-batches.
+- zb-h1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B with B and W split and rank i
+  deferring its W passes by i, so every rank holds at most p micro-batches (1F1B's peak) and the W passes
+  fill the drain: bubble (p-1)(F+B-W) for equal stages instead of (p-1)(F+B+W).
+- v-half (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024): two chunks per rank in a V, rank
+  i holding virtual stages i and 2p-1-i, so the first and the last virtual stage share rank 0 and every rank
+  holds a similar amount of activation memory. The order is built once by a greedy list scheduler on unit
+  pass times (B first, then F while the rank holds fewer than the V-Half cap of p+1 chunk activations,
+  then W), which is how such schedules are constructed, and then kept fixed for any real stage times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+Kind = Literal["F", "B", "W"]
+SPLIT_BACKWARD = ("zb-h1", "v-half")
+"""Schedules that run the weight gradient (W) apart from the input gradient (B)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """One pass of one micro-batch through one model chunk of a rank."""
+
+    kind: Kind
+    chunk: int
+    microbatch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A pass as it ran: on which rank, from when to when (seconds from the step's start)."""
+
+    rank: int
+    op: Pass
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """The simulated step: its pipeline time and every pass of every rank."""
+
+    makespan: float
+    intervals: tuple[Interval, ...]
+
+
+def chunks_per_rank(schedule: str, vpp: int) -> int:
+    """Model chunks one rank holds."""
+    return 2 if schedule == "v-half" else vpp
+
+
+def virtual_stage(schedule: str, rank: int, chunk: int, pp: int) -> int:
+    """Position of (rank, chunk) in the model's layer order."""
+    if schedule == "v-half":
+        return rank if chunk == 0 else 2 * pp - 1 - rank
+    return chunk * pp + rank
+
+
+Ticks = tuple[int, int, int]
+UNIT_TICKS: Ticks = (1, 1, 1)
+
+
+def rank_orders(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> tuple[tuple[Pass, ...], ...]:
+    """The pass order of every rank (`ticks`: the F:B:W proportions a v-half order is built for)."""
+    return _orders(schedule, pp, chunks_per_rank(schedule, vpp), m, ticks if schedule == "v-half" else UNIT_TICKS)
+
+
+def pass_ticks(durations: "Durations") -> Ticks:
+    """The average chunk's F:B:W in small integers (quarters of the shortest), what v-half is built for:
+    its greedy order depends on the proportions, not on the scale."""
+    n = sum(len(row) for row in durations)
+    avg = [sum(d[k] for row in durations for d in row) / n for k in range(3)]
+    unit = min(x for x in avg if x > 0) / 4 if any(x > 0 for x in avg) else 1.0
+    return tuple(max(1, min(32, round(x / unit))) for x in avg)  # type: ignore[return-value]
+
+
+def _ticks(schedule: str, durations: "Durations", ticks: Ticks | None) -> Ticks:
+    if schedule != "v-half":
+        return UNIT_TICKS
+    return pass_ticks(durations) if ticks is None else ticks
+
+
+@cache
+def _orders(schedule: str, pp: int, v: int, m: int, ticks: Ticks) -> tuple[tuple[Pass, ...], ...]:
+    if schedule == "interleaved":
+        return tuple(_interleaved(i, pp, v, m) for i in range(pp))
+    if schedule == "zb-h1":
+        return tuple(_zb_h1(i, pp, m) for i in range(pp))
+    if schedule == "v-half":
+        return _v_half(pp, m, ticks)
+    return tuple(_one_f_one_b(i, pp, m) for i in range(pp))
+
+
+def _one_f_one_b(rank: int, pp: int, m: int) -> tuple[Pass, ...]:
+    warmup = min(pp - rank - 1, m)
+    ops = [Pass("F", 0, j) for j in range(warmup)]
+    for j in range(m):
+        if warmup + j < m:
+            ops.append(Pass("F", 0, warmup + j))
+        ops.append(Pass("B", 0, j))
+    return tuple(ops)
+
+
+def _zb_h1(rank: int, pp: int, m: int) -> tuple[Pass, ...]:
+    warmup = min(pp - rank - 1, m)
+    ops = [Pass("F", 0, j) for j in range(warmup)]
+    done_w = 0
+    for j in range(m):
+        if warmup + j < m:
+            ops.append(Pass("F", 0, warmup + j))
+        ops.append(Pass("B", 0, j))
+        if j - done_w >= rank:  # keep `rank` weight gradients pending: they fill the drain's bubbles
+            ops.append(Pass("W", 0, done_w))
+            done_w += 1
+    ops.extend(Pass("W", 0, j) for j in range(done_w, m))
+    return tuple(ops)
+
+
+def _interleaved(rank: int, pp: int, v: int, m: int) -> tuple[Pass, ...]:
+    total = m * v
+    warmup = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
+
+    def chunk_pass(kind: Kind, k: int) -> Pass:
+        group = (k // pp) % v
+        return Pass(kind, group if kind == "F" else v - 1 - group, (k // (pp * v)) * pp + k % pp)
+
+    ops = [chunk_pass("F", k) for k in range(warmup)]
+    for k in range(total):
+        if warmup + k < total:
+            ops.append(chunk_pass("F", warmup + k))
+        ops.append(chunk_pass("B", k))
+    return tuple(ops)
+
+
+def v_half_cap(pp: int) -> int:
+    """Chunk activations a V-Half rank may hold: p+2 chunks, i.e. p/2+1 micro-batches' worth of a whole
+    rank's layers, about half of 1F1B's first stage (p micro-batches), as the paper's V-Half."""
+    return pp + 2
+
+
+def _v_half(pp: int, m: int, ticks: tuple[int, int, int]) -> tuple[tuple[Pass, ...], ...]:
+    """Greedy list schedule on integer pass times `ticks` = (F, B, W) (see the module docstring)."""
+    stages = 2 * pp
+    length = dict(zip("FBW", ticks))
+    done: dict[tuple[str, int, int], int] = {}  # (kind, virtual stage, micro-batch) -> finish tick
+    orders: list[list[Pass]] = [[] for _ in range(pp)]
+    held = [0] * pp
+    busy = [0] * pp
+    next_f = [[0, 0] for _ in range(pp)]  # next micro-batch to forward, per chunk
+    next_b = [[0, 0] for _ in range(pp)]
+    next_w = [[0, 0] for _ in range(pp)]
+    tick, total = 0, 3 * stages * m
+    while len(done) < total:
+        started = []
+        for r in range(pp):
+            if busy[r] > tick:
+                continue
+            op = _v_half_pick(r, pp, m, tick, done, held, next_f, next_b, next_w)
+            if op is not None:
+                started.append((r, op))
+        for r, op in started:
+            s = virtual_stage("v-half", r, op.chunk, pp)
+            busy[r] = done[(op.kind, s, op.microbatch)] = tick + length[op.kind]
+            orders[r].append(op)
+            held[r] += {"F": 1, "B": 0, "W": -1}[op.kind]
+        tick += 1
+        if tick > 10 * total * max(ticks):
+            raise AssertionError("v-half schedule construction did not finish")
+    return tuple(tuple(o) for o in orders)
+
+
+def _v_half_pick(r, pp, m, tick, done, held, next_f, next_b, next_w) -> Pass | None:
+    def ready(key) -> bool:
+        return key in done and done[key] <= tick
+
+    for chunk in (1, 0):  # backward: the second leg of the V first (it is earlier in the backward order)
+        j = next_b[r][chunk]
+        s = virtual_stage("v-half", r, chunk, pp)
+        if j < m and ready(("B", s + 1, j) if s < 2 * pp - 1 else ("F", s, j)):
+            next_b[r][chunk] += 1
+            return Pass("B", chunk, j)
+    for chunk in (1, 0):  # forward: finish micro-batches already in flight before starting new ones
+        j = next_f[r][chunk]
+        s = virtual_stage("v-half", r, chunk, pp)
+        # A micro-batch enters this rank's first leg only if the activations of both its chunks, and of the
+        # second-leg chunks already promised to micro-batches in the V, stay within the cap; so a
+        # micro-batch in the V can always go on (no deadlock) and the cap is never exceeded.
+        promised = next_f[r][0] - next_f[r][1]
+        if j < m and (s == 0 or ready(("F", s - 1, j))) and (chunk == 1 or held[r] + promised + 2 <= v_half_cap(pp)):
+            next_f[r][chunk] += 1
+            return Pass("F", chunk, j)
+    for chunk in (1, 0):
+        j = next_w[r][chunk]
+        s = virtual_stage("v-half", r, chunk, pp)
+        if j < m and ready(("B", s, j)):
+            next_w[r][chunk] += 1
+            return Pass("W", chunk, j)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Graph:
+    """A topological order of every pass, with the index of its rank predecessor and its dependency."""
+
+    ranks: tuple[int, ...]
+    ops: tuple[Pass, ...]
+    prev: tuple[int, ...]
+    dep: tuple[int, ...]
+
+
+@cache
+def _graph(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> _Graph:
+    orders = rank_orders(schedule, pp, vpp, m, ticks)
+    v = chunks_per_rank(schedule, vpp)
+    last = pp * v - 1
+    where = {}
+    for r in range(pp):
+        for op in orders[r]:
+            where[(op.kind, virtual_stage(schedule, r, op.chunk, pp), op.microbatch)] = r
+
+    def dependency(r: int, op: Pass) -> tuple[str, int, int] | None:
+        s = virtual_stage(schedule, r, op.chunk, pp)
+        if op.kind == "F":
+            return ("F", s - 1, op.microbatch) if s > 0 else None
+        if op.kind == "B":
+            return ("B", s + 1, op.microbatch) if s < last else ("F", s, op.microbatch)
+        return ("B", s, op.microbatch)
+
+    index: dict[tuple[str, int, int], int] = {}
+    ranks, ops, prev, dep = [], [], [], []
+    ptr, last_on = [0] * pp, [-1] * pp
+    while len(ops) < len(where):
+        progressed = False
+        for r in range(pp):
+            while ptr[r] < len(orders[r]):
+                op = orders[r][ptr[r]]
+                d = dependency(r, op)
+                if d is not None and d not in index:
+                    break
+                index[(op.kind, virtual_stage(schedule, r, op.chunk, pp), op.microbatch)] = len(ops)
+                ranks.append(r)
+                ops.append(op)
+                prev.append(last_on[r])
+                dep.append(-1 if d is None else index[d])
+                last_on[r] = len(ops) - 1
+                ptr[r] += 1
+                progressed = True
+        if not progressed:
+            raise AssertionError(f"{schedule} order deadlocks for pp={pp}, vpp={vpp}, m={m}")
+    return _Graph(tuple(ranks), tuple(ops), tuple(prev), tuple(dep))
+
+
+Durations = tuple[tuple[tuple[float, float, float], ...], ...]
+"""durations[rank][chunk] = (F, B, W) seconds of one micro-batch; for schedules that do not split the
+backward, B is the whole backward and W is ignored."""
+
+
+def simulate(schedule: str, pp: int, vpp: int, m: int, durations: Durations, ticks: Ticks | None = None
+             ) -> Timeline:
+    """Run the schedule's passes as early as their order and dependencies allow (`ticks`: the proportions
+    the v-half order is built for; default: those of `durations`)."""
+    g = _graph(schedule, pp, vpp, m, _ticks(schedule, durations, ticks))
+    split = schedule in SPLIT_BACKWARD
+    end = [0.0] * len(g.ops)
+    intervals = []
+    for k, (r, op) in enumerate(zip(g.ranks, g.ops)):
+        f, b, w = durations[r][op.chunk]
+        dur = f if op.kind == "F" else (w if op.kind == "W" else (b if split else b + w))
+        start = max(end[g.prev[k]] if g.prev[k] >= 0 else 0.0, end[g.dep[k]] if g.dep[k] >= 0 else 0.0)
+        end[k] = start + dur
+        intervals.append(Interval(r, op, start, end[k]))
+    return Timeline(max(end), tuple(intervals))
+
+
+def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, ticks: Ticks | None = None) -> float:
+    """simulate(...).makespan without building the intervals (estimates call this thousands of times)."""
+    g = _graph(schedule, pp, vpp, m, _ticks(schedule, durations, ticks))
+    split = schedule in SPLIT_BACKWARD
+    table = [[(f, b if split else b + w, w) for f, b, w in row] for row in durations]
+    code = {"F": 0, "B": 1, "W": 2}
+    end = [0.0] * len(g.ops)
+    for k in range(len(g.ops)):
+        op = g.ops[k]
+        p, d = g.prev[k], g.dep[k]
+        start = end[p] if p >= 0 else 0.0
+        if d >= 0 and end[d] > start:
+            start = end[d]
+        end[k] = start + table[g.ranks[k]][op.chunk][code[op.kind]]
+    return max(end)
+
+
+@cache
+def peak_in_flight(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> tuple[int, ...]:
+    """Most chunk activations each rank holds at once: a chunk's activations live from its F until its
+    backward is complete (B, or W when the backward is split). Counted from the order, so it holds for any
+    stage times."""
+    release = "W" if schedule in SPLIT_BACKWARD else "B"
+    peaks = []
+    for order in rank_orders(schedule, pp, vpp, m, ticks):
+        held = peak = 0
+        for op in order:
+            if op.kind == "F":
+                held += 1
+                peak = max(peak, held)
+            elif op.kind == release:
+                held -= 1
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+
+def critical_path(schedule: str, pp: int, vpp: int, m: int, durations: Durations, ticks: Ticks | None = None
+                  ) -> tuple[float, dict[tuple[int, int, str], int]]:
+    """The pipeline time and, for one longest path, how many passes of each (rank, chunk, kind) it runs.
+    Any path's length is a lower bound on the pipeline time that is linear in the pass durations: the
+    planner adds the critical path of each solution it finds as a cut until its solution's own critical
+    path is already accounted for (search/partition.py). `ticks` fixes the v-half order (default: the
+    order `durations` would get)."""
+    g = _graph(schedule, pp, vpp, m, _ticks(schedule, durations, ticks))
+    split = schedule in SPLIT_BACKWARD
+    code = {"F": 0, "B": 1, "W": 2}
+    end = [0.0] * len(g.ops)
+    came = [-1] * len(g.ops)
+    for k, op in enumerate(g.ops):
+        p, d = g.prev[k], g.dep[k]
+        start, came[k] = (end[p], p) if p >= 0 else (0.0, -1)
+        if d >= 0 and end[d] > start:
+            start, came[k] = end[d], d
+        f, b, w = durations[g.ranks[k]][op.chunk]
+        end[k] = start + (f, b if split else b + w, w)[code[op.kind]]
+    k = max(range(len(end)), key=lambda i: (end[i], -i))
+    total = end[k]
+    counts: dict[tuple[int, int, str], int] = {}
+    while k >= 0:
+        key = (g.ranks[k], g.ops[k].chunk, g.ops[k].kind)
+        counts[key] = counts.get(key, 0) + 1
+        k = came[k]
+    return total, counts

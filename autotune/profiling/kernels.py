@@ -1,0 +1,228 @@
+"""Torch implementations of the cost model's operators at their per-GPU shapes (costmodel/ops.py).
+
+`kernel(name, dims)` returns a zero-argument callable that runs the op once, its inputs already allocated. A
+GEMM's `_dgrad` and `_wgrad` are the two matmuls of its backward (dY W^T and X^T dY); every other `_bwd` is
+the autograd backward of the forward implementation (the graph is kept, so it can be replayed). Kernels are
+torch's eager ones: on a GPU the "fused" element-wise ops are a few eager kernels, not a hand-fused one, which
+is what a trainer without a fusion compiler runs; the file records what was timed, not what could be.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from autotune.errors import SpecError
+
+DROPOUT = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Dims:
+    """Per-GPU sizes of one micro-batch (costmodel/ops.py's LayerShape, made whole)."""
+
+    mbs: int
+    seq: int
+    tokens: int
+    norm_tokens: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    """MLP width per GPU (per branch when gated)."""
+    vocab: int
+    """Vocabulary shard per GPU."""
+    gated: bool
+    act: str
+    """gelu, swiglu or geglu."""
+    norm: str
+    causal: bool
+    bias: bool
+    dropout: bool
+    dtype: Any
+    device: str
+
+    @property
+    def q(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+def _t(d: Dims, *shape: int, grad: bool = False, dtype: Any = None) -> torch.Tensor:
+    x = torch.randn(*shape, dtype=dtype or d.dtype, device=d.device)
+    return x.requires_grad_(grad)
+
+
+# ------------------------------------------------------------------------------------------------------ GEMMs
+def _gemm_shapes(d: Dims) -> dict[str, tuple[int, int, int]]:
+    """(m, k, n) of every GEMM ops.py names: C[m,n] = A[m,k] @ B[k,n]."""
+    up = 2 * d.ffn if d.gated else d.ffn
+    return {"qkv_proj": (d.tokens, d.hidden, d.q + 2 * d.kv), "out_proj": (d.tokens, d.q, d.hidden),
+            "mlp_up": (d.tokens, d.hidden, up), "mlp_down": (d.tokens, d.ffn, d.hidden),
+            "lm_head": (d.tokens, d.hidden, d.vocab)}
+
+
+def _gemm(d: Dims, base: str, part: str) -> Callable[[], Any]:
+    m, k, n = _gemm_shapes(d)[base]
+    x, w, dy = _t(d, m, k), _t(d, k, n), _t(d, m, n)
+    if part == "fwd":
+        return lambda: x @ w
+    if part == "dgrad":  # dX = dY W^T
+        return lambda: dy @ w.t()
+    return lambda: x.t() @ dy  # dW = X^T dY
+
+
+def _score_bmm(d: Dims, base: str, part: str) -> Callable[[], Any]:
+    """Unfused attention's two batched GEMMs (QK^T and PV) and their gradients, all of the same size."""
+    bh, s, hd = d.mbs * d.heads, d.seq, d.head_dim
+    small, scores = _t(d, bh, s, hd), _t(d, bh, s, s)
+    if (base, part) in (("qk_scores", "fwd"),):
+        other = _t(d, bh, hd, s)
+        return lambda: torch.bmm(small, other)
+    if part == "wgrad" or (base, part) == ("pv", "fwd") or (base, part) == ("qk_scores", "dgrad"):
+        return lambda: torch.bmm(scores, small)  # [s,s] @ [s,d]: P V, dS K, dS^T Q
+    return lambda: torch.bmm(small, small.transpose(1, 2))  # pv dgrad: dO V^T
+
+
+# ------------------------------------------------------------------------------------ forwards (with autograd)
+def _forwards(d: Dims) -> dict[str, Callable[[bool], tuple[Callable[[], Any], list[torch.Tensor]]]]:
+    """name -> builder(grad) giving (run once, inputs that take a gradient)."""
+    t, tn, h, f = d.tokens, d.norm_tokens, d.hidden, d.ffn
+    drop = DROPOUT if d.dropout else 0.0
+
+    def norm(grad):
+        x, w = _t(d, tn, h, grad=grad), _t(d, h, grad=grad)
+        if d.norm == "rmsnorm":
+            return (lambda: F.rms_norm(x, (h,), w)), [x, w]
+        b = _t(d, h, grad=grad)
+        return (lambda: F.layer_norm(x, (h,), w, b)), [x, w, b]
+
+    def flash(grad):
+        q = _t(d, d.mbs, d.heads, d.seq, d.head_dim, grad=grad)
+        k, v = (_t(d, d.mbs, d.kv_heads, d.seq, d.head_dim, grad=grad) for _ in range(2))
+        gqa = d.kv_heads != d.heads
+        return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=d.causal, enable_gqa=gqa)), [q, k, v]
+
+    def rope(grad):
+        q, k = _t(d, t, d.heads, d.head_dim, grad=grad), _t(d, t, d.kv_heads, d.head_dim, grad=grad)
+        cos, sin = _t(d, t, 1, d.head_dim), _t(d, t, 1, d.head_dim)
+
+        def rotate(x):
+            x1, x2 = x.chunk(2, dim=-1)
+            return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        return (lambda: (rotate(q), rotate(k))), [q, k]
+
+    def residual(grad):
+        x, r, b = _t(d, tn, h, grad=grad), _t(d, tn, h, grad=grad), _t(d, h, grad=grad)
+        if d.bias:
+            return (lambda: F.dropout(x + b, drop) + r), [x, r, b]
+        return (lambda: F.dropout(x, drop) + r), [x, r]
+
+    def unary(rows, cols, fn):
+        def build(grad):
+            x = _t(d, rows, cols, grad=grad)
+            return (lambda: fn(x)), [x]
+        return build
+
+    def binary(rows, cols, fn):
+        def build(grad):
+            x, y = _t(d, rows, cols, grad=grad), _t(d, rows, cols, grad=grad)
+            return (lambda: fn(x, y)), [x, y]
+        return build
+
+    def bias_gelu(grad):
+        x, b = _t(d, t, f, grad=grad), _t(d, f, grad=grad)
+        return (lambda: F.gelu(x + b)), [x, b]
+
+    act = F.silu if d.act == "swiglu" else F.gelu
+    s2 = (d.mbs * d.heads * d.seq, d.seq)
+    mask = torch.ones(d.seq, d.seq, dtype=torch.bool, device=d.device).triu(1)
+    scale = 1 / math.sqrt(d.head_dim)
+
+    def cross_entropy(grad):
+        logits = _t(d, t, d.vocab, grad=grad)
+        target = torch.randint(0, d.vocab, (t,), device=d.device)
+        return (lambda: F.cross_entropy(logits.float(), target)), [logits]
+
+    def pos_add(grad):
+        x, pos = _t(d, d.mbs, d.seq, h, grad=grad), _t(d, d.seq, h, grad=grad)
+        return (lambda: x + pos), [x, pos]
+
+    def lookup(grad):
+        table = _t(d, d.vocab, h)
+        ids = torch.randint(0, d.vocab, (t,), device=d.device)
+        return (lambda: F.embedding(ids, table)), []
+
+    out = {"input_norm": norm, "post_attn_norm": norm, "final_norm": norm, "flash_attention": flash,
+           "rope": rope, "bias_gelu": bias_gelu, "gelu": unary(t, f, F.gelu), "mlp_bias": unary(t, f, lambda x: x + 1.0),
+           "gated_act": binary(t, f, lambda a, b: act(a) * b), "act": unary(t, f, act),
+           "gate_mul": binary(t, f, torch.mul), "cross_entropy": cross_entropy, "position_add": pos_add,
+           "embedding_lookup": lookup,
+           "scale_mask_softmax": unary(*s2, lambda x: torch.softmax(
+               (x * scale).view(-1, d.seq, d.seq).masked_fill(mask, -math.inf), dim=-1)),
+           "scale_mask": unary(*s2, lambda x: (x * scale).view(-1, d.seq, d.seq).masked_fill(mask, -math.inf)),
+           "softmax": unary(*s2, lambda x: torch.softmax(x, dim=-1)),
+           "attn_dropout": unary(*s2, lambda x: F.dropout(x, DROPOUT))}
+    for block in ("attn_residual", "mlp_residual"):
+        out[f"{block}_add"] = residual
+        out[f"{block}_bias"] = unary(tn, h, lambda x: x + 1.0)
+        out[f"{block}_dropout"] = unary(tn, h, lambda x: F.dropout(x, DROPOUT))
+    return out
+
+
+def _unfused_add(d: Dims) -> Callable[[bool], tuple[Callable[[], Any], list[torch.Tensor]]]:
+    """The plain residual add of the unfused variant (bias and dropout are their own ops there)."""
+    def build(grad):
+        x, r = _t(d, d.norm_tokens, d.hidden, grad=grad), _t(d, d.norm_tokens, d.hidden, grad=grad)
+        return (lambda: x + r), [x, r]
+    return build
+
+
+def _backward(build) -> Callable[[], Any]:
+    run, inputs = build(True)
+    out = run()
+    outs = out if isinstance(out, tuple) else (out,)
+    grads = [torch.randn_like(o) for o in outs]
+    return lambda: torch.autograd.grad(outs, inputs, grads, retain_graph=True)
+
+
+def _embedding_grad(d: Dims) -> Callable[[], Any]:
+    """Scatter-add of T gradient rows into the fp32 gradient of the vocabulary shard."""
+    grad = torch.zeros(d.vocab, d.hidden, dtype=torch.float32, device=d.device)
+    ids = torch.randint(0, d.vocab, (d.tokens,), device=d.device)
+    dy = _t(d, d.tokens, d.hidden)
+    return lambda: grad.index_add_(0, ids, dy.float())
+
+
+def kernel(name: str, d: Dims, *, unfused: bool = False) -> Callable[[], Any]:
+    """The op `name` (as ops.py names it) at sizes `d`, ready to run; SpecError if autotune has no kernel."""
+    base, _, part = name.rpartition("_")
+    if part in ("dgrad", "wgrad"):
+        if base in ("qk_scores", "pv"):
+            return _score_bmm(d, base, part)
+        if base in _gemm_shapes(d):
+            return _gemm(d, base, part)
+    if name in _gemm_shapes(d):
+        return _gemm(d, name, "fwd")
+    if name in ("qk_scores", "pv"):
+        return _score_bmm(d, name, "fwd")
+    if name == "embedding_grad":
+        return _embedding_grad(d)
+    forwards = _forwards(d)
+    if unfused:
+        forwards.update({"attn_residual_add": _unfused_add(d), "mlp_residual_add": _unfused_add(d)})
+    if part == "bwd" and base in forwards:
+        return _backward(forwards[base])
+    if name in forwards:
+        run, _ = forwards[name](False)
+        return run
+    raise SpecError(f"no torch kernel for op {name!r}; autotune profile cannot time it")

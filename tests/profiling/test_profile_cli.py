@@ -1,0 +1,139 @@
+"""`autotune profile` end to end on this CPU: ops -> profile file -> `autotune plan --profile`, and --comm."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.catalog import PROFILES_DIR, load_model
+from autotune.costmodel import comm
+from autotune.cli import main
+from autotune.costmodel.measured import step_ops
+from autotune.costmodel.layer import layer_shape
+from autotune.specs.job import JobSpec
+from autotune.specs.profile import load_profile
+
+torch = pytest.importorskip("torch", reason="autotune profile needs the optional torch extra")
+
+PLAN = ("--model", "tiny-gpt", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64", "--seq-len", "256",
+        "--tp", "1,2,4", "--mbs", "1,2,4", "--cp", "1")
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory) -> Path:
+    """tiny-gpt timed at seq 256, tp 1,2,4, mbs 1,2,4 with few repeats (a few seconds on one core)."""
+    out = tmp_path_factory.mktemp("prof") / "cpu-tiny-gpt.json"
+    with pytest.raises(SystemExit) as exc:
+        main(["profile", "--model", "tiny-gpt", "--device", "cpu", "--seq-len", "256", "--tp", "1,2,4", "--mbs",
+              "1,2,4", "--repeats", "3", "--warmup", "1", "--out", str(out), "--json"])
+    assert exc.value.code == 0
+    return out
+
+
+def test_profile_times_exactly_the_cost_models_ops(tiny_profile):
+    prof = load_profile(tiny_profile)
+    model, job = load_model("tiny-gpt"), JobSpec(global_batch=1, seq_len=256)
+    expected = {(op.name, tp, op.flops, op.bytes) for tp in (1, 2, 4) for mbs in (1, 2, 4)
+                for sp in ((False, True) if tp > 1 else (False,))
+                for op in step_ops(model, layer_shape(model, job, tp=tp, cp=1, mbs=mbs, sp=sp))}
+    assert {(p.op, p.tp, p.flops, p.bytes) for p in prof.ops} == expected
+    assert prof.device.kind == "cpu" and prof.model == "tiny-gpt" and prof.seq_len == 256 and prof.dtype == "bf16"
+    assert prof.libraries.torch == torch.__version__ and all(p.seconds > 0 and p.repeats == 3 for p in prof.ops)
+
+
+def test_plan_with_the_profile_differs_from_the_roofline_plan(tiny_profile, capsys):
+    """On the roofline an H100 runs a tiny-gpt layer in microseconds, so collectives decide the plan (tp 1, pure
+    data parallelism). The profile says each op takes this CPU hundreds of times longer, so compute decides,
+    communication is noise, and the plan becomes the one whose measured per-GPU shapes run fastest."""
+    code, out, _ = _main(capsys, "plan", *PLAN, "--json")
+    assert code == 0
+    roof = json.loads(out)
+    code, out, err = _main(capsys, "plan", *PLAN, "--json", "--profile", str(tiny_profile))
+    assert code == 0 and "measured on cpu" in err  # a CPU profile on an H100 plan: a warning, not an error
+    measured = json.loads(out)
+    assert roof["plan"]["tp"] == 1 and roof["plan"]["dp"] == 8
+    assert measured["plan"] != roof["plan"]
+
+    def estimate(plan: dict, *profile: str) -> dict:
+        pins = [f"--{k.replace('_', '-')}={plan[k]}" for k in ("tp", "pp", "dp", "cp", "mbs", "zero", "recompute")]
+        sp = "--sequence-parallel" if plan["sequence_parallel"] else "--no-sequence-parallel"
+        code, out, _ = _main(capsys, "estimate", *PLAN[:10], *pins, sp, "--json", *profile)
+        assert code == 0
+        return json.loads(out)
+
+    prof = ("--profile", str(tiny_profile))
+    roof_measured, best_measured = estimate(roof["plan"], *prof), estimate(measured["plan"], *prof)
+    roof_roofline = estimate(roof["plan"])
+    assert best_measured["op_costs"] == {"source": str(tiny_profile), "device": load_profile(tiny_profile).device.name,
+                                         "measured_ops": 34, "roofline_ops": 0, "fallback": []}
+    assert roof_roofline["op_costs"]["source"] == "roofline"
+    # the reason: measured compute is more than 100x the roofline's, and under it the roofline's plan loses
+    assert roof_measured["breakdown"]["compute_s"] > 100 * roof_roofline["breakdown"]["compute_s"]
+    assert best_measured["step_time_s"] < roof_measured["step_time_s"]
+
+
+def test_estimate_says_which_op_times_were_measured(tiny_profile, capsys):
+    code, out, _ = _main(capsys, "estimate", *PLAN[:10], "--tp", "1", "--pp", "1", "--mbs", "8",  # past mbs 4
+                         "--profile", str(tiny_profile))
+    assert code == 0
+    assert "op times: 0 of 34 measured" in out and "roofline for the rest: " in out and "qkv_proj" in out
+
+
+def test_shipped_cpu_profile_loads():
+    prof = load_profile(PROFILES_DIR / "measured" / "cpu-tiny-gpt.json")
+    assert prof.model == "tiny-gpt" and prof.device.kind == "cpu" and len(prof.ops) > 100
+
+
+def test_profile_without_torch_is_a_one_line_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    code, out, err = _main(capsys, "profile", "--model", "tiny-gpt")
+    assert code == 1 and err.count("\n") == 1
+    assert "pip install 'autotune[profile]'" in err
+
+
+def test_profile_errors(capsys, tmp_path):
+    code, _, err = _main(capsys, "profile", "--model", "tiny-gpt", "--tp", "8", "--out", str(tmp_path / "x.json"))
+    assert code == 1 and "--tp 8: does not divide num_heads 4" in err
+    code, _, err = _main(capsys, "profile")
+    assert code == 1 and "needs --model" in err
+    code, out, _ = _main(capsys, "profile", "--help")
+    assert code == 0 and "--comm" in out and "--profile" not in out
+
+
+@pytest.mark.slow
+def test_comm_profile_with_two_gloo_processes(tmp_path, capsys):
+    """Two gloo processes on loopback, 4 KiB..16 MiB: alpha and bandwidth come out positive, jointly and per
+    collective, and the per-point errors in the file are the joint fit's, recomputed here with comm.py.
+
+    Not asserted: that the fit reproduces every point within 20%. On the shared 2-core machine this was built
+    on, gloo loopback timings scatter around any alpha + size/bandwidth line by more than that (each collective's
+    own fit missed its worst point by 37-52%, the joint fit by up to 88%), so such a bound would be either false
+    or a lie; the command warns when the joint fit misses a point by more than 20%."""
+    out = tmp_path / "comm.json"
+    code, stdout, _ = _main(capsys, "profile", "--comm", "--nproc", "2", "--backend", "gloo", "--device", "cpu",
+                            "--min-bytes", "4096", "--max-bytes", str(16 * 2**20), "--repeats", "10", "--warmup",
+                            "2", "--out", str(out), "--json")
+    assert code == 0
+    summary = json.loads(stdout)
+    tier = load_profile(out).comm["intra_node"]
+    assert tier.alpha_us > 0 and tier.bandwidth_GBps > 0 and tier.nproc == 2 and tier.backend == "gloo"
+    assert set(tier.collectives) == {"all_reduce", "all_gather", "reduce_scatter", "p2p"}
+    assert all(f.alpha_us > 0 and f.bandwidth_GBps > 0 for f in tier.collectives.values())
+    assert len(tier.points) == 4 * 13 and summary["max_error_pct"] == pytest.approx(tier.max_error_pct, rel=1e-5)
+    assert load_profile(out).model is None  # a comm-only profile
+    link = comm.Link(bandwidth=tier.bandwidth_GBps * 1e9, latency=tier.alpha_us * 1e-6)
+    model = {"all_reduce": comm.all_reduce, "all_gather": comm.all_gather, "reduce_scatter": comm.reduce_scatter,
+             "p2p": lambda x, n, lk: comm.p2p(x, lk)}
+    for p in tier.points:
+        predicted = model[p.collective](p.bytes, 2, link)
+        assert 100 * (predicted - p.seconds) / p.seconds == pytest.approx(p.fit_error_pct, rel=1e-3, abs=1e-3)
