@@ -182,9 +182,10 @@ def _v_half(pp: int, m: int, ticks: tuple[int, int, int]) -> tuple[tuple[Pass, .
             busy[r] = done[(op.kind, s, op.microbatch)] = tick + length[op.kind]
             orders[r].append(op)
             held[r] += {"F": 1, "B": 0, "W": -1}[op.kind]
-        tick += 1
-        if tick > 10 * total * max(ticks):
-            raise AssertionError("v-half schedule construction did not finish")
+        later = [t for t in busy if t > tick]  # nothing changes before the next pass ends
+        if not later and len(done) < total:
+            raise AssertionError("v-half schedule construction deadlocked")
+        tick = min(later, default=tick + 1)
     return tuple(tuple(o) for o in orders)
 
 

@@ -6,9 +6,8 @@ For equal stages of F + B seconds per micro-batch (B including W unless the sche
   interleaved  (m + (p - 1)/v) * (F + B)                  Narayanan et al. 2021, v chunks per rank
   zb-h1        m * (F + B + W) + (p - 1) * (F + B - W)     Qi et al. 2024 (W <= min(F, B))
 For unequal stages no closed form is exact: step time is a longest path (pipeline.py). Any one path is a
-lower bound, and the planner's bounds use the one that runs the forward of the first micro-batch down to the
-last rank, every pass of that rank, and the backward of the last micro-batch back up:
-  1f1b, interleaved:  T >= m * t_last + sum_{i < last} t_i / v   and  T >= m * max_i t_i
+lower bound; the planner's bounds (pipeline_lower_bound) use the paths that run the forward of the first
+micro-batch down to a rank, every pass of that rank, and the backward of the last micro-batch back up.
 """
 
 from __future__ import annotations
@@ -23,13 +22,20 @@ def equal_stage_time(schedule: str, pp: int, vpp: int, m: int, f: float, b: floa
     return (m + pp - 1) * (f + b + w)
 
 
-def pipeline_lower_bound(schedule: str, m: int, vpp: int, t_max: float, t_last: float, work: float) -> float:
+def pipeline_lower_bound(schedule: str, m: int, vpp: int, pp: int, t_max: float, t_last: float, work: float,
+                         path_share: float = 1.0) -> float:
     """A pipeline time no partition beats, from lower bounds on the slowest rank's time (t_max), the last
-    rank's (t_last) and the total work per micro-batch (work >= sum of rank times)."""
+    rank's (t_last) and the total work per micro-batch (work = sum of rank times).
+
+    For 1F1B-like schedules every rank k has a path: the first micro-batch's forward down to k, all of k's
+    passes, the last micro-batch's backward back up: T >= m*t_k + r*sum_{i<k} t_i, where r is the share of a
+    rank's time those chains carry (1/v interleaved; ZB-H1 may end a rank on deferred W passes, so only the
+    forward chain counts: F/(F+B+W), `path_share`).
+    For the last rank that is (m - r)*t_last + r*work. The partition minimizing the largest of them over all
+    k sets t_k = (T - r*S_k)/m, shrinking geometrically: T >= r*work / (1 - (1 - r/m)^p), about half of
+    1F1B's bubble for any partition."""
     bound = m * t_max
-    if schedule in ("1f1b", "interleaved"):
-        if m * vpp >= 2:  # the last-rank path: (m - 1/v)*t_last + (work - t_last)/v, increasing in both
-            bound = max(bound, (m - 2 / vpp) * t_last + work / vpp)
-        else:
-            bound = max(bound, work)
-    return bound
+    if schedule == "v-half" or pp == 1:
+        return bound
+    r = 1 / vpp if schedule == "interleaved" else (path_share if schedule == "zb-h1" else 1.0)
+    return max(bound, (m - r) * t_last + r * work, r * work / (1 - (1 - r / m) ** pp))

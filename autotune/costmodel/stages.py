@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 from autotune.costmodel import comm
 from autotune.costmodel.layer import LayerCost, VocabCost
@@ -123,6 +124,7 @@ class VocabPlacement:
     """Embedding and LM head on one GPU: a tied head needs no second copy of the table."""
 
 
+@cache
 def vocab_placement(schedule: str, vocab: str, pp: int, vpp: int, rank: int) -> VocabPlacement:
     """'ends'/'balanced': the embedding opens virtual stage 0 and the head closes the last one (rank p-1,
     or rank 0 under v-half, whose V ends where it starts); 'parallel': both split evenly over all ranks

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.schedules import pipeline_lower_bound
-from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params, vocab_parallel_comm,
-                                       vocab_placement, zero3_exposed)
+from autotune.costmodel.stages import p2p_seconds, stage_bwd_s, stage_fwd_s, vocab_parallel_comm, zero3_exposed
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunks, shell_plan, smallest_stage_params,
                                     sync_collectives, tied_sync_seconds)
 
 
 def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s: float = 0.0,
-                t_max_floor: float = 0.0, memo: dict | None = None) -> float:
+                t_max_floor: float = 0.0, memo: dict | None = None, pipe_floor: float = 0.0) -> float:
     """A step time no partition of candidate c can beat, in O(1).
 
     The work W (every layer at the cheapest recomputation allowed, the fixed vocabulary/p2p terms and the
@@ -27,7 +28,8 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     fixed part; and some stage holds ceil(chunks/p) chunks. The pipeline time is at least m*t_max and, for
     1F1B-like schedules, the last-rank path (schedules.pipeline_lower_bound),
     plus lower bounds on the exposed data-parallel sync (sync_bound), the tied-embedding sync and Adam.
-    `t_max_floor` is a bound on t_max found elsewhere (the memory-capped water level, see stage_time_floor).
+    `t_max_floor` is a bound on t_max found elsewhere (the memory-capped water level, see stage_time_floor),
+    `pipe_floor` one on the pipeline time (pivot_path_floor).
     `memo` (one dict per search) keeps the sync bound, shared by every candidate with the same layer, data
     and pipeline degrees."""
     L = cm.model.num_layers
@@ -37,27 +39,25 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
                       hidden=cm.model.hidden_size)
     per_layer = layer.time(c.base) + (layer.recompute_time("full") - layer.recompute_time(c.base)
                                       if c.full_min > 0 else 0.0)
-    vocab_mode = "parallel" if c.vocab == "parallel" else "ends"
-    vp = sum(vocab_parallel_comm(cm.model, cm.hw, pp=c.pp, tp=c.tp, cp=c.cp, dp=c.dp, tokens=tokens)) \
-        if c.vocab == "parallel" else 0.0
-    fixed, vocab_params = [], 0
-    for i in range(c.pp):
-        place = vocab_placement(c.schedule, vocab_mode, c.pp, c.vpp, i)
-        fixed.append(place.embed * vocab.embed_time + place.head * vocab.head_time + (p2p if c.pp > 1 else 0.0) + vp)
-        vocab_params += stage_params(0, layer, vocab, first=place.embed, last=place.head, pp=c.pp,
-                                     shared=place.shared)
+    fixed, vocab_params = _fixed_terms(cm, c, layer, vocab, p2p, tokens)
     total_params = L * layer.params + vocab_params
     smallest = smallest_stage_params(c, layer, vocab, L)
     if c.zero >= 3:  # pp == 1: one stage holds everything
-        fixed[0] += zero3_exposed(shell_plan(c), cm.hw, total_params,
-                                  stage_fwd_s(L, layer, vocab, first=True, last=True),
-                                  stage_bwd_s(L, layer, vocab, first=True, last=True))
-    work = L * per_layer + sum(fixed) + forced_s
+        extra = zero3_exposed(shell_plan(c), cm.hw, total_params, stage_fwd_s(L, layer, vocab, first=True, last=True),
+                              stage_bwd_s(L, layer, vocab, first=True, last=True))
+        fixed = tuple(x + extra for x in fixed)
+    fixed_sum, fixed_max, fixed_min, fixed_last = fixed
+    work = L * per_layer + fixed_sum + forced_s
     chunks = L // c.vpp
-    t_max = max(work / c.pp, max(fixed), c.vpp * math.ceil(chunks / c.pp) * per_layer + min(fixed), t_max_floor)
+    t_max = max(work / c.pp, fixed_max, c.vpp * math.ceil(chunks / c.pp) * per_layer + fixed_min, t_max_floor)
     last_layers = c.vpp * ((chunks // c.pp) if c.even_only else (1 if c.vpp > 1 else 0))
-    t_last = fixed[-1] + last_layers * layer.time(c.base)
-    pipe = pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, t_max, t_last, work)
+    t_last = fixed_last + last_layers * layer.time(c.base)
+    # ZB-H1's path share: the forward's part of a rank's time is at least the smallest part among its terms
+    # (layers at the most recomputation, point-to-point hops: half, vocabulary layers)
+    share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
+                _vocab_path_share(vocab))
+    pipe = max(pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, c.pp, t_max, t_last, work, share),
+               pipe_floor)
     key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.dp, c.zero, c.pp, c.vpp)
     if memo is None or key not in memo:
         sync = _sync_bound(cm, c, buckets, layer, vocab, smallest)
@@ -68,6 +68,31 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     adam_shards = c.dp * c.cp if c.zero >= 1 else 1
     adam = total_params / c.pp * ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory)
     return pipe + sync + tied_sync_seconds(cm, c) + adam
+
+
+def _fixed_terms(cm: CostModel, c: Candidate, layer, vocab, p2p: float, tokens: int
+                 ) -> tuple[tuple[float, float, float, float], int]:
+    """(sum, max, min, last rank's) per-micro-batch time that does not scale with the layers, and the
+    vocabulary parameters of all ranks, in O(1): the vocabulary layers sit on rank 0 and the last rank
+    (both on rank 0 under v-half) or are split evenly (vocabulary parallelism)."""
+    hop = p2p if c.pp > 1 else 0.0
+    embed_params = vocab.embed_params
+    if c.vocab == "parallel" and c.pp > 1:
+        vp = sum(vocab_parallel_comm(cm.model, cm.hw, pp=c.pp, tp=c.tp, cp=c.cp, dp=c.dp, tokens=tokens))
+        each = (vocab.embed_time + vocab.head_time) / c.pp + hop + vp
+        return (c.pp * each, each, each, each), c.pp * (math.ceil(embed_params / c.pp)
+                                                       + math.ceil(vocab.head_params / c.pp))
+    if c.pp == 1 or c.schedule == "v-half":
+        times = [vocab.embed_time + vocab.head_time + hop, *([hop] * (c.pp - 1))]  # one GPU: a tied head is shared
+        return (sum(times), max(times), min(times), times[-1]), embed_params + vocab.head_params_shared
+    times = [vocab.embed_time + hop, *([hop] * (c.pp - 2)), vocab.head_time + hop]
+    return (sum(times), max(times), min(times), times[-1]), embed_params + vocab.head_params
+
+
+def _vocab_path_share(vocab) -> float:
+    """The forward's share of the vocabulary layers' time (ZB-H1's path share, see pipeline_lower_bound)."""
+    total = vocab.embed_time + vocab.head_time
+    return (vocab.embed_fwd.seconds + vocab.head_fwd.seconds) / total if total > 0 else 1.0
 
 
 def _sync_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], layer, vocab, smallest: int) -> float:
@@ -187,3 +212,57 @@ def stage_time_floor(cc: CandidateCosts, num_layers: int) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if held(mid) < need else (lo, mid)
     return lo
+
+
+def pivot_path_floor(cc: CandidateCosts, num_layers: int) -> float:
+    """The least, over every partition within the memory caps, of the longest pivot path (exactly).
+
+    Rank k's pivot path is the first micro-batch's forward down to k, every pass of k, and (1F1B, interleaved)
+    the last micro-batch's backward back up: m*t_k + r*S_k with S_k the time of the ranks before k and r as in
+    schedules.pipeline_lower_bound (0 for v-half). With t_k = n_k*a + c_k (a: a layer chunk at the cheapest
+    recomputation, c_k: the rank's fixed terms), a dynamic program over ranks and chunks used finds the
+    partition minimizing the largest of them (numpy, O(p * chunks^2)). Every path is a lower bound on the
+    pipeline time, so this is one too; it is tight for balanced 1F1B pipelines, where the bubble is exactly
+    that of the path through the last rank."""
+    c = cc.cand
+    v = c.vpp
+    m = c.num_microbatches
+    f_l, b_l, w_l = cc.layer_fbw
+    a = v * (f_l + b_l + w_l)  # one chunk's worth of layers on a rank, every pass
+    r = _pivot_share(cc)
+    total = num_layers // v
+    best = np.full(total + 1, np.inf)
+    best[0] = 0.0
+    prefix = 0.0  # fixed time of the ranks before k
+    used = np.arange(total + 1)
+    for k, s in enumerate(cc.stages):
+        lo, hi = chunk_range(cc, k, num_layers)
+        if lo > hi:
+            return math.inf
+        n = np.arange(lo, hi + 1)
+        # value[u, j]: the largest pivot so far after giving n[j] chunks to rank k having used u before it
+        pivot = m * (n[None, :] * a + s.time_s) + r * (used[:, None] * a + prefix)
+        value = np.maximum(best[:, None], pivot)
+        nxt = np.full(total + 1, np.inf)
+        target = used[:, None] + n[None, :]
+        ok = target <= total
+        np.minimum.at(nxt, target[ok], value[ok])
+        best = nxt
+        prefix += s.time_s
+    return float(best[total])
+
+
+def _pivot_share(cc: CandidateCosts) -> float:
+    """r of pivot_path_floor: the share of each earlier rank's time on the pivot path's forward and backward
+    chains (see schedules.pipeline_lower_bound)."""
+    c = cc.cand
+    if c.schedule == "v-half" or c.pp == 1:
+        return 0.0
+    if c.schedule == "interleaved":
+        return 1 / c.vpp
+    if c.schedule == "zb-h1":
+        f_l, b_l, w_l = cc.layer_fbw
+        shares = [f_l / (f_l + b_l + w_l + max(cc.full_extra_s, 0.0)) if f_l > 0 else 0.0, 0.5]
+        shares += [fb[0] / sum(fb) for s in cc.stages for fb in s.chunk_fixed if sum(fb) > 0]
+        return min(shares)
+    return 1.0

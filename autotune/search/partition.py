@@ -29,7 +29,8 @@ from autotune.units import to_solver_time
 @dataclass(frozen=True, slots=True)
 class PartitionResult:
     status: str
-    """OPTIMAL, FEASIBLE, INFEASIBLE (nothing fits, or nothing beats the cutoff) or UNKNOWN (time limit)."""
+    """OPTIMAL, FEASIBLE, INFEASIBLE (nothing fits, or nothing beats the cutoff), UNKNOWN (time limit) or
+    RELAXED (exact=False: the relaxation is solved, `bound` holds, the plan may not be the optimum)."""
     layers: tuple[int, ...] = ()
     recompute_layers: int = 0
     bucket: int = 0
@@ -38,6 +39,8 @@ class PartitionResult:
     """(k_i, rc_i) of the solution, for simulating it."""
     pipe: int = 0
     """The solver's pipeline-time variable at the solution."""
+    bound: int = 0
+    """A proven lower bound on the candidate's objective (0: none)."""
 
 
 _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
@@ -45,8 +48,13 @@ _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.
 
 
 def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float, cutoff: int | None = None,
-                    pinned: tuple[int, ...] | None = None) -> PartitionResult:
-    """Solve one candidate. With `cutoff` (scaled objective), only strictly better plans are feasible."""
+                    pinned: tuple[int, ...] | None = None, exact: bool = True) -> PartitionResult:
+    """Solve one candidate. With `cutoff` (scaled objective), only strictly better plans are feasible.
+
+    With exact=False, solve only the relaxation with the pivot paths (one CP-SAT solve): the result's `bound`
+    is a lower bound on the candidate's optimum and its plan is timed exactly (status OPTIMAL when its own
+    critical path was already in the relaxation, RELAXED when the two differ); the planner runs the full
+    loop only for candidates whose bound stays promising."""
     model = cp_model.CpModel()
     chunks, ranges = _chunk_vars(model, cc, num_layers, pinned)
     if chunks is None:
@@ -54,8 +62,7 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
     rc, r = _recompute_vars(model, cc, chunks)
     durations = _pass_coefficients(cc)
     pipe = model.NewIntVar(0, _pipe_upper(cc, num_layers), "pipe")
-    for path in _initial_paths(cc, ranges):
-        _add_path(model, pipe, path, durations, chunks, rc)
+    _pivot_paths(model, cc, pipe, durations, chunks, rc, _pipe_upper(cc, num_layers))
     _memory_constraints(model, cc, chunks, rc)
     choice, sync = _dp_sync(model, cc, chunks, ranges, num_layers)
     adam = _adam(model, cc, chunks, num_layers)
@@ -71,6 +78,7 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
             proven = found is not None
             break
         k_vals, rc_vals = found.chunk_values
+        exact_loop = exact
         exact, path = _critical_path(cc, durations, k_vals, rc_vals)
         true_objective = found.objective - found.pipe + exact
         if best is None or true_objective < best.objective:
@@ -78,11 +86,17 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
         if exact <= found.pipe:  # the solution's critical path is already a constraint: nothing can do better
             proven = found.status == "OPTIMAL"
             break
+        if not exact_loop:
+            return replace(best, status="RELAXED" if found.status == "OPTIMAL" else "FEASIBLE",
+                           bound=found.objective if found.status == "OPTIMAL" else 0)
         _add_path(model, pipe, path, durations, chunks, rc)
         model.Add(objective < best.objective)
+        model.ClearHints()
+        for var, value in zip(chunks, k_vals):  # the next solve starts from this partition
+            model.AddHint(var, value)
     if best is None:
         return PartitionResult("INFEASIBLE" if proven else "UNKNOWN")
-    return replace(best, status="OPTIMAL" if proven else "FEASIBLE")
+    return replace(best, status="OPTIMAL" if proven else "FEASIBLE", bound=best.objective if proven else 0)
 
 
 def _solve(model, objective, pipe, cc: CandidateCosts, chunks, r, choice, time_limit_s: float):
@@ -150,20 +164,52 @@ def _add_path(model: cp_model.CpModel, pipe, path: dict, durations: Coefficients
               + sum(a * x for a, x in zip(per_rc, rc) if a and not isinstance(x, int)))
 
 
-def _initial_paths(cc: CandidateCosts, ranges) -> list[dict]:
-    """Critical paths of a few partitions: each rank in turn made the heaviest (its whole pass sequence
-    plus the fill before and the drain after it), and the most even split."""
+def _pivot_paths(model: cp_model.CpModel, cc: CandidateCosts, pipe, durations: Coefficients, chunks, rc,
+                 upper: int) -> None:
+    """pipe >= every rank's pivot path, without simulating: the first micro-batch's forward through the
+    chunk-0 passes of the ranks before it, all of its own passes, and (1F1B, interleaved) the last micro-batch's
+    backward back through chunk 0 of the ranks before it. Each is a path of the schedule's graph: a rank's
+    passes are chained by its order, its first pass is the first micro-batch's chunk-0 forward and its last
+    pass (1F1B, interleaved) the last micro-batch's chunk-0 backward. ZB-H1's rank k ends on its k deferred W
+    passes, so it gets a second path that leaves after its last B and runs the last micro-batch's B back up,
+    then rank 0's last W. The parts before the pivot rank are running sums (one variable per rank), so the
+    model stays sparse for long pipelines."""
     c = cc.cand
-    lo = [a for a, _ in ranges]
-    paths = []
-    for heavy in range(c.pp):
-        k_vals = [max(x, 1) for x in lo]
-        k_vals[heavy] = max(k_vals[heavy], 1) * 1000
-        table = _durations_at(_pass_coefficients(cc), k_vals, [0] * c.pp)
-        if c.schedule not in SPLIT_BACKWARD:
-            table = tuple(tuple((F, B, 0) for F, B, _ in row) for row in table)
-        paths.append(critical_path(c.schedule, c.pp, c.vpp, c.num_microbatches, table, cc.ticks)[1])
-    return paths
+    m = c.num_microbatches
+    v = 2 if c.schedule == "v-half" else c.vpp
+    kinds = "FBW" if c.schedule in SPLIT_BACKWARD else "FB"
+    both_chains = c.schedule in ("1f1b", "interleaved")
+
+    def dur(i: int, chunk: int, kind: str):
+        return _pass_expr(durations, i, chunk, kind, chunks[i], rc[i])
+
+    before = before_drain = 0  # the chains through the ranks before the pivot
+    for k in range(c.pp):
+        own = sum(dur(k, chunk, kind) for chunk in range(v) for kind in kinds)
+        model.Add(pipe >= m * own + before)
+        if c.schedule == "zb-h1" and m > k:
+            extra = dur(0, 0, "W") if k > 0 else 0
+            model.Add(pipe >= m * own - (k + 1) * dur(k, 0, "W") + before_drain + extra)
+        if k == c.pp - 1:
+            break
+        step = dur(k, 0, "F") + (dur(k, 0, "B") if both_chains else 0)
+        nxt = model.NewIntVar(0, upper, f"chain{k}")
+        model.Add(nxt == before + step)
+        before = nxt
+        if c.schedule == "zb-h1":
+            nxt_drain = model.NewIntVar(0, upper, f"drain{k}")
+            model.Add(nxt_drain == before_drain + dur(k, 0, "F") + dur(k, 0, "B"))
+            before_drain = nxt_drain
+
+
+def _pass_expr(durations: Coefficients, i: int, chunk: int, kind: str, k, rc):
+    """Solver-unit duration of one pass of rank i's chunk, linear in its chunks' worth k and recomputed rc."""
+    fixed, (f, b, w, d) = durations
+    slope = {"F": f, "B": b, "W": w}[kind]
+    expr = slope * k + fixed[i][chunk]["FBW".index(kind)]
+    if kind == "B" and d and not isinstance(rc, int):
+        expr = expr + d * rc
+    return expr
 
 
 def _pipe_upper(cc: CandidateCosts, num_layers: int) -> int:

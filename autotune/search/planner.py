@@ -3,10 +3,12 @@
 Branch and bound over candidates. Each candidate gets an O(1) lower bound on its step time (work spread
 perfectly over the stages). Candidates are visited in order of their bound from a heap; on its first visit a
 candidate gets its per-stage terms, a necessary memory check and a refined bound (the recomputation memory
-forces) and goes back on the heap; on its second it is solved by CP-SAT with the K-th best step time so far as
-a cutoff, so the solver only has to prove "nothing better here". When the smallest bound left reaches that
-threshold, every remaining candidate is pruned. If every solve ended OPTIMAL or INFEASIBLE, the best plan is
-optimal over the whole space under the cost model.
+forces and the pivot paths of the schedule allow) and goes back on the heap; on its second CP-SAT solves the
+relaxation of its partition problem (the pivot paths only) with the best step time so far as a cutoff, so the
+solver only has to prove "nothing better here"; a candidate whose relaxed plan is not exact goes back with the
+relaxation's bound and, if it is still the most promising, gets the exact loop (search/partition.py). When the
+smallest bound left reaches the best plan, every remaining candidate is pruned. If every solve ended OPTIMAL
+or INFEASIBLE, the best plan is optimal over the whole space under the cost model (the simulated step time).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.search.partition import solve_partition
 from autotune.search.space import Candidate, SearchSpace, enumerate_candidates
-from autotune.search.bounds import forced_recompute_s, memory_possible, quick_bound, stage_time_floor
+from autotune.search.bounds import (forced_recompute_s, memory_possible, pivot_path_floor, quick_bound,
+                                    stage_time_floor)
 from autotune.search.tables import candidate_costs, to_plan
 from autotune.search.validate import memory_summary, validate_plan
 from autotune.specs.hardware import HardwareSpec
@@ -90,15 +93,16 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     if not cands:
         raise InfeasibleError(_empty_space_message(gpus, space, hw))
     memo: dict = {}  # sync bounds shared between candidates of this search
-    heap = [(quick_bound(cm, c, space.buckets, memo=memo), idx, None) for idx, c in enumerate(cands)]
+    # (bound, index, costs, exact): costs None = not visited; exact False = the relaxation comes first
+    heap = [(quick_bound(cm, c, space.buckets, memo=memo), idx, None, False) for idx, c in enumerate(cands)]
     heapq.heapify(heap)
     found: dict[tuple, Estimate] = {}
     too_big: list[tuple[float, int]] = []
     solved = 0
     open_bound = math.inf  # the smallest bound of a candidate left without proof
     while heap:
-        lb, idx, cc = heap[0]
-        threshold = _threshold(found, top_k)
+        lb, idx, cc, exact = heap[0]
+        threshold = _best_so_far(found)
         if lb >= threshold:
             break
         heapq.heappop(heap)
@@ -108,8 +112,8 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
                 too_big.append((lb, idx))
                 continue
             refined = quick_bound(cm, cands[idx], space.buckets, forced_recompute_s(cc, L), stage_time_floor(cc, L),
-                                  memo=memo)
-            heapq.heappush(heap, (max(lb, refined), idx, cc))
+                                  memo=memo, pipe_floor=pivot_path_floor(cc, L))
+            heapq.heappush(heap, (max(lb, refined), idx, cc, False))
             continue
         key = candidate_key(cc.cand)
         if key in found and found[key].step_time_s <= lb:
@@ -121,15 +125,20 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
         if progress:
             progress(solved + 1, len(cands))
         res = solve_partition(cc, L, time_limit_s=remaining, cutoff=_cutoff(threshold, cc.cand),
-                              pinned=space.layers_per_stage)
+                              pinned=space.layers_per_stage, exact=exact)
         solved += 1
-        if res.status in ("OPTIMAL", "FEASIBLE"):
+        if res.status == "RELAXED":  # back on the heap with the relaxation's bound, for the exact loop
+            heapq.heappush(heap, (max(lb, res.bound * SOLVER_TIME_UNIT_S), idx, cc, True))
+        if res.status in ("OPTIMAL", "FEASIBLE", "RELAXED"):
             est = validate_plan(to_plan(cc.cand, res.layers, res.bucket, res.recompute_layers), cm, gpus,
                                 allow_idle=space.allow_idle, allow_cross_node_tp=space.allow_cross_node_tp)
             if key not in found or est.step_time_s < found[key].step_time_s:
                 found[key] = est
         if res.status in ("FEASIBLE", "UNKNOWN"):
             open_bound = min(open_bound, lb)
+    if found and open_bound == math.inf:
+        solved += _runners_up(cm, cands, heap, found, too_big, top_k, space, gpus, L,
+                              time_limit_s - (time.perf_counter() - start))
     stats = SearchStats(len(cands), len(cands) - len(too_big) - solved, len(too_big), solved,
                         time.perf_counter() - start)
     ranked = sorted(found.values(), key=lambda e: (e.step_time_s, _plan_order(e)))
@@ -147,6 +156,31 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     return PlanResult(best, status, gap, runners, stats)
 
 
+def _runners_up(cm: CostModel, cands: list[Candidate], heap: list, found: dict[tuple, Estimate], too_big: list,
+                top_k: int, space: SearchSpace, gpus: int, L: int, time_left_s: float) -> int:
+    """After the proof: solve the most promising candidates of strategies not met yet, in bound order, until
+    top_k of them have a plan (each is the best partition of its candidate, not necessarily of its strategy);
+    returns the solves run."""
+    solves = 0
+    deadline = time.perf_counter() + max(time_left_s, 0.0)
+    while heap and len(found) <= top_k and solves < 4 * top_k and time.perf_counter() < deadline:
+        lb, idx, cc, _ = heapq.heappop(heap)
+        key = candidate_key(cands[idx])
+        if key in found:
+            continue
+        if cc is None:
+            cc = candidate_costs(cm, cands[idx], space.buckets)
+            if not memory_possible(cc, L):
+                too_big.append((lb, idx))
+                continue
+        res = solve_partition(cc, L, time_limit_s=deadline - time.perf_counter(), pinned=space.layers_per_stage)
+        solves += 1
+        if res.status in ("OPTIMAL", "FEASIBLE"):
+            found[key] = validate_plan(to_plan(cc.cand, res.layers, res.bucket, res.recompute_layers), cm, gpus,
+                                       allow_idle=space.allow_idle, allow_cross_node_tp=space.allow_cross_node_tp)
+    return solves
+
+
 def _plan_order(est: Estimate) -> tuple:
     """Deterministic tie-break between plans of equal step time: simpler plans first."""
     p = est.plan
@@ -154,10 +188,12 @@ def _plan_order(est: Estimate) -> tuple:
             p.bucket_size)
 
 
-def _threshold(found: dict[tuple, Estimate], top_k: int) -> float:
-    """Step time a candidate must beat to matter: the (K+1)-th best distinct strategy so far."""
-    times = sorted(e.step_time_s for e in found.values())
-    return times[top_k] if len(times) > top_k else math.inf
+def _best_so_far(found: dict[tuple, Estimate]) -> float:
+    """Step time a candidate must beat to matter. The proof is about the winner; the runners-up are the best
+    plans of the other strategies the search solved on its way (proving each of them the best of its strategy
+    too cost 4x the search time once zero-bubble and V-shaped schedules and vocabulary parallelism multiplied
+    the strategies within a few percent of each other)."""
+    return min((e.step_time_s for e in found.values()), default=math.inf)
 
 
 def _cutoff(threshold: float, c: Candidate) -> int | None:
