@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from autotune.catalog import load_hardware
 from autotune.costmodel.estimate import CostModel
 from autotune.search.space import MAX_MICROBATCH_TOKENS, Candidate, SearchSpace, divisors
-from autotune.search.bounds import forced_recompute_s, memory_possible, quick_bound, stage_time_floor
+from autotune.search.bounds import (forced_recompute_s, memory_possible, pivot_path_floor, quick_bound,
+                                    stage_time_floor)
 from autotune.search.tables import candidate_costs
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import is_even_split
@@ -110,7 +111,8 @@ def test_brute_force_partitions_are_every_allowed_split() -> None:
 def test_bounds_never_exceed_a_candidates_optimum(inst: Instance) -> None:
     """For every candidate with a fitting plan: the memory check lets it through, and the quick bound, the
     bound refined by the stage-time floor and the fully refined bound the planner uses are all <= its
-    brute-force optimum, with buckets that fit every stage and one that does not."""
+    brute-force optimum, with buckets that fit every stage and one that does not; so is the pivot-path floor
+    (the dynamic program over partitions of the schedule's pivot paths)."""
     space = SearchSpace()
     s = fitting_bucket(inst, space)
     space = replace(space, buckets=tuple(sorted({max(1, s // 2), s, 4 * s + 1})))
@@ -128,6 +130,9 @@ def test_bounds_never_exceed_a_candidates_optimum(inst: Instance) -> None:
         assert quick_bound(cm, c, space.buckets) <= opt, c
         assert quick_bound(cm, c, space.buckets, 0.0, floor) <= opt, c
         assert quick_bound(cm, c, space.buckets, forced_recompute_s(cc, L), floor) <= opt, c
+        pivots = pivot_path_floor(cc, L)
+        assert pivots <= opt, c
+        assert quick_bound(cm, c, space.buckets, forced_recompute_s(cc, L), floor, pipe_floor=pivots) <= opt, c
 
 
 def test_forced_recompute_is_a_lower_bound() -> None:
