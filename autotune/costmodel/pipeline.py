@@ -6,8 +6,9 @@ W (the weight gradient, run apart only by zero-bubble schedules). A pass starts 
 the previous pass in its order and the pass it depends on is done: F on virtual stage s needs F of the same
 micro-batch on stage s-1; B on s needs B on s+1 (the last stage's B needs its own F); W needs its own B.
 The step's pipeline time is then the longest path through that graph, which `simulate` computes exactly in
-one pass over a topological order. No closed form is exact for unequal stages (schedules.py has the bounds
-the planner optimizes); this is the ground truth that `estimate` reports and the timeline shows.
+one pass over a topological order. No closed form is exact for unequal stages (schedules.py has the equal-stage
+forms and the lower bounds the planner prunes with); this is the ground truth that `estimate` reports, the
+planner optimizes and the timeline shows.
 
 Orders:
 - 1f1b (PipeDream-Flush, Megatron's default): rank i runs p-i-1 warm-up forwards, then alternates one
@@ -20,9 +21,10 @@ Orders:
   fill the drain: bubble (p-1)(F+B-W) for equal stages instead of (p-1)(F+B+W).
 - v-half (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024): two chunks per rank in a V, rank
   i holding virtual stages i and 2p-1-i, so the first and the last virtual stage share rank 0 and every rank
-  holds a similar amount of activation memory. The order is built once by a greedy list scheduler on unit
-  pass times (B first, then F while the rank holds fewer than the V-Half cap of p+1 chunk activations,
-  then W), which is how such schedules are constructed, and then kept fixed for any real stage times.
+  holds a similar amount of activation memory. The order is built once per plan by a greedy list scheduler on
+  the plan's F:B:W proportions in small integers (`pass_ticks`): an input gradient first, then a forward of a
+  micro-batch already in the V, then a new micro-batch if the rank stays within p+2 chunk activations, then a
+  weight gradient. It is kept fixed for the real stage times (so the timing above stays exact).
 """
 
 from __future__ import annotations
