@@ -267,3 +267,9 @@ def test_progress_is_silent_unless_stderr_is_a_terminal(monkeypatch):
         assert progress is not None
         progress(3, 1848)
     assert tty.text  # the spinner drew (and cleared) itself on stderr
+
+
+def test_vocabulary_parallel_pin_on_a_tied_model_names_the_reason(capsys):
+    code, out, err = _main(capsys, "--model", "gpt3-175b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch",
+                           "32", "--seq-len", "2048", "--vocab", "parallel")
+    assert code == 1 and out == "" and "ties them" in err and len(err.strip().splitlines()) == 1

@@ -274,6 +274,11 @@ def _check_choices(space: SearchSpace, model: ModelSpec) -> None:
     if space.zero and min(space.zero) >= 2 and space.pp and min(space.pp) > 1:
         raise SpecError(f"--zero {','.join(map(str, space.zero))} shards gradients, which pipeline parallelism "
                         "forbids; use --zero 0,1 with --pp > 1")
+    if space.vocab == ("parallel",) and model.tied_embeddings:
+        raise SpecError(f"--vocab parallel needs untied input and output embeddings, and {model.name} ties them; "
+                        "use --vocab ends or balanced")
+    if space.vocab == ("parallel",) and space.pp == (1,):
+        raise SpecError("--vocab parallel splits the vocabulary layers over pipeline ranks: it needs --pp >= 2")
     if space.sequence_parallel == (True,) and space.tp == (1,):
         raise SpecError("--sequence-parallel needs tp > 1; drop it or pin --tp > 1")
 
