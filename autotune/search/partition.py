@@ -78,17 +78,15 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
             proven = found is not None
             break
         k_vals, rc_vals = found.chunk_values
-        exact_loop = exact
-        exact, path = _critical_path(cc, durations, k_vals, rc_vals)
-        true_objective = found.objective - found.pipe + exact
+        length, path = _critical_path(cc, durations, k_vals, rc_vals)
+        true_objective = found.objective - found.pipe + length
         if best is None or true_objective < best.objective:
             best = replace(found, objective=true_objective, status="FEASIBLE")
-        if exact <= found.pipe:  # the solution's critical path is already a constraint: nothing can do better
+        if length <= found.pipe:  # the solution's critical path is already a constraint: nothing can do better
             proven = found.status == "OPTIMAL"
             break
-        if not exact_loop:
-            return replace(best, status="RELAXED" if found.status == "OPTIMAL" else "FEASIBLE",
-                           bound=found.objective if found.status == "OPTIMAL" else 0)
+        if not exact:  # the planner decides whether this candidate deserves the exact loop
+            return replace(best, status="RELAXED", bound=found.objective if found.status == "OPTIMAL" else 0)
         _add_path(model, pipe, path, durations, chunks, rc)
         model.Add(objective < best.objective)
         model.ClearHints()
@@ -100,17 +98,20 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
 
 
 def _solve(model, objective, pipe, cc: CandidateCosts, chunks, r, choice, time_limit_s: float):
-    """One solve of the current model with the strategy fallbacks; (result or None, time left)."""
+    """One solve of the current model with the strategy fallbacks; (result or None, time left). The attempts
+    run on a copy: "improve on the last attempt" holds for this relaxation only, and must not survive into
+    the next round of the critical-path loop, whose cuts raise the objective of the same partitions."""
+    trial = model.Clone()
     found: PartitionResult | None = None
     for branching, budget in _ATTEMPTS:
         solver = _solver(branching, budget, time_limit_s)
-        status = _STATUS.get(solver.Solve(model), "UNKNOWN")
+        status = _STATUS.get(solver.Solve(trial), "UNKNOWN")
         time_limit_s -= solver.WallTime()
         if status in ("OPTIMAL", "FEASIBLE"):
             found = _read(solver, cc, chunks, r, choice, status, pipe)
             if status == "OPTIMAL":
                 return found, time_limit_s
-            model.Add(objective < found.objective)  # the next attempt must improve on it, or prove it optimal
+            trial.Add(objective < found.objective)  # the next attempt must improve on it, or prove it optimal
         elif status == "INFEASIBLE":
             return (PartitionResult("INFEASIBLE") if found is None else replace(found, status="OPTIMAL")), time_limit_s
         if time_limit_s <= 0:
