@@ -69,8 +69,6 @@ class StageCost:
     memory: StageMemory
     chunks: tuple[tuple[float, float, float], ...] = ()
     """(F, B, W) seconds of one micro-batch on each of the rank's model chunks: what the schedule runs."""
-    wgrad_s: float = 0.0
-    """Weight-gradient part of the backward (W passes under zero-bubble schedules)."""
 
     @property
     def time_s(self) -> float:
@@ -197,9 +195,7 @@ def chunk_durations(plan: Plan, n: int, layer: LayerCost, vocab: VocabCost, plac
     per = n / v
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
-    f_layer = layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s
-    w_layer = layer.wgrad_s
-    b_layer = layer.bwd.seconds - w_layer + layer.tp_bwd_s + layer.cp_bwd_s + rec_base
+    f_layer, b_layer, w_layer = layer_passes(layer, base)
     hop = p2p_s / (2 * v) if plan.pp > 1 else 0.0
     out = []
     for c in range(v):
@@ -220,12 +216,18 @@ def chunk_durations(plan: Plan, n: int, layer: LayerCost, vocab: VocabCost, plac
     return tuple(out)
 
 
+def layer_passes(layer: LayerCost, base: str) -> tuple[float, float, float]:
+    """One layer's (F, B, W) seconds per micro-batch: the forward with its exposed TP/CP communication; the
+    input gradient with its communication and the base recomputation; the weight-gradient GEMMs."""
+    return (layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s,
+            layer.bwd.seconds - layer.wgrad_s + layer.tp_bwd_s + layer.cp_bwd_s + layer.recompute_time(base),
+            layer.wgrad_s)
+
+
 def schedule_ticks(plan: Plan, layer: LayerCost) -> Ticks:
     """The F:B:W proportions of one layer under the plan's base recomputation: what a v-half order is built
     for (independent of the partition, so every partition of a plan runs the same order)."""
-    f = layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s
-    b = layer.bwd.seconds - layer.wgrad_s + layer.tp_bwd_s + layer.cp_bwd_s + layer.recompute_time(base_recompute(plan))
-    return pass_ticks((((f, b, layer.wgrad_s),),))
+    return pass_ticks(((layer_passes(layer, base_recompute(plan)),),))
 
 
 def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float,
@@ -277,8 +279,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             index=index, layers=n, recomputed_layers=rc * v, has_embedding=first > 0, has_head=last > 0,
             compute_s=compute, recompute_s=n * rec_base + rc * v * (rec_full - rec_base), tp_comm_s=tp_comm,
             cp_comm_s=n * layer_cp, pp_comm_s=p2p_s, zero3_comm_s=zero3, fwd_s=fwd, bwd_s=bwd,
-            by_category=by_category, params=params, memory=memory, chunks=chunks,
-            wgrad_s=sum(w for _, _, w in chunks)))
+            by_category=by_category, params=params, memory=memory, chunks=chunks))
     return tuple(out)
 
 

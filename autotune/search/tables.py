@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
-from autotune.costmodel.stages import (chunk_durations, in_flight_chunks, p2p_seconds, schedule_ticks, stage_bwd_s,
-                                       stage_fwd_s, stage_params, stage_vocab_activations, state_bytes,
+from autotune.costmodel.stages import (chunk_durations, in_flight_chunks, layer_passes, p2p_seconds, schedule_ticks,
+                                       stage_bwd_s, stage_fwd_s, stage_params, stage_vocab_activations, state_bytes,
                                        vocab_parallel_comm, vocab_placement, zero3_exposed, zero3_transient)
 from autotune.search.space import Candidate
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES
@@ -166,9 +166,7 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
         act_full=layer.act.full, act_none=layer.act.none, stages=tuple(stages), usable=cm.hw.usable_memory_bytes,
         buckets=buckets, syncs=sync_collectives(cm, c, buckets), tied_sync_s=tied_sync_seconds(cm, c),
         adam_s_per_param=ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory),
-        layer_fbw=(layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s,
-                   layer.bwd.seconds - layer.wgrad_s + layer.tp_bwd_s + layer.cp_bwd_s + base, layer.wgrad_s),
-        ticks=ticks)
+        layer_fbw=layer_passes(layer, c.base), ticks=ticks)
 
 
 def smallest_stage_params(c: Candidate, layer: LayerCost, vocab: VocabCost, num_layers: int) -> int:
