@@ -13,7 +13,8 @@ import numpy as np
 
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.schedules import pipeline_lower_bound
-from autotune.costmodel.stages import p2p_seconds, stage_bwd_s, stage_fwd_s, vocab_parallel_comm, zero3_exposed
+from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params, vocab_parallel_comm,
+                                       vocab_placement, zero3_exposed)
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunks, shell_plan, smallest_stage_params,
                                     sync_collectives, tied_sync_seconds)
@@ -73,20 +74,23 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
 def _fixed_terms(cm: CostModel, c: Candidate, layer, vocab, p2p: float, tokens: int
                  ) -> tuple[tuple[float, float, float, float], int]:
     """(sum, max, min, last rank's) per-micro-batch time that does not scale with the layers, and the
-    vocabulary parameters of all ranks, in O(1): the vocabulary layers sit on rank 0 and the last rank
-    (both on rank 0 under v-half) or are split evenly (vocabulary parallelism)."""
+    vocabulary parameters of all ranks, in O(1): ranks between the first and the last are all alike, so
+    rank 0, rank 1 (standing for every middle rank) and the last rank are costed (stages.vocab_placement)."""
     hop = p2p if c.pp > 1 else 0.0
-    embed_params = vocab.embed_params
-    if c.vocab == "parallel" and c.pp > 1:
-        vp = sum(vocab_parallel_comm(cm.model, cm.hw, pp=c.pp, tp=c.tp, cp=c.cp, dp=c.dp, tokens=tokens))
-        each = (vocab.embed_time + vocab.head_time) / c.pp + hop + vp
-        return (c.pp * each, each, each, each), c.pp * (math.ceil(embed_params / c.pp)
-                                                       + math.ceil(vocab.head_params / c.pp))
-    if c.pp == 1 or c.schedule == "v-half":
-        times = [vocab.embed_time + vocab.head_time + hop, *([hop] * (c.pp - 1))]  # one GPU: a tied head is shared
-        return (sum(times), max(times), min(times), times[-1]), embed_params + vocab.head_params_shared
-    times = [vocab.embed_time + hop, *([hop] * (c.pp - 2)), vocab.head_time + hop]
-    return (sum(times), max(times), min(times), times[-1]), embed_params + vocab.head_params
+    mode = "parallel" if c.vocab == "parallel" else "ends"
+    vp = sum(vocab_parallel_comm(cm.model, cm.hw, pp=c.pp, tp=c.tp, cp=c.cp, dp=c.dp, tokens=tokens)) \
+        if mode == "parallel" and c.pp > 1 else 0.0
+    ranks = sorted({0, min(1, c.pp - 1), c.pp - 1})
+    times, params = {}, {}
+    for i in ranks:
+        place = vocab_placement(c.schedule, mode, c.pp, c.vpp, i)
+        times[i] = place.embed * vocab.embed_time + place.head * vocab.head_time + hop + vp
+        params[i] = stage_params(0, layer, vocab, first=place.embed, last=place.head, pp=c.pp, shared=place.shared)
+    middle = max(c.pp - 2, 0)
+    total_time = sum(times[i] for i in {0, c.pp - 1}) + middle * times[min(1, c.pp - 1)]
+    total_params = sum(params[i] for i in {0, c.pp - 1}) + middle * params[min(1, c.pp - 1)]
+    values = list(times.values())
+    return (total_time, max(values), min(values), times[c.pp - 1]), total_params
 
 
 def _vocab_path_share(vocab) -> float:

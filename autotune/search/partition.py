@@ -151,18 +151,8 @@ def _critical_path(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals)
 
 def _add_path(model: cp_model.CpModel, pipe, path: dict, durations: Coefficients, chunks, rc) -> None:
     """pipe >= the length of one path: sum over its passes of their durations, linear in k_i and rc_i."""
-    fixed, (f, b, w, d) = durations
-    slope = {"F": f, "B": b, "W": w}
-    const = 0
-    per_k = [0] * len(chunks)
-    per_rc = [0] * len(chunks)
-    for (rank, chunk, kind), count in path.items():
-        const += count * fixed[rank][chunk]["FBW".index(kind)]
-        per_k[rank] += count * slope[kind]
-        if kind == "B":
-            per_rc[rank] += count * d
-    model.Add(pipe >= const + sum(a * k for a, k in zip(per_k, chunks) if a)
-              + sum(a * x for a, x in zip(per_rc, rc) if a and not isinstance(x, int)))
+    model.Add(pipe >= sum(count * _pass_expr(durations, rank, chunk, kind, chunks[rank], rc[rank])
+                          for (rank, chunk, kind), count in path.items()))
 
 
 def _pivot_paths(model: cp_model.CpModel, cc: CandidateCosts, pipe, durations: Coefficients, chunks, rc,

@@ -130,8 +130,7 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
         if res.status == "RELAXED":  # back on the heap with the relaxation's bound, for the exact loop
             heapq.heappush(heap, (max(lb, res.bound * SOLVER_TIME_UNIT_S), idx, cc, True))
         if res.status in ("OPTIMAL", "FEASIBLE", "RELAXED"):
-            est = validate_plan(to_plan(cc.cand, res.layers, res.bucket, res.recompute_layers), cm, gpus,
-                                allow_idle=space.allow_idle, allow_cross_node_tp=space.allow_cross_node_tp)
+            est = _validated(cm, cc, res, gpus, space)
             if key not in found or est.step_time_s < found[key].step_time_s:
                 found[key] = est
         if res.status in ("FEASIBLE", "UNKNOWN"):
@@ -176,9 +175,14 @@ def _runners_up(cm: CostModel, cands: list[Candidate], heap: list, found: dict[t
         res = solve_partition(cc, L, time_limit_s=deadline - time.perf_counter(), pinned=space.layers_per_stage)
         solves += 1
         if res.status in ("OPTIMAL", "FEASIBLE"):
-            found[key] = validate_plan(to_plan(cc.cand, res.layers, res.bucket, res.recompute_layers), cm, gpus,
-                                       allow_idle=space.allow_idle, allow_cross_node_tp=space.allow_cross_node_tp)
+            found[key] = _validated(cm, cc, res, gpus, space)
     return solves
+
+
+def _validated(cm: CostModel, cc, res, gpus: int, space: SearchSpace) -> Estimate:
+    """The solver's plan for candidate cc, re-checked by validate_plan (which never calls the solver)."""
+    return validate_plan(to_plan(cc.cand, res.layers, res.bucket, res.recompute_layers), cm, gpus,
+                         allow_idle=space.allow_idle, allow_cross_node_tp=space.allow_cross_node_tp)
 
 
 def _plan_order(est: Estimate) -> tuple:
