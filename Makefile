@@ -46,8 +46,12 @@ test: install trainers
 bench: install
 	$(PY) -m autotune.bench
 
+# The cost model against every public set of published step times, each row's published configuration pinned:
+# Megatron-LM 2021 Table 1 (A100) and profiles/published/published-runs-public.csv (H100/H200: NVIDIA
+# dgxc-benchmarking, torchtitan, Megatron-LM examples). SET=megatron2021|public|all; JSON=1 for one JSON object.
+SET ?= all
 accuracy: install
-	$(PY) -m autotune.accuracy
+	$(PY) -m autotune.accuracy --set $(SET) $(if $(JSON),--json)
 
 # Paper 4: vocabulary placement (ends / balanced / parallel) vs vocabulary size on a ~4B model, pp 8.
 vocab-report: install

@@ -21,6 +21,10 @@ first other line is the header. Columns (all required unless marked optional; no
   step_time_s        measured seconds per optimizer step (> 0)
   layers_per_stage   optional: transformer layers per pipeline rank, ';'-separated ("7;9;9;7"); empty = even
   fused_kernels      optional: true (default) or false
+  trainer            optional: megatron (default), torchtitan, deepspeed or colossalai (whose kernels ran)
+  grad_reduce        optional: fp32 (default) or bf16
+  tp_overlap         optional: false (default) or true (TP communication overlapped with the GEMMs)
+  async_tp_backward  optional: true (default) or false (Megatron before late 2021: synchronous TP backward)
 
 Each row becomes a Plan checked by `specs.plan.check_plan`. The fit: the predicted step time of every row is
 `CostModel(model, hw', job).estimate(plan).step_time_s` where hw' is the hardware with the efficiencies being
@@ -61,11 +65,17 @@ from autotune.specs.plan import (
 REQUIRED = ("model", "gpu", "gpus", "global_batch", "seq_len", "dtype", "tp", "pp", "dp", "cp", "mbs",
             "num_microbatches", "schedule", "vpp", "recompute", "zero", "sequence_parallel", "flash_attention",
             "step_time_s")
-OPTIONAL = ("layers_per_stage", "fused_kernels")
+OPTIONAL = ("layers_per_stage", "fused_kernels", "trainer", "grad_reduce", "tp_overlap", "async_tp_backward")
 EFFICIENCY_KEYS = ("gemm", "attention", "memory", "intra_node_comm", "inter_node_comm")
 #: |d log(step time) / d log(efficiency)| a parameter must reach on some row to be fitted
 FIT_THRESHOLD = 1e-2
 LOWER = 0.01
+#: The physical range of each fitted efficiency. Above: no kernel class beats its measured ceiling (a bf16 GEMM
+#: at 0.78-0.81 of peak on H100, device copies at 0.90 of HBM, NCCL bus bandwidth at ~0.9 of the link) by
+#: more than a margin. Below: a fit that wants less is absorbing a term the cost model misses, not measuring a
+#: kernel. A fit that ends on a bound is reported as such.
+PHYSICAL_RANGE = {"gemm": (0.3, 0.95), "attention": (0.15, 0.9), "memory": (0.3, 0.95),
+                  "intra_node_comm": (0.3, 0.95), "inter_node_comm": (0.3, 0.95)}
 _INTS = ("gpus", "global_batch", "seq_len", "tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp")
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -202,7 +212,9 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
     try:
         job = JobSpec(global_batch=ints["global_batch"], seq_len=ints["seq_len"], dtype=row["dtype"],
                       flash_attention=_bool(where, "flash_attention", row["flash_attention"]),
-                      fused_kernels=_bool(where, "fused_kernels", row.get("fused_kernels") or "true"))
+                      fused_kernels=_bool(where, "fused_kernels", row.get("fused_kernels") or "true"),
+                      trainer=row.get("trainer") or "megatron", grad_reduce=row.get("grad_reduce") or "fp32",
+                      async_tp_backward=_bool(where, "async_tp_backward", row.get("async_tp_backward") or "true"))
     except SpecError as exc:
         raise SpecError(f"{where}: {exc}") from None
     layers = _layers(where, row.get("layers_per_stage", ""), model, ints["pp"])
@@ -210,7 +222,8 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
                 num_microbatches=ints["num_microbatches"], schedule=row["schedule"], vpp=ints["vpp"],
                 recompute=row["recompute"], zero=ints["zero"],
                 sequence_parallel=_bool(where, "sequence_parallel", row["sequence_parallel"]),
-                vocab="ends" if is_even_split(layers) else "balanced", layers_per_stage=layers)
+                vocab="ends" if is_even_split(layers) else "balanced", layers_per_stage=layers,
+                tp_overlap=_bool(where, "tp_overlap", row.get("tp_overlap") or "false"))
     try:
         check_plan(plan, model, job, ints["gpus"], hw.gpus_per_node)
     except SpecError as exc:
@@ -293,8 +306,10 @@ def informed_keys(runs: tuple[Run, ...], hw: HardwareSpec) -> tuple[str, ...]:
 
 
 def fit(runs: tuple[Run, ...], hw: HardwareSpec, keys: tuple[str, ...], *, max_iter: int = 60) -> HardwareSpec:
-    """Levenberg-Marquardt on u = 1/efficiency in [1, 1/LOWER], from the file's values; deterministic."""
-    u = np.array([1 / getattr(hw.efficiency, k) for k in keys])
+    """Levenberg-Marquardt on u = 1/efficiency within PHYSICAL_RANGE, from the file's values; deterministic."""
+    lo = np.array([1 / PHYSICAL_RANGE[k][1] for k in keys])
+    hi = np.array([1 / PHYSICAL_RANGE[k][0] for k in keys])
+    u = np.clip(np.array([1 / getattr(hw.efficiency, k) for k in keys]), lo, hi)
     r = _residuals(runs, hw, keys, u)
     cost, lam = float(r @ r), 1e-3
     for _ in range(max_iter):
@@ -303,7 +318,7 @@ def fit(runs: tuple[Run, ...], hw: HardwareSpec, keys: tuple[str, ...], *, max_i
         improved = False
         while lam < 1e12:
             damp = np.diag(lam * (np.diag(jtj) + 1e-12))
-            trial = np.clip(u - np.linalg.solve(jtj + damp, grad), 1.0, 1 / LOWER)
+            trial = np.clip(u - np.linalg.solve(jtj + damp, grad), lo, hi)
             rt = _residuals(runs, hw, keys, trial)
             if float(rt @ rt) < cost:
                 improved = True
@@ -317,6 +332,11 @@ def fit(runs: tuple[Run, ...], hw: HardwareSpec, keys: tuple[str, ...], *, max_i
         if step < 1e-7 or gain < 1e-14 * max(cost, 1e-30):
             break
     return _with(hw, keys, u)
+
+
+def at_bound(eff: Efficiency, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The fitted keys that ended on an end of their physical range."""
+    return tuple(k for k in keys if any(abs(getattr(eff, k) - b) <= 1e-6 * b for b in PHYSICAL_RANGE[k]))
 
 
 def _mape(pred: np.ndarray, measured: np.ndarray) -> float:
@@ -351,14 +371,16 @@ def calibrated_profile(cal: Calibration) -> dict[str, Any]:
     """The hardware file with the fitted efficiencies (4 decimals) and sources.efficiency naming the fit."""
     data = json.loads(json.dumps(cal.runs_file.hw_raw))
     data["name"] = f"{data['name']}-calibrated"
-    data["efficiency"] = {k: round(v, 4) for k, v in _eff_dict(cal.after).items()}
+    data["efficiency"] = {**data["efficiency"], **{k: round(v, 4) for k, v in _eff_dict(cal.after).items()}}
     n, loo = len(cal.rows), cal.mape_loo_pct
     held = [k for k in EFFICIENCY_KEYS if k not in cal.fitted]
     data["sources"]["efficiency"] = (
         f"calibrated by autotune calibrate on {cal.runs_file.path.name} ({n} runs, LOO MAPE {loo:.1f}%): fitted "
         f"{', '.join(cal.fitted)} by least squares on relative step-time error (MAPE {cal.mape_before_pct:.1f}% "
         f"before, {cal.mape_after_pct:.1f}% after)" + (f"; {', '.join(held)} kept from "
-                                                      f"{cal.runs_file.gpu}" if held else ""))
+                                                      f"{cal.runs_file.gpu}" if held else "")
+        + (f"; {', '.join(at_bound(cal.after, cal.fitted))} ended on its physical bound (the runs push it further: "
+           "a term the cost model misses is absorbed there)" if at_bound(cal.after, cal.fitted) else ""))
     hardware_from_dict(data, "calibrated profile")  # an internal check: what we write must load
     return data
 
@@ -377,7 +399,8 @@ def format_calibration(cal: Calibration) -> str:
         lines.append(f"{r.line:>4} {r.model:<14} {r.gpus:>5} {r.measured_s:>10.3f} {eb:>+7.1f}% {ea:>+7.1f}% "
                      f"{el:>+7.1f}%")
     for k in EFFICIENCY_KEYS:
-        mark = "fitted" if k in cal.fitted else "kept"
+        mark = "kept" if k not in cal.fitted else (
+            f"fitted, AT ITS PHYSICAL BOUND {PHYSICAL_RANGE[k]}" if k in at_bound(cal.after, cal.fitted) else "fitted")
         lines.append(f"{k:<16} {getattr(cal.before, k):.4f} -> {getattr(cal.after, k):.4f} ({mark})")
     lines.append(f"MAPE before {cal.mape_before_pct:.1f}%, after {cal.mape_after_pct:.1f}% (in-sample), "
                  f"leave-one-out {cal.mape_loo_pct:.1f}%")

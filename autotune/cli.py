@@ -7,15 +7,19 @@ code. Usage errors (bad option values, unknown options) exit 1 rather than click
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
-from typing import Annotated, Any
+from autotune import interrupts
 
-import typer
+if interrupts.is_entry_point():  # first of all: Ctrl-C during the imports below gets the clean line too
+    interrupts.install()
+
+import os  # noqa: E402  (every import below follows the Ctrl-C handling on purpose)
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from dataclasses import dataclass, fields, replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Annotated, Any  # noqa: E402
+
+import typer  # noqa: E402
 
 from autotune import render
 from autotune.catalog import (
@@ -25,6 +29,7 @@ from autotune.catalog import (
     load_model,
     load_raw,
     model_names,
+    parse_json,
     read_json,
 )
 from autotune.costmodel.estimate import CostModel
@@ -33,13 +38,21 @@ from autotune.documents import PLAN_FILE, emit_input_from_document
 from autotune.emit import TRAINERS, EmitInput, EmitResult
 from autotune.emit import emit as emit_config
 from autotune.errors import AutotuneError, InvalidPlanError, SolverLimitError, SpecError
-from autotune.fileio import write_file, write_files
+from autotune.fileio import check_target, slug, write_file, write_files
 from autotune.scaling import DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, global_batch_for_tokens, scale
-from autotune.search.planner import PlanResult, search
+from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, PlanResult, search
 from autotune.search.space import SearchSpace, check_space, enumerate_candidates
 from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
+from autotune.specs.limits import (
+    MAX_GLOBAL_BATCH,
+    MAX_GPUS,
+    MAX_JSON_BYTES,
+    MAX_PIPELINE_PASSES,
+    MAX_SEQ_LEN,
+    check_max,
+)
 from autotune.specs.model import ModelSpec
 from autotune.specs.profile import Profile, load_profile
 from autotune.specs.tpgrid import MODES
@@ -66,11 +79,12 @@ ModelOpt = Annotated[str, typer.Option("--model", metavar="NAME|FILE",
                                        help="Catalog model (see `autotune models`) or a config.json path.")]
 GpuOpt = Annotated[str, typer.Option("--gpu", metavar="NAME|FILE",
                                      help="Catalog GPU (see `autotune hardware`) or a hardware file path.")]
-GpusOpt = Annotated[int, typer.Option("--gpus", min=1, help="GPUs in the job.")]
-GpusPerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=1,
+GpusOpt = Annotated[int, typer.Option("--gpus", min=1, max=MAX_GPUS, help=f"GPUs in the job (at most {MAX_GPUS:,}).")]
+GpusPerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=1, max=MAX_GPUS,
                                                     help="GPUs per node (default: from the hardware file).")]
-BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")]
-SeqOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sequence.")]
+BatchOpt = Annotated[int, typer.Option("--global-batch", help=f"Sequences per optimizer step (at most "
+                                       f"{MAX_GLOBAL_BATCH:,}).")]
+SeqOpt = Annotated[int, typer.Option("--seq-len", help=f"Tokens per sequence (at most {MAX_SEQ_LEN:,}).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", metavar="bf16|fp16|fp8", help="Matmul dtype.")]
 NoFlashOpt = Annotated[bool, typer.Option("--no-flash-attention", help="Unfused attention (s x s scores in HBM).")]
 UnfusedOpt = Annotated[bool, typer.Option("--unfused", help="No fused bias/activation/softmax kernels.")]
@@ -109,6 +123,14 @@ BucketOpt = Annotated[int | None, typer.Option("--bucket-size", help=f"DP gradie
                                                f"(default: {DEFAULT_BUCKET}).")]
 SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel",
                                             help="Megatron sequence parallelism (default: on when tp > 1).")]
+OverlapOpt = Annotated[bool | None, typer.Option("--tp-overlap/--no-tp-overlap",
+                                                 help="TP communication pipelined with the GEMMs (Megatron "
+                                                      "--tp-comm-overlap, torchtitan async TP; default: off).")]
+GradOpt = Annotated[str, typer.Option("--grad-reduce", metavar="fp32|bf16",
+                                      help="Gradient buffer and reduction dtype (Megatron default fp32).")]
+KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
+                                                help="Whose kernels and overlap to cost (default: the --trainer, "
+                                                     "else megatron).")]
 PlanFileOpt = Annotated[str | None, typer.Option("--plan", metavar="FILE",
                                                  help="Read the plan from a JSON file (- reads stdin).")]
 
@@ -127,9 +149,16 @@ STpModeOpt = _pin("--tp-mode", "Tensor-parallel modes to search (default: 1d; on
                   + _LIST, "|".join(MODES))
 SSpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel",
                                              help="Megatron sequence parallelism (default: search both).")]
+SOverlapOpt = Annotated[bool | None, typer.Option("--tp-overlap/--no-tp-overlap",
+                                                  help="TP communication overlap (default: search both).")]
 IdleOpt = Annotated[bool, typer.Option("--allow-idle", help="Allow plans that leave some GPUs unused.")]
-TopOpt = Annotated[int, typer.Option("--top", min=0, metavar="K", help="Runners-up to show.")]
-TimeLimitOpt = Annotated[float, typer.Option("--time-limit", metavar="S", help="Search time limit in seconds.")]
+TopOpt = Annotated[int, typer.Option("--top", min=0, max=100, metavar="K", help="Runners-up to show (at most 100).")]
+TimeLimitOpt = Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock safety net in seconds: "
+                                              "if it strikes, the best plan so far is shown (exit 3), and it may "
+                                              "differ between machines.")]
+WorkLimitOpt = Annotated[float, typer.Option("--work-limit", metavar="W", help="Solver work a search may spend, in "
+                                             "CP-SAT deterministic seconds (the same on every machine): an "
+                                             "unfinished search stops here with the best plan so far (exit 3).")]
 TORCHTITAN_FORMATS = ("cli", "toml")
 TrainerOpt = Annotated[str | None, typer.Option("--trainer", metavar="|".join(TRAINERS), help="Also write this "
                                                 "trainer's launch config(s) and plan.json into --out DIR.")]
@@ -145,14 +174,17 @@ CompareOpt = Annotated[str | None, typer.Option("--compare", metavar="FILE", hel
 
 
 # ------------------------------------------------------------------------------------------ options -> specs
-def parse_int_list(raw: str, flag: str, *, minimum: int = 1) -> tuple[int, ...]:
-    """'4,8,16' -> (4, 8, 16); anything else is a one-line SpecError naming the flag."""
+def parse_int_list(raw: str, flag: str, *, minimum: int = 1, maximum: int = MAX_GPUS) -> tuple[int, ...]:
+    """'4,8,16' -> (4, 8, 16); anything else is a one-line SpecError naming the flag. No degree, GPU count or
+    layer count exceeds MAX_GPUS, so that is the default `maximum`."""
     try:
         values = tuple(int(item) for item in raw.split(","))
     except ValueError:
         raise SpecError(f"{flag} {raw!r}: expected whole numbers separated by commas, e.g. {flag} 4,8") from None
     if any(v < minimum for v in values):
         raise SpecError(f"{flag} {raw!r}: every value must be >= {minimum}")
+    if any(v > maximum for v in values):
+        raise SpecError(f"{flag} {raw!r}: every value must be <= {maximum:,}")
     return values
 
 
@@ -192,6 +224,7 @@ class Pins:
     bucket_size: int | None = None
     sequence_parallel: bool | None = None
     tp_mode: str | None = None
+    tp_overlap: bool | None = None
 
     def given(self) -> list[str]:
         """The flags the user set."""
@@ -251,7 +284,8 @@ def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
         recompute_layers=pins.recompute_layers, zero=_one_int(pins.zero, "--zero", 0, minimum=0),
         sequence_parallel=(tp > 1 and tp_mode == "1d") if pins.sequence_parallel is None else pins.sequence_parallel,
         vocab=_one_choice(pins.vocab, "--vocab", VOCABS, "ends"), layers_per_stage=layers,
-        bucket_size=DEFAULT_BUCKET if pins.bucket_size is None else pins.bucket_size, tp_mode=tp_mode)
+        bucket_size=DEFAULT_BUCKET if pins.bucket_size is None else pins.bucket_size, tp_mode=tp_mode,
+        tp_overlap=bool(pins.tp_overlap))
 
 
 def read_plan(path: str, pins: Pins) -> Plan:
@@ -272,18 +306,19 @@ def read_document(path: str, flag: str) -> Any:
     if path != "-":
         return read_json(Path(path), "plan file")
     try:
-        return json.loads(sys.stdin.read())
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{flag} -: invalid JSON on stdin at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = sys.stdin.buffer.read(MAX_JSON_BYTES + 1) if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    except OSError as exc:
         raise SpecError(f"{flag} -: cannot read stdin ({exc})") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise SpecError(f"{flag} -: more than the maximum of {MAX_JSON_BYTES:,} bytes on stdin; give a plan document")
+    return parse_json(raw, f"{flag} -: stdin")
 
 
 def load_cost_profile(path: str | None, gpu: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec) -> Profile | None:
     """--profile FILE, else the shipped profiles/measured/<gpu>-<model>.json, else None (roofline); a profile
     for another model is an error, one measured on another device or dtype a warning."""
     if path is None:
-        shipped = PROFILES_DIR / "measured" / f"{gpu}-{model.name}.json"
+        shipped = PROFILES_DIR / "measured" / f"{slug(gpu)}-{slug(model.name)}.json"  # never a path from input
         if not shipped.is_file():
             return None
         path = str(shipped)
@@ -299,9 +334,11 @@ def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
     return hw if gpus_per_node is None else replace(hw, gpus_per_node=gpus_per_node)
 
 
-def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool) -> JobSpec:
+def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
+              grad_reduce: str = "fp32", kernels: str | None = None) -> JobSpec:
     return JobSpec(global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
-                   flash_attention=not no_flash, fused_kernels=not unfused)
+                   flash_attention=not no_flash, fused_kernels=not unfused,
+                   grad_reduce=grad_reduce, trainer=kernels or "megatron")  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------ pins -> search space
@@ -335,6 +372,7 @@ def pins_space(pins: Pins, *, allow_idle: bool, allow_cross_node_tp: bool) -> Se
         recompute=choices(pins.recompute, "--recompute", RECOMPUTES), zero=ints(pins.zero, "--zero", minimum=0),
         vocab=choices(pins.vocab, "--vocab", VOCABS),
         sequence_parallel=None if pins.sequence_parallel is None else (pins.sequence_parallel,),
+        tp_overlap=None if pins.tp_overlap is None else (pins.tp_overlap,),
         layers_per_stage=layers, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp,
         tp_mode=choices(pins.tp_mode, "--tp-mode", MODES))
 
@@ -343,6 +381,7 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
                  space: SearchSpace, profile: Profile | None = None) -> render.Comparison:
     """The user's plan, checked by the independent validator: rule breaks are errors, not fitting is reported."""
     plan = load_plan_file(path, "--compare")
+    check_simulation_size(plan, f"--compare {path}")
     cm = CostModel(model, hw, job, profile)
     flags = {"allow_idle": space.allow_idle, "allow_cross_node_tp": space.allow_cross_node_tp}
     try:
@@ -355,15 +394,25 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
         return render.Comparison(path, cm.estimate(plan), str(exc))
 
 
+def check_simulation_size(plan: Plan, where: str) -> None:
+    """Estimating a plan simulates every pass of its pipeline schedule: at most MAX_PIPELINE_PASSES of them."""
+    passes = plan.num_microbatches * plan.pp * plan.vpp
+    if passes > MAX_PIPELINE_PASSES:
+        raise SpecError(f"{where}: {plan.num_microbatches} micro-batches x pp {plan.pp} x vpp {plan.vpp} = "
+                        f"{passes:,} pipeline passes exceed the maximum of {MAX_PIPELINE_PASSES:,} simulated; use a "
+                        "larger --mbs or --dp, or a smaller --global-batch")
+
+
 def run_search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int,
-               time_limit_s: float, quiet: bool, profile: Profile | None = None) -> PlanResult:
-    """`search` under a progress spinner; a time limit hit with a plan in hand returns it (status FEASIBLE)."""
-    if time_limit_s <= 0:
+               time_limit_s: float, profile: Profile | None = None,
+               work_limit: float = DEFAULT_WORK_LIMIT) -> PlanResult:
+    """`search` under a progress bar; a limit hit with a plan in hand returns it (status FEASIBLE)."""
+    if not time_limit_s > 0:
         raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit_s:g}")
-    with render.search_progress(not quiet) as progress:
+    with render.search_progress(True) as progress:  # on a terminal even with --json: the bar goes to stderr
         try:
             return search(model, hw, job, gpus, space, top_k=top_k, time_limit_s=time_limit_s, progress=progress,
-                          profile=profile)
+                          profile=profile, work_limit=work_limit)
         except SolverLimitError as exc:
             if isinstance(exc.result, PlanResult):
                 return exc.result
@@ -461,17 +510,19 @@ def estimate(
     sequence_parallel: SpOpt = None, no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
     plan_file: PlanFileOpt = None, json_out: JsonOpt = False,
     ops: Annotated[bool, typer.Option("--ops", help="Also show compute time by operator category.")] = False,
-    allow_cross_node_tp: CrossTpOpt = False, profile: ProfileOpt = None,
+    allow_cross_node_tp: CrossTpOpt = False, profile: ProfileOpt = None, tp_overlap: OverlapOpt = None,
+    grad_reduce: GradOpt = "fp32", kernels: KernelsOpt = None,
 ) -> None:
     """Evaluate one plan and explain its step time and memory term by term."""
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
-    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused)
+    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, num_microbatches=num_microbatches,
                 recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel,
-                tp_mode=tp_mode)
+                tp_mode=tp_mode, tp_overlap=tp_overlap)
     plan = read_plan(plan_file, pins) if plan_file is not None else single_plan(pins, spec, job, gpus)
     check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
+    check_simulation_size(plan, "estimate")
     cm = CostModel(spec, hw, job, load_cost_profile(profile, gpu, spec, hw, job))
     est, coverage = cm.estimate(plan), cm.op_coverage(plan)
     if json_out:
@@ -489,25 +540,30 @@ def plan(
     schedule: SScheduleOpt = None, zero: SZeroOpt = None, vocab: SVocabOpt = None, tp_mode: STpModeOpt = None,
     layers_per_stage: SLayersOpt = None, sequence_parallel: SSpOpt = None, allow_idle: IdleOpt = False,
     allow_cross_node_tp: CrossTpOpt = False, no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
-    top: TopOpt = 3, time_limit: TimeLimitOpt = 60.0, compare: CompareOpt = None, json_out: JsonOpt = False,
+    top: TopOpt = 3, time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S, work_limit: WorkLimitOpt = DEFAULT_WORK_LIMIT,
+    compare: CompareOpt = None, json_out: JsonOpt = False,
     trainer: TrainerOpt = None, out: PlanOutOpt = None, torchtitan_format: FormatOpt = None, strict: StrictOpt = False,
-    profile: ProfileOpt = None,
+    profile: ProfileOpt = None, tp_overlap: SOverlapOpt = None, grad_reduce: GradOpt = "fp32",
+    kernels: KernelsOpt = None,
 ) -> None:
     """Search for the fastest plan that fits; show it, the runners-up and why they lost (exit 3: not proven).
     With --trainer T --out DIR, also write DIR/plan.json and T's launch config(s)."""
     check_emit_options(trainer, torchtitan_format, strict)
     if trainer is not None and out is None:
         raise SpecError(f"--trainer {trainer} needs --out DIR, the directory for plan.json and the launch config")
+    if out is not None:
+        check_target(Path(out), directory=True)
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
-    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused)
+    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels or trainer)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
-                vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
+                vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode,
+                tp_overlap=False if tp_overlap is None and trainer in ("deepspeed", "colossalai") else tp_overlap)
     space = search_space(pins, spec, job, gpus, hw.gpus_per_node, allow_idle=allow_idle,
                          allow_cross_node_tp=allow_cross_node_tp)
     measured = load_cost_profile(profile, gpu, spec, hw, job)
     mine = compare_plan(compare, spec, hw, job, gpus, space, measured) if compare is not None else None
-    result = run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=time_limit, quiet=json_out,
-                        profile=measured)
+    result = run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=time_limit, profile=measured,
+                        work_limit=work_limit)
     doc = render.plan_json(result, spec, hw, job, mine)
     written = [] if out is None else save_plan(out, doc, trainer, torchtitan_format=torchtitan_format, strict=strict)
     if json_out:
@@ -517,7 +573,7 @@ def plan(
         _show(render.plan_report(result, spec, hw, job, mine, timeline), False)
         if written:
             typer.echo(render.written_report(written))
-    if result.status != "OPTIMAL":
+    if result.status != "OPTIMAL" or result.limit == "time":
         raise typer.Exit(SolverLimitError.exit_code)
 
 
@@ -534,6 +590,8 @@ def emit_command(
 ) -> None:
     """Write a trainer's launch config from a saved plan."""
     check_emit_options(trainer, torchtitan_format, strict)
+    if out is not None:
+        check_target(Path(out), directory=False)
     where = "the plan on stdin" if plan_file == "-" else plan_file
     inp = emit_input_from_document(read_document(plan_file, "--plan"), where, model)
     result = launch_config(trainer, inp, torchtitan_format=torchtitan_format, strict=strict)
@@ -566,8 +624,12 @@ def scale_command(
     efficiency_threshold: Annotated[float, typer.Option("--efficiency-threshold", metavar="F", help="Mark sizes "
                                     "past the first step whose throughput ratio / GPU ratio falls below F.")]
     = DEFAULT_EFFICIENCY_THRESHOLD,
-    time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Search time limit per size, "
-                                              "in seconds.")] = 60.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock safety net per size, "
+                                              "in seconds (a size it stops is marked, exit 3).")
+                          ] = DEFAULT_TIME_LIMIT_S,
+    work_limit: WorkLimitOpt = DEFAULT_WORK_LIMIT,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, metavar="N", help="Sizes searched at once, in separate "
+                                      "processes (the answer is the same for any N).")] = 1,
     json_out: JsonOpt = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV (one row per size) instead of tables.")] = False,
     profile: ProfileOpt = None,
@@ -578,8 +640,10 @@ def scale_command(
         raise SpecError("--json and --csv each replace the tables; pick one")
     if (global_batch is None) == (tokens_per_step is None):
         raise SpecError("give exactly one of --global-batch (sequences) and --tokens-per-step")
-    if time_limit <= 0:
+    if not time_limit > 0:
         raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit:g}")
+    if not work_limit > 0:
+        raise SpecError(f"--work-limit must be > 0, got {work_limit:g}")
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
     batch = global_batch if global_batch is not None else global_batch_for_tokens(tokens_per_step, seq_len)
     job = build_job(batch, seq_len, dtype, no_flash_attention, unfused)
@@ -587,10 +651,11 @@ def scale_command(
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp)
     measured = load_cost_profile(profile, gpu, spec, hw, job)
-    with render.scale_progress(not (json_out or csv_out)) as progress:
+    with render.scale_progress(True) as progress:  # on a terminal even with --json/--csv: it goes to stderr
         result = scale(spec, hw, job, parse_int_list(gpus, "--gpus"), space, train_tokens=train_tokens,
                        price_per_gpu_hour=price_per_gpu_hour, efficiency_threshold=efficiency_threshold,
-                       time_limit_s=time_limit, progress=progress, profile=measured)
+                       time_limit_s=time_limit, progress=progress, profile=measured, work_limit=work_limit,
+                       jobs=jobs)
     if csv_out:
         typer.echo(render.scaling_csv(result), nl=False)
     else:
@@ -610,7 +675,19 @@ def _fail(message: str, code: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry: run the app, turning every expected failure into `error: ...` and an exit code."""
+    """Console-script entry: run the app, turning every expected failure into `error: ...` and an exit code.
+    Ctrl-C is `error: interrupted`, exit 130 (autotune/interrupts.py, for the command itself; a KeyboardInterrupt
+    where that is not installed, e.g. main(argv) called in-process)."""
+    if argv is not None:
+        _run(argv)
+    interrupts.install()
+    try:
+        _run(None)
+    except SystemExit as exc:
+        interrupts.finish(exc.code)
+
+
+def _run(argv: Sequence[str] | None) -> None:
     try:
         code = app(args=None if argv is None else list(argv), prog_name="autotune", standalone_mode=False)
     except AutotuneError as exc:
@@ -622,7 +699,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         ctx = getattr(exc, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         _fail(exc.format_message() + hint, 1)
-    except typer.Abort:
+    except KeyboardInterrupt:
+        _fail("interrupted", interrupts.EXIT_CODE)
+    except typer.Abort as exc:  # click turns a KeyboardInterrupt into Abort
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            _fail("interrupted", interrupts.EXIT_CODE)
         _fail("aborted", 1)
     raise SystemExit(code if isinstance(code, int) else 0)
 

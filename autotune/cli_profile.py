@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -22,9 +23,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from autotune.catalog import load_model
 from autotune.cli import app, parse_int_list, show_warnings
 from autotune.errors import SpecError
+from autotune.fileio import check_target, slug
+from autotune.specs.limits import MAX_PROFILE_TOKENS, MAX_SEQ_LEN
 from autotune.specs.profile import TIERS, Profile, load_profile, write_profile
 
 GiB = 2**30
+#: Limits of a profiling run (with MAX_SEQ_LEN and MAX_PROFILE_TOKENS of specs/limits.py): timed and warm-up
+#: runs per op, the largest collective, the processes of one node.
+MAX_REPEATS = 1000
+MAX_COMM_BYTES = 16 * GiB
+MAX_NPROC = 64
 
 
 def _need_torch() -> None:
@@ -36,8 +44,9 @@ def _need_torch() -> None:
 
 @contextlib.contextmanager
 def _progress(show: bool, what: str):
-    """A rich progress bar on stderr (stdout stays clean for --json); yields the library's callback."""
-    if not show:
+    """A rich progress bar on stderr (stdout stays clean for --json); yields the library's callback. Only on a
+    terminal: elsewhere rich would leave a blank line before an error, which must be one line."""
+    if not show or not sys.stderr.isatty():
         yield None
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -59,23 +68,29 @@ def profile_command(
                                               "(not needed with --comm).")] = None,
     device: Annotated[str | None, typer.Option("--device", metavar="cpu|cuda", help="Where to time (default: cuda "
                                                "if torch sees a GPU, else cpu).")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, help="Tokens per sequence (default: 2048, or "
-                                                "the model's learned positions if fewer).")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, max=MAX_SEQ_LEN, help="Tokens per sequence "
+                                                "(default: 2048, or the model's learned positions if fewer).")]
+    = None,
     tp: Annotated[str, typer.Option("--tp", metavar="N,N,...", help="Tensor-parallel degrees whose per-GPU "
                                     "shapes to time.")] = "1,2,4,8",
     mbs: Annotated[str, typer.Option("--mbs", metavar="N,N,...", help="Micro-batch sizes to time.")] = "1,2,4",
     dtype: Annotated[str, typer.Option("--dtype", metavar="bf16|fp16", help="Activation and matmul dtype.")] = "bf16",
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs per op (median kept).")] = 10,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before timing.")] = 3,
-    threads: Annotated[int, typer.Option("--threads", min=1, help="CPU threads for torch (--device cpu). One by "
-                                         "default: a thread pool waiting on a busy core times the wait.")] = 1,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, max=MAX_REPEATS, help="Timed runs per op (median "
+                                         "kept).")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, max=MAX_REPEATS, help="Untimed runs before timing.")] = 3,
+    threads: Annotated[int, typer.Option("--threads", min=1, max=1024, help="CPU threads for torch (--device "
+                                         "cpu). One by default: a thread pool waiting on a busy core times the "
+                                         "wait.")] = 1,
     out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Profile to write (default: "
                                              "./<device>-<model>.json, or ./<device>-comm.json).")] = None,
     comm_: Annotated[bool, typer.Option("--comm", help="Time collectives instead of ops, and fit alpha/beta.")]
     = False,
-    min_bytes: Annotated[int, typer.Option("--min-bytes", min=1, help="--comm: smallest size.")] = 4096,
-    max_bytes: Annotated[int, typer.Option("--max-bytes", min=1, help="--comm: largest size.")] = GiB,
-    nproc: Annotated[int, typer.Option("--nproc", min=2, help="--comm: processes (GPUs) in the group.")] = 2,
+    min_bytes: Annotated[int, typer.Option("--min-bytes", min=1, max=MAX_COMM_BYTES, help="--comm: smallest "
+                                           "size.")] = 4096,
+    max_bytes: Annotated[int, typer.Option("--max-bytes", min=1, max=MAX_COMM_BYTES, help="--comm: largest size "
+                                           f"(at most {MAX_COMM_BYTES // GiB} GiB).")] = GiB,
+    nproc: Annotated[int, typer.Option("--nproc", min=2, max=MAX_NPROC, help="--comm: processes (GPUs) in the "
+                                       "group.")] = 2,
     backend: Annotated[str | None, typer.Option("--backend", metavar="gloo|nccl", help="--comm: default gloo on "
                                                 "cpu, nccl on cuda.")] = None,
     tier: Annotated[str, typer.Option("--tier", metavar="|".join(TIERS), help="--comm: which link the group "
@@ -83,6 +98,8 @@ def profile_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON summary instead of text.")] = False,
 ) -> None:
     """Measure per-op costs with PyTorch on this machine's device and write a profile (--comm: collectives)."""
+    if out is not None:
+        check_target(out, directory=False)
     _need_torch()
     import torch
 
@@ -116,10 +133,14 @@ def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int
         raise SpecError("autotune profile needs --model M (or --comm to time collectives)")
     spec = load_model(model)
     seq = seq_len or min(2048, spec.max_position_embeddings or 2048)
-    target = out or Path(f"{kind}-{spec.name}.json")
+    mbss = parse_int_list(mbs, "--mbs")
+    if max(mbss) * seq > MAX_PROFILE_TOKENS:
+        raise SpecError(f"--mbs {max(mbss)} x --seq-len {seq} = {max(mbss) * seq:,} tokens per micro-batch exceed the "
+                        f"maximum of {MAX_PROFILE_TOKENS:,} that profile times; use a smaller --mbs or --seq-len")
+    target = out or Path(f"{kind}-{slug(spec.name)}.json")
     old = _existing(target)
     with _progress(show, f"timing {spec.name} ops on {kind}") as progress:
-        prof = profile_model(spec, seq_len=seq, tps=parse_int_list(tp, "--tp"), mbss=parse_int_list(mbs, "--mbs"),
+        prof = profile_model(spec, seq_len=seq, tps=parse_int_list(tp, "--tp"), mbss=mbss,
                              dtype=dtype, device=kind, repeats=repeats, warmup=warmup, progress=progress)
     if old is not None and old.comm:
         prof = dataclasses.replace(prof, comm=old.comm)

@@ -13,6 +13,8 @@ from autotune.emit import EmitInput
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.specs._strict import boolean, choice, nonneg_float, positive_float, positive_int, text
 from autotune.specs.job import DTYPES, JobSpec
+from autotune.specs.job import TRAINERS as JOB_TRAINERS
+from autotune.specs.limits import check_name
 from autotune.specs.model import ModelSpec, model_from_dict
 from autotune.specs.plan import check_plan, plan_from_dict
 
@@ -43,14 +45,18 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
                        flash_attention=boolean(job, "flash_attention", f"{where}: job") if "flash_attention" in job
                        else True,
                        fused_kernels=boolean(job, "fused_kernels", f"{where}: job") if "fused_kernels" in job
-                       else True)  # type: ignore[arg-type]
+                       else True,
+                       grad_reduce=choice(job, "grad_reduce", ("fp32", "bf16"), f"{where}: job")
+                       if "grad_reduce" in job else "fp32",
+                       trainer=choice(job, "kernels", JOB_TRAINERS, f"{where}: job") if "kernels" in job
+                       else "megatron")  # type: ignore[arg-type]
     plan = plan_from_dict(doc["plan"], f"{where}: plan")
     gpus_per_node = positive_int(job, "gpus_per_node", f"{where}: job")
     try:
         check_plan(plan, spec, job_spec, plan.num_gpus, gpus_per_node, allow_cross_node_tp=True)
     except InvalidPlanError as exc:
         raise InvalidPlanError(f"{where}: the plan does not fit model {spec.name}: {exc}") from None
-    return EmitInput(plan=plan, model=spec, job=job_spec, gpu=text(job, "gpu", f"{where}: job"),
+    return EmitInput(plan=plan, model=spec, job=job_spec, gpu=check_name(job["gpu"], "gpu", f"{where}: job"),
                      gpus_per_node=gpus_per_node, step_time_s=positive_float(doc, "step_time_s", where),
                      peak_memory_gib=nonneg_float(doc, "peak_memory_gib", where),
                      mfu=nonneg_float(doc, "mfu", where))

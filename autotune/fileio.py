@@ -5,17 +5,26 @@ the set is on disk are they moved into place with `os.replace` (atomic on POSIX)
 On any error before the moves, the temporary files are removed and the directories this call created are removed
 again, so a reader never sees a half-written file and a failed command leaves the output directory as it was.
 (Only a failure between two `os.replace` calls, which rename within one directory, could leave some files
-replaced; each of those is still complete.)
+replaced; each of those is still complete.) A write is a `no_interrupt` section: Ctrl-C during it takes effect
+when it is over (autotune/interrupts.py), so no exit path leaves a temporary file behind.
+
+What is replaced must be a regular file: a target that exists as anything else (a device such as /dev/null, a
+FIFO, a socket) is refused, as is a file name that would leave its directory. File names made from input (a
+model or hardware name) go through `slug` first.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.errors import SpecError
+from autotune.interrupts import no_interrupt
+
+_SLUG_LENGTH = 100
 
 
 def _read_umask() -> int:
@@ -25,8 +34,36 @@ def _read_umask() -> int:
     return mask
 
 
+def slug(text: str, *, fallback: str = "unnamed") -> str:
+    """A file-name part made from any text (a model or hardware name, which may be a path): each run of
+    characters other than ASCII letters, digits, `.`, `_`, `+` and `-` becomes one `-`, leading and trailing dots
+    and dashes go, and at most 100 characters stay; so it never names a directory, a hidden file or a path."""
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip(".-")[:_SLUG_LENGTH].strip(".-") or fallback
+
+
+def check_target(path: Path, *, directory: bool, flag: str = "--out") -> None:
+    """Refuse, before any work, an output path that exists as something a write may not replace: for a file
+    anything but a regular file (or a directory, which `write_launch` writes into), for a directory anything
+    but a directory."""
+    if not os.path.lexists(path):
+        return
+    if directory and not path.is_dir():
+        raise SpecError(f"{flag} {path}: exists and is not a directory; give a directory")
+    if not directory and not (path.is_file() or path.is_dir()):
+        raise SpecError(f"{flag} {path}: exists and is not a regular file (a device, FIFO, socket or broken link); "
+                        f"refusing to replace it: choose another {flag}")
+
+
 def write_files(directory: Path, files: Sequence[tuple[str, str]], *, flag: str = "--out") -> list[Path]:
     """Write (relative name, text) pairs under `directory` (created if missing); return the paths written."""
+    with no_interrupt():
+        return _write_files(directory, files, flag)
+
+
+def _write_files(directory: Path, files: Sequence[tuple[str, str]], flag: str) -> list[Path]:
+    for name, _ in files:
+        if Path(name).is_absolute() or ".." in Path(name).parts or not name:
+            raise SpecError(f"{flag} {directory}: refusing to write {name!r}, which is not a path inside it")
     created = _make_dirs(directory, flag)
     staged: list[tuple[Path, Path]] = []
     try:
@@ -35,6 +72,7 @@ def write_files(directory: Path, files: Sequence[tuple[str, str]], *, flag: str 
             created += _make_dirs(target.parent, flag)
             if target.is_dir():
                 raise SpecError(f"{flag} {directory}: {target} is a directory; remove it or choose another {flag}")
+            check_target(target, directory=False, flag=flag)
             staged.append((_stage(target, content), target))
         for tmp, target in staged:
             os.replace(tmp, target)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -26,7 +29,7 @@ from autotune.costmodel.memory import total_params
 from autotune.costmodel.pipeline import Timeline
 from autotune.costmodel.stages import StageCost
 from autotune.scaling import ScalingPoint, ScalingResult
-from autotune.search.planner import PlanResult
+from autotune.search.planner import PlanResult, SearchProgress
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
@@ -134,7 +137,8 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
         "model_spec": asdict(model),
         "job": {"model": model.name, "gpu": hw.name, "gpus": est.plan.num_gpus, "gpus_per_node": hw.gpus_per_node,
                 "global_batch": job.global_batch, "seq_len": job.seq_len, "dtype": job.dtype,
-                "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels},
+                "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
+                "grad_reduce": job.grad_reduce, "kernels": job.trainer},
     }
 
 
@@ -186,7 +190,8 @@ def plan_line(plan: Plan) -> str:
     mode = "" if plan.tp_mode == "1d" else f" ({plan.tp_mode} grid)"
     return (f"tp {plan.tp}{mode}, pp {plan.pp}, dp {plan.dp}, cp {plan.cp}, mbs {plan.mbs} x {plan.num_microbatches} "
             f"micro-batches, {plan.schedule} (vpp {plan.vpp}), recompute {rc}, zero {plan.zero}, sequence "
-            f"parallel {'on' if plan.sequence_parallel else 'off'}, vocab {plan.vocab}, layers "
+            f"parallel {'on' if plan.sequence_parallel else 'off'}{', tp overlap' if plan.tp_overlap else ''}, "
+            f"vocab {plan.vocab}, layers "
             f"{','.join(map(str, plan.layers_per_stage))}, bucket {plan.bucket_size / 1e6:g}M params")
 
 
@@ -296,15 +301,39 @@ class Comparison:
 
 
 @contextmanager
-def search_progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
-    """A spinner on stderr fed by the planner's progress callback; None (silent) when disabled or piped."""
+def search_progress(enabled: bool, *, delay_s: float = 1.0) -> Iterator[Callable[[SearchProgress], None] | None]:
+    """A progress bar on stderr for a search that runs past `delay_s`: the gap between the best step time
+    found and the smallest bound left closes as the proof advances; None (silent) when disabled or when stderr
+    is not a terminal."""
     if not enabled or not sys.stderr.isatty():
         yield None
         return
-    with Console(stderr=True, highlight=False).status("searching...") as status:
-        def update(solves: int, candidates: int) -> None:
-            status.update(f"searching {candidates:,} candidates: CP-SAT solve {solves}")
+    start = time.perf_counter()
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
+                   TimeElapsedColumn(), console=Console(stderr=True, highlight=False), transient=True)
+    task, origin = None, math.nan  # the bound when the bar first had a plan to measure the gap against
+
+    def update(p: SearchProgress) -> None:
+        nonlocal task, origin
+        if task is None:
+            if time.perf_counter() - start < delay_s:
+                return
+            bar.start()
+            task = bar.add_task(f"searching {p.candidates:,} candidates", total=1.0, status="")
+        if math.isinf(p.best_s):
+            bar.update(task, completed=0.0, status=f"{p.solves} solves, no plan yet")
+            return
+        origin = p.bound_s if math.isnan(origin) else min(origin, p.bound_s)
+        done = 1.0 if p.best_s <= origin else (p.bound_s - origin) / (p.best_s - origin)
+        gap = max(0.0, 1 - p.bound_s / p.best_s)
+        bar.update(task, completed=min(max(done, 0.0), 1.0),
+                   status=f"{p.solves} solves, best {p.best_s:.4g} s, gap {100 * gap:.1f}%")
+
+    try:
         yield update
+    finally:
+        if task is not None:
+            bar.stop()
 
 
 def stage_layout(est: Estimate, *, elide: bool = False) -> str:
@@ -323,7 +352,8 @@ def plan_brief(plan: Plan) -> str:
     sched = plan.schedule if plan.vpp == 1 else f"{plan.schedule} vpp {plan.vpp}"
     mode = "" if plan.tp_mode == "1d" else f" ({plan.tp_mode})"
     return (f"tp {plan.tp}{mode} pp {plan.pp} dp {plan.dp} cp {plan.cp}, mbs {plan.mbs} x {plan.num_microbatches}, "
-            f"{sched}, recompute {rc}, zero {plan.zero}{', sp' if plan.sequence_parallel else ''}")
+            f"{sched}, recompute {rc}, zero {plan.zero}{', sp' if plan.sequence_parallel else ''}"
+            f"{' + overlap' if plan.tp_overlap else ''}")
 
 
 def solver_line(result: PlanResult) -> str:
@@ -332,6 +362,18 @@ def solver_line(result: PlanResult) -> str:
     line = (f"{s.candidates} candidates, {s.pruned_bound} pruned by bound, {s.pruned_memory} by memory, "
             f"{s.solved} CP-SAT solves, status {result.status}, {s.wall_s:.2f} s")
     return line if result.status == "OPTIMAL" else f"{line}, gap {100 * result.gap:.1f}%"
+
+
+def limit_note(result: PlanResult) -> str:
+    """What a limit that struck means for the result ('' when none did)."""
+    flag = "--time-limit" if result.limit == "time" else "--work-limit"
+    if result.status != "OPTIMAL":
+        return (f"{flag} reached before the search finished: the optimum may be up to {100 * result.gap:.1f}% "
+                f"faster; raise {flag} to prove it" + (" (the plan found may differ on another machine)"
+                                                       if result.limit == "time" else ""))
+    if result.limit == "time":
+        return "--time-limit reached while the runners-up were searched: they may differ on another machine"
+    return ""
 
 
 def _faster_by(best: Estimate, other: Estimate) -> float:
@@ -346,7 +388,7 @@ def plan_json(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: JobSp
     doc = estimate_json(result.best, model, hw, job)
     doc["solver"] = {"status": result.status, "wall_s": _r(s.wall_s), "candidates": s.candidates,
                      "pruned_bound": s.pruned_bound, "pruned_memory": s.pruned_memory, "solved": s.solved,
-                     "gap": _r(result.gap)}
+                     "gap": _r(result.gap), "work": _r(s.work), "limit": result.limit or None}
     doc["runners_up"] = [{"plan": r.estimate.plan.to_dict(), "step_time_s": _r(r.estimate.step_time_s),
                           "mfu": _r(r.estimate.mfu), "peak_memory_gib": _r(gib(r.estimate.peak_memory_bytes)),
                           "fits": r.estimate.fits, "reason": r.reason} for r in result.runners_up]
@@ -373,9 +415,9 @@ def plan_report(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: Job
         Text(f"{title}: {plan_line(best.plan)}"),
         Text(f"layers per stage: {stage_layout(best)}  (E = embedding, H = LM head, V/p = 1/p of both)"),
     ]
-    if result.status != "OPTIMAL":
-        parts.append(Text(f"time limit reached before the search finished: the optimum may be up to "
-                          f"{100 * result.gap:.1f}% faster; raise --time-limit to prove it", style="yellow"))
+    note = limit_note(result)
+    if note:
+        parts.append(Text(note, style="yellow"))
     blocks: list[RenderableType] = [_summary(best), _breakdown_table(best), _stage_time_table(best),
                                     _stage_memory_table(best), *_pipeline_pictures(best, timeline)]
     if result.runners_up:
@@ -560,18 +602,23 @@ def scaling_report(result: ScalingResult, model: ModelSpec, hw: HardwareSpec, jo
               for p in result.points if p.best is None]
     parts += [Text(""), Text(scaling_plot(result))]
     if any(p.status not in ("OPTIMAL", "INFEASIBLE") for p in result.points):
-        parts.append(Text("some sizes hit --time-limit before the search finished: raise it to prove their plans",
-                          style="yellow"))
+        parts.append(Text("some sizes hit --work-limit or --time-limit before the search finished: raise it to "
+                          "prove their plans", style="yellow"))
     return Group(*parts)
 
 
 @contextmanager
 def scale_progress(enabled: bool) -> Iterator[Callable[[int, int, int], None] | None]:
-    """A status line on stderr naming the size being searched; None (silent) when disabled or piped."""
+    """A progress bar on stderr over the sizes of a sweep; None (silent) when disabled or when stderr is not a
+    terminal."""
     if not enabled or not sys.stderr.isatty():
         yield None
         return
-    with Console(stderr=True, highlight=False).status("searching...") as status:
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True, highlight=False), transient=True)
+    with bar:
+        task = bar.add_task("searching", total=None)
+
         def update(index: int, sizes: int, gpus: int) -> None:
-            status.update(f"size {index}/{sizes}: searching {gpus:,} GPUs")
+            bar.update(task, total=sizes, completed=index - 1, description=f"searching {gpus:,} GPUs")
         yield update

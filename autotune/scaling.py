@@ -9,11 +9,14 @@ be split over the GPUs, is a row with its reason, not an error. Scaling efficien
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import partial
+from multiprocessing import get_context
 
 from autotune.costmodel.estimate import Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
-from autotune.search.planner import PlanResult, search
+from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, PlanResult, search
 from autotune.search.space import SearchSpace, check_space, enumerate_candidates
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -36,8 +39,8 @@ class ScalingPoint:
 
     gpus: int
     status: str
-    """OPTIMAL, FEASIBLE (time limit hit, best plan found shown), INFEASIBLE (nothing fits or the batch cannot
-    be split) or TIME_LIMIT (no plan found in time)."""
+    """OPTIMAL, FEASIBLE (the work or time limit struck first: the best plan found is shown), INFEASIBLE
+    (nothing fits or the batch cannot be split) or TIME_LIMIT (no plan found within the limits)."""
     reason: str
     """Why there is no plan (empty when there is one)."""
     best: Estimate | None
@@ -73,7 +76,8 @@ class ScalingResult:
 
 
 Progress = Callable[[int, int, int], None]
-"""Called before each size with (index from 1, number of sizes, GPUs)."""
+"""Called before each size is searched (after, when sizes run at once) with (index from 1, number of sizes,
+GPUs)."""
 
 
 def global_batch_for_tokens(tokens_per_step: int, seq_len: int) -> int:
@@ -115,31 +119,49 @@ def strategy_family(plan: Plan) -> str:
 
 def scale(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpu_counts: Sequence[int], space: SearchSpace, *,
           train_tokens: float = DEFAULT_TRAIN_TOKENS, price_per_gpu_hour: float | None = None,
-          efficiency_threshold: float = DEFAULT_EFFICIENCY_THRESHOLD, time_limit_s: float = 60.0,
-          progress: Progress | None = None, profile: Profile | None = None) -> ScalingResult:
+          efficiency_threshold: float = DEFAULT_EFFICIENCY_THRESHOLD, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+          work_limit: float = DEFAULT_WORK_LIMIT, progress: Progress | None = None,
+          profile: Profile | None = None, jobs: int = 1) -> ScalingResult:
     """The best plan at each GPU count and the sweep's derived columns (raises SpecError on bad input, and when
-    the pins hold at no size). `profile`: measured costs for the cost model."""
+    the pins hold at no size). `work_limit` and `time_limit_s` apply to each size's search (planner.search);
+    `profile`: measured costs for the cost model; `jobs`: sizes searched at once, in separate processes (each
+    search is deterministic, so the result is the same for any number)."""
     check_sweep(gpu_counts, train_tokens=train_tokens, price_per_gpu_hour=price_per_gpu_hour,
                 efficiency_threshold=efficiency_threshold)
-    found: list[tuple[int, str, str, Estimate | None, float]] = []
-    pin_errors = []
-    for i, gpus in enumerate(gpu_counts, start=1):
-        if progress:
-            progress(i, len(gpu_counts), gpus)
+    if jobs < 1:
+        raise SpecError(f"--jobs must be >= 1, got {jobs}")
+    found: dict[int, tuple[int, str, str, Estimate | None, float]] = {}
+    pin_errors, todo = [], []
+    for gpus in gpu_counts:
         try:
             check_space(space, model, job, gpus, hw.gpus_per_node)
         except SpecError as exc:
             pin_errors.append(str(exc))
-            found.append((gpus, "INFEASIBLE", str(exc), None, 0.0))
+            found[gpus] = (gpus, "INFEASIBLE", str(exc), None, 0.0)
             continue
-        found.append((gpus, *_best_at(model, hw, job, gpus, space, time_limit_s, profile)))
+        todo.append(gpus)
     if len(pin_errors) == len(gpu_counts):
         raise SpecError(f"the pins hold at no size of the sweep: {pin_errors[0]}")
-    return _derive(found, train_tokens=train_tokens, price=price_per_gpu_hour, threshold=efficiency_threshold)
+    search_one = partial(_best_at, model, hw, job, space=space, time_limit_s=time_limit_s, work_limit=work_limit,
+                         profile=profile)
+    if jobs == 1 or len(todo) < 2:
+        for i, gpus in enumerate(todo, start=1):
+            if progress:
+                progress(i, len(todo), gpus)
+            found[gpus] = (gpus, *search_one(gpus))
+    else:
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(search_one, gpus): gpus for gpus in todo}
+            for i, done in enumerate(as_completed(futures), start=1):
+                found[futures[done]] = (futures[done], *done.result())
+                if progress:
+                    progress(i, len(todo), futures[done])
+    return _derive([found[g] for g in gpu_counts], train_tokens=train_tokens, price=price_per_gpu_hour,
+                   threshold=efficiency_threshold)
 
 
-def _best_at(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace,
-             time_limit_s: float, profile: Profile | None = None) -> tuple[str, str, Estimate | None, float]:
+def _best_at(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, *, space: SearchSpace, time_limit_s: float,
+             work_limit: float, profile: Profile | None = None) -> tuple[str, str, Estimate | None, float]:
     """(status, reason, best, wall seconds) of one size's search; no plan is a status, not an exception."""
     if next(enumerate_candidates(model, job, gpus, hw.gpus_per_node, space), None) is None:
         reason = (f"no valid split: tp x pp x cp x dp must be {gpus} with dp dividing the global batch "
@@ -147,7 +169,7 @@ def _best_at(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space:
         return "INFEASIBLE", reason, None, 0.0
     try:
         result: PlanResult = search(model, hw, job, gpus, space, top_k=0, time_limit_s=time_limit_s,
-                                    profile=profile)
+                                    work_limit=work_limit, profile=profile)
     except InfeasibleError as exc:
         return "INFEASIBLE", str(exc), None, 0.0
     except SolverLimitError as exc:

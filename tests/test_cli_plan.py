@@ -7,6 +7,7 @@ Small jobs (llama3-8b on 8-16 H100s) keep every search well under a second; each
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import replace
 
@@ -16,6 +17,7 @@ import autotune.cli
 from autotune import render
 from autotune.cli import main
 from autotune.errors import SolverLimitError
+from autotune.search.planner import SearchProgress
 from autotune.search.planner import search as real_search
 
 SMALL = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096",
@@ -263,10 +265,14 @@ def test_progress_is_silent_unless_stderr_is_a_terminal(monkeypatch):
     monkeypatch.setattr("sys.stderr", tty)
     with render.search_progress(False) as progress:  # --json
         assert progress is None
-    with render.search_progress(True) as progress:
+    with render.search_progress(True) as progress:  # a search done within a second shows nothing
         assert progress is not None
-        progress(3, 1848)
-    assert tty.text  # the spinner drew (and cleared) itself on stderr
+        progress(SearchProgress(1848, 3, 1.5, 1.2))
+    assert not tty.text
+    with render.search_progress(True, delay_s=0.0) as progress:
+        progress(SearchProgress(1848, 0, math.inf, 1.0))
+        progress(SearchProgress(1848, 3, 1.5, 1.2))
+    assert "20.0%" in tty.text  # the bar drew (and cleared) itself on stderr, with the gap
 
 
 def test_vocabulary_parallel_pin_on_a_tied_model_names_the_reason(capsys):

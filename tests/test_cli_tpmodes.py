@@ -26,7 +26,9 @@ def test_estimate_compares_modes_on_one_layout():
         doc = json.loads(out.stdout)
         assert doc["plan"]["tp_mode"] == mode and doc["plan"]["sequence_parallel"] is False
         times[mode] = doc["step_time_s"]
-    assert times["3d"] < times["2d"] < times["1d"]
+    # 3-D is fastest (paper 2's headline); 1-D across DGX-1 nodes uses every NIC of a node in NCCL's rings, so
+    # it is not the slowest here (see test_tpmodes.py)
+    assert times["3d"] < min(times["2d"], times["1d"])
 
 
 def test_bad_grid_is_one_line_error():

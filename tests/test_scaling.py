@@ -83,6 +83,15 @@ def test_efficiency_strategy_change_and_knee_by_hand(sweep):
         assert p.past_knee == (knee is not None and p.gpus > knee)
 
 
+def test_sizes_searched_at_once_give_the_same_sweep(sweep):
+    """Two processes (jobs=2) search the sizes at once; each search is deterministic, so the sweep is the same."""
+    model, hw = load_model("llama3-8b"), load_hardware("h100-sxm")
+    parallel = scale(model, hw, JobSpec(global_batch=128, seq_len=4096), SIZES, SearchSpace(), train_tokens=1e12,
+                     price_per_gpu_hour=PRICE, efficiency_threshold=0.9, time_limit_s=20, jobs=2)
+    assert [replace(p, wall_s=0.0) for p in parallel.points] == [replace(p, wall_s=0.0) for p in sweep.points]
+    assert replace(parallel, points=()) == replace(sweep, points=())
+
+
 def test_cost_is_none_without_a_price():
     model, hw = load_model("llama3-8b"), load_hardware("h100-sxm")
     res = scale(model, hw, JobSpec(global_batch=64, seq_len=4096), (8,), SearchSpace(), time_limit_s=20)

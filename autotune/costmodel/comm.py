@@ -21,29 +21,70 @@ class Link:
     bandwidth: float
     """Bytes/s per GPU per direction that a collective achieves."""
     latency: float
-    """Seconds per collective step (alpha)."""
+    """Seconds per collective step over the slowest hop (alpha): the network when the group spans nodes."""
+    ranks_per_node: int = 1
+    """Members of the group inside one node; 1 = a flat group, every step pays `latency`."""
+    intra_latency: float = 0.0
+    """Seconds per step between members inside one node (used when ranks_per_node > 1)."""
 
 
 def group_link(hw: HardwareSpec, size: int, stride: int) -> Link:
-    """The link a group of `size` ranks, `stride` ranks apart, uses. Ranks are numbered tp-fastest
-    (Megatron's tp-cp-dp-pp order), so a group stays inside a node iff it spans <= gpus_per_node ranks."""
+    """The link a group of `size` ranks, `stride` ranks apart, uses for collectives. Ranks are numbered
+    tp-fastest (Megatron's tp-cp-dp-pp order), so a group stays inside a node iff it spans <= gpus_per_node
+    ranks. A group spanning nodes with g members per node runs NCCL's rings and trees with one channel per
+    NIC: each node boundary is crossed once per channel, so the node's g NICs carry the traffic together and
+    the achieved bandwidth is min(NVLink, g x NIC), not one NIC (NCCL's topology search; nccl-tests' bus
+    bandwidth on 8-GPU nodes with 8 NICs equals the node's total NIC rate). Latency is hierarchical: only
+    the steps that cross nodes pay the network's alpha (NCCL src/graph/tuning.cc)."""
+    intra_bw = hw.intra_node_bandwidth * hw.efficiency.intra_node_comm
+    if size * stride <= hw.gpus_per_node:
+        return Link(intra_bw, hw.intra_node_latency, max(1, size), hw.intra_node_latency)
+    per_node = max(1, min(size, hw.gpus_per_node // max(1, stride)))
+    inter_bw = per_node * hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
+    return Link(min(intra_bw, inter_bw), hw.inter_node_latency, per_node, hw.intra_node_latency)
+
+
+def p2p_link(hw: HardwareSpec, size: int, stride: int) -> Link:
+    """The link of one pipeline send between neighbouring members of a group: NVLink when the whole group sits
+    in one node, else one GPU's NIC (the slowest hop of the pipeline sets its pace)."""
     if size * stride <= hw.gpus_per_node:
         return Link(hw.intra_node_bandwidth * hw.efficiency.intra_node_comm, hw.intra_node_latency)
-    return Link(hw.inter_node_bandwidth * hw.efficiency.inter_node_comm, hw.inter_node_latency)
+    return Link(hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm, hw.inter_node_latency)
+
+
+def _nodes(n: int, link: Link) -> int:
+    return -(-n // max(1, link.ranks_per_node))
+
+
+def ring_latency(n: int, link: Link) -> float:
+    """Latency of one ring pass (n-1 steps): the node-crossing steps pay the network alpha, the others the
+    intra-node alpha (NCCL tuning.cc: (nsteps - nInterSteps) * intraLat + nInterSteps * interLat)."""
+    nodes = _nodes(n, link)
+    intra = link.intra_latency if link.ranks_per_node > 1 else link.latency
+    return (nodes - 1) * link.latency + (n - nodes) * intra
+
+
+def tree_latency(n: int, link: Link) -> float:
+    """Latency of one tree pass: a chain inside the node and a binary tree over nodes (NCCL tuning.cc:
+    (nRanks/nNodes - 1) * intraLat + log2(nNodes) * interLat)."""
+    nodes = _nodes(n, link)
+    per_node = min(n, max(1, link.ranks_per_node))
+    inter = math.ceil(math.log2(nodes)) * link.latency if nodes > 1 else 0.0
+    return inter + (per_node - 1) * (link.intra_latency if per_node > 1 else link.latency)
 
 
 def ring_all_reduce(nbytes: float, n: int, link: Link) -> float:
     """Ring all-reduce of an `nbytes` buffer on each of n ranks."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
+    return 2 * ring_latency(n, link) + 2 * (n - 1) / n * nbytes / link.bandwidth
 
 
 def tree_all_reduce(nbytes: float, n: int, link: Link) -> float:
-    """Double-binary-tree all-reduce: logarithmic latency, about twice the buffer on the wire."""
+    """Double-binary-tree all-reduce: logarithmic latency over nodes, about twice the buffer on the wire."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return 2 * math.ceil(math.log2(n)) * link.latency + 2 * nbytes / link.bandwidth
+    return 2 * tree_latency(n, link) + 2 * nbytes / link.bandwidth
 
 
 def all_reduce(nbytes: float, n: int, link: Link) -> float:
@@ -55,7 +96,7 @@ def reduce_scatter(nbytes: float, n: int, link: Link) -> float:
     """Reduce-scatter of an `nbytes` input per rank (each rank keeps nbytes/n)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+    return ring_latency(n, link) + (n - 1) / n * nbytes / link.bandwidth
 
 
 def all_gather(nbytes: float, n: int, link: Link) -> float:
@@ -70,9 +111,9 @@ def linear_pieces(kind: str, n: int, link: Link) -> tuple[tuple[float, float], .
     if n <= 1:
         return ((0.0, 0.0),)
     if kind == "all_reduce":
-        return ((2 * (n - 1) * link.latency, 2 * (n - 1) / n / link.bandwidth),
-                (2 * math.ceil(math.log2(n)) * link.latency, 2 / link.bandwidth))
-    return (((n - 1) * link.latency, (n - 1) / n / link.bandwidth),)
+        return ((2 * ring_latency(n, link), 2 * (n - 1) / n / link.bandwidth),
+                (2 * tree_latency(n, link), 2 / link.bandwidth))
+    return ((ring_latency(n, link), (n - 1) / n / link.bandwidth),)
 
 
 def p2p(nbytes: float, link: Link) -> float:

@@ -83,15 +83,16 @@ class CostModel:
             hw = apply_comm(profile, hw)
             self.measured = MeasuredOps(profile) if profile.ops else None
         self.model, self.hw, self.job = model, hw, job
-        self._layer: dict[tuple[int, int, int, bool, str], LayerCost] = {}
+        self._layer: dict[tuple[int, int, int, bool, str, bool], LayerCost] = {}
         self._vocab: dict[tuple[int, int, int, bool], VocabCost] = {}
         self.model_flops = model_flops_per_step(model, job)
 
-    def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d") -> LayerCost:
-        key = (tp, cp, mbs, sp, tp_mode)
+    def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d", tp_overlap: bool = False
+              ) -> LayerCost:
+        key = (tp, cp, mbs, sp, tp_mode, tp_overlap)
         if key not in self._layer:
             self._layer[key] = layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp,
-                                          tp_mode=tp_mode, measured=self.measured)
+                                          tp_mode=tp_mode, measured=self.measured, tp_overlap=tp_overlap)
         return self._layer[key]
 
     def vocab(self, tp: int, cp: int, mbs: int, sp: bool) -> VocabCost:
@@ -113,14 +114,14 @@ class CostModel:
 
     def stages(self, plan: Plan) -> tuple[StageCost, ...]:
         key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel)
-        layer, vocab = self.layer(*key, plan.tp_mode), self.vocab(*key)
+        layer, vocab = self.layer(*key, plan.tp_mode, plan.tp_overlap), self.vocab(*key)
         tokens = plan.mbs * self.job.seq_len // plan.cp
         p2p_s = p2p_time(plan, self.hw, tokens, self.model.hidden_size)
         vp_comm = (0.0, 0.0)
         if plan.vocab == "parallel":
             vp_comm = vocab_parallel_comm(self.model, self.hw, pp=plan.pp, tp=plan.tp, cp=plan.cp, dp=plan.dp,
                                           tokens=tokens)
-        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm)
+        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.job.grad_bytes)
 
     def timeline(self, plan: Plan) -> Timeline:
         """Every pass of every rank in one step, as the schedule runs them (for the text timeline)."""
@@ -130,7 +131,8 @@ class CostModel:
 
     def ticks(self, plan: Plan) -> Ticks:
         """The proportions the plan's v-half order is built for (stages.schedule_ticks)."""
-        return schedule_ticks(plan, self.layer(plan.tp, plan.cp, plan.mbs, plan.sequence_parallel, plan.tp_mode))
+        return schedule_ticks(plan, self.layer(plan.tp, plan.cp, plan.mbs, plan.sequence_parallel, plan.tp_mode,
+                                               plan.tp_overlap))
 
     def estimate(self, plan: Plan) -> Estimate:
         """Predict step time, throughput and per-stage memory of a plan (assumed valid: see check_plan)."""
@@ -138,7 +140,7 @@ class CostModel:
         m = plan.num_microbatches
         times = [s.time_s for s in stages]
         pipe = makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(s.chunks for s in stages), self.ticks(plan))
-        dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model)
+        dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes)
         opt = optimizer_time(plan, self.hw, stages)
         step = pipe + dp_exposed + opt
         b = max(range(len(stages)), key=lambda i: (times[i], -i))
@@ -157,7 +159,8 @@ class CostModel:
             usable_memory_bytes=self.hw.usable_memory_bytes)
 
 
-def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], model: ModelSpec) -> float:
+def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], model: ModelSpec,
+                    grad_bytes: int = GRAD_BYTES) -> float:
     """Data-parallel synchronization left exposed at the end (gradients) and start (parameters) of a step.
 
     Gradients are reduced in buckets while the last micro-batch's backward runs (Megatron's
@@ -167,13 +170,15 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
     (overlap_param_gather), where stage i starts sum(fwd_j, j < i) late. A tied embedding's gradient is
     all-reduced between the first and last stage after the backward (Megatron's finalize_model_grads).
     """
-    exposed = tied_embedding_sync(plan, hw, model)
+    exposed = tied_embedding_sync(plan, hw, model, grad_bytes)
     n = plan.dp * plan.cp
     if n == 1 or plan.zero >= 3:
         return exposed
     link = comm.group_link(hw, n, plan.tp)
     reduce = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
-    exposed += _bucketed_over_stages(stages, GRAD_BYTES, plan.bucket_size, "bwd", lambda b: reduce(b, n, link))
+    if plan.zero < 2:  # ZeRO-2 reduce-scatters in every micro-batch (stages.zero3_exposed), not once a step
+        exposed += _bucketed_over_stages(stages, grad_bytes, plan.bucket_size, "bwd",
+                                         lambda b: reduce(b, n, link))
     if plan.zero in (1, 2):
         exposed += _bucketed_over_stages(stages, WEIGHT_BYTES, plan.bucket_size, "fwd",
                                          lambda b: comm.all_gather(b, n, link))
@@ -199,13 +204,13 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
     return worst
 
 
-def tied_embedding_sync(plan: Plan, hw: HardwareSpec, model: ModelSpec) -> float:
+def tied_embedding_sync(plan: Plan, hw: HardwareSpec, model: ModelSpec, grad_bytes: int = GRAD_BYTES) -> float:
     """All-reduce of the tied word-embedding gradient (V*h/tp; no position table) between the first and the
     last pipeline stage (Megatron's _allreduce_word_embedding_grads)."""
     if not model.tied_embeddings or plan.pp == 1 or plan.schedule == "v-half":  # v-half: both on rank 0
         return 0.0
     link = comm.group_link(hw, plan.pp, plan.tp * plan.cp * plan.dp)
-    return comm.all_reduce(model.vocab_size * model.hidden_size // plan.tp * GRAD_BYTES, 2, link)
+    return comm.all_reduce(model.vocab_size * model.hidden_size // plan.tp * grad_bytes, 2, link)
 
 
 def optimizer_time(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...]) -> float:

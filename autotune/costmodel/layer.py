@@ -10,10 +10,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from autotune.costmodel import comm
-from autotune.costmodel.compute import PassTime, pass_time
+from autotune.costmodel.compute import PassTime, op_time, pass_time
 from autotune.costmodel.memory import (LayerActivations, embedding_activations, embedding_params, head_activations,
-                                       head_params, head_transient, layer_activations, layer_params)
-from autotune.costmodel.ops import (LayerShape, backward_ops, embedding_backward_ops, embedding_forward_ops,
+                                       head_params, head_transient, layer_activations, layer_params,
+                                       sac_activations)
+from autotune.costmodel.ops import (LayerShape, Op, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
 from autotune.costmodel.tpmodes import layer_tp_comm_s, layer_tp_memory
 from autotune.specs.hardware import HardwareSpec
@@ -33,7 +34,7 @@ class LayerCost:
     fwd: PassTime
     bwd: PassTime
     attn_fwd_s: float
-    """Core-attention forward: what selective recomputation runs again."""
+    """Core-attention forward (what ring attention's exchange hides behind)."""
     tp_fwd_s: float
     """Tensor-parallel collectives of the forward (2 all-reduces, or 2 all-gathers + 2 reduce-scatters)."""
     tp_bwd_s: float
@@ -45,6 +46,9 @@ class LayerCost:
     wgrad_s: float
     """The weight-gradient GEMMs inside bwd: what zero-bubble schedules run apart as W passes."""
     act: LayerActivations
+    selective_s: float = -1.0
+    """What selective recomputation runs again: the core-attention forward (Megatron), or torchtitan's op-level
+    SAC; negative = the attention forward."""
 
     def time(self, recompute: str) -> float:
         """Forward + backward + recomputation + exposed communication, seconds."""
@@ -61,7 +65,7 @@ class LayerCost:
     def recompute_time(self, recompute: str) -> float:
         """Extra forward work the backward pays: core attention (selective) or the whole layer (full)."""
         if recompute == "selective":
-            return self.attn_fwd_s
+            return self.attn_fwd_s if self.selective_s < 0 else self.selective_s
         if recompute == "full":
             return self.fwd.seconds + self.tp_fwd_s + self.cp_fwd_s
         return 0.0
@@ -100,11 +104,18 @@ class VocabCost:
 def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool) -> LayerShape:
     """Per-GPU sizes of one micro-batch."""
     return LayerShape(tokens=mbs * job.seq_len // cp, kv_tokens=mbs * job.seq_len, mbs=mbs, tp=tp, sp=sp,
-                      elem=ACTIVATION_BYTES, flash=job.flash_attention, fused=job.fused_kernels)
+                      elem=ACTIVATION_BYTES, flash=job.flash_attention, fused=job.fused_kernels,
+                      fp8=job.dtype == "fp8")
+
+
+def attention_kernel(job: JobSpec) -> str:
+    """Megatron runs Transformer Engine's cuDNN fused attention on Hopper; torchtitan and DeepSpeed run
+    PyTorch's SDPA, whose flash backend is FlashAttention-2."""
+    return "fused" if job.trainer == "megatron" else "sdpa"
 
 
 def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
-               tp_mode: str = "1d", measured: MeasuredOps | None = None) -> LayerCost:
+               tp_mode: str = "1d", measured: MeasuredOps | None = None, tp_overlap: bool = False) -> LayerCost:
     """Costs of one Transformer layer under one parallel setting; op times from `measured` where it has them."""
     if tp_mode != "1d":
         return _grid_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, tp_mode=tp_mode, measured=measured)
@@ -114,16 +125,37 @@ def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
     attn_fwd = tuple(op for op in fwd_ops if op.category == "attention")
     attn_bwd = tuple(op for op in bwd_ops if op.category == "attention")
     lookup = None if measured is None else measured.lookup(tp)
-    fwd, bwd = pass_time(fwd_ops, hw, job.dtype, lookup), pass_time(bwd_ops, hw, job.dtype, lookup)
-    attn_fwd_s = pass_time(attn_fwd, hw, job.dtype, lookup).seconds
-    tp_pass = _tp_layer_comm(model, hw, shape)
+    kernel = attention_kernel(job)
+    fwd, bwd = pass_time(fwd_ops, hw, job.dtype, lookup, kernel), pass_time(bwd_ops, hw, job.dtype, lookup, kernel)
+    attn_fwd_s = pass_time(attn_fwd, hw, job.dtype, lookup, kernel).seconds
+    tp_fwd, tp_bwd = _tp_layer_comm(model, hw, job, shape, fwd_ops, bwd_ops, lookup, tp_overlap)
     cp_fwd, cp_bwd = _cp_exchange(model, hw, shape, cp)
     return LayerCost(
-        fwd=fwd, bwd=bwd, attn_fwd_s=attn_fwd_s, tp_fwd_s=tp_pass, tp_bwd_s=tp_pass,
-        cp_fwd_s=max(0.0, cp_fwd - attn_fwd_s),
-        cp_bwd_s=max(0.0, cp_bwd - pass_time(attn_bwd, hw, job.dtype, lookup).seconds),
-        params=layer_params(model, tp), act=layer_activations(model, shape),
+        fwd=fwd, bwd=bwd, attn_fwd_s=attn_fwd_s, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
+        # each of the cp-1 exchanges hides behind one ring step's attention (1/cp of it, load-balanced)
+        cp_fwd_s=max(0.0, cp_fwd - (cp - 1) / cp * attn_fwd_s),
+        cp_bwd_s=max(0.0, cp_bwd - (cp - 1) / cp * pass_time(attn_bwd, hw, job.dtype, lookup, kernel).seconds),
+        params=layer_params(model, tp), act=_activations(model, shape, job),
+        selective_s=_sac_seconds(fwd_ops, hw, job, lookup) if job.trainer == "torchtitan" else -1.0,
         wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup))
+
+
+def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec) -> LayerActivations:
+    """Saved activations per recompute setting; torchtitan's 'selective' is its op-level SAC."""
+    act = layer_activations(model, shape)
+    if job.trainer == "torchtitan" and model.gated:
+        return replace(act, selective=min(act.selective, sac_activations(model, shape)))
+    return act
+
+
+def _sac_seconds(fwd_ops, hw: HardwareSpec, job: JobSpec, lookup) -> float:
+    """torchtitan's selective activation checkpointing (op mode, activation_checkpoint.py's _custom_policy):
+    it saves the outputs of the compute ops (matmuls, SDPA) "except every second mm" and recomputes the rest,
+    so the backward re-runs half the linear GEMMs and every memory-bound op of the forward."""
+    gemms = pass_time(tuple(op for op in fwd_ops if op.kernel == "gemm" and op.category == "gemm"), hw, job.dtype,
+                      lookup).seconds
+    memory = pass_time(tuple(op for op in fwd_ops if op.kernel == "memory"), hw, job.dtype, lookup).seconds
+    return gemms / 2 + memory
 
 
 def _wgrad_seconds(bwd_ops, hw: HardwareSpec, dtype: str, lookup=None) -> float:
@@ -131,26 +163,76 @@ def _wgrad_seconds(bwd_ops, hw: HardwareSpec, dtype: str, lookup=None) -> float:
     return pass_time(tuple(op for op in bwd_ops if op.name.endswith("_wgrad")), hw, dtype, lookup).seconds
 
 
-def _tp_layer_comm(model: ModelSpec, hw: HardwareSpec, shape: LayerShape) -> float:
-    """Megatron's two collectives per pass (after attention and after the MLP; Shoeybi et al. 2019). With
-    sequence parallelism each all-reduce becomes an all-gather before and a reduce-scatter after the block
-    (Korthikanti et al. 2022): the same bytes on the wire, twice the latency steps."""
-    if shape.tp == 1:
-        return 0.0
+#: The column-parallel linears (input all-gathered under sequence parallelism, input gradient reduced) and the
+#: row-parallel ones (output reduce-scattered or all-reduced) of a Megatron block.
+COLUMN_PARALLEL = ("qkv_proj", "mlp_up")
+ROW_PARALLEL = ("out_proj", "mlp_down")
+
+
+def _gemm_seconds(ops, names: tuple[str, ...], suffix: str, hw: HardwareSpec, job: JobSpec, lookup) -> float:
+    return pass_time(tuple(op for op in ops if op.kernel == "gemm" and op.name in {n + suffix for n in names}),
+                     hw, job.dtype, lookup).seconds
+
+
+def _tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: LayerShape, fwd_ops, bwd_ops,
+                   lookup, overlap: bool) -> tuple[float, float]:
+    """Exposed tensor-parallel communication of one layer, (forward, backward) seconds.
+
+    Megatron's two collectives per pass (Shoeybi et al. 2019); with sequence parallelism each all-reduce is
+    an all-gather before and a reduce-scatter after the block, and the backward all-gathers each
+    column-parallel input again for its weight gradient (Korthikanti et al. 2022, Sec. 4.2.2). Megatron
+    issues the backward's input-gradient collectives asynchronously, hidden behind the weight-gradient
+    GEMMs (and the re-gather behind the input-gradient GEMMs); torchtitan and DeepSpeed run them in line.
+    With `overlap` (TE userbuffers, async TP) every collective is split into tp chunks pipelined with the
+    GEMM beside it (Wang et al., ASPLOS 2023): one chunk stays exposed, and the rest shows only where the
+    collective outlasts the GEMM; the chunked GEMMs' extra time (smaller tiles) is charged too.
+    """
+    tp = shape.tp
+    if tp == 1:
+        return 0.0, 0.0
     nbytes = shape.elem * shape.tokens * model.hidden_size
-    link = comm.group_link(hw, shape.tp, 1)
+    link = comm.group_link(hw, tp, 1)
     if shape.sp:
-        return 2 * (comm.all_gather(nbytes, shape.tp, link) + comm.reduce_scatter(nbytes, shape.tp, link))
-    return 2 * comm.all_reduce(nbytes, shape.tp, link)
+        ag, rs = comm.all_gather(nbytes, tp, link), comm.reduce_scatter(nbytes, tp, link)
+        fwd_c, bwd_inline, bwd_async = 2 * (ag + rs), 2 * ag, 2 * (ag + rs)
+    else:
+        ar = comm.all_reduce(nbytes, tp, link)
+        fwd_c, bwd_inline, bwd_async = 2 * ar, 0.0, 2 * ar
+    fwd_g = _gemm_seconds(fwd_ops, COLUMN_PARALLEL + ROW_PARALLEL, "", hw, job, lookup)
+    bwd_g = _gemm_seconds(bwd_ops, COLUMN_PARALLEL + ROW_PARALLEL, "_dgrad", hw, job, lookup)
+    if overlap:
+        fwd = fwd_c / tp + max(0.0, fwd_c * (tp - 1) / tp - fwd_g)
+        bwd_c = bwd_inline + bwd_async
+        bwd = bwd_c / tp + max(0.0, bwd_c * (tp - 1) / tp - bwd_g)
+        return fwd + _chunking_cost(fwd_ops, tp, hw, job), bwd + _chunking_cost(
+            tuple(op for op in bwd_ops if op.name.endswith("_dgrad")), tp, hw, job)
+    if job.trainer != "megatron" or not job.async_tp_backward:
+        return fwd_c, bwd_inline + bwd_async
+    hidden = _gemm_seconds(bwd_ops, COLUMN_PARALLEL, "_wgrad", hw, job, lookup) + _gemm_seconds(
+        bwd_ops, COLUMN_PARALLEL, "_dgrad", hw, job, lookup)
+    return fwd_c, bwd_inline + max(0.0, bwd_async - hidden)
+
+
+def _chunking_cost(ops, tp: int, hw: HardwareSpec, job: JobSpec) -> float:
+    """Extra time of running each linear GEMM as tp GEMMs of m/tp rows (tile and wave quantization)."""
+    extra = 0.0
+    for op in ops:
+        if op.kernel != "gemm" or op.category != "gemm" or not op.dims:
+            continue
+        m, n, k = op.dims
+        part = Op(op.name, op.category, op.flops / tp, op.bytes / tp, "gemm", (m / tp, n, k))
+        extra += max(0.0, tp * op_time(part, hw, job.dtype) - op_time(op, hw, job.dtype))
+    return extra
 
 
 def _cp_exchange(model: ModelSpec, hw: HardwareSpec, shape: LayerShape, cp: int) -> tuple[float, float]:
     """Ring attention: cp-1 point-to-point steps passing this rank's K and V chunk on (forward); the
-    backward also passes dK and dV, twice the bytes (Liu et al. 2023; Megatron's context parallelism)."""
+    backward also passes dK and dV, twice the bytes (Liu et al. 2023; Megatron's context parallelism). Every
+    rank sends at once, so a ring spanning nodes runs at one NIC per step."""
     if cp == 1:
         return 0.0, 0.0
     kv_bytes = 2 * shape.elem * shape.tokens * model.kv_width / shape.tp
-    link = comm.group_link(hw, cp, shape.tp)
+    link = comm.p2p_link(hw, cp, shape.tp)
     step = comm.p2p(kv_bytes, link)
     return (cp - 1) * step, 2 * (cp - 1) * step
 

@@ -74,17 +74,18 @@ class LayerActivations:
 def layer_activations(model: ModelSpec, shape: LayerShape) -> LayerActivations:
     """Per-layer stored activations (Korthikanti et al. 2022, itemized; see the module docstring)."""
     t, e, tp = shape.tokens, shape.elem, shape.tp
+    g = 1 if shape.fp8 else e  # FP8 training keeps the linear layers' saved inputs as 1-byte copies
     h, f = model.hidden_size, model.ffn_hidden_size
     q, kv = model.q_width / tp, model.kv_width / tp
     up = (2 * f if model.gated else f) / tp
     shard = tp if shape.sp else 1  # tensors that only sequence parallelism splits
     mask = 1 if model.dropout else 0
     replicated = (2 * e * t * h      # the two norm inputs
-                  + e * t * h        # QKV GEMM input
+                  + g * t * h        # QKV GEMM input
                   + mask * t * h     # attention-output dropout mask
-                  + e * t * h        # MLP up GEMM input
+                  + g * t * h        # MLP up GEMM input
                   + mask * t * h) / shard  # MLP dropout mask
-    split = e * t * (q + kv) + e * t * kv + e * t * q + e * t * up + e * t * f / tp  # Q,K ; V ; out-proj in ; act in ; down in
+    split = e * t * (q + kv) + e * t * kv + g * t * q + e * t * up + g * t * f / tp  # Q,K ; V ; out-proj in ; act in ; down in
     heads = q / model.head_dim
     if shape.flash:
         scores = FP32_BYTES * t * heads  # the softmax log-sum-exp per query and head
@@ -97,6 +98,19 @@ def layer_activations(model: ModelSpec, shape: LayerShape) -> LayerActivations:
         selective=whole_bytes(replicated + split),
         full=whole_bytes(e * t * h / shard),
     )
+
+
+def sac_activations(model: ModelSpec, shape: LayerShape) -> int:
+    """What torchtitan's op-level selective checkpointing keeps per layer (activation_checkpoint.py): the block
+    input, the outputs of every other linear (Q, V, the MLP's first up-projection and its down-projection, in
+    a Llama block's order wq, wk, wv, wo, w1, w3, w2) and the SDPA output with its fp32 log-sum-exp; the rest
+    is recomputed from them."""
+    t, e, tp = shape.tokens, shape.elem, shape.tp
+    shard = tp if shape.sp else 1
+    q, kv, f = model.q_width / tp, model.kv_width / tp, model.ffn_hidden_size / tp
+    heads = q / model.head_dim
+    saved = e * t * model.hidden_size / shard + e * t * (q + kv + f + q) + e * t * model.hidden_size / shard
+    return whole_bytes(saved + FP32_BYTES * t * heads)
 
 
 def embedding_activations(model: ModelSpec, shape: LayerShape) -> int:
@@ -118,7 +132,7 @@ def head_transient(model: ModelSpec, shape: LayerShape) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- states
-def state_bytes_per_param(zero: int, shards: int) -> tuple[float, float, float]:
+def state_bytes_per_param(zero: int, shards: int, grad_bytes: int = GRAD_BYTES) -> tuple[float, float, float]:
     """(weight, gradient, optimizer) bytes per parameter under mixed-precision Adam and a ZeRO stage.
 
     16-bit weights, fp32 main gradients, fp32 master weights + Adam m and v (Megatron-LM's distributed
@@ -127,6 +141,8 @@ def state_bytes_per_param(zero: int, shards: int) -> tuple[float, float, float]:
     stage 3 also the weights.
     """
     weight = WEIGHT_BYTES / (shards if zero >= 3 else 1)
-    grad = GRAD_BYTES / (shards if zero >= 2 else 1)
-    opt = OPTIMIZER_BYTES / (shards if zero >= 1 else 1)
+    grad = grad_bytes / (shards if zero >= 2 else 1)
+    # 16-bit gradients: the distributed optimizer keeps its shard of them in fp32 too (4 + 16/d, not 6 + 12/d)
+    fp32_grad_shard = FP32_BYTES if zero >= 1 and grad_bytes < FP32_BYTES else 0
+    opt = (OPTIMIZER_BYTES + fp32_grad_shard) / (shards if zero >= 1 else 1)
     return weight, grad, opt

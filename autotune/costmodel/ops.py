@@ -31,6 +31,9 @@ class Op:
     """Bytes read plus bytes written in HBM."""
     kernel: Literal["gemm", "attention", "memory"]
     """Which efficiency applies: tensor-core GEMM, fused attention, or memory-bound."""
+    dims: tuple[float, ...] = ()
+    """The shape the kernel's efficiency depends on: a GEMM's output rows, columns and inner size (m, n, k);
+    fused attention's query length per sequence and whether it is a backward pass (s_q, 1.0 = backward)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,8 @@ class LayerShape:
     """Bytes per activation element (2 for bf16/fp16)."""
     flash: bool
     fused: bool
+    fp8: bool = False
+    """FP8 linear layers (Transformer Engine, torchao float8): GEMM inputs are cast to 1-byte copies."""
 
     @property
     def norm_tokens(self) -> float:
@@ -57,7 +62,7 @@ class LayerShape:
 
 def _gemm(name: str, m: float, k: float, n: float, elem: int, category: Category = "gemm") -> Op:
     """C[m,n] = A[m,k] @ B[k,n]: 2mkn FLOPs; reads A and B, writes C."""
-    return Op(name, category, 2.0 * m * k * n, elem * (m * k + k * n + m * n), "gemm")
+    return Op(name, category, 2.0 * m * k * n, elem * (m * k + k * n + m * n), "gemm", (m, n, k))
 
 
 def _memory_op(name: str, category: Category, flops: float, nbytes: float) -> Op:
@@ -72,25 +77,58 @@ def layer_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
     q, kv = model.q_width / tp, model.kv_width / tp
     f = model.ffn_hidden_size / tp
     mlp_up = 2 * f if model.gated else f
-    ops = [_norm("input_norm", model, tn, h, e)]
+    ops = [_norm("input_norm", model, tn, h, e, shape.fused)]
     ops.append(_gemm("qkv_proj", t, h, q + 2 * kv, e))
     if model.position_embedding == "rope":
-        ops.append(_memory_op("rope", "elementwise", 3.0 * t * (q + kv), 2.0 * e * t * (q + kv)))
+        # fused: read and write q and k once; eager (torchtitan's complex-number form): upcast to fp32, complex
+        # multiply with the frequencies, cast back: e + 4, 4 + 4, 4 + e bytes per element
+        per = 2.0 * e if shape.fused else 2.0 * e + 16.0
+        ops.append(_memory_op("rope", "elementwise", 3.0 * t * (q + kv), per * t * (q + kv)))
     ops.extend(_attention_forward(model, shape, q, kv))
+    ops.extend(_cp_corrections(shape, q, kv, "fwd"))
     ops.append(_gemm("out_proj", t, q, h, e))
     ops.extend(_dropout_residual("attn_residual", model, shape, tn, h))
-    ops.append(_norm("post_attn_norm", model, tn, h, e))
+    ops.append(_norm("post_attn_norm", model, tn, h, e, shape.fused))
     ops.append(_gemm("mlp_up", t, h, mlp_up, e))
     ops.extend(_activation(model, shape, t, f))
     ops.append(_gemm("mlp_down", t, f, h, e))
     ops.extend(_dropout_residual("mlp_residual", model, shape, tn, h))
+    if shape.fp8:
+        ops.extend(fp8_casts(ops, "x", shape.fused))
     return tuple(ops)
 
 
-def _norm(name: str, model: ModelSpec, tokens: float, h: int, e: int) -> Op:
-    """LayerNorm/RMSNorm: read x and the weight, write y (statistics in registers)."""
+#: Linear layers whose FP8 input comes out of a fused kernel: Transformer Engine's LayerNormLinear and
+#: LayerNormMLP write the normalized input, and the MLP's activation writes its output, directly in FP8
+#: (torch.compile fuses torchao's casts the same way), so only the FP8 copies are extra traffic.
+FP8_FUSED_INPUTS = ("qkv_proj", "mlp_up", "mlp_down")
+
+
+def fp8_casts(ops: list[Op] | tuple[Op, ...], side: str, fused: bool = True) -> list[Op]:
+    """Transformer Engine's cast-transpose kernels of FP8 training: before each linear layer's forward GEMM its
+    16-bit input is read once and written as an FP8 copy and an FP8 transpose (for the weight gradient); in
+    the backward the output gradient likewise (TE's `cast_transpose`, memory-bound, 2 + 1 + 1 bytes per
+    element). Where the producer of the input is fused with the cast (FP8_FUSED_INPUTS) only the two FP8
+    writes remain. Weights are cast once per step (TE caches them across micro-batches), which is left out."""
+    out = []
+    for op in ops:
+        if op.kernel != "gemm" or not op.dims or op.category != "gemm":
+            continue
+        m, n, k = op.dims
+        elems = m * k if side == "x" else m * n
+        per = 2.0 if side == "x" and fused and op.name in FP8_FUSED_INPUTS else 4.0
+        out.append(_memory_op(f"{op.name}_fp8_cast", "elementwise", 2.0 * elems, per * elems))
+    return out
+
+
+def _norm(name: str, model: ModelSpec, tokens: float, h: int, e: int, fused: bool = True) -> Op:
+    """LayerNorm/RMSNorm. Fused: read x and the weight, write y (statistics in registers). Unfused (PyTorch's
+    composite rms_norm/layer_norm in eager mode): upcast to fp32, square, mean, scale by the reciprocal root,
+    cast back, multiply by the weight, each a pass over the activations: (e + 4) + (4 + 4) + 4 + (4 + 4) +
+    (4 + e) + (e + e) bytes per element."""
     flops_per = 8 if model.norm == "layernorm" else 5
-    return _memory_op(name, "norm", flops_per * tokens * h, e * (2 * tokens * h + h))
+    per = 2 * e if fused else 28 + 4 * e
+    return _memory_op(name, "norm", flops_per * tokens * h, per * tokens * h + e * h)
 
 
 def _attention_forward(model: ModelSpec, shape: LayerShape, q: float, kv: float) -> list[Op]:
@@ -103,7 +141,9 @@ def _attention_forward(model: ModelSpec, shape: LayerShape, q: float, kv: float)
     if shape.flash:
         causal = 0.5 if model.causal else 1.0
         io = e * (t * (q + 2 * kv) + t * q)
-        return [Op("flash_attention", "attention", 2 * score_flops * causal, io, "attention")]
+        # context parallelism runs the kernel on the 2*cp load-balanced chunks: queries seq/(2cp) long
+        chunk = s_q / 2 if shape.kv_tokens > shape.tokens else s_q
+        return [Op("flash_attention", "attention", 2 * score_flops * causal, io, "attention", (chunk, 0.0))]
     scores = b * heads * s_q * s_kv
     ops = [Op("qk_scores", "attention", score_flops, e * (t * q + shape.kv_tokens * kv + scores), "gemm")]
     if shape.fused:
@@ -115,6 +155,26 @@ def _attention_forward(model: ModelSpec, shape: LayerShape, q: float, kv: float)
         ops.append(_memory_op("attn_dropout", "attention", scores, 2.0 * e * scores + scores))
     ops.append(Op("pv", "attention", score_flops, e * (scores + shape.kv_tokens * kv + t * q), "gemm"))
     return ops
+
+
+def cp_degree(shape: LayerShape) -> int:
+    """Context-parallel degree implied by the shape (keys span the whole sequence, queries 1/cp of it)."""
+    return max(1, round(shape.kv_tokens / shape.tokens)) if shape.tokens else 1
+
+
+def _cp_corrections(shape: LayerShape, q: float, kv: float, direction: str) -> list[Op]:
+    """Ring attention's per-step bookkeeping, memory-bound (Transformer Engine's context_parallel.py): every
+    one of the cp steps merges its partial output into fp32 accumulators with the log-sum-exp correction
+    (read the step's 16-bit output, read and write the fp32 output); the backward accumulates dQ in fp32 on
+    the query side and dK, dV in fp32 on the key/value side at every step."""
+    cp = cp_degree(shape)
+    if cp == 1 or not shape.flash:
+        return []
+    t, e = shape.tokens, shape.elem
+    if direction == "fwd":
+        return [_memory_op("cp_out_correction", "attention", 4.0 * cp * t * q, cp * t * q * (e + 8))]
+    return [_memory_op("cp_grad_accumulation", "attention", 2.0 * cp * t * (q + 2 * kv),
+                       cp * t * (q + 2 * kv) * (e + 8))]
 
 
 def _dropout_residual(name: str, model: ModelSpec, shape: LayerShape, tokens: float, h: int) -> list[Op]:
@@ -156,12 +216,19 @@ def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -
     out = []
     for op in forward:
         if op.kernel == "gemm":
-            out.append(Op(op.name + "_dgrad", op.category, op.flops, op.bytes, "gemm"))
-            out.append(Op(op.name + "_wgrad", op.category, op.flops, op.bytes, "gemm"))
+            m, n, k = op.dims or (0.0, 0.0, 0.0)
+            # dX[m,k] = dY[m,n] @ W^T and dW[k,n] = X^T @ dY: the same FLOPs, other output shapes
+            out.append(Op(op.name + "_dgrad", op.category, op.flops, op.bytes, "gemm", (m, k, n) if op.dims else ()))
+            out.append(Op(op.name + "_wgrad", op.category, op.flops, op.bytes, "gemm", (k, n, m) if op.dims else ()))
         elif op.kernel == "attention":
-            out.append(Op(op.name + "_bwd", op.category, 2.5 * op.flops, 2.0 * op.bytes, "attention"))
-        else:
+            dims = (op.dims[0], 1.0) if op.dims else ()
+            out.append(Op(op.name + "_bwd", op.category, 2.5 * op.flops, 2.0 * op.bytes, "attention", dims))
+        elif op.name == "cp_out_correction":
+            out.extend(_cp_corrections(shape, model.q_width / shape.tp, model.kv_width / shape.tp, "bwd"))
+        elif not op.name.endswith("_fp8_cast"):
             out.append(Op(op.name + "_bwd", op.category, 2.0 * op.flops, 2.0 * op.bytes, "memory"))
+    if shape.fp8:
+        out.extend(fp8_casts(forward, "dy"))
     return tuple(out)
 
 
@@ -186,11 +253,12 @@ def head_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
     v = model.vocab_size / shape.tp
     logits = t * v
     return (
-        _norm("final_norm", model, shape.norm_tokens, h, e),
+        _norm("final_norm", model, shape.norm_tokens, h, e, shape.fused),
         _gemm("lm_head", t, h, v, e, category="vocab"),
-        # Megatron's vocab-parallel cross-entropy: cast to fp32, max, exp, sum, normalize; reads the 16-bit
-        # logits, writes and re-reads the fp32 softmax it keeps for the backward.
-        _memory_op("cross_entropy", "vocab", 5.0 * logits, logits * (e + 4 + 4 + 4)),
+        # Megatron's vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py) runs as separate fp32
+        # passes over the logits: cast (read 16-bit, write fp32), max (read), subtract the max (read, write),
+        # exp (read, write), sum (read), divide (read, write the softmax kept for the backward).
+        _memory_op("cross_entropy", "vocab", 5.0 * logits, logits * (e + 4 + 4 + 8 + 8 + 4 + 8)),
     )
 
 
@@ -199,5 +267,7 @@ def head_backward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
     t, e = shape.tokens, shape.elem
     logits = t * model.vocab_size / shape.tp
     forward = head_forward_ops(model, shape)
-    ce_grad = _memory_op("cross_entropy_bwd", "vocab", 2.0 * logits, logits * (4 + e))
+    # softmax - one_hot in place on the fp32 softmax (read, write), times the loss gradient (read, write),
+    # cast to the 16-bit logits gradient (read fp32, write 16-bit)
+    ce_grad = _memory_op("cross_entropy_bwd", "vocab", 2.0 * logits, logits * (8 + 8 + 4 + e))
     return (ce_grad,) + backward_ops((forward[1], forward[0]), model, shape)

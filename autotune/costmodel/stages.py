@@ -14,7 +14,7 @@ from autotune.costmodel.pipeline import Ticks, chunks_per_rank, pass_ticks, peak
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import Plan
+from autotune.specs.plan import Plan, chunk_layers
 from autotune.units import ACTIVATION_BYTES, FP32_BYTES, whole_bytes
 
 
@@ -93,19 +93,24 @@ def base_recompute(plan: Plan) -> str:
 
 
 def p2p_time(plan: Plan, hw: HardwareSpec, tokens: int, hidden: int) -> float:
-    """Per micro-batch: one activation send forward and one gradient send backward per model chunk (with
-    sequence parallelism only the 1/tp shard travels, Megatron's scatter-gather optimization)."""
+    """Per micro-batch: one activation send forward and one gradient send backward per model chunk."""
     return p2p_seconds(hw, pp=plan.pp, vpp=plan.vpp, tp=plan.tp, cp=plan.cp, dp=plan.dp,
                        sp=plan.sequence_parallel, tokens=tokens, hidden=hidden)
 
 
 def p2p_seconds(hw: HardwareSpec, *, pp: int, vpp: int, tp: int, cp: int, dp: int, sp: bool, tokens: int,
                 hidden: int) -> float:
-    """p2p_time from the bare degrees (the planner calls it before any Plan exists)."""
+    """p2p_time from the bare degrees (the planner calls it before any Plan exists). Only a 1/tp shard of the
+    activation travels between stages: with sequence parallelism it is already split; without, Megatron's
+    scatter-gather optimization sends a 1/tp slice from each tp rank and all-gathers it over NVLink on
+    arrival (Narayanan et al. 2021, Sec. 4.1)."""
     if pp == 1:
         return 0.0
-    nbytes = ACTIVATION_BYTES * tokens * hidden / (tp if sp else 1)
-    return 2 * vpp * comm.p2p(nbytes, comm.group_link(hw, pp, tp * cp * dp))
+    full = ACTIVATION_BYTES * tokens * hidden
+    send = comm.p2p(full / tp, comm.p2p_link(hw, pp, tp * cp * dp))
+    if not sp and tp > 1:
+        send += comm.all_gather(full, tp, comm.group_link(hw, tp, 1))
+    return 2 * vpp * send
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,18 +194,18 @@ def chunk_durations(plan: Plan, n: int, layer: LayerCost, vocab: VocabCost, plac
                     rc: int, p2p_s: float, vp_comm: tuple[float, float], extra_bwd_s: float = 0.0
                     ) -> tuple[tuple[float, float, float], ...]:
     """(F, B, W) seconds of one micro-batch on each model chunk of a rank with n layers: layers split evenly
-    over the chunks, the vocabulary shares on their chunks, point-to-point per chunk pass, full recompute of
-    rc layers per chunk in B, the weight-gradient GEMMs in W."""
+    over the chunks (specs.plan.chunk_layers), the vocabulary shares on their chunks, point-to-point per chunk
+    pass, full recompute of up to rc layers per chunk in B, the weight-gradient GEMMs in W."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
-    per = n / v
+    counts = chunk_layers(n, v)
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
     f_layer, b_layer, w_layer = layer_passes(layer, base)
     hop = p2p_s / (2 * v) if plan.pp > 1 else 0.0
     out = []
-    for c in range(v):
+    for c, per in enumerate(counts):
         f = per * f_layer + hop
-        b = per * b_layer + rc * (rec_full - rec_base) + hop
+        b = per * b_layer + min(rc, per) * (rec_full - rec_base) + hop
         w = per * w_layer
         if c == place.embed_chunk and place.embed:
             f += place.embed * (vocab.embed_fwd.seconds + vocab.embed_comm_s / 2)
@@ -231,13 +236,13 @@ def schedule_ticks(plan: Plan, layer: LayerCost) -> Ticks:
 
 
 def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float,
-                 vp_comm: tuple[float, float] = (0.0, 0.0)) -> tuple[StageCost, ...]:
+                 vp_comm: tuple[float, float] = (0.0, 0.0), grad_bytes: int = GRAD_BYTES) -> tuple[StageCost, ...]:
     """Assemble every stage of `plan` from per-layer and vocabulary costs (what does not depend on the stage
     is computed once: estimates are called thousands of times per second)."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
-    per_state = state_bytes(layer.params, plan.zero, plan.dp * plan.cp)
+    per_state = state_bytes(layer.params, plan.zero, plan.dp * plan.cp, grad_bytes)
     layer_compute = layer.fwd.seconds + layer.bwd.seconds
     layer_tp = layer.tp_fwd_s + layer.tp_bwd_s
     layer_cp = layer.cp_fwd_s + layer.cp_bwd_s
@@ -251,7 +256,9 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     for index, n in enumerate(plan.layers_per_stage):
         place = vocab_placement(plan.schedule, plan.vocab, plan.pp, plan.vpp, index)
         first, last = place.embed, place.head
-        rc = recomputed_per_chunk(plan, n // v)
+        biggest = -(-n // v)  # chunks may differ by one layer; memory is counted at the largest
+        rc = recomputed_per_chunk(plan, biggest)
+        rc_layers = sum(min(rc, c) for c in chunk_layers(n, v))
         key = (n, place, rc)
         if key not in shared:
             vocab_compute = (first * (vocab.embed_fwd.seconds + vocab.embed_bwd.seconds)
@@ -261,31 +268,31 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp, shared=place.shared)
             fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
             bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
-            zero3 = zero3_exposed(plan, hw, params, fwd, bwd)
+            zero3 = zero3_exposed(plan, hw, params, fwd, bwd, grad_bytes, n + (first > 0) + (last > 0))
             shared[key] = (
                 params, fwd, bwd, tuple(by_category), n * layer_compute + vocab_compute,
                 n * layer_tp + first * vocab.embed_comm_s + last * vocab.head_comm_s + sum(vp_comm),
-                state_bytes(params - n * layer.params, plan.zero, plan.dp * plan.cp), zero3,
+                state_bytes(params - n * layer.params, plan.zero, plan.dp * plan.cp, grad_bytes), zero3,
                 chunk_durations(plan, n, layer, vocab, place, rc, p2p_s, vp_comm, zero3))
         params, fwd, bwd, by_category, compute, tp_comm, fixed, zero3, chunks = shared[key]
         num = in_flight_chunks(plan, index, ticks)
         memory = StageMemory(
             weights=n * per_state[0] + fixed[0], gradients=n * per_state[1] + fixed[1],
             optimizer=n * per_state[2] + fixed[2],
-            activations=num * (rc * layer.act.full + (n // v - rc) * act_base),
+            activations=num * (rc * layer.act.full + (biggest - rc) * act_base),
             vocab_activations=stage_vocab_activations(plan, index, vocab, ticks),
             transient=(layer.act.none if rc else 0) + transient_zero3)
         out.append(StageCost(
-            index=index, layers=n, recomputed_layers=rc * v, has_embedding=first > 0, has_head=last > 0,
-            compute_s=compute, recompute_s=n * rec_base + rc * v * (rec_full - rec_base), tp_comm_s=tp_comm,
+            index=index, layers=n, recomputed_layers=rc_layers, has_embedding=first > 0, has_head=last > 0,
+            compute_s=compute, recompute_s=n * rec_base + rc_layers * (rec_full - rec_base), tp_comm_s=tp_comm,
             cp_comm_s=n * layer_cp, pp_comm_s=p2p_s, zero3_comm_s=zero3, fwd_s=fwd, bwd_s=bwd,
             by_category=by_category, params=params, memory=memory, chunks=chunks))
     return tuple(out)
 
 
-def state_bytes(params: int, zero: int, shards: int) -> tuple[int, int, int]:
+def state_bytes(params: int, zero: int, shards: int, grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
     """Whole bytes of (weights, gradients, optimizer states) for `params` parameters."""
-    w, g, o = state_bytes_per_param(zero, shards)
+    w, g, o = state_bytes_per_param(zero, shards, grad_bytes)
     return whole_bytes(params * w), whole_bytes(params * g), whole_bytes(params * o)
 
 
@@ -310,13 +317,33 @@ def zero3_transient(plan: Plan, layer: LayerCost) -> int:
     return 2 * layer.params * WEIGHT_BYTES if plan.zero >= 3 else 0
 
 
-def zero3_exposed(plan: Plan, hw: HardwareSpec, params: int, fwd_s: float, bwd_s: float) -> float:
-    """ZeRO-3/FSDP per micro-batch: weights all-gathered for the forward and again for the backward, gradients
-    reduce-scattered; prefetching hides them behind compute, so only the excess shows (Zhao et al. 2023)."""
-    if plan.zero < 3:
+#: Channels NCCL runs a cross-node collective on in an 8-NIC node (two rings per NIC); each channel is one
+#: CUDA block holding one SM for the collective's whole duration (NCCL's topology search, nChannels).
+NCCL_CHANNELS = 16
+
+
+def comm_interference(hw: HardwareSpec) -> float:
+    """Share of the GPU a running NCCL collective takes from the compute it overlaps: its channels' SMs."""
+    return min(1.0, NCCL_CHANNELS / hw.sm_count) if hw.sm_count else 0.0
+
+
+def zero3_exposed(plan: Plan, hw: HardwareSpec, params: int, fwd_s: float, bwd_s: float,
+                  grad_bytes: int = GRAD_BYTES, units: int = 1) -> float:
+    """ZeRO-2/3 per micro-batch. ZeRO-3/FSDP all-gathers the weights for the forward and again for the
+    backward and reduce-scatters the gradients; ZeRO-2 keeps only a 1/d shard of the gradients, so it too
+    reduce-scatters them in every micro-batch's backward (DeepSpeed's reduce_scatter with overlap_comm).
+    Prefetching and bucketing hide them behind compute, so only the excess shows (Zhao et al. 2023). The
+    hidden part is not free: while a collective runs, its NCCL channels hold SMs the GEMMs would use, so the
+    compute it overlaps slows by comm_interference of the overlapped time. FSDP wraps every Transformer block
+    (and the embedding and head) as a unit with its own collectives, so each of the `units` pays the
+    collective's latency (torchtitan's fully_shard per block; DeepSpeed's per-module prefetch)."""
+    if plan.zero < 2:
         return 0.0
     n = plan.dp * plan.cp
     link = comm.group_link(hw, n, plan.tp)
-    gather = comm.all_gather(params * WEIGHT_BYTES, n, link)
-    scatter = comm.reduce_scatter(params * GRAD_BYTES, n, link)
-    return max(0.0, gather - fwd_s) + max(0.0, gather + scatter - bwd_s)
+    units = max(1, units)
+    gather = units * comm.all_gather(params / units * WEIGHT_BYTES, n, link) if plan.zero >= 3 else 0.0
+    scatter = units * comm.reduce_scatter(params / units * grad_bytes, n, link)
+    fwd_exposed, bwd_exposed = max(0.0, gather - fwd_s), max(0.0, gather + scatter - bwd_s)
+    hidden = 2 * gather + scatter - fwd_exposed - bwd_exposed
+    return fwd_exposed + bwd_exposed + comm_interference(hw) * hidden

@@ -73,7 +73,7 @@ def _pipelined_ring(nbytes: float, n: int, link: comm.Link) -> float:
     """NCCL's broadcast and reduce: a pipelined ring, n-1 latency steps and the buffer once on each link."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    return (n - 1) * link.latency + nbytes / link.bandwidth
+    return comm.ring_latency(n, link) + nbytes / link.bandwidth
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

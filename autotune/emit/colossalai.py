@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
+from autotune.emit.quote import python_str
 from autotune.specs.tpgrid import tp_mode_degrees
 
 TARGET = "legacy config schema of Colossal-AI <= 0.3 (colossalai.legacy)"
@@ -19,6 +20,9 @@ def emit_colossalai(inp: EmitInput) -> EmitResult:
     """`colossalai_config.py` and `launch_colossalai.sh` for the plan."""
     p = inp.plan
     warnings = []
+    if p.tp_overlap:
+        warnings.append("tp_overlap: Colossal-AI's legacy config has no tensor-parallel communication overlap; it "
+                        "runs exposed (plan with --no-tp-overlap to cost it that way)")
     if p.cp > 1:
         warnings.append(f"Colossal-AI's legacy config has no context parallelism: cp {p.cp} is folded into data "
                         "parallelism (the predicted time does not hold)")
@@ -48,8 +52,7 @@ def _tensor(inp: EmitInput) -> str:
         return "dict(size=1, mode=None)"
     grid = tp_mode_degrees(p.tp_mode, p.tp)
     depth = f", depth={grid.depth}" if p.tp_mode == "2.5d" else ""
-    mode = {"1d": "'1d'", "2d": "'2d'", "2.5d": "'2.5d'", "3d": "'3d'"}[p.tp_mode]
-    return f"dict(size={p.tp}, mode={mode}{depth})"
+    return f"dict(size={p.tp}, mode={python_str(p.tp_mode)}{depth})"
 
 
 def _config(inp: EmitInput) -> str:

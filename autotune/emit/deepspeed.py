@@ -14,11 +14,11 @@ zero_optimization reject unknown keys, so nothing of ours goes inside a DeepSpee
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import header_lines
+from autotune.emit.quote import json_text
 from autotune.errors import InvalidPlanError
 from autotune.specs.plan import Plan
 
@@ -44,6 +44,9 @@ def emit_deepspeed(inp: EmitInput) -> EmitResult:
     plan = inp.plan
     refuse(plan)
     warnings: list[str] = []
+    if plan.tp_overlap:
+        warnings.append("tp_overlap: DeepSpeed has no tensor-parallel communication overlap; it runs exposed "
+                        "(plan with --no-tp-overlap, or --trainer deepspeed, to cost it that way)")
     interval = _checkpoint_interval(plan, warnings)
     config = _ds_config(inp, interval, warnings)
     pipeline = _pipeline_args(inp, interval, warnings)
@@ -62,8 +65,8 @@ def refuse(plan: Plan) -> None:
 
 
 def dump(doc: dict[str, Any]) -> str:
-    """Sorted keys, 2-space indent, trailing newline: byte-identical for the same inputs."""
-    return json.dumps(doc, sort_keys=True, indent=2) + "\n"
+    """Sorted keys, 2-space indent, trailing newline: byte-identical for the same inputs (emit/quote.py)."""
+    return json_text(doc)
 
 
 def deepspeed_split(num_layers: int, pp: int) -> tuple[int, ...]:

@@ -21,12 +21,13 @@ config with a warning; megatron_forks.py says how, and how the vocabulary-parall
 from __future__ import annotations
 
 import math
-import shlex
 
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
+from autotune.emit.quote import bash_word
 from autotune.emit.megatron_forks import VOCAB_FORK, fork_block, fork_flags, mainline_plan, schedule_warnings
 from autotune.specs.plan import Plan
+from autotune.specs.plan import chunk_layers as specs_chunk_layers
 
 TARGET = "Megatron-LM pretrain_gpt.py, flags as in megatron-core 0.16 / Megatron-LM core_r0.16"
 #: Flags Megatron refuses to see together (validate_args in megatron/training/arguments.py and
@@ -69,11 +70,7 @@ Flag = tuple[str, str | None]
 
 def chunk_layers(plan: Plan) -> list[list[int]]:
     """Transformer layers of each (rank, chunk): a rank's layers split as evenly as possible into vpp chunks."""
-    out = []
-    for n in plan.layers_per_stage:
-        base, extra = divmod(n, plan.vpp)
-        out.append([base + (1 if c < extra else 0) for c in range(plan.vpp)])
-    return out
+    return [list(specs_chunk_layers(n, plan.vpp)) for n in plan.layers_per_stage]
 
 
 def layout_string(plan: Plan) -> str:
@@ -189,6 +186,8 @@ def _parallel_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
         flags += [("--context-parallel-size", str(p.cp)), ("--cp-comm-type", "p2p")]
     if p.sequence_parallel and p.tp > 1:
         flags.append(("--sequence-parallel", None))
+        if p.tp_overlap:  # Transformer Engine userbuffers; validate_args requires sequence parallelism
+            flags.append(("--tp-comm-overlap", None))
     elif p.sequence_parallel:
         warn.append("sequence_parallel needs tp > 1 (Megatron turns it off); not emitted")
     return flags + partition_flags(mainline_plan(p))[0]
@@ -292,7 +291,7 @@ def node_layout(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
 
 
 def _array(name: str, flags: list[Flag]) -> str:
-    lines = [f"    {flag}" + ("" if value is None else f" {shlex.quote(value)}") for flag, value in flags]
+    lines = [f"    {bash_word(flag)}" + ("" if value is None else f" {bash_word(value)}") for flag, value in flags]
     return f"{name}=(\n" + "\n".join(lines) + "\n)\n"
 
 

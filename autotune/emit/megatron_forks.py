@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autotune.emit.common import commented
+from autotune.emit.quote import bash_word
 from autotune.specs.plan import Plan
 
 #: The fork that implements vocabulary parallelism (paper: Yeung et al. 2024), at the commit TRAINERS.md read.
@@ -90,6 +91,6 @@ def fork_block(p: Plan, divisor: str | None) -> str:
         "Add --disable-backward-fusion for the paper's Vocab-2 variant (2 all-reduce barriers; activation memory",
         "p+1 instead of p+2). The fork is based on Megatron-LM core 0.9: drop any newer flag above it rejects.",
     ]
-    body = "".join(f"    FORK_ARGS+=({flag})\n" for flag, _ in flags)
+    body = "".join(f"    FORK_ARGS+=({bash_word(flag)})\n" for flag, _ in flags)
     return (commented(notes) + 'VOCAB_PARALLEL="${VOCAB_PARALLEL:-1}"\nFORK_ARGS=()\n'
             'if [[ "$VOCAB_PARALLEL" != 0 ]]; then\n' + body + "fi\n\n")

@@ -22,12 +22,12 @@ same key names (torchtitan/config/configs.py in 0.3.0, config/job_config.py in 0
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
+from autotune.emit.quote import bash_word, toml_str
 from autotune.errors import SpecError
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, normalized
 
@@ -128,6 +128,16 @@ def map_plan(inp: EmitInput, fmt: str) -> Mapping:
     warnings += _schedule_warnings(plan)
     keys += _data_parallel(plan, fmt, notes, warnings)
     keys.append(("parallelism", "tensor_parallel_degree", plan.tp))
+    # torch.compile fuses the norms, RoPE, SwiGLU and residual adds the cost model's fused kernels assume;
+    # without it (--unfused) they run as PyTorch's eager chains
+    keys.append(("compile", "enable", job.fused_kernels))
+    if plan.tp_overlap and not job.fused_kernels:
+        warnings.append("tp_overlap: torchtitan's async TP needs torch.compile, which --unfused turns off; emitted "
+                        "without async TP")
+    elif plan.tp_overlap and fmt == "cli":  # 0.3.x: async TP lives under compile
+        keys.append(("compile", "enable_async_tensor_parallel", True))
+    elif plan.tp_overlap:
+        keys.append(("parallelism", "enable_async_tensor_parallel", True))
     if plan.tp > 1 and fmt == "cli":
         keys.append(("parallelism", "enable_sequence_parallel", plan.sequence_parallel))
     elif plan.tp > 1 and not plan.sequence_parallel:
@@ -292,11 +302,16 @@ def _script(inp: EmitInput, m: Mapping, overrides: list[str]) -> str:
         "flags after the script's name are passed on before the activation-checkpoint subcommand."]
     flags, subcommand = overrides[:-1], overrides[-1]
     return ("#!/usr/bin/env bash\n" + commented(head) + commented(list(m.notes)) + "set -euo pipefail\n\n"
-            "OVERRIDES=(\n" + "".join(f"  {o}\n" for o in flags) + ")\n\n"
+            "OVERRIDES=(\n" + "".join(f"  {_words(o)}\n" for o in flags) + ")\n\n"
             f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --node-rank \"${{NODE_RANK:-0}}\" \\\n"
             "  --rdzv-backend c10d --rdzv-endpoint \"${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}\" \\\n"
             f"  -m torchtitan.train --module \"${{TT_MODULE:-llama3}}\" --config {config} \\\n"
-            f"  \"${{OVERRIDES[@]}}\" \"$@\" {subcommand}\n")
+            f"  \"${{OVERRIDES[@]}}\" \"$@\" {_words(subcommand)}\n")
+
+
+def _words(override: str) -> str:
+    """An override (a flag and its space-separated values) as bash words, each quoted."""
+    return " ".join(bash_word(word) for word in override.split(" "))
 
 
 # ---------------------------------------------------------------- 0.2.x: TOML
@@ -309,7 +324,7 @@ def _toml_value(value: object) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic strings
+        return toml_str(value)
     assert isinstance(value, list), value
     if value and isinstance(value[0], list):
         return "[\n" + "".join(f"    {_toml_value(v)},\n" for v in value) + "]"
@@ -323,18 +338,18 @@ def _toml(inp: EmitInput, m: Mapping) -> str:
     head = header_lines(inp, "torchtitan", TARGET["toml"]) + [
         f"run: torchrun --nnodes {nodes} --nproc-per-node {per_node} -m torchtitan.train "
         "--job.config_file torchtitan.toml"]
-    sections: dict[str, list[str]] = {"job": [], "model": [], "training": [], "parallelism": [],
+    sections: dict[str, list[str]] = {"job": [], "model": [], "training": [], "parallelism": [], "compile": [],
                                       "activation_checkpoint": []}
     sections["job"].append(_toml_line("description", f"autotune plan for {inp.model.name}: tp {plan.tp}, pp "
                                       f"{plan.pp}, dp {plan.dp}, cp {plan.cp}"))
     if not registry:
         shape = _shape(inp, "toml")
-        sections["model"].append(f"# not a torchtitan flavor: add one to llama3_args with {shape}")
+        sections["model"].append(commented([f"not a torchtitan flavor: add one to llama3_args with {shape}"])[:-1])
     sections["model"] += [_toml_line("name", "llama3"), _toml_line("flavor", registry[1] if registry else
                                                                     inp.model.name)]
     if inp.job.dtype == "fp8":
         sections["model"].append(_toml_line("converters", ["quantize.linear.float8"]))
-    sections["parallelism"] += [f"# {n}" for n in m.notes]
+    sections["parallelism"] += [commented([n])[:-1] for n in m.notes]
     for section, key, value in m.keys:
         sections[section].append(_toml_line(key, value))
     sections["activation_checkpoint"].append(_toml_line("mode", m.ac_mode))

@@ -7,17 +7,18 @@ prunes the optimum and breaks the proof.
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
 
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.schedules import pipeline_lower_bound
-from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params, vocab_parallel_comm,
-                                       vocab_placement, zero3_exposed)
+from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params, state_bytes,
+                                       vocab_parallel_comm, vocab_placement, zero3_exposed)
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunks, shell_plan, smallest_stage_params,
-                                    sync_collectives, tied_sync_seconds)
+                                    sync_collectives, tied_sync_seconds, window_s)
 
 
 def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s: float = 0.0,
@@ -32,9 +33,9 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     `t_max_floor` is a bound on t_max found elsewhere (the memory-capped water level, see stage_time_floor),
     `pipe_floor` one on the pipeline time (pivot_path_floor).
     `memo` (one dict per search) keeps the sync bound, shared by every candidate with the same layer, data
-    and pipeline degrees."""
+    and pipeline degrees, schedule and vocabulary placement (which decide the smallest stage)."""
     L = cm.model.num_layers
-    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
+    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
     tokens = c.mbs * cm.job.seq_len // c.cp
     p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp, tokens=tokens,
                       hidden=cm.model.hidden_size)
@@ -43,9 +44,9 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     fixed, vocab_params = _fixed_terms(cm, c, layer, vocab, p2p, tokens)
     total_params = L * layer.params + vocab_params
     smallest = smallest_stage_params(c, layer, vocab, L)
-    if c.zero >= 3:  # pp == 1: one stage holds everything
+    if c.zero >= 2:  # pp == 1: one stage holds everything
         extra = zero3_exposed(shell_plan(c), cm.hw, total_params, stage_fwd_s(L, layer, vocab, first=True, last=True),
-                              stage_bwd_s(L, layer, vocab, first=True, last=True))
+                              stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2)
         fixed = tuple(x + extra for x in fixed)
     fixed_sum, fixed_max, fixed_min, fixed_last = fixed
     work = L * per_layer + fixed_sum + forced_s
@@ -59,7 +60,7 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
                 _vocab_path_share(vocab))
     pipe = max(pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, c.pp, t_max, t_last, work, share),
                pipe_floor)
-    key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.dp, c.zero, c.pp, c.vpp)
+    key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.dp, c.zero, c.pp, c.vpp, c.schedule, c.vocab)
     if memo is None or key not in memo:
         sync = _sync_bound(cm, c, buckets, layer, vocab, smallest)
         if memo is not None:
@@ -199,26 +200,25 @@ def stage_time_floor(cc: CandidateCosts, num_layers: int) -> float:
     if a <= 0:
         return max(p[0] for p in pieces)
 
-    def held(level: float) -> int:
-        total = 0
-        for fixed, cap_base, cap_full, room, alpha, sigma in pieces:
-            if level < fixed:
-                continue
-            n = (level - fixed) / a
-            if n > cap_base:
-                n = cap_base if sigma <= 0 else min(cap_full, (level - fixed + d * room / sigma) / (a + d * alpha / sigma))
-            total += min(cap_full, math.floor(n + 1e-9))
-        return total
+    def level(piece: tuple, j: int) -> float:
+        """The level at which the stage holds j chunks (floor(n_i(T) + 1e-9) >= j), inf if it never does."""
+        fixed, cap_base, cap_full, room, alpha, sigma = piece
+        if j > cap_full:
+            return math.inf
+        if j <= cap_base + 1e-9:
+            return fixed + (j - 1e-9) * a
+        return math.inf if sigma <= 0 else fixed + (j - 1e-9) * (a + d * alpha / sigma) - d * room / sigma
 
-    lo, hi = max(p[0] for p in pieces) - a, max(p[0] for p in pieces) + (a + d) * need
-    lo = max(lo, 0.0)
-    for _ in range(64):  # bisection on the level; 64 halvings reach float precision
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if held(mid) < need else (lo, mid)
-    return lo
+    # the need-th smallest of the levels at which each stage takes one more chunk (each stage's are increasing)
+    heap = [(level(piece, 1), i, 1) for i, piece in enumerate(pieces)]
+    heapq.heapify(heap)
+    for _ in range(need):
+        top, i, j = heapq.heappop(heap)
+        heapq.heappush(heap, (level(pieces[i], j + 1), i, j + 1))
+    return max(top * (1 - 1e-12), max(p[0] for p in pieces) - a, 0.0)
 
 
-def pivot_path_floor(cc: CandidateCosts, num_layers: int) -> float:
+def pivot_path_floor(cc: CandidateCosts, num_layers: int, *, with_step: bool = False) -> float:
     """The least, over every partition within the memory caps, of the longest pivot path (exactly).
 
     Rank k's pivot path is the first micro-batch's forward down to k, every pass of k, and (1F1B, interleaved)
@@ -227,7 +227,16 @@ def pivot_path_floor(cc: CandidateCosts, num_layers: int) -> float:
     recomputation, c_k: the rank's fixed terms), a dynamic program over ranks and chunks used finds the
     partition minimizing the largest of them (numpy, O(p * chunks^2)). Every path is a lower bound on the
     pipeline time, so this is one too; it is tight for balanced 1F1B pipelines, where the bubble is exactly
-    that of the path through the last rank."""
+    that of the path through the last rank. ZB-H1's rank k also has the path that leaves after its last B (its
+    k deferred W passes and one more come after it), having come down the F and B chains of the ranks before
+    it, and then runs rank 0's last W (search/partition.py, _pivot_paths): m*t_k - min(k+1, m)*W_k +
+    sum_{i<k} (F_i + B_i) + W_0, exact for equal stages (with m <= k every W of rank k comes after its last B).
+
+    with_step: each rank's paths also carry what its stage alone adds to the step (_sync_and_adam). The
+    exposed sync and the Adam step are each the largest over the stages, so the step time is at least
+    max_k(path_k + sync_k + adam_k) + the tied-embedding sync, which this then returns: the pipeline and the
+    sync bounded together, as the CP-SAT relaxation sees them (a balanced pipeline leaves stage 0 most of its
+    gradients to reduce with no earlier stage's window to hide them)."""
     c = cc.cand
     v = c.vpp
     m = c.num_microbatches
@@ -237,23 +246,56 @@ def pivot_path_floor(cc: CandidateCosts, num_layers: int) -> float:
     total = num_layers // v
     best = np.full(total + 1, np.inf)
     best[0] = 0.0
-    prefix = 0.0  # fixed time of the ranks before k
-    used = np.arange(total + 1)
+    prefix = prefix_fb = w_first = 0.0  # fixed time (all passes; F and B) of the ranks before k; rank 0's W
+    ranges = [chunk_range(cc, k, num_layers) for k in range(c.pp)]
+    if any(lo > hi for lo, hi in ranges):
+        return math.inf
+    rest = np.cumsum([lo for lo, _ in ranges][::-1])[::-1]  # fewest chunks the ranks from k on need
+    windows = {"bwd": 0.0, "fwd": 0.0}  # fixed windows of the ranks before k, for with_step
     for k, s in enumerate(cc.stages):
-        lo, hi = chunk_range(cc, k, num_layers)
-        if lo > hi:
-            return math.inf
+        lo, hi = ranges[k]
         n = np.arange(lo, hi + 1)
+        used = np.flatnonzero(np.isfinite(best))  # the chunk counts the ranks before k can have used
         # value[u, j]: the largest pivot so far after giving n[j] chunks to rank k having used u before it
         pivot = m * (n[None, :] * a + s.time_s) + r * (used[:, None] * a + prefix)
-        value = np.maximum(best[:, None], pivot)
+        if c.schedule == "zb-h1":
+            f_fix, b_fix, w_fix = s.chunk_fixed[0]
+            drain = m * (n * a + s.time_s) - min(k + 1, m) * (n * v * w_l + w_fix)
+            pivot = np.maximum(pivot, drain[None, :] + used[:, None] * v * (f_l + b_l) + prefix_fb + w_first)
+            prefix_fb += f_fix + b_fix
+            w_first = lo * v * w_l + w_fix if k == 0 else w_first
+        if with_step:
+            pivot = pivot + _sync_and_adam(cc, k, n, used, windows)
+        value = np.maximum(best[used][:, None], pivot)
         nxt = np.full(total + 1, np.inf)
         target = used[:, None] + n[None, :]
-        ok = target <= total
+        ok = target <= total - (rest[k + 1] if k + 1 < c.pp else 0)  # leave the later ranks their fewest
         np.minimum.at(nxt, target[ok], value[ok])
         best = nxt
         prefix += s.time_s
-    return float(best[total])
+    return float(best[total]) + (cc.tied_sync_s if with_step else 0.0)
+
+
+def _sync_and_adam(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, windows: dict[str, float]
+                   ) -> np.ndarray:
+    """[u, j]: what stage k holding n[j] chunks after used[u] on the ranks before it adds to the step at the
+    least: its exposed data-parallel syncs (the fluid terms of partition._dp_sync: its buckets' communication
+    less its own window and the windows of the stages before it), at the bucket that hides the most, and its
+    Adam step. `windows` holds the fixed windows of the ranks before k and takes stage k's."""
+    c, s = cc.cand, cc.stages[k]
+    v, lp = c.vpp, cc.layer.params
+    exposed: np.ndarray | float = 0.0
+    for b, bucket in enumerate(cc.buckets if cc.syncs else ()):
+        total: np.ndarray | float = 0.0
+        for sync in cc.syncs:
+            per_param = sync.per_bucket[b] / bucket
+            window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
+            own = n * v * (lp * per_param - window) + s.vocab_params * per_param - window_s(cc, k, 0, sync.window)
+            total = total + np.maximum(0.0, own[None, :] - (used * v * window + windows[sync.window])[:, None])
+        exposed = total if b == 0 else np.minimum(exposed, total)
+    for name in windows:
+        windows[name] += window_s(cc, k, 0, name)
+    return exposed + ((n * v * lp + s.vocab_params) * cc.adam_s_per_param)[None, :]
 
 
 def _pivot_share(cc: CandidateCosts) -> float:
@@ -270,3 +312,36 @@ def _pivot_share(cc: CandidateCosts) -> float:
         shares += [fb[0] / sum(fb) for s in cc.stages for fb in s.chunk_fixed if sum(fb) > 0]
         return min(shares)
     return 1.0
+
+
+def coarse_bound(cm: CostModel, c: Candidate, memo: dict) -> tuple[float, bool]:
+    """(A step time no partition of c can beat, whether c may fit), from cached per-layer costs alone: the
+    planner computes it for every candidate, and quick_bound only for those it does not prune.
+
+    quick_bound without the terms that need the stages: every layer at the cheapest recomputation c allows,
+    no vocabulary, point-to-point or sync time; the stage with the most chunks (at least ceil(chunks/p)) sets
+    t_max, the pipeline bound follows (schedules.pipeline_lower_bound), and the optimizer step of the largest
+    stage updates at least the average stage's layers. c cannot fit when that fullest stage cannot hold its
+    layers' weights, gradients and optimizer states and one micro-batch of their activations at the most
+    recomputation allowed. `memo` (one dict per search) keeps the per-layer terms."""
+    key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.base, c.full_max > 0, c.zero, c.dp)
+    terms = memo.get(key)
+    if terms is None:
+        layer = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap)
+        per_layer = layer.time(c.base)  # full_min > 0 recomputes only some layers of each chunk in full
+        shards = c.dp * c.cp
+        state = sum(state_bytes(layer.params, c.zero, shards, cm.job.grad_bytes))
+        act = min(layer.act.full, layer.act.get(c.base)) if c.full_max > 0 else layer.act.get(c.base)
+        adam = layer.params * ADAM_STEP_BYTES / (shards if c.zero >= 1 else 1) / (cm.hw.hbm_bandwidth
+                                                                                 * cm.hw.efficiency.memory)
+        share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
+                    _vocab_path_share(cm.vocab(c.tp, c.cp, c.mbs, c.sp)))  # as in quick_bound
+        memo[key] = terms = (per_layer, state, act, adam, share)
+    per_layer, state, act, adam, share = terms
+    L = cm.model.num_layers
+    fullest = -(-(L // c.vpp) // c.pp)  # chunks on the stage with the most
+    fits = fullest * (c.vpp * state + act) <= cm.hw.usable_memory_bytes
+    work = L * per_layer
+    t_max = max(work / c.pp, c.vpp * fullest * per_layer)
+    pipe = pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, c.pp, t_max, 0.0, work, share)
+    return pipe + adam * L / c.pp, fits

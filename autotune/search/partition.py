@@ -13,24 +13,32 @@ its critical path is longer than `pipe`, add that path and solve again. Each add
 bound for every partition, so when the solution's own critical path is already in the set, the solution is
 optimal for the exact (simulated) pipeline time. Each bucketed sync is max(one bucket, max_i
 (bytes_i/B)*c - window_i - slack_i), linear per bucket choice.
+
+Every solve is deterministic: one worker, a fixed seed, and work limits counted in conflicts and in CP-SAT's
+deterministic time (a measure of work done, the same on every machine), drawn from the search's Budget
+(search/budget.py). The wall clock never reaches CP-SAT: it is read between solves, only to stop a search as
+a safety net, and the search then says so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
-from ortools.sat.python import cp_model
+from typing import TYPE_CHECKING
 
 from autotune.costmodel.pipeline import SPLIT_BACKWARD, critical_path
+from autotune.search.budget import SOLVE_WORK, Budget
 from autotune.search.tables import CandidateCosts, chunk_range, window_s
 from autotune.units import to_solver_time
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 
 @dataclass(frozen=True, slots=True)
 class PartitionResult:
     status: str
-    """OPTIMAL, FEASIBLE, INFEASIBLE (nothing fits, or nothing beats the cutoff), UNKNOWN (time limit) or
-    RELAXED (exact=False: the relaxation is solved, `bound` holds, the plan may not be the optimum)."""
+    """OPTIMAL, FEASIBLE, INFEASIBLE (nothing fits, or nothing beats the cutoff), UNKNOWN (work or time limit)
+    or RELAXED (exact=False: the relaxation is solved, `bound` holds, the plan may not be the optimum)."""
     layers: tuple[int, ...] = ()
     recompute_layers: int = 0
     bucket: int = 0
@@ -43,18 +51,28 @@ class PartitionResult:
     """A proven lower bound on the candidate's objective (0: none)."""
 
 
-_STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE", cp_model.INFEASIBLE: "INFEASIBLE",
-           cp_model.UNKNOWN: "UNKNOWN", cp_model.MODEL_INVALID: "MODEL_INVALID"}
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """A complete solution to start from (the planner's even or balanced split)."""
+
+    chunks: tuple[int, ...]
+    """k_i: chunks' worth of layers per stage."""
+    recompute_layers: int
+    bucket: int
 
 
-def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float, cutoff: int | None = None,
-                    pinned: tuple[int, ...] | None = None, exact: bool = True) -> PartitionResult:
+def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | None = None, cutoff: int | None = None,
+                    pinned: tuple[int, ...] | None = None, exact: bool = True, hint: Hint | None = None
+                    ) -> PartitionResult:
     """Solve one candidate. With `cutoff` (scaled objective), only strictly better plans are feasible.
 
     With exact=False, solve only the relaxation with the pivot paths (one CP-SAT solve): the result's `bound`
     is a lower bound on the candidate's optimum and its plan is timed exactly (status OPTIMAL when its own
     critical path was already in the relaxation, RELAXED when the two differ); the planner runs the full
-    loop only for candidates whose bound stays promising."""
+    loop only for candidates whose bound stays promising. `hint`: a solution the first solve starts from."""
+    from ortools.sat.python import cp_model  # imported here: it costs most of autotune's start-up
+
+    budget = Budget() if budget is None else budget
     model = cp_model.CpModel()
     chunks, ranges = _chunk_vars(model, cc, num_layers, pinned)
     if chunks is None:
@@ -70,10 +88,12 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
     if cutoff is not None:
         model.Add(objective < cutoff)
     model.Minimize(objective)
+    if hint is not None:
+        _add_hint(model, cc, hint, chunks, r, choice)
     best: PartitionResult | None = None
     proven = False
-    while time_limit_s > 0:
-        found, time_limit_s = _solve(model, objective, pipe, cc, chunks, r, choice, time_limit_s)
+    while not budget.exhausted:
+        found = _solve(model, objective, pipe, cc, chunks, r, choice, budget)
         if found is None or found.status == "INFEASIBLE":  # nothing (else) beats the cutoff or the best so far
             proven = found is not None
             break
@@ -97,26 +117,37 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, time_limit_s: float,
     return replace(best, status="OPTIMAL" if proven else "FEASIBLE", bound=best.objective if proven else 0)
 
 
-def _solve(model, objective, pipe, cc: CandidateCosts, chunks, r, choice, time_limit_s: float):
-    """One solve of the current model with the strategy fallbacks; (result or None, time left). The attempts
+def _add_hint(model, cc: CandidateCosts, hint: Hint, chunks, r, choice) -> None:
+    """Start the first solve from the hint's partition, recomputation and bucket (CP-SAT repairs a hint that
+    the cutoff makes infeasible)."""
+    for var, value in zip(chunks, hint.chunks):
+        model.AddHint(var, value)
+    if r is not None:
+        model.AddHint(r, hint.recompute_layers)
+    for y, bucket in zip(choice, cc.buckets):
+        model.AddHint(y, int(bucket == hint.bucket))
+
+
+def _solve(model, objective, pipe, cc: CandidateCosts, chunks, r, choice, budget: Budget) -> PartitionResult | None:
+    """One solve of the current model with the strategy fallbacks; the result or None. The attempts
     run on a copy: "improve on the last attempt" holds for this relaxation only, and must not survive into
     the next round of the critical-path loop, whose cuts raise the objective of the same partitions."""
     trial = model.Clone()
     found: PartitionResult | None = None
-    for branching, budget in _ATTEMPTS:
-        solver = _solver(branching, budget, time_limit_s)
-        status = _STATUS.get(solver.Solve(trial), "UNKNOWN")
-        time_limit_s -= solver.WallTime()
+    for branching, conflicts in _ATTEMPTS:
+        solver = _solver(branching, conflicts, budget)
+        status = solver.StatusName(solver.Solve(trial))
+        budget.spend(solver.deterministic_time)
         if status in ("OPTIMAL", "FEASIBLE"):
             found = _read(solver, cc, chunks, r, choice, status, pipe)
             if status == "OPTIMAL":
-                return found, time_limit_s
+                return found
             trial.Add(objective < found.objective)  # the next attempt must improve on it, or prove it optimal
         elif status == "INFEASIBLE":
-            return (PartitionResult("INFEASIBLE") if found is None else replace(found, status="OPTIMAL")), time_limit_s
-        if time_limit_s <= 0:
+            return PartitionResult("INFEASIBLE") if found is None else replace(found, status="OPTIMAL")
+        if budget.exhausted:
             break
-    return found, time_limit_s
+    return found
 
 
 Coefficients = tuple[tuple[tuple[tuple[int, int, int], ...], ...], tuple[int, int, int, int]]
@@ -178,9 +209,9 @@ def _pivot_paths(model: cp_model.CpModel, cc: CandidateCosts, pipe, durations: C
     for k in range(c.pp):
         own = sum(dur(k, chunk, kind) for chunk in range(v) for kind in kinds)
         model.Add(pipe >= m * own + before)
-        if c.schedule == "zb-h1" and m > k:
+        if c.schedule == "zb-h1":  # its W passes after its last B: k deferred and the last one (all if m <= k)
             extra = dur(0, 0, "W") if k > 0 else 0
-            model.Add(pipe >= m * own - (k + 1) * dur(k, 0, "W") + before_drain + extra)
+            model.Add(pipe >= m * own - min(k + 1, m) * dur(k, 0, "W") + before_drain + extra)
         if k == c.pp - 1:
             break
         step = dur(k, 0, "F") + (dur(k, 0, "B") if both_chains else 0)
@@ -211,29 +242,32 @@ def _pipe_upper(cc: CandidateCosts, num_layers: int) -> int:
     return c.num_microbatches * per_mb + 1
 
 
-#: Search strategies tried in turn, each with a budget of conflicts (deterministic, unlike seconds; None:
-#: no budget but the time limit). CP-SAT's default search proves most partitions in milliseconds but can
-#: crawl along the objective when full recompute makes the LP relaxation weak; fixed-order and LP-guided
-#: branching finish those at once.
-_ATTEMPTS = ((cp_model.AUTOMATIC_SEARCH, 5_000), (cp_model.FIXED_SEARCH, 20_000), (cp_model.LP_SEARCH, 20_000),
-             (cp_model.AUTOMATIC_SEARCH, None))
+#: Search strategies tried in turn, each with a budget of conflicts (None: only the deterministic-time cap,
+#: SOLVE_WORK). CP-SAT's default search proves most partitions in milliseconds but can crawl along the
+#: objective when full recompute makes the LP relaxation weak; fixed-order and LP-guided branching finish
+#: those at once.
+_ATTEMPTS = (("AUTOMATIC_SEARCH", 5_000), ("FIXED_SEARCH", 20_000), ("LP_SEARCH", 20_000), ("AUTOMATIC_SEARCH", None))
 
 
-def _solver(branching, budget: int | None, time_limit_s: float) -> cp_model.CpSolver:
+def _solver(branching: str, conflicts: int | None, budget: Budget):
+    from ortools.sat.python import cp_model
+
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1  # deterministic, and the machine has two cores
     solver.parameters.random_seed = 0
     # Level 2 puts the bucket-enforced sync constraints into the LP relaxation; without it the objective
     # bound stays weak and CP-SAT can stall on even a 2-stage model.
     solver.parameters.linearization_level = 2
-    solver.parameters.search_branching = branching
-    if budget is not None:
-        solver.parameters.max_number_of_conflicts = budget
-    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.001)
+    solver.parameters.search_branching = getattr(cp_model, branching)
+    if conflicts is not None:
+        solver.parameters.max_number_of_conflicts = conflicts
+    solver.parameters.max_deterministic_time = max(min(SOLVE_WORK, budget.work), 0.0)
+    # No wall-clock limit reaches CP-SAT, so that nothing it does depends on the machine: the clock is read
+    # between solves (Budget.exhausted), and the safety net may overrun by one solve of at most SOLVE_WORK.
     return solver
 
 
-def _read(solver: cp_model.CpSolver, cc: CandidateCosts, chunks, r, choice, status: str, pipe) -> PartitionResult:
+def _read(solver, cc: CandidateCosts, chunks, r, choice, status: str, pipe) -> PartitionResult:
     v = cc.cand.vpp
     k_vals = tuple(solver.Value(k) for k in chunks)
     layers = tuple(v * k for k in k_vals)

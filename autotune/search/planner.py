@@ -1,14 +1,28 @@
 """The planner: enumerate outer candidates, bound them, and let CP-SAT solve the survivors' partitions.
 
-Branch and bound over candidates. Each candidate gets an O(1) lower bound on its step time (work spread
-perfectly over the stages). Candidates are visited in order of their bound from a heap; on its first visit a
-candidate gets its per-stage terms, a necessary memory check and a refined bound (the recomputation memory
-forces and the pivot paths of the schedule allow) and goes back on the heap; on its second CP-SAT solves the
-relaxation of its partition problem (the pivot paths only) with the best step time so far as a cutoff, so the
-solver only has to prove "nothing better here"; a candidate whose relaxed plan is not exact goes back with the
-relaxation's bound and, if it is still the most promising, gets the exact loop (search/partition.py). When the
-smallest bound left reaches the best plan, every remaining candidate is pruned. If every solve ended OPTIMAL
-or INFEASIBLE, the best plan is optimal over the whole space under the cost model (the simulated step time).
+Branch and bound over candidates, visited in order of a lower bound on their step time from a heap. Each
+visit sharpens the candidate's bound and puts it back, so work goes only to the most promising one left:
+1. every candidate starts with a coarse bound from its per-layer costs and a necessary memory check
+   (bounds.coarse_bound, microseconds each);
+2. first visit: quick_bound (the work spread perfectly over the stages, the syncs, Adam);
+3. second visit: its per-stage terms, the memory check of its stage ranges and a refined bound (the
+   recomputation memory forces, the memory-capped stage time, the pivot paths of the schedule);
+4. with data-parallel syncs, a third visit: the pivot paths again, each with what its stage's sync and Adam
+   step add (bounds.pivot_path_floor with_step: the pipeline and the sync bounded together);
+5. next visit: its even and balanced splits are timed by the cost model (search/baseline.py). The faster
+   is the candidate's incumbent: when it reaches the bound the candidate is solved without CP-SAT; otherwise
+   CP-SAT solves the relaxation of its partition problem (pivot paths only) from that hint, with the best
+   step time known so far (never above the incumbent) as a cutoff, so the solver only has to prove "nothing
+   better here"; a candidate whose relaxed plan is not exact goes back with the relaxation's bound and, if it
+   is still the most promising, gets the exact loop (search/partition.py).
+When the smallest bound left reaches the best plan known, every remaining candidate is pruned. If every solve
+ended OPTIMAL or INFEASIBLE, the best plan is optimal over the whole space under the cost model.
+
+The answer depends only on the inputs: the order of visits and every bound are pure functions of them, and
+CP-SAT runs one worker with a fixed seed under a deterministic work budget shared by the whole search
+(search/budget.py). When that budget runs out the search returns the best plan known, deterministically. The
+wall-clock --time-limit is a safety net only: if it strikes, the result says so (`limit`). Either way no
+returned plan is slower than the even split of its own candidate.
 """
 
 from __future__ import annotations
@@ -21,26 +35,31 @@ from dataclasses import dataclass
 
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
-from autotune.search.partition import solve_partition
+from autotune.search.baseline import baseline_plans
+from autotune.search.bounds import (coarse_bound, forced_recompute_s, memory_possible, pivot_path_floor,
+                                    quick_bound, stage_time_floor)
+from autotune.search.budget import Budget
+from autotune.search.losers import RunnerUp, empty_space_message, infeasible_message, memory_losers
+from autotune.search.partition import Hint, solve_partition
 from autotune.search.space import Candidate, SearchSpace, enumerate_candidates
-from autotune.search.bounds import (forced_recompute_s, memory_possible, pivot_path_floor, quick_bound,
-                                    stage_time_floor)
-from autotune.search.tables import candidate_costs, to_plan
-from autotune.search.validate import memory_summary, validate_plan
+from autotune.search.tables import CandidateCosts, candidate_costs, to_plan
+from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import even_split
 from autotune.specs.profile import Profile
-from autotune.units import SOLVER_TIME_UNIT_S, gib
+from autotune.units import SOLVER_TIME_UNIT_S
 
+#: CP-SAT deterministic time one search may spend (search/budget.py), what stops an unfinished search: three
+#: times what the hardest case of the README needs (llama3-70b on 16384 GPUs with 16 micro-batches, about 10),
+#: and a few minutes of one core. An unfinished search returns its best plan, the same on every machine.
+DEFAULT_WORK_LIMIT = 30.0
+#: The wall-clock safety net (--time-limit): well past what DEFAULT_WORK_LIMIT takes on a slow, busy core,
+#: so that the work limit, not the machine, decides what is returned.
+DEFAULT_TIME_LIMIT_S = 600.0
 
-@dataclass(frozen=True, slots=True)
-class RunnerUp:
-    """A plan that lost, and why."""
-
-    estimate: Estimate
-    reason: str
+COARSE, QUICK, REFINED, JOINT, EXACT = range(5)
+"""How far a heap entry's bound has been sharpened (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,26 +67,46 @@ class SearchStats:
     candidates: int
     """Outer candidates enumerated."""
     pruned_bound: int
-    """Dropped because their lower bound could not beat the plans already found."""
+    """Dropped because their lower bound could not beat the plans already found, or settled without CP-SAT
+    because their even or balanced split reached their bound."""
     pruned_memory: int
     """Dropped because no partition can fit in memory (necessary-condition check)."""
     solved: int
     """CP-SAT solves run."""
     wall_s: float
+    work: float = 0.0
+    """CP-SAT deterministic time spent (the same on every machine)."""
 
 
 @dataclass(frozen=True, slots=True)
 class PlanResult:
     best: Estimate
     status: str
-    """OPTIMAL (proven over the whole space) or FEASIBLE (time limit hit first)."""
+    """OPTIMAL (proven over the whole space) or FEASIBLE (a limit struck first)."""
     gap: float
     """Relative gap between the best plan and the smallest bound left unexplored (0 when OPTIMAL)."""
     runners_up: tuple[RunnerUp, ...]
     stats: SearchStats
+    limit: str = ""
+    """What stopped the search early: '' (nothing), 'work' (the deterministic work limit: the same answer on
+    every machine) or 'time' (the wall-clock --time-limit: the answer may depend on the machine)."""
 
 
-Progress = Callable[[int, int], None]
+@dataclass(frozen=True, slots=True)
+class SearchProgress:
+    """Where a search stands, for a progress bar."""
+
+    candidates: int
+    solves: int
+    """CP-SAT solves so far."""
+    best_s: float
+    """Step time of the best plan known (inf: none yet)."""
+    bound_s: float
+    """The smallest lower bound left: the search ends when it reaches best_s."""
+
+
+Progress = Callable[[SearchProgress], None]
+"""Called before each CP-SAT solve and every few hundred candidates visited."""
 
 
 def candidate_key(c: Candidate) -> tuple:
@@ -77,127 +116,207 @@ def candidate_key(c: Candidate) -> tuple:
 
 
 def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int = 3,
-           time_limit_s: float = 60.0, progress: Progress | None = None, profile: Profile | None = None) -> PlanResult:
+           time_limit_s: float = DEFAULT_TIME_LIMIT_S, work_limit: float = DEFAULT_WORK_LIMIT,
+           progress: Progress | None = None, profile: Profile | None = None) -> PlanResult:
     """Find the fastest plan that fits, and prove it optimal (raises InfeasibleError / SolverLimitError).
+    `work_limit`: CP-SAT deterministic time for the whole search; `time_limit_s`: the wall-clock safety net;
     `profile`: measured op and link costs for the cost model (costmodel/measured.py)."""
     if not time_limit_s > 0:  # also rejects NaN
         raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
+    if not work_limit > 0:
+        raise SpecError(f"--work-limit must be > 0, got {work_limit}")
     if gpus <= 0:
         raise SpecError(f"--gpus must be > 0, got {gpus}")
     if top_k < 0:
         raise SpecError(f"--top must be >= 0, got {top_k}")
     start = time.perf_counter()
+    budget = Budget.from_limits(work_limit, time_limit_s)
     cm = CostModel(model, hw, job, profile)
-    L = model.num_layers
     cands = list(enumerate_candidates(model, job, gpus, hw.gpus_per_node, space))
     if not cands:
-        raise InfeasibleError(_empty_space_message(gpus, space, hw))
-    memo: dict = {}  # sync bounds shared between candidates of this search
-    # (bound, index, costs, exact): costs None = not visited; exact False = the relaxation comes first
-    heap = [(quick_bound(cm, c, space.buckets, memo=memo), idx, None, False) for idx, c in enumerate(cands)]
-    heapq.heapify(heap)
-    found: dict[tuple, Estimate] = {}
-    too_big: list[tuple[float, int]] = []
-    solved = 0
-    open_bound = math.inf  # the smallest bound of a candidate left without proof
-    while heap:
-        lb, idx, cc, exact = heap[0]
-        threshold = _best_so_far(found)
-        if lb >= threshold:
-            break
-        heapq.heappop(heap)
-        if cc is None:  # first visit: per-stage terms, memory check, refined bound
-            cc = candidate_costs(cm, cands[idx], space.buckets)
-            if not memory_possible(cc, L):
-                too_big.append((lb, idx))
-                continue
-            refined = quick_bound(cm, cands[idx], space.buckets, forced_recompute_s(cc, L), stage_time_floor(cc, L),
-                                  memo=memo, pipe_floor=pivot_path_floor(cc, L))
-            heapq.heappush(heap, (max(lb, refined), idx, cc, False))
-            continue
-        key = candidate_key(cc.cand)
-        if key in found and found[key].step_time_s <= lb:
-            continue  # this strategy already has a plan no better variant of it could beat
-        remaining = time_limit_s - (time.perf_counter() - start)
-        if remaining <= 0:
-            open_bound = min(open_bound, lb)
-            break
-        if progress:
-            progress(solved + 1, len(cands))
-        res = solve_partition(cc, L, time_limit_s=remaining, cutoff=_cutoff(threshold, cc.cand),
-                              pinned=space.layers_per_stage, exact=exact)
-        solved += 1
+        raise InfeasibleError(empty_space_message(gpus, space, hw))
+    run = _Search(cm, cands, space, gpus, budget)
+    run.prove(progress)
+    if run.best is not None and run.open_bound == math.inf:
+        run.runners_up(top_k)
+    return run.result(top_k, time.perf_counter() - start, time_limit_s)
+
+
+class _Search:
+    """The state of one search: the heap of candidates, the plans found, what is left unproven."""
+
+    def __init__(self, cm: CostModel, cands: list[Candidate], space: SearchSpace, gpus: int, budget: Budget) -> None:
+        self.cm, self.cands, self.space, self.gpus, self.budget = cm, cands, space, gpus, budget
+        self.L = cm.model.num_layers
+        self.memo: dict = {}  # sync bounds shared between candidates of this search
+        coarse_memo: dict = {}
+        coarse = [coarse_bound(cm, c, coarse_memo) for c in cands]
+        self.may_fit = [fits for _, fits in coarse]
+        # (bound, index, level, costs): the index breaks ties, so the order never reaches the costs
+        self.heap: list[tuple[float, int, int, CandidateCosts | None]] = [
+            (lb, idx, COARSE, None) for idx, (lb, _) in enumerate(coarse)]
+        heapq.heapify(self.heap)
+        self.found: dict[tuple, Estimate] = {}
+        """Per strategy: the fastest plan met on the way (the solver's, or an even or balanced split)."""
+        self.best: Estimate | None = None
+        """The fastest plan of all."""
+        self.own: dict[int, tuple[Estimate, Hint]] = {}
+        """Per candidate: the fastest complete plan known for it, and the same as a hint for its solves."""
+        self.too_big: list[tuple[float, int]] = []
+        self.solved = 0
+        self.open_bound = math.inf  # the smallest bound of a candidate left without proof
+
+    def threshold(self) -> float:
+        """Step time a candidate must beat to matter: the best plan known."""
+        return math.inf if self.best is None else self.best.step_time_s
+
+    def prove(self, progress: Progress | None) -> None:
+        """Visit candidates in bound order until none left can beat the best plan, or a limit strikes."""
+        visits = 0
+        while self.heap:
+            lb, idx, level, cc = self.heap[0]
+            if lb >= self.threshold():
+                break
+            if self.best is not None and self.budget.exhausted:
+                self.open_bound = min(self.open_bound, lb)
+                break
+            heapq.heappop(self.heap)
+            visits += 1
+            if progress and (level >= REFINED or visits % 256 == 0):
+                progress(SearchProgress(len(self.cands), self.solved, self.threshold(), lb))
+            if level == COARSE:
+                self._sharpen(lb, idx)
+            elif level == QUICK:
+                self._refine(lb, idx)
+            elif level == REFINED and cc.syncs:
+                joint = pivot_path_floor(cc, self.L, with_step=True)
+                heapq.heappush(self.heap, (max(lb, joint), idx, JOINT, cc))
+            else:
+                if level < EXACT and self._baseline(lb, idx, cc):
+                    continue
+                self._solve(lb, idx, cc, exact=level == EXACT)
+
+    def _sharpen(self, lb: float, idx: int) -> None:
+        """First visit: the memory check of the coarse bound, then quick_bound."""
+        if not self.may_fit[idx]:
+            self.too_big.append((lb, idx))
+            return
+        bound = quick_bound(self.cm, self.cands[idx], self.space.buckets, memo=self.memo)
+        heapq.heappush(self.heap, (max(lb, bound), idx, QUICK, None))
+
+    def _refine(self, lb: float, idx: int) -> None:
+        """Second visit: per-stage terms, memory check of the stage ranges, refined bound."""
+        cc = candidate_costs(self.cm, self.cands[idx], self.space.buckets)
+        if not memory_possible(cc, self.L):
+            self.too_big.append((lb, idx))
+            return
+        refined = quick_bound(self.cm, cc.cand, self.space.buckets, forced_recompute_s(cc, self.L),
+                              stage_time_floor(cc, self.L), memo=self.memo, pipe_floor=pivot_path_floor(cc, self.L))
+        heapq.heappush(self.heap, (max(lb, refined), idx, REFINED, cc))
+
+    def _baseline(self, lb: float, idx: int, cc: CandidateCosts) -> bool:
+        """Before CP-SAT: time the even and balanced splits; True when the faster reaches the bound (the
+        candidate is then solved: no partition can beat it)."""
+        plans = baseline_plans(self.cm, cc, self.gpus, pinned=self.space.layers_per_stage,
+                               allow_idle=self.space.allow_idle, allow_cross_node_tp=self.space.allow_cross_node_tp)
+        if not plans:
+            return False
+        est, hint = plans[0]
+        self._offer(idx, est, hint)
+        return est.step_time_s <= lb
+
+    def _solve(self, lb: float, idx: int, cc: CandidateCosts, *, exact: bool) -> None:
+        """CP-SAT on the candidate's partition: the relaxation first, the exact loop when it comes back."""
+        if self.budget.exhausted:  # no plan known yet (else prove() stops): keep looking for one without CP-SAT
+            self.open_bound = min(self.open_bound, lb)
+            return
+        threshold = self.threshold()
+        own = self.own.get(idx)
+        res = solve_partition(cc, self.L, budget=self.budget, cutoff=_cutoff(threshold, cc.cand),
+                              pinned=self.space.layers_per_stage, exact=exact, hint=own[1] if own else None)
+        self.solved += 1
         if res.status == "RELAXED":  # back on the heap with the relaxation's bound, for the exact loop
-            heapq.heappush(heap, (max(lb, res.bound * SOLVER_TIME_UNIT_S), idx, cc, True))
+            heapq.heappush(self.heap, (max(lb, res.bound * SOLVER_TIME_UNIT_S), idx, EXACT, cc))
         if res.status in ("OPTIMAL", "FEASIBLE", "RELAXED"):
-            est = _validated(cm, cc, res, gpus, space)
-            if key not in found or est.step_time_s < found[key].step_time_s:
-                found[key] = est
+            self._offer(idx, self._validated(cc, res), Hint(res.chunk_values[0], res.recompute_layers, res.bucket))
         if res.status in ("FEASIBLE", "UNKNOWN"):
-            open_bound = min(open_bound, lb)
-    if found and open_bound == math.inf:
-        solved += _runners_up(cm, cands, heap, found, too_big, top_k, space, gpus, L,
-                              time_limit_s - (time.perf_counter() - start))
-    stats = SearchStats(len(cands), len(cands) - len(too_big) - solved, len(too_big), solved,
-                        time.perf_counter() - start)
-    ranked = sorted(found.values(), key=lambda e: (e.step_time_s, _plan_order(e)))
-    if not ranked:
-        if open_bound < math.inf:
-            raise SolverLimitError(f"no plan found within --time-limit {time_limit_s:g} s; raise it")
-        raise InfeasibleError(_infeasible_message(cm, [cands[i] for _, i in too_big] or cands, space))
-    best = ranked[0]
-    # Optimal when no candidate left without proof could beat the best (runners-up may then be incomplete).
-    status = "OPTIMAL" if open_bound >= best.step_time_s else "FEASIBLE"
-    gap = 0.0 if status == "OPTIMAL" else (best.step_time_s - open_bound) / best.step_time_s
-    runners = tuple(RunnerUp(e, f"slower by {100 * (e.step_time_s / best.step_time_s - 1):.1f}%")
-                    for e in ranked[1:top_k + 1])
-    runners += _memory_losers(cm, [(lb, cands[i]) for lb, i in too_big], best, top_k, space.layers_per_stage)
-    return PlanResult(best, status, gap, runners, stats)
+            self.open_bound = min(self.open_bound, lb)
 
+    def _offer(self, idx: int, est: Estimate, hint: Hint) -> None:
+        """A complete plan of candidate idx: its hint if it is the candidate's fastest, its strategy's entry if
+        it is the strategy's, the best plan if it is the fastest of all."""
+        if idx not in self.own or _rank(est) < _rank(self.own[idx][0]):
+            self.own[idx] = (est, hint)
+        key = candidate_key(self.cands[idx])
+        if key not in self.found or _rank(est) < _rank(self.found[key]):
+            self.found[key] = est
+        if self.best is None or _rank(est) < _rank(self.best):
+            self.best = est
 
-def _runners_up(cm: CostModel, cands: list[Candidate], heap: list, found: dict[tuple, Estimate], too_big: list,
-                top_k: int, space: SearchSpace, gpus: int, L: int, time_left_s: float) -> int:
-    """After the proof: solve the most promising candidates of strategies not met yet, in bound order, until
-    top_k of them have a plan (each is the best partition of its candidate, not necessarily of its strategy);
-    returns the solves run."""
-    solves = 0
-    deadline = time.perf_counter() + max(time_left_s, 0.0)
-    while heap and len(found) <= top_k and solves < 4 * top_k and time.perf_counter() < deadline:
-        lb, idx, cc, _ = heapq.heappop(heap)
-        key = candidate_key(cands[idx])
-        if key in found:
-            continue
-        if cc is None:
-            cc = candidate_costs(cm, cands[idx], space.buckets)
-            if not memory_possible(cc, L):
-                too_big.append((lb, idx))
+    def _validated(self, cc: CandidateCosts, res) -> Estimate:
+        """The solver's plan for candidate cc, re-checked by validate_plan (which never calls the solver)."""
+        return validate_plan(to_plan(cc.cand, res.layers, res.bucket, res.recompute_layers), self.cm, self.gpus,
+                             allow_idle=self.space.allow_idle, allow_cross_node_tp=self.space.allow_cross_node_tp)
+
+    def runners_up(self, top_k: int) -> None:
+        """After the proof: solve the most promising candidates of strategies not met yet, in bound order,
+        until top_k of them have a plan (each the best partition of its candidate, not necessarily the best
+        plan of its strategy, like those met on the way), within the work budget."""
+        solves = 0
+        while self.heap and len(self.found) <= top_k and solves < 4 * top_k and not self.budget.exhausted:
+            lb, idx, level, cc = heapq.heappop(self.heap)
+            c = self.cands[idx]
+            if candidate_key(c) in self.found:
                 continue
-        res = solve_partition(cc, L, time_limit_s=deadline - time.perf_counter(), pinned=space.layers_per_stage)
-        solves += 1
-        if res.status in ("OPTIMAL", "FEASIBLE"):
-            found[key] = _validated(cm, cc, res, gpus, space)
-    return solves
+            if cc is None:
+                cc = candidate_costs(self.cm, c, self.space.buckets)
+                if not (self.may_fit[idx] and memory_possible(cc, self.L)):
+                    self.too_big.append((lb, idx))
+                    continue
+            if level < EXACT:
+                for est, hint in baseline_plans(self.cm, cc, self.gpus, pinned=self.space.layers_per_stage,
+                                                allow_idle=self.space.allow_idle,
+                                                allow_cross_node_tp=self.space.allow_cross_node_tp)[:1]:
+                    self._offer(idx, est, hint)
+            own = self.own.get(idx)
+            res = solve_partition(cc, self.L, budget=self.budget,
+                                  cutoff=_cutoff(own[0].step_time_s, c) if own else None,
+                                  pinned=self.space.layers_per_stage, hint=own[1] if own else None)
+            solves += 1
+            if res.status in ("OPTIMAL", "FEASIBLE"):
+                self._offer(idx, self._validated(cc, res), Hint(res.chunk_values[0], res.recompute_layers,
+                                                                res.bucket))
+        self.solved += solves
+
+    def result(self, top_k: int, wall_s: float, time_limit_s: float) -> PlanResult:
+        stats = SearchStats(len(self.cands), len(self.cands) - len(self.too_big) - self.solved, len(self.too_big),
+                            self.solved, wall_s, self.budget.spent)
+        if self.best is None:
+            if self.open_bound < math.inf:
+                what = (f"--time-limit {time_limit_s:g} s; raise it" if self.budget.timed_out
+                        else "the work limit; raise --work-limit")
+                raise SolverLimitError(f"no plan found within {what}")
+            too_big = [self.cands[i] for _, i in self.too_big] or self.cands
+            raise InfeasibleError(infeasible_message(self.cm, too_big, self.space))
+        best = self.best
+        ranked = sorted(self.found.values(), key=_rank)
+        # Optimal when no candidate left without proof could beat the best (runners-up may then be incomplete).
+        status = "OPTIMAL" if self.open_bound >= best.step_time_s else "FEASIBLE"
+        gap = 0.0 if status == "OPTIMAL" else (best.step_time_s - self.open_bound) / best.step_time_s
+        runners = tuple(RunnerUp(e, f"slower by {100 * (e.step_time_s / best.step_time_s - 1):.1f}%")
+                        for e in ranked[1:top_k + 1])
+        runners += memory_losers(self.cm, [(lb, self.cands[i]) for lb, i in self.too_big], best, top_k,
+                                 self.space.layers_per_stage)
+        limit = "time" if self.budget.timed_out else ("work" if self.budget.stopped or status != "OPTIMAL" else "")
+        return PlanResult(best, status, gap, runners, stats, limit)
 
 
-def _validated(cm: CostModel, cc, res, gpus: int, space: SearchSpace) -> Estimate:
-    """The solver's plan for candidate cc, re-checked by validate_plan (which never calls the solver)."""
-    return validate_plan(to_plan(cc.cand, res.layers, res.bucket, res.recompute_layers), cm, gpus,
-                         allow_idle=space.allow_idle, allow_cross_node_tp=space.allow_cross_node_tp)
-
-
-def _plan_order(est: Estimate) -> tuple:
-    """Deterministic tie-break between plans of equal step time: simpler plans first."""
+def _rank(est: Estimate) -> tuple:
+    """Faster first; between plans of equal step time, simpler plans first (a deterministic tie-break)."""
     p = est.plan
-    return (p.pp, p.tp, p.cp, p.vpp, p.mbs, p.zero, not p.sequence_parallel, p.recompute, p.layers_per_stage,
-            p.bucket_size)
-
-
-def _best_so_far(found: dict[tuple, Estimate]) -> float:
-    """Step time a candidate must beat to matter. The proof is about the winner; the runners-up are the best
-    plans of the other strategies the search solved on its way (proving each of them the best of its strategy
-    too cost 4x the search time once zero-bubble and V-shaped schedules and vocabulary parallelism multiplied
-    the strategies within a few percent of each other)."""
-    return min((e.step_time_s for e in found.values()), default=math.inf)
+    return (est.step_time_s, p.pp, p.tp, p.cp, p.vpp, p.mbs, p.zero, not p.sequence_parallel, p.recompute,
+            p.layers_per_stage, p.bucket_size, p.schedule, p.tp_mode, p.tp_overlap, p.vocab,
+            -1 if p.recompute_layers is None else p.recompute_layers)
 
 
 def _cutoff(threshold: float, c: Candidate) -> int | None:
@@ -206,65 +325,3 @@ def _cutoff(threshold: float, c: Candidate) -> int | None:
         return None
     slack = 4 * (c.pp + 4) * (c.num_microbatches + 2) * 3 * max(c.vpp, 2)
     return int(threshold / SOLVER_TIME_UNIT_S) + slack
-
-
-def _min_memory_plan(cm: CostModel, c: Candidate, pinned: tuple[int, ...] | None = None):
-    """The even split (or the pinned one) with the most recomputation the candidate allows: about its
-    smallest-memory plan."""
-    L = cm.model.num_layers
-    if pinned is not None:
-        return to_plan(c, pinned, r=max(pinned) // c.vpp if c.full_max else 0) if len(pinned) == c.pp else None
-    layers = even_split(L, c.pp)
-    if any(n % c.vpp for n in layers):
-        if L % (c.pp * c.vpp):
-            return None
-        layers = (L // c.pp,) * c.pp
-    return to_plan(c, layers, r=max(layers) // c.vpp if c.full_max else 0)
-
-
-def _memory_losers(cm: CostModel, too_big: list[tuple[float, Candidate]], best: Estimate, top_k: int,
-                   pinned: tuple[int, ...] | None) -> tuple[RunnerUp, ...]:
-    """Candidates whose bound beat the winner but that cannot fit: which terms overflow on which stage."""
-    out = []
-    for lb, c in sorted(too_big, key=lambda e: e[0]):
-        if lb >= best.step_time_s or len(out) >= top_k:
-            break
-        plan = _min_memory_plan(cm, c, pinned)
-        if plan is None:
-            continue
-        est = cm.estimate(plan)
-        worst = max(est.stages, key=lambda s: s.memory.total)
-        out.append(RunnerUp(est, f"out of memory: stage {worst.index} needs "
-                                 f"{memory_summary(worst.memory.terms())} > {gib(est.usable_memory_bytes):.1f} GiB"))
-    return tuple(out)
-
-
-def _infeasible_message(cm: CostModel, cands: list[Candidate], space: SearchSpace) -> str:
-    """What is short and by how much, for the candidate that comes closest to fitting."""
-    best = None
-    for c in cands:
-        plan = _min_memory_plan(cm, c, space.layers_per_stage)
-        if plan is None:
-            continue
-        est = cm.estimate(plan)
-        if best is None or est.peak_memory_bytes < best.peak_memory_bytes:
-            best = est
-    if best is None:
-        return "no plan in the search space fits: relax the pins (--tp/--pp/--mbs/--layers-per-stage)"
-    worst = max(best.stages, key=lambda s: s.memory.total)
-    fixes = ["add GPUs"]
-    if space.recompute is not None and "full" not in space.recompute:
-        fixes.append("allow --recompute full")
-    if space.zero is not None and 3 not in space.zero:
-        fixes.append("allow ZeRO-3 (--zero 3)")
-    fixes.append("or a shorter --seq-len")
-    return (f"no plan fits: the smallest needs {memory_summary(worst.memory.terms())} on stage {worst.index}; "
-            f"{gib(best.usable_memory_bytes):.1f} GiB usable per GPU: {', '.join(fixes)}")
-
-
-def _empty_space_message(gpus: int, space: SearchSpace, hw: HardwareSpec) -> str:
-    pins = {k: getattr(space, k) for k in ("tp", "pp", "dp", "cp", "mbs", "vpp", "schedule", "zero")
-            if getattr(space, k) is not None}
-    hint = f" with pins {pins}" if pins else ""
-    return (f"no valid plan for {gpus} GPUs{hint}: the degrees must multiply to the GPU count and divide the "
-            f"heads and the batch; check --gpus, --global-batch and the pins (tp <= {hw.gpus_per_node} per node)")

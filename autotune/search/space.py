@@ -46,6 +46,7 @@ class SearchSpace:
     sequence_parallel: tuple[bool, ...] | None = None
     layers_per_stage: tuple[int, ...] | None = None
     tp_mode: tuple[str, ...] | None = None
+    tp_overlap: tuple[bool, ...] | None = None
     """Tensor-parallel modes to consider; None means 1-D only (the mode every trainer but Colossal-AI runs)."""
     buckets: tuple[int, ...] = BUCKETS
     allow_idle: bool = False
@@ -79,6 +80,8 @@ class Candidate:
     parallelism, even split)."""
     tp_mode: str = "1d"
     """Tensor-parallel mode (2-D/2.5-D/3-D grids only when the space asks for them)."""
+    tp_overlap: bool = False
+    """Tensor-parallel collectives pipelined with the GEMMs (needs sequence parallelism)."""
 
 
     @property
@@ -202,9 +205,10 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
                     for zero in _allowed([0, 1] if pp > 1 else [0, 1, 2, 3], space.zero):
                         sps = [True, False] if tp > 1 and mode == "1d" else [False]
                         for sp in _allowed(sps, space.sequence_parallel):
-                            for vocab in _vocab_options(space, model, pp, schedule):
-                                yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin, fmax, zero, sp,
-                                                vocab, mode)
+                            for overlap in _allowed([True, False] if sp else [False], space.tp_overlap):
+                                for vocab in _vocab_options(space, model, pp, schedule):
+                                    yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin, fmax, zero,
+                                                    sp, vocab, mode, overlap)
 
 
 def _vocab_options(space: SearchSpace, model: ModelSpec, pp: int, schedule: str) -> list[str]:

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
+from autotune.costmodel.pipeline import UNIT_TICKS
 from autotune.costmodel.stages import (chunk_durations, in_flight_chunks, layer_passes, p2p_seconds, schedule_ticks,
                                        stage_bwd_s, stage_fwd_s, stage_params, stage_vocab_activations, state_bytes,
                                        vocab_parallel_comm, vocab_placement, zero3_exposed, zero3_transient)
 from autotune.search.space import Candidate
-from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES
+from autotune.specs.job import WEIGHT_BYTES
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
 
 
@@ -100,7 +101,7 @@ def to_plan(c: Candidate, layers: tuple[int, ...], bucket: int = DEFAULT_BUCKET,
                 schedule=c.schedule, vpp=c.vpp, recompute=recompute, recompute_layers=r_layers, zero=c.zero,
                 sequence_parallel=c.sp,
                 vocab="parallel" if c.vocab == "parallel" else ("ends" if is_even_split(layers) else "balanced"),
-                layers_per_stage=layers, bucket_size=bucket, tp_mode=c.tp_mode)
+                layers_per_stage=layers, bucket_size=bucket, tp_mode=c.tp_mode, tp_overlap=c.tp_overlap)
 
 
 def shell_plan(c: Candidate) -> Plan:
@@ -113,7 +114,7 @@ def tied_sync_seconds(cm: CostModel, c: Candidate) -> float:
     if not model.tied_embeddings or c.pp == 1 or c.schedule == "v-half":
         return 0.0
     link = comm.group_link(cm.hw, c.pp, c.tp * c.cp * c.dp)
-    return comm.all_reduce(model.vocab_size * model.hidden_size // c.tp * GRAD_BYTES, 2, link)
+    return comm.all_reduce(model.vocab_size * model.hidden_size // c.tp * cm.job.grad_bytes, 2, link)
 
 
 def sync_collectives(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[Sync, ...]:
@@ -123,8 +124,9 @@ def sync_collectives(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> t
         return ()
     link = comm.group_link(cm.hw, n, c.tp)
     reduce, kind = (comm.all_reduce, "all_reduce") if c.zero == 0 else (comm.reduce_scatter, "reduce_scatter")
-    out = [Sync(GRAD_BYTES, tuple(reduce(b * GRAD_BYTES, n, link) for b in buckets), "bwd",
-                comm.linear_pieces(kind, n, link))]
+    out = [] if c.zero == 2 else [Sync(cm.job.grad_bytes, tuple(reduce(b * cm.job.grad_bytes, n, link)
+                                                               for b in buckets), "bwd",
+                                        comm.linear_pieces(kind, n, link))]
     if c.zero in (1, 2):
         out.append(Sync(WEIGHT_BYTES, tuple(comm.all_gather(b * WEIGHT_BYTES, n, link) for b in buckets), "fwd",
                         comm.linear_pieces("all_gather", n, link)))
@@ -133,7 +135,7 @@ def sync_collectives(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> t
 
 def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> CandidateCosts:
     """Gather the per-stage coefficients of one candidate."""
-    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
+    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
     plan = shell_plan(c)
     shards = c.dp * c.cp
     L = cm.model.num_layers
@@ -142,19 +144,26 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
                       hidden=cm.model.hidden_size)
     vp_comm = (vocab_parallel_comm(cm.model, cm.hw, pp=c.pp, tp=c.tp, cp=c.cp, dp=c.dp, tokens=tokens)
                if c.vocab == "parallel" else (0.0, 0.0))
-    ticks = schedule_ticks(plan, layer)
+    # only a v-half order depends on the proportions: the others share one cached order (and peak) per shape
+    ticks = schedule_ticks(plan, layer) if c.schedule == "v-half" else UNIT_TICKS
     stages = []
+    alike: dict = {}  # ranks with the same vocabulary placement (all the middle ones) share their terms
     for i in range(c.pp):
         place = vocab_placement(c.schedule, plan.vocab, c.pp, c.vpp, i)
-        vparams = stage_params(0, layer, vocab, first=place.embed, last=place.head, pp=c.pp, shared=place.shared)
-        zero3 = 0.0
-        if c.zero >= 3:  # pp == 1: the single stage holds every layer
-            zero3 = zero3_exposed(plan, cm.hw, L * layer.params + vparams,
-                                  stage_fwd_s(L, layer, vocab, first=True, last=True),
-                                  stage_bwd_s(L, layer, vocab, first=True, last=True))
-        fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
-        memory = (sum(state_bytes(vparams, c.zero, shards)) + stage_vocab_activations(plan, i, vocab, ticks)
-                  + zero3_transient(plan, layer))
+        if place not in alike:
+            vparams = stage_params(0, layer, vocab, first=place.embed, last=place.head, pp=c.pp,
+                                   shared=place.shared)
+            zero3 = 0.0
+            if c.zero >= 2:  # pp == 1: the single stage holds every layer
+                zero3 = zero3_exposed(plan, cm.hw, L * layer.params + vparams,
+                                      stage_fwd_s(L, layer, vocab, first=True, last=True),
+                                      stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2)
+            fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
+            alike[place] = (vparams, fixed, sum(state_bytes(vparams, c.zero, shards, cm.job.grad_bytes))
+                            + zero3_transient(plan, layer))
+        vparams, fixed, memory = alike[place]
+        if place.embed or place.head:  # the embedding's share depends on the rank's micro-batches in flight
+            memory += stage_vocab_activations(plan, i, vocab, ticks)
         stages.append(StageTerms(place.embed, place.head, fixed, sum(map(sum, fixed)), memory,
                                  in_flight_chunks(plan, i, ticks), vparams))
     adam_shards = shards if c.zero >= 1 else 1
@@ -162,7 +171,7 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
     return CandidateCosts(
         cand=c, layer=layer, vocab=vocab, layer_time_s=layer.time(c.base),
         full_extra_s=layer.recompute_time("full") - base,
-        layer_state=sum(state_bytes(layer.params, c.zero, shards)), act_base=layer.act.get(c.base),
+        layer_state=sum(state_bytes(layer.params, c.zero, shards, cm.job.grad_bytes)), act_base=layer.act.get(c.base),
         act_full=layer.act.full, act_none=layer.act.none, stages=tuple(stages), usable=cm.hw.usable_memory_bytes,
         buckets=buckets, syncs=sync_collectives(cm, c, buckets), tied_sync_s=tied_sync_seconds(cm, c),
         adam_s_per_param=ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory),

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import SpecError
-from autotune.specs._strict import check_keys, fraction, nonneg_float, positive_float, positive_int, text
+from autotune.specs._strict import check_keys, fraction, nonneg_float, positive_float, positive_int
+from autotune.specs.limits import MAX_GPUS, check_max, check_name
 from autotune.units import from_gbps, from_gib, from_tflops, from_us
 
 
@@ -24,6 +25,13 @@ class Efficiency:
     """NCCL bus bandwidth inside a node, fraction of the per-direction link bandwidth."""
     inter_node_comm: float
     """NCCL bus bandwidth across nodes, fraction of the per-GPU network bandwidth."""
+    gemm_fp8: float = 0.0
+    """FP8 GEMMs, fraction of the dense FP8 peak; 0 = same as `gemm`."""
+    attention_sdpa: float = 0.0
+    """PyTorch SDPA's flash kernel (FlashAttention-2, torchtitan and DeepSpeed), forward at long sequences;
+    0 = same as `attention` (which is Transformer Engine's cuDNN fused attention, Megatron's)."""
+    attention_bwd_ratio: float = 1.0
+    """Backward attention speed over forward speed (FLOP/s), both kernels."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +64,17 @@ class HardwareSpec:
     """Latency (alpha) of one collective step across nodes, seconds."""
     efficiency: Efficiency
     """Achieved fractions of the peaks above."""
+    nics_per_node: int = 0
+    """Network ports per node, each of inter_node_bandwidth; 0 = one per GPU (DGX H100, DGX A100)."""
+    sm_count: int = 0
+    """Streaming multiprocessors: GEMM output tiles run in waves of this many; 0 = no wave quantization."""
+    kernel_overhead_s: float = 0.0
+    """Fixed time of every kernel besides its work: launch gap, ramp-up and tail, seconds."""
+
+    @property
+    def nic_share(self) -> float:
+        """Network ports per GPU: 1 on nodes with a NIC per GPU, 0.5 on a stock DGX-1 (4 ports, 8 GPUs)."""
+        return min(1.0, (self.nics_per_node or self.gpus_per_node) / self.gpus_per_node)
 
     @property
     def usable_memory_bytes(self) -> int:
@@ -74,33 +93,40 @@ _FIGURES = ("memory_GiB", "memory_reserve_GiB", "hbm_bandwidth_GBps", "bf16_TFLO
             "gpus_per_node", "intra_node_GBps", "intra_node_latency_us", "inter_node_GBps", "inter_node_latency_us",
             "efficiency")
 _EFFICIENCY_KEYS = ("gemm", "attention", "memory", "intra_node_comm", "inter_node_comm")
+_EFFICIENCY_OPTIONAL = ("gemm_fp8", "attention_sdpa", "attention_bwd_ratio")
 
 
 def hardware_from_dict(data: dict[str, Any], where: str) -> HardwareSpec:
     """Build a HardwareSpec from a hardware file; every figure must name its source under ``sources``."""
-    check_keys(data, required=("name", "sources", *_FIGURES), optional=("schema", "description"), where=where)
+    check_keys(data, required=("name", "sources", *_FIGURES),
+               optional=("schema", "description", "nics_per_node", "sm_count", "kernel_overhead_us"), where=where)
     _check_sources(data, where)
     eff_where = f"{where}: efficiency"
     eff = data["efficiency"]
-    check_keys(eff, required=_EFFICIENCY_KEYS, where=eff_where)
+    check_keys(eff, required=_EFFICIENCY_KEYS, optional=_EFFICIENCY_OPTIONAL, where=eff_where)
     reserve = nonneg_float(data, "memory_reserve_GiB", where)
     memory = positive_float(data, "memory_GiB", where)
     if reserve >= memory:
         raise SpecError(f"{where}: memory_reserve_GiB {reserve} must be below memory_GiB {memory}")
     return HardwareSpec(
-        name=text(data, "name", where),
+        name=check_name(data["name"], "name", where),
         memory_bytes=from_gib(memory),
         memory_reserve_bytes=from_gib(reserve),
         hbm_bandwidth=from_gbps(positive_float(data, "hbm_bandwidth_GBps", where)),
         peak_flops_bf16=from_tflops(positive_float(data, "bf16_TFLOPs", where)),
         peak_flops_fp16=from_tflops(positive_float(data, "fp16_TFLOPs", where)),
         peak_flops_fp8=from_tflops(nonneg_float(data, "fp8_TFLOPs", where)),
-        gpus_per_node=positive_int(data, "gpus_per_node", where),
+        gpus_per_node=check_max(positive_int(data, "gpus_per_node", where), MAX_GPUS, "gpus_per_node", where),
         intra_node_bandwidth=from_gbps(positive_float(data, "intra_node_GBps", where)),
         intra_node_latency=from_us(positive_float(data, "intra_node_latency_us", where)),
         inter_node_bandwidth=from_gbps(positive_float(data, "inter_node_GBps", where)),
         inter_node_latency=from_us(positive_float(data, "inter_node_latency_us", where)),
-        efficiency=Efficiency(**{k: fraction(eff, k, eff_where) for k in _EFFICIENCY_KEYS}),
+        efficiency=Efficiency(**{k: fraction(eff, k, eff_where) for k in _EFFICIENCY_KEYS + _EFFICIENCY_OPTIONAL
+                                 if k in eff}),
+        nics_per_node=positive_int(data, "nics_per_node", where) if "nics_per_node" in data else 0,
+        sm_count=positive_int(data, "sm_count", where) if "sm_count" in data else 0,
+        kernel_overhead_s=from_us(nonneg_float(data, "kernel_overhead_us", where)) if "kernel_overhead_us" in data
+        else 0.0,
     )
 
 
@@ -109,7 +135,8 @@ def _check_sources(data: dict[str, Any], where: str) -> None:
     sources = data["sources"]
     if not isinstance(sources, dict):
         raise SpecError(f"{where}: sources must map each figure key to its source")
-    unsourced = [k for k in _FIGURES if not str(sources.get(k, "")).strip()]
+    present = [k for k in ("nics_per_node", "sm_count", "kernel_overhead_us") if k in data]
+    unsourced = [k for k in (*_FIGURES, *present) if not str(sources.get(k, "")).strip()]
     if unsourced:
         raise SpecError(f"{where}: sources has no entry for {', '.join(unsourced)}; name the datasheet, paper "
                         "or measurement each figure comes from")

@@ -6,8 +6,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autotune.errors import SpecError
+from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_max
 
 DTYPES = ("bf16", "fp16", "fp8")
+#: Trainers whose kernels and overlap the cost model knows (costmodel/trainer_traits.py)
+TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,14 +27,35 @@ class JobSpec:
     """Fused attention (FlashAttention): no s x s score matrix in memory, causal half skipped."""
     fused_kernels: bool = True
     """Fused bias+activation, bias+dropout+residual and softmax kernels (paper 5's fusion)."""
+    grad_reduce: Literal["fp32", "bf16"] = "fp32"
+    """Dtype of the gradient buffers and their data-parallel reduction: fp32 is Megatron-LM's default; bf16
+    (--grad-reduce-in-bf16, NeMo's performance recipes) halves both, and the distributed optimizer then keeps
+    an fp32 copy of its gradient shard (Megatron's distributed-optimizer docs: 4 + 16/d bytes per parameter)."""
+    async_tp_backward: bool = True
+    """Megatron issues the backward's tensor-parallel input-gradient collectives asynchronously, behind the
+    weight-gradient GEMMs (since late 2021; the SC'21 paper's runs predate it). Only Megatron has it."""
+    trainer: Literal["megatron", "torchtitan", "deepspeed", "colossalai"] = "megatron"
+    """The trainer that runs the step: it decides the kernels (Transformer Engine's cuDNN attention and FP8
+    casts under Megatron, PyTorch SDPA under torchtitan and DeepSpeed) and what communication overlaps."""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
             raise SpecError(f"--global-batch must be > 0, got {self.global_batch}")
         if self.seq_len <= 0:
             raise SpecError(f"--seq-len must be > 0, got {self.seq_len}")
+        check_max(self.global_batch, MAX_GLOBAL_BATCH, "--global-batch")
+        check_max(self.seq_len, MAX_SEQ_LEN, "--seq-len")
         if self.dtype not in DTYPES:
             raise SpecError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.grad_reduce not in ("fp32", "bf16"):
+            raise SpecError(f"--grad-reduce must be fp32 or bf16, got {self.grad_reduce!r}")
+        if self.trainer not in TRAINERS:
+            raise SpecError(f"--trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes of one gradient element in the buffers and on the wire."""
+        return 2 if self.grad_reduce == "bf16" else GRAD_BYTES
 
     @property
     def tokens_per_step(self) -> int:

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from autotune.errors import SpecError
-from autotune.specs._strict import boolean, check_keys, choice, positive_int, text
+from autotune.specs._strict import boolean, check_keys, choice, positive_int
+from autotune.specs.limits import MAX_LAYERS, check_max, check_name
 
 Activation = Literal["gelu", "swiglu", "geglu"]
 ACTIVATIONS = ("gelu", "swiglu", "geglu")
@@ -92,8 +93,8 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
     if position == "learned" and not max_pos:
         raise SpecError(f"{where}: position_embedding 'learned' needs max_position_embeddings")
     return ModelSpec(
-        name=text(data, "name", where),
-        num_layers=positive_int(data, "num_layers", where),
+        name=check_name(data["name"], "name", where),
+        num_layers=check_max(positive_int(data, "num_layers", where), MAX_LAYERS, "num_layers", where),
         hidden_size=hidden,
         num_heads=heads,
         num_kv_heads=kv,

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from autotune.errors import InvalidPlanError
 from autotune.specs._strict import check_keys
+from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, check_max
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.tpgrid import MODES, check_tp_shapes, tp_mode_degrees
@@ -59,6 +60,9 @@ class Plan:
     """Data-parallel gradient bucket, in parameters (Megatron's --ddp-bucket-size)."""
     tp_mode: str = "1d"
     """Tensor-parallel mode: 1-D (Megatron), 2-D (q x q), 2.5-D (d x q x q) or 3-D (q x q x q), paper 2."""
+    tp_overlap: bool = False
+    """Tensor-parallel collectives overlapped with the GEMMs beside them (Megatron's --tp-comm-overlap with
+    Transformer Engine userbuffers, torchtitan's async TP); needs sequence parallelism."""
 
     @property
     def model_parallel(self) -> int:
@@ -78,13 +82,13 @@ class Plan:
             "recompute": self.recompute, "recompute_layers": self.recompute_layers, "zero": self.zero,
             "sequence_parallel": self.sequence_parallel, "vocab": self.vocab,
             "layers_per_stage": list(self.layers_per_stage), "bucket_size": self.bucket_size,
-            "tp_mode": self.tp_mode,
+            "tp_mode": self.tp_mode, "tp_overlap": self.tp_overlap,
         }
 
 
 _REQUIRED = ("tp", "pp", "dp", "mbs", "num_microbatches", "layers_per_stage")
 _OPTIONAL = ("cp", "vpp", "schedule", "recompute", "recompute_layers", "zero", "sequence_parallel", "vocab",
-             "bucket_size", "tp_mode")
+             "bucket_size", "tp_mode", "tp_overlap")
 
 
 def plan_from_dict(data: Any, where: str) -> Plan:
@@ -102,21 +106,36 @@ def plan_from_dict(data: Any, where: str) -> Plan:
     layers = data["layers_per_stage"]
     if not isinstance(layers, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in layers):
         raise InvalidPlanError(f"{where}: layers_per_stage must be a list of integers, got {layers!r}")
+    _check_sizes(ints, layers, where)
     extra: dict[str, Any] = {}
     for key, options in (("schedule", SCHEDULES), ("recompute", RECOMPUTES), ("vocab", VOCABS), ("tp_mode", MODES)):
         if key in data:
             if data[key] not in options:
                 raise InvalidPlanError(f"{where}: {key} must be one of {', '.join(options)}, got {data[key]!r}")
             extra[key] = data[key]
-    if "sequence_parallel" in data:
-        if not isinstance(data["sequence_parallel"], bool):
-            raise InvalidPlanError(f"{where}: sequence_parallel must be true or false")
-        extra["sequence_parallel"] = data["sequence_parallel"]
+    for key in ("sequence_parallel", "tp_overlap"):
+        if key in data:
+            if not isinstance(data[key], bool):
+                raise InvalidPlanError(f"{where}: {key} must be true or false")
+            extra[key] = data[key]
     if data.get("recompute_layers") is not None:
         if not isinstance(data["recompute_layers"], int) or isinstance(data["recompute_layers"], bool):
             raise InvalidPlanError(f"{where}: recompute_layers must be an integer or null")
         extra["recompute_layers"] = data["recompute_layers"]
     return Plan(layers_per_stage=tuple(layers), **ints, **extra)
+
+
+def _check_sizes(ints: dict[str, int], layers: list[int], where: str) -> None:
+    """The documented maxima (specs/limits.py), before anything is sized from the plan."""
+    gpus = 1
+    for key in ("tp", "pp", "dp", "cp"):
+        gpus *= max(1, check_max(ints.get(key, 1), MAX_GPUS, key, where))
+    check_max(gpus, MAX_GPUS, "tp*pp*dp*cp", where)
+    check_max(ints.get("num_microbatches", 1), MAX_GLOBAL_BATCH, "num_microbatches", where)
+    check_max(ints.get("mbs", 1), MAX_GLOBAL_BATCH, "mbs", where)
+    check_max(ints.get("vpp", 1), MAX_LAYERS, "vpp", where)
+    check_max(len(layers), MAX_LAYERS, "len(layers_per_stage)", where)
+    check_max(max(layers, default=0), MAX_LAYERS, "layers_per_stage entry", where)
 
 
 def even_split(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -128,6 +147,13 @@ def even_split(num_layers: int, pp: int) -> tuple[int, ...]:
     for i in order[:extra]:
         counts[i] += 1
     return tuple(counts)
+
+
+def chunk_layers(n: int, v: int) -> tuple[int, ...]:
+    """Transformer layers of each of a rank's v model chunks: n split as evenly as possible, the extra layers on
+    the earlier chunks (what Megatron's --pipeline-model-parallel-layout is emitted with)."""
+    base, extra = divmod(n, v)
+    return tuple(base + (1 if c < extra else 0) for c in range(v))
 
 
 def is_even_split(layers: tuple[int, ...]) -> bool:
@@ -162,6 +188,9 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
                                f"{job.global_batch}")
     if plan.sequence_parallel and plan.tp == 1:
         raise InvalidPlanError("sequence_parallel needs tp > 1; set it to false")
+    if plan.tp_overlap and not plan.sequence_parallel:
+        raise InvalidPlanError("tp_overlap overlaps sequence parallelism's all-gathers and reduce-scatters with "
+                               "the GEMMs: it needs sequence_parallel true (and tp > 1); set tp_overlap false")
     if plan.zero not in (0, 1, 2, 3):
         raise InvalidPlanError(f"zero must be 0, 1, 2 or 3, got {plan.zero}")
     if plan.zero >= 2 and plan.pp > 1:
@@ -219,9 +248,6 @@ def _check_schedule(plan: Plan) -> None:
     if plan.schedule == "interleaved":
         if plan.pp < 2 or plan.vpp < 2:
             raise InvalidPlanError("the interleaved schedule needs pp >= 2 and vpp >= 2")
-        if any(n % plan.vpp for n in plan.layers_per_stage):
-            raise InvalidPlanError(f"interleaved with vpp {plan.vpp}: every stage's layer count must be divisible by "
-                                   f"vpp, got {list(plan.layers_per_stage)}")
         if plan.num_microbatches % plan.pp:
             raise InvalidPlanError(f"the interleaved schedule needs num_microbatches ({plan.num_microbatches}) "
                                    f"divisible by pp ({plan.pp})")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from autotune.errors import SpecError
 from autotune.fileio import write_file
 from autotune.specs import _strict
+from autotune.specs.limits import MAX_PROFILE_BYTES
 
 SCHEMA = "autotune-profile/1"
 DEVICE_KINDS = ("cpu", "cuda")
@@ -138,8 +139,16 @@ class Profile:
 def load_profile(path: Path | str) -> Profile:
     """Read and check a profile file; every problem is a one-line SpecError naming file, line and field."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise SpecError(f"--profile {path}: cannot read (not a regular file); give a profile written by "
+                        "`autotune profile`")
     try:
-        text = path.read_text()
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_PROFILE_BYTES + 1)
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise SpecError(f"--profile {path}: larger than the maximum of {MAX_PROFILE_BYTES:,} bytes for a "
+                            f"profile; {_REMEASURE}")
+        text = raw.decode()
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"--profile {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     try:
@@ -147,6 +156,8 @@ def load_profile(path: Path | str) -> Profile:
     except json.JSONDecodeError as exc:
         raise SpecError(f"{path}:{exc.lineno}: invalid JSON at column {exc.colno} ({exc.msg}); the file is corrupt "
                         f"or truncated: {_REMEASURE}") from None
+    except (ValueError, RecursionError) as exc:  # a number of thousands of digits, deep nesting
+        raise SpecError(f"--profile {path}: unreadable JSON ({type(exc).__name__}); {_REMEASURE}") from None
     return profile_from_dict(data, _Reader(str(path), key_lines(text)))
 
 

@@ -74,10 +74,42 @@ def test_group_link_stays_in_the_node_iff_it_spans_at_most_a_node(size, stride, 
     """Ranks are numbered tp-fastest; a group of `size` ranks `stride` apart spans size*stride ranks."""
     hw = toy_hardware(gpus_per_node=8)
     link = comm.group_link(hw, size, stride)
+    nvlink = hw.intra_node_bandwidth * hw.efficiency.intra_node_comm
     if intra:
-        assert link == comm.Link(hw.intra_node_bandwidth * hw.efficiency.intra_node_comm, hw.intra_node_latency)
+        assert link == comm.Link(nvlink, hw.intra_node_latency, size, hw.intra_node_latency)
     else:
-        assert link == comm.Link(hw.inter_node_bandwidth * hw.efficiency.inter_node_comm, hw.inter_node_latency)
+        per_node = max(1, min(size, 8 // stride))
+        nic = hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
+        assert link == comm.Link(min(nvlink, per_node * nic), hw.inter_node_latency, per_node,
+                                 hw.intra_node_latency)
+
+
+def test_a_group_with_g_members_per_node_gets_g_nics_up_to_nvlink():
+    """NCCL runs one channel per NIC and crosses each node boundary once per channel, so a data-parallel group
+    with g members per node gets min(NVLink, g x NIC): nccl-tests' multi-node bus bandwidth on DGX H100
+    (8 x 400 Gb/s) is the node's NIC total, ~8 x 50 GB/s, not one NIC."""
+    hw = toy_hardware(gpus_per_node=8)
+    nic = hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
+    nvlink = hw.intra_node_bandwidth * hw.efficiency.intra_node_comm
+    assert comm.group_link(hw, 64, 8).bandwidth == pytest.approx(nic)           # tp 8: one member per node
+    assert comm.group_link(hw, 64, 2).bandwidth == pytest.approx(min(nvlink, 4 * nic))
+    assert comm.group_link(hw, 64, 1).bandwidth == pytest.approx(min(nvlink, 8 * nic))
+    assert comm.p2p_link(hw, 16, 8).bandwidth == pytest.approx(nic)             # one pipeline send, one NIC
+
+
+def test_hierarchical_latency_follows_nccl_tuning():
+    """NCCL src/graph/tuning.cc: a ring all-reduce pays 2(nNodes-1) network steps and the rest inside the
+    node; a tree pays log2(nNodes) network steps and a chain of nRanks/nNodes - 1 inside each node, per pass.
+    So with 8 ranks per node, doubling the group from 64 to 128 ranks adds 16 intra and 16 network ring
+    steps, and one network step per tree pass."""
+    a_net, a_nv = 15e-6, 3e-6
+    link = comm.Link(bandwidth=math.inf, latency=a_net, ranks_per_node=8, intra_latency=a_nv)
+    assert comm.ring_all_reduce(1.0, 64, link) == pytest.approx(2 * (7 * a_net + 56 * a_nv))
+    assert comm.tree_all_reduce(1.0, 64, link) == pytest.approx(2 * (3 * a_net + 7 * a_nv))
+    assert comm.tree_all_reduce(1.0, 128, link) - comm.tree_all_reduce(1.0, 64, link) == pytest.approx(2 * a_net)
+    assert comm.reduce_scatter(1.0, 64, link) == pytest.approx(7 * a_net + 56 * a_nv)
+    # the all-reduce latency of a 1024-rank data-parallel group is a few hundred microseconds, not 2*1023*alpha
+    assert comm.all_reduce(1.0, 1024, link) < 2 * (7 * a_nv + 7 * a_net) + 1e-12
 
 
 def test_group_link_follows_gpus_per_node():

@@ -59,7 +59,7 @@ _FLAGS: tuple[tuple[str, str, dict], ...] = (
     ("--context-parallel-size", "int", {"default": 1}),
     ("--cp-comm-type", "str", {"nargs": "+", "default": ["p2p"],
                                "choices": ["p2p", "a2a", "allgather", "a2a+p2p"]}),
-    ("--sequence-parallel", "true", {}),
+    ("--sequence-parallel", "true", {}), ("--tp-comm-overlap", "true", {}),
     ("--decoder-first-pipeline-num-layers", "int", {}), ("--decoder-last-pipeline-num-layers", "int", {}),
     ("--account-for-embedding-in-pipeline-split", "true", {}), ("--account-for-loss-in-pipeline-split", "true", {}),
     ("--pipeline-model-parallel-layout", "str", {}), ("--num-layers-per-virtual-pipeline-stage", "int", {}),
@@ -254,6 +254,8 @@ def _replay_validate_args(a: argparse.Namespace, world_size: int) -> None:
         _check(a.recompute_method is None, "L1418: selective recompute takes no --recompute-method")
     if a.tensor_model_parallel_size == 1:
         a.sequence_parallel = False  # L1433, silently
+    if a.tp_comm_overlap:
+        _check(a.sequence_parallel, "L1442: --tp-comm-overlap needs --sequence-parallel")
     if a.kv_channels is None:
         _check(a.hidden_size % a.num_attention_heads == 0, "hidden size not divisible by heads; give --kv-channels")
     if not a.add_bias_linear:

@@ -13,7 +13,6 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from ortools.sat.python import cp_model
 
 from autotune.catalog import load_hardware
 from autotune.costmodel.estimate import CostModel
@@ -45,8 +44,7 @@ def assert_planner_matches(inst: Instance, space: SearchSpace, *, top_k: int = 3
         res = search(inst.model, inst.hw, inst.job, inst.gpus, space, top_k=top_k, time_limit_s=30)
     except InfeasibleError as exc:
         pytest.fail(f"planner says infeasible ({exc}) but {bf.plan} fits at {bf.step_time_s:.9g} s")
-    assert res.status == "OPTIMAL"
-    assert res.stats.solved >= 1
+    assert res.status == "OPTIMAL" and res.limit == ""
     assert res.best.fits
     assert res.best.step_time_s == pytest.approx(bf.step_time_s, rel=REL), (res.best.plan, bf.plan)
     return res
@@ -71,8 +69,9 @@ def test_planner_matches_brute_force(inst: Instance) -> None:
 @settings(RANDOM, max_examples=30)
 @given(inst=instances())
 def test_bucket_choice_matches_brute_force(inst: Instance) -> None:
-    """Four buckets, one larger than some stage, and the default top-3 bookkeeping."""
-    space = SearchSpace()
+    """Four buckets, one larger than some stage, and the default top-3 bookkeeping (TP overlap pinned off: the
+    overlap knob is covered by test_planner_matches_brute_force)."""
+    space = SearchSpace(tp_overlap=(False,))
     s = fitting_bucket(inst, space)
     note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 4, s // 2, s, 8 * s))))
 
@@ -80,8 +79,9 @@ def test_bucket_choice_matches_brute_force(inst: Instance) -> None:
 @settings(RANDOM, max_examples=50)
 @given(inst=instances(layers=st.integers(4, 8), gpus=st.sampled_from((4, 8))), pp=st.sampled_from((2, 4)))
 def test_pipelined_partition_matches_brute_force(inst: Instance, pp: int) -> None:
-    """pp pinned to 2 or 4, where the partition (and the vocabulary layers on the ends) decides the optimum."""
-    space = SearchSpace(pp=(pp,))
+    """pp pinned to 2 or 4, where the partition (and the vocabulary layers on the ends) decides the optimum (TP
+    overlap pinned off: covered by test_planner_matches_brute_force)."""
+    space = SearchSpace(pp=(pp,), tp_overlap=(False,))
     s = fitting_bucket(inst, space)
     note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 2, s)), top_k=1))
 
@@ -149,7 +149,7 @@ def test_full_recompute_stalls_the_solver() -> None:
     cm = CostModel(model, replace(load_hardware("h100-sxm"), gpus_per_node=2), JobSpec(global_batch=32, seq_len=128))
     c = Candidate(tp=2, pp=2, dp=2, cp=1, mbs=2, num_microbatches=8, schedule="1f1b", vpp=1, base="none",
                   full_min=0, full_max=6, zero=1, sp=True, vocab="balanced")
-    res = solve_partition(candidate_costs(cm, c, (4000,)), 6, time_limit_s=2.0)
+    res = solve_partition(candidate_costs(cm, c, (4000,)), 6)
     best = candidate_optimum(cm, c, SearchSpace(buckets=(4000,)), 8).best
     assert res.status == "OPTIMAL"
     assert res.objective * SOLVER_TIME_UNIT_S == pytest.approx(best.step_time_s, rel=REL)
@@ -160,12 +160,12 @@ def test_full_recompute_stalls_the_solver() -> None:
 def test_new_schedules_match_brute_force(schedule, first_budget, monkeypatch) -> None:
     """ZB-H1 and V-Half (searched when pinned) against exhaustive enumeration of the exact simulated step time;
     with first_budget 1 every first CP-SAT attempt stops short of a proof, which exercises the fallbacks
-    between the critical-path rounds (an improvement constraint of one round must not leak into the next)."""
+    between the critical-path rounds (an improvement constraint of one round must not leak into the next).
+    Batches of 2 and 3 leave fewer micro-batches than stages (every W of the later ranks after their last B)."""
     if first_budget is not None:
-        monkeypatch.setattr(partition, "_ATTEMPTS", ((cp_model.AUTOMATIC_SEARCH, first_budget),)
-                            + partition._ATTEMPTS[1:])
+        monkeypatch.setattr(partition, "_ATTEMPTS", (("AUTOMATIC_SEARCH", first_budget),) + partition._ATTEMPTS[1:])
     hw = replace(load_hardware("h100-sxm"), gpus_per_node=4)
-    for layers, vocab, batch in ((8, 32000, 8), (12, 256000, 16), (8, 256000, 16)):
+    for layers, vocab, batch in ((8, 32000, 8), (12, 256000, 16), (8, 256000, 16), (8, 32000, 2), (12, 256000, 3)):
         model = tiny_model(layers=layers, hidden=256, heads=8, ffn=512, vocab=vocab)
         job = JobSpec(global_batch=batch, seq_len=1024)
         space = SearchSpace(pp=(4,), schedule=(schedule,))

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from autotune.catalog import load_hardware
 from autotune.costmodel.estimate import CostModel
 from autotune.search.space import MAX_MICROBATCH_TOKENS, Candidate, SearchSpace, divisors
-from autotune.search.bounds import (forced_recompute_s, memory_possible, pivot_path_floor, quick_bound,
-                                    stage_time_floor)
+from autotune.search.bounds import (coarse_bound, forced_recompute_s, memory_possible, pivot_path_floor,
+                                    quick_bound, stage_time_floor)
 from autotune.search.tables import candidate_costs
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import is_even_split
@@ -89,7 +89,9 @@ def test_pins_restrict_each_axis() -> None:
     space = SearchSpace(tp=(2,), pp=(2,), cp=(1,), mbs=(2,), schedule=("interleaved",), vpp=(4,),
                         recompute=("selective",), zero=(1,), sequence_parallel=(True,), vocab=("ends",))
     cands = inst.candidates(space)
-    assert cands == [Candidate(2, 2, 2, 1, 2, 4, "interleaved", 4, "selective", 0, 0, 1, True, "ends")]
+    one = Candidate(2, 2, 2, 1, 2, 4, "interleaved", 4, "selective", 0, 0, 1, True, "ends")
+    assert cands == [replace(one, tp_overlap=True), one]  # with sequence parallelism, TP overlap on and off
+    assert inst.candidates(replace(space, tp_overlap=(False,))) == [one]
 
 
 def test_brute_force_partitions_are_every_allowed_split() -> None:
@@ -111,8 +113,9 @@ def test_brute_force_partitions_are_every_allowed_split() -> None:
 def test_bounds_never_exceed_a_candidates_optimum(inst: Instance) -> None:
     """For every candidate with a fitting plan: the memory check lets it through, and the quick bound, the
     bound refined by the stage-time floor and the fully refined bound the planner uses are all <= its
-    brute-force optimum, with buckets that fit every stage and one that does not; so is the pivot-path floor
-    (the dynamic program over partitions of the schedule's pivot paths)."""
+    brute-force optimum, with buckets that fit every stage and one that does not; so are the pivot-path floor
+    (the dynamic program over partitions of the schedule's pivot paths), the same with each stage's sync and
+    Adam step (with_step), and the coarse bound every candidate starts with, whose memory check lets it through."""
     space = SearchSpace()
     s = fitting_bucket(inst, space)
     space = replace(space, buckets=tuple(sorted({max(1, s // 2), s, 4 * s + 1})))
@@ -133,6 +136,10 @@ def test_bounds_never_exceed_a_candidates_optimum(inst: Instance) -> None:
         pivots = pivot_path_floor(cc, L)
         assert pivots <= opt, c
         assert quick_bound(cm, c, space.buckets, forced_recompute_s(cc, L), floor, pipe_floor=pivots) <= opt, c
+        if cc.syncs:  # the planner asks for it only then (without syncs it adds only Adam)
+            assert pivot_path_floor(cc, L, with_step=True) <= opt, c
+        coarse, fits = coarse_bound(cm, c, {})
+        assert coarse <= opt and fits, c
 
 
 def test_forced_recompute_is_a_lower_bound() -> None:

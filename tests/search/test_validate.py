@@ -41,7 +41,6 @@ def test_a_good_plan_passes_and_returns_its_estimate() -> None:
     ({"layers_per_stage": (8,)}, 8, "entries but pp is 2"),
     ({"layers_per_stage": (9, -1)}, 8, "must be >= 0"),
     ({"layers_per_stage": (5, 3)}, 8, "vocab 'ends' means an even split"),
-    ({"schedule": "interleaved", "vpp": 2, "layers_per_stage": (3, 5), "vocab": "balanced"}, 8, "divisible by vpp"),
     ({"tp": 4, "dp": 1}, 8, "must divide num_heads 8 and num_kv_heads 2"),
     ({"tp": 1}, 8, "= 4 GPUs, but --gpus is 8"),
     ({"dp": 1, "cp": 6, "tp": 1}, 12, "needs seq_len divisible by 2\\*cp = 12"),

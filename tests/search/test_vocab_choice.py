@@ -1,10 +1,10 @@
 """The planner picks vocabulary parallelism or an uneven split when, and only when, the cost model says it
 wins (paper 4): the free search's placement is the best of the searches restricted to each placement.
 
-Llama-3-8B's body with a 32k and a 256k vocabulary, pp 8 on 8 H100s. On one node (NVLink) vocabulary
+Llama-3-8B's body with a 16k, 128k and 256k vocabulary, pp 8 on 8 H100s. On one node (NVLink) vocabulary
 parallelism's per-micro-batch collectives are cheap and it wins at 256k; with the pipeline spread over 8
-nodes (one GPU each) they cross the network: at 32k the even split with the vocabulary layers on the ends
-wins, at 256k the uneven split does.
+nodes (one GPU each) they cross the network: at 16k the even split with the vocabulary layers on the ends
+wins, at 128k the uneven split does.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def llama_body(vocab: int):
 
 @pytest.mark.parametrize(("vocab", "gpus_per_node", "expected"), [
     (256_000, 8, "parallel"),
-    (32_000, 1, "ends"),
-    (256_000, 1, "balanced"),
+    (16_000, 1, "ends"),
+    (128_000, 1, "balanced"),
 ])
 def test_placement_is_chosen_only_when_it_wins(vocab, gpus_per_node, expected):
     model, hw = llama_body(vocab), replace(load_hardware("h100-sxm"), gpus_per_node=gpus_per_node)

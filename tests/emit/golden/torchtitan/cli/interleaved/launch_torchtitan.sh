@@ -19,6 +19,7 @@ OVERRIDES=(
   --parallelism.data_parallel_replicate_degree 1
   --parallelism.data_parallel_shard_degree 1
   --parallelism.tensor_parallel_degree 2
+  --compile.enable
   --parallelism.no_enable_sequence_parallel
   --parallelism.context_parallel_degree 1
   --parallelism.pipeline_parallel_degree 4

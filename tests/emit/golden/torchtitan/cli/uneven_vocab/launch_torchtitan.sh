@@ -20,6 +20,7 @@ OVERRIDES=(
   --parallelism.data_parallel_shard_degree 4
   --parallelism.fsdp_reshard_after_forward never
   --parallelism.tensor_parallel_degree 2
+  --compile.enable
   --parallelism.enable_sequence_parallel
   --parallelism.context_parallel_degree 1
   --parallelism.pipeline_parallel_degree 4

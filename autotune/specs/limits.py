@@ -1,0 +1,63 @@
+"""What autotune accepts from a user: the name character set and the documented maxima.
+
+Both are checked where input enters (the spec readers, the plan-document reader and the command line), before
+anything is sized from it, so that no input can make a command allocate or loop without bound, and no name
+can carry code into an emitted launch script or config.
+
+Names. A model name (a catalog name, the `"name"` of a model file, or the `--model` path of a Hugging Face
+config.json, which becomes the model's name), a GPU/hardware name (the `"name"` of a hardware file) and the GPU
+name inside a plan document are written into emitted files. They must match NAME_PATTERN: 1 to
+MAX_NAME_LENGTH characters from NAME_CHARS (ASCII letters, digits and `. _ + - /`), not starting with `-`.
+Paths with other characters (spaces, quotes, `$`, newlines) are refused with the fix: rename or copy the file.
+The emitters quote what they write anyway (autotune/emit/quote.py); this is the first of two fences.
+"""
+
+from __future__ import annotations
+
+import re
+
+from autotune.errors import SpecError
+
+#: The characters a name may hold (documented above): no whitespace, quotes, `$`, backticks, `;`, `#`...
+NAME_CHARS = "A-Z a-z 0-9 . _ + - /"
+MAX_NAME_LENGTH = 200
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._+/][A-Za-z0-9._+/-]{0,%d}" % (MAX_NAME_LENGTH - 1))
+
+#: GPUs in a job: about ten times the largest clusters trained on (about 100k GPUs in 2024).
+MAX_GPUS = 1 << 20
+#: Sequences per optimizer step: 65,536 is the largest published batch (LAMB on BERT-Large, You et al. 2020).
+MAX_GLOBAL_BATCH = 1 << 16
+#: Tokens per sequence: million-token contexts.
+MAX_SEQ_LEN = 1 << 20
+#: Transformer layers: DeepNet trained 1,000 (Wang et al. 2022).
+MAX_LAYERS = 1024
+#: Pipeline passes `estimate` simulates, micro-batches x pp x vpp (about 10 s for the slowest schedule, v-half).
+MAX_PIPELINE_PASSES = 1 << 18
+#: Bytes of a JSON input (model, hardware, plan file or document on stdin).
+MAX_JSON_BYTES = 16 << 20
+#: Bytes of a profile file (a measured profile of a 70B model is well under 1 MiB).
+MAX_PROFILE_BYTES = 16 << 20
+#: Tokens of one micro-batch `autotune profile` may time (mbs x seq_len).
+MAX_PROFILE_TOKENS = 1 << 20
+#: Runs in a `calibrate` runs file (the fit with leave-one-out grows with the square of the runs).
+MAX_CALIBRATION_RUNS = 256
+#: Bytes of a `calibrate` runs file.
+MAX_RUNS_FILE_BYTES = 1 << 20
+
+
+def check_name(value: object, field: str, where: str) -> str:
+    """`value` as a name (see the module docstring), or a one-line SpecError naming the field and the fix."""
+    if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
+        shown = ascii(value) if not isinstance(value, str) or len(value) <= 60 else ascii(value[:60]) + "..."
+        raise SpecError(f"{where}: {field} {shown} is not a valid name: use 1 to {MAX_NAME_LENGTH} "
+                        f"characters from {NAME_CHARS} (not starting with -); change the name, or copy the file to "
+                        "such a path")
+    return value
+
+
+def check_max(value: int, maximum: int, field: str, where: str = "") -> int:
+    """`value` if it is at most `maximum`, else a one-line SpecError giving both."""
+    if value > maximum:
+        raise SpecError(f"{where + ': ' if where else ''}{field} {value} exceeds the maximum of {maximum:,}; "
+                        "use a smaller value")
+    return value

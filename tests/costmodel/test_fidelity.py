@@ -1,0 +1,236 @@
+"""The terms that bring estimates to published H100 runs, each pinned to an independent source: NVIDIA's
+tile/wave quantization arithmetic, the FlashAttention-3 paper's H100 chart, Megatron's distributed-optimizer
+byte table, Transformer Engine's FP8 and context-parallel kernels, torchtitan's SAC policy, and hand
+calculations of the overlap formulas."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autotune.costmodel import comm
+from autotune.costmodel.compute import attention_length_scale, gemm_wave_efficiency, op_time
+from autotune.costmodel.estimate import CostModel
+from autotune.costmodel.layer import layer_cost, layer_shape
+from autotune.costmodel.memory import layer_activations, state_bytes_per_param
+from autotune.costmodel.ops import Op, backward_ops, layer_forward_ops
+from autotune.costmodel.stages import comm_interference, zero3_exposed
+from autotune.specs.job import JobSpec
+from autotune.specs.plan import Plan, even_split
+
+from ._helpers import gpt_model, toy_hardware
+
+HW = replace(toy_hardware(), sm_count=100)
+LLAMA = replace(gpt_model(hidden=1024, heads=16, layers=4), activation="swiglu", norm="rmsnorm", bias="none",
+                dropout=False, tied_embeddings=False, position_embedding="rope", max_position_embeddings=0,
+                num_kv_heads=4, ffn_hidden_size=2816)
+
+
+# ----------------------------------------------------------------------------------------- GEMM quantization
+def test_wave_efficiency_of_the_8192_cube_on_132_sms():
+    """NVIDIA, "Matrix Multiplication Background": 8192 x 8192 in 128 x 256 tiles is 64 x 32 = 2048 tiles, which
+    132 SMs run in ceil(2048/132) = 16 waves: 2048 / (16 x 132) = 0.970 of the tile slots do work."""
+    assert gemm_wave_efficiency(8192, 8192, 132) == pytest.approx(2048 / (16 * 132))
+
+
+def test_one_tile_more_than_the_sms_costs_a_whole_wave():
+    assert gemm_wave_efficiency(128, 256 * 100, 100) == 1.0
+    assert gemm_wave_efficiency(128, 256 * 101, 100) == pytest.approx(101 / 200)
+
+
+def test_partial_tiles_waste_their_empty_part():
+    """m = 64 fills half of a 128-row tile."""
+    assert gemm_wave_efficiency(64, 256, 1) == pytest.approx(0.5)
+    assert gemm_wave_efficiency(64, 256, 0) == 1.0  # no SM count: no quantization
+
+
+# ----------------------------------------------------------------------------------------- attention kernels
+@pytest.mark.parametrize(("seq", "scale"), [(512, 0.84), (1024, 0.96), (2048, 1.0), (16384, 1.0)])
+def test_attention_speed_by_length_follows_the_fa3_chart(seq, scale):
+    """FlashAttention-3 paper, H100 forward, head dim 128: FA2 309/370 = 0.84 at 512 and 350/370 = 0.95 at 1k;
+    cuDNN 497/600 = 0.83 and 574/600 = 0.96."""
+    assert attention_length_scale(seq) == pytest.approx(scale)
+
+
+def test_backward_attention_and_sdpa_use_their_own_efficiencies():
+    eff = replace(HW.efficiency, attention=0.6, attention_sdpa=0.3, attention_bwd_ratio=0.5)
+    hw = replace(HW, efficiency=eff, kernel_overhead_s=0.0)
+    fwd = Op("flash_attention", "attention", 1e12, 1.0, "attention", (4096, 0.0))
+    bwd = Op("flash_attention_bwd", "attention", 1e12, 1.0, "attention", (4096, 1.0))
+    assert op_time(fwd, hw, "bf16") == pytest.approx(1e12 / (1e14 * 0.6))
+    assert op_time(bwd, hw, "bf16") == pytest.approx(1e12 / (1e14 * 0.3))
+    assert op_time(fwd, hw, "bf16", "sdpa") == pytest.approx(1e12 / (1e14 * 0.3))
+
+
+def test_every_kernel_pays_the_launch_gap():
+    hw = replace(HW, kernel_overhead_s=3e-6)
+    op = Op("add", "elementwise", 0.0, 8e8, "memory")
+    assert op_time(op, hw, "bf16") == pytest.approx(8e8 / (1e12 * 0.8) + 3e-6)
+
+
+# ----------------------------------------------------------------------------------------- FP8 and eager kernels
+def _shape(**kw):
+    job = JobSpec(global_batch=8, seq_len=1024, **kw)
+    return layer_shape(LLAMA, job, tp=1, cp=1, mbs=1, sp=False)
+
+
+def test_fp8_adds_a_cast_transpose_per_linear_input_and_output_gradient():
+    """Transformer Engine casts each linear layer's 16-bit input to an FP8 copy and an FP8 transpose (read 2,
+    write 1 + 1 bytes per element), and the output gradient likewise in the backward; the norms and the
+    activation write their output in FP8 themselves (LayerNormLinear, LayerNormMLP), leaving the two writes."""
+    shape = _shape(dtype="fp8")
+    fwd = layer_forward_ops(LLAMA, shape)
+    casts = {op.name: op.bytes for op in fwd if op.name.endswith("_fp8_cast")}
+    t, h = 1024, 1024
+    assert casts == {"qkv_proj_fp8_cast": 2 * t * h, "out_proj_fp8_cast": 4 * t * LLAMA.q_width,
+                     "mlp_up_fp8_cast": 2 * t * h, "mlp_down_fp8_cast": 2 * t * LLAMA.ffn_hidden_size}
+    eager = layer_forward_ops(LLAMA, _shape(dtype="fp8", fused_kernels=False))
+    assert all(op.bytes == 4 * op.flops / 2 for op in eager if op.name.endswith("_fp8_cast"))
+    bwd_casts = [op for op in backward_ops(fwd, LLAMA, shape) if op.name.endswith("_fp8_cast")]
+    assert sorted(op.bytes for op in bwd_casts) == sorted(
+        [4 * t * (LLAMA.q_width + 2 * LLAMA.kv_width), 4 * t * h, 4 * t * 2 * LLAMA.ffn_hidden_size, 4 * t * h])
+
+
+def test_fp8_keeps_the_saved_linear_inputs_in_one_byte():
+    """The four GEMM inputs (QKV, out-projection, MLP up, MLP down) are saved as FP8 copies: one byte each
+    instead of two; everything else stays 16-bit."""
+    bf16, fp8 = layer_activations(LLAMA, _shape()), layer_activations(LLAMA, _shape(dtype="fp8"))
+    t = 1024
+    saved = t * (LLAMA.hidden_size + LLAMA.q_width + LLAMA.hidden_size + LLAMA.ffn_hidden_size)
+    assert bf16.none - fp8.none == saved
+
+
+def test_eager_rmsnorm_is_a_chain_of_fp32_passes():
+    """PyTorch's composite rms_norm: (e+4) + (4+4) + 4 + (4+4) + (4+e) + (e+e) bytes per element."""
+    fused = next(op for op in layer_forward_ops(LLAMA, _shape()) if op.name == "input_norm")
+    eager = next(op for op in layer_forward_ops(LLAMA, _shape(fused_kernels=False)) if op.name == "input_norm")
+    n, h = 1024 * 1024, 1024
+    assert fused.bytes == 4 * n + 2 * h
+    assert eager.bytes == 36 * n + 2 * h
+
+
+# ----------------------------------------------------------------------------------------- state bytes
+@pytest.mark.parametrize("d", [1, 8, 64])
+def test_distributed_optimizer_bytes_follow_megatrons_table(d):
+    """Megatron-LM docs (distributed optimizer): bf16 params with fp32 grads 6 + 12/d bytes per parameter;
+    bf16 params with bf16 grads 4 + 16/d (the optimizer keeps its gradient shard in fp32)."""
+    assert sum(state_bytes_per_param(1, d, 4)) == pytest.approx(6 + 12 / d)
+    assert sum(state_bytes_per_param(1, d, 2)) == pytest.approx(4 + 16 / d)
+    assert sum(state_bytes_per_param(0, d, 2)) == pytest.approx(16)  # no distributed optimizer: 2 + 2 + 12
+
+
+# ----------------------------------------------------------------------------------------- overlap
+def _tp_layer(job: JobSpec, overlap: bool):
+    return layer_cost(LLAMA, HW, job, tp=4, cp=1, mbs=1, sp=True, tp_overlap=overlap)
+
+
+def test_tp_overlap_leaves_one_chunk_exposed_when_the_gemms_are_longer():
+    """Wang et al. (ASPLOS 2023): a collective decomposed into tp chunks pipelined with its GEMM shows one chunk
+    plus whatever the rest outlasts the GEMM. Forward with sequence parallelism: 2 all-gathers and 2
+    reduce-scatters of the T x h activation."""
+    job = JobSpec(global_batch=8, seq_len=8192)
+    link = comm.group_link(HW, 4, 1)
+    nbytes = 2 * 8192 * LLAMA.hidden_size
+    c = 2 * (comm.all_gather(nbytes, 4, link) + comm.reduce_scatter(nbytes, 4, link))
+    plain, over = _tp_layer(job, False), _tp_layer(job, True)
+    assert plain.tp_fwd_s == pytest.approx(c)
+    gemms = sum(op_time(op, HW, "bf16") for op in layer_forward_ops(LLAMA, layer_shape(LLAMA, job, tp=4, cp=1, mbs=1,
+                                                                                           sp=True))
+                if op.kernel == "gemm" and op.category == "gemm")
+    assert over.tp_fwd_s >= c / 4 + max(0.0, 3 * c / 4 - gemms)
+    assert over.tp_fwd_s < plain.tp_fwd_s
+
+
+def test_megatron_hides_the_backward_input_gradient_collectives_torchtitan_does_not():
+    mega = _tp_layer(JobSpec(global_batch=8, seq_len=8192), False)
+    titan = _tp_layer(JobSpec(global_batch=8, seq_len=8192, trainer="torchtitan"), False)
+    # the backward has the forward's 2 AG + 2 RS plus the 2 re-gathers of the saved input shards
+    link = comm.group_link(HW, 4, 1)
+    nbytes = 2 * 8192 * LLAMA.hidden_size
+    ag, rs = comm.all_gather(nbytes, 4, link), comm.reduce_scatter(nbytes, 4, link)
+    assert titan.tp_bwd_s == pytest.approx(4 * ag + 2 * rs)
+    assert 2 * ag <= mega.tp_bwd_s < titan.tp_bwd_s
+
+
+def test_torchtitan_selective_recomputes_half_the_linears_and_the_memory_bound_ops():
+    """torchtitan's op-level SAC saves every compute op's output "except every second mm"."""
+    job = JobSpec(global_batch=8, seq_len=2048, trainer="torchtitan")
+    layer = layer_cost(LLAMA, HW, job, tp=1, cp=1, mbs=1, sp=False)
+    ops = layer_forward_ops(LLAMA, layer_shape(LLAMA, job, tp=1, cp=1, mbs=1, sp=False))
+    gemms = sum(op_time(op, HW, "bf16") for op in ops if op.kernel == "gemm" and op.category == "gemm")
+    mem = sum(op_time(op, HW, "bf16") for op in ops if op.kernel == "memory")
+    assert layer.recompute_time("selective") == pytest.approx(gemms / 2 + mem)
+    megatron = layer_cost(LLAMA, HW, replace(job, trainer="megatron"), tp=1, cp=1, mbs=1, sp=False)
+    assert megatron.recompute_time("selective") == pytest.approx(megatron.attn_fwd_s)
+
+
+# ----------------------------------------------------------------------------------------- FSDP / ZeRO
+def _fsdp_plan(zero: int) -> Plan:
+    return Plan(tp=1, pp=1, dp=64, mbs=1, num_microbatches=1, zero=zero, layers_per_stage=(4,))
+
+
+def test_fsdp_pays_the_collective_latency_once_per_unit():
+    """Every wrapped block gathers and scatters on its own: with no compute to hide behind, k units cost k
+    collectives of 1/k of the bytes, i.e. (k - 1) more latencies than one big collective."""
+    plan = _fsdp_plan(3)
+    one = zero3_exposed(plan, HW, 10**9, 0.0, 0.0, 4, units=1)
+    ten = zero3_exposed(plan, HW, 10**9, 0.0, 0.0, 4, units=10)
+    link = comm.group_link(HW, 64, 1)
+    latency = comm.ring_latency(64, link)
+    assert ten - one == pytest.approx(9 * 3 * latency)  # gather fwd, gather bwd, scatter
+
+
+def test_hidden_collectives_slow_the_compute_they_overlap():
+    """A running NCCL collective holds one SM per channel: 16 channels of 100 SMs take 16% of the GPU."""
+    assert comm_interference(HW) == pytest.approx(0.16)
+    plan = _fsdp_plan(3)
+    link = comm.group_link(HW, 64, 1)
+    gather, scatter = comm.all_gather(2e9, 64, link), comm.reduce_scatter(4e9, 64, link)
+    hidden = zero3_exposed(plan, HW, 10**9, 100.0, 100.0, 4)
+    assert hidden == pytest.approx(0.16 * (2 * gather + scatter))
+
+
+def test_zero2_reduce_scatters_every_micro_batch_and_not_again_at_the_end():
+    model = gpt_model(layers=4)
+    job = JobSpec(global_batch=64, seq_len=1024)
+    cm = CostModel(model, HW, job)
+    plan = Plan(tp=1, pp=1, dp=8, mbs=1, num_microbatches=8, zero=2, layers_per_stage=(4,))
+    stage = cm.estimate(plan).stages[0]
+    link = comm.group_link(HW, 8, 1)
+    units = 4 + 2  # the blocks, the embedding and the head
+    scatter = units * comm.reduce_scatter(stage.params / units * 4, 8, link)
+    assert stage.zero3_comm_s == pytest.approx(max(0.0, scatter - stage.bwd_s)
+                                               + comm_interference(HW) * min(scatter, stage.bwd_s))
+
+
+# ----------------------------------------------------------------------------------------- uneven chunks
+def test_interleaved_chunks_of_unequal_layers_are_costed_layer_by_layer():
+    """7 layers on a rank with vpp 2 run as chunks of 4 and 3 layers (the emitted layout): on rank 0 the first
+    chunk also carries the embedding, so its forward is one layer plus the embedding longer than the second's."""
+    model = gpt_model(layers=14)
+    job = JobSpec(global_batch=8, seq_len=1024)
+    cm = CostModel(model, HW, job)
+    plan = Plan(tp=1, pp=2, dp=1, mbs=1, num_microbatches=8, schedule="interleaved", vpp=2,
+                layers_per_stage=even_split(14, 2))
+    est = cm.estimate(plan)
+    layer, vocab = cm.layer(1, 1, 1, False), cm.vocab(1, 1, 1, False)
+    f_layer = layer.fwd.seconds + layer.tp_fwd_s + layer.cp_fwd_s
+    (f0, _, w0), (f1, _, w1) = est.stages[0].chunks
+    assert f0 - f1 == pytest.approx(f_layer + vocab.embed_fwd.seconds + vocab.embed_comm_s / 2)
+    assert w0 - w1 == pytest.approx(layer.wgrad_s)
+
+
+def test_torchtitan_sac_keeps_every_other_linear_output_and_the_sdpa_output():
+    """Block input (h), Q (q), V (kv), the first MLP up-projection (f), the SDPA output (q) in 16-bit, and the
+    fp32 log-sum-exp per query head: the selective activations torchtitan's op-level SAC keeps."""
+    from autotune.costmodel.memory import sac_activations
+
+    shape = _shape()
+    t, e = 1024, 2
+    expected = e * t * (LLAMA.hidden_size + LLAMA.q_width + LLAMA.kv_width + LLAMA.ffn_hidden_size + LLAMA.q_width
+                        + LLAMA.hidden_size) + 4 * t * LLAMA.num_heads
+    assert sac_activations(LLAMA, shape) == expected
+    titan = layer_cost(LLAMA, HW, JobSpec(global_batch=8, seq_len=1024, trainer="torchtitan"), tp=1, cp=1, mbs=1,
+                       sp=False)
+    assert titan.act.selective == min(expected, layer_activations(LLAMA, shape).selective)

@@ -1,0 +1,100 @@
+"""Issue 17: Ctrl-C, for every command and at any point: one `error: interrupted` line, exit 130, no temporary file.
+
+The commands run as a user runs them (`python -m autotune`, SIGINT at its default disposition, as in a terminal)
+and get SIGINT at several points: during the imports, the search (inside CP-SAT solves, whose own SIGINT
+handler must not take over), between the sizes of `scale`, while timing ops, and in the middle of a write.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.interrupts import EXIT_CODE
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(not hasattr(signal, "sigwait"), reason="POSIX signals")
+
+#: (label, arguments, delays in seconds). Each command runs well past its last delay.
+COMMANDS = [
+    ("plan --out", ["plan", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "16384", "--global-batch", "1024",
+                    "--seq-len", "8192", "--time-limit", "60", "--trainer", "megatron", "--out", "{out}"],
+     (0.3, 0.8, 1.5, 3.0)),
+    ("scale", ["scale", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "4096,8192,16384", "--global-batch",
+               "1024", "--seq-len", "8192", "--time-limit", "60"], (1.0, 2.5)),
+]
+
+
+def _interrupt(args: list[str], delay: float, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120"}
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 5, "the interrupt was not answered at once"
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _temporary_files(directory: Path) -> list[Path]:
+    return [p for p in directory.rglob("*") if p.name.startswith(".") and p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("label,args,delays", COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_sigint_at_any_point_gives_one_line_and_130(label, args, delays, tmp_path):
+    for delay in delays:
+        out = tmp_path / f"out-{delay}"
+        proc = _interrupt([a.replace("{out}", str(out)) for a in args], delay, tmp_path)
+        assert (proc.returncode, proc.stderr) == (EXIT_CODE, "error: interrupted\n"), (label, delay, proc.stderr)
+        assert not _temporary_files(tmp_path), (label, delay)
+
+
+def test_sigint_during_profiling_ops(tmp_path):
+    pytest.importorskip("torch")
+    args = ["profile", "--model", "tiny-gpt", "--device", "cpu", "--seq-len", "256", "--tp", "1,2,4", "--repeats", "50",
+            "--out", str(tmp_path / "prof.json")]
+    for delay in (1.0, 3.0):
+        proc = _interrupt(args, delay, tmp_path)
+        assert (proc.returncode, proc.stderr) == (EXIT_CODE, "error: interrupted\n"), (delay, proc.stderr)
+        assert not _temporary_files(tmp_path) and not (tmp_path / "prof.json").exists()
+
+
+WRITER = """
+import os, sys, time
+from pathlib import Path
+sys.argv[0] = "autotune"
+from autotune import interrupts
+interrupts.install()
+from autotune import fileio
+real_replace = os.replace
+def slow_replace(src, dst):
+    print("replacing", flush=True)
+    time.sleep(0.5)
+    real_replace(src, dst)
+os.replace = slow_replace
+fileio.write_files(Path(sys.argv[1]), [("a.txt", "A" * 100000), ("b.txt", "B")])
+print("after the write", flush=True)
+time.sleep(30)
+"""
+
+
+def test_sigint_during_a_write_lets_it_finish_and_leaves_no_temporary_file(tmp_path):
+    """SIGINT between the temporary files and their renames: the write completes (both files, whole), then the
+    process ends with the line and 130 before going on."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "replacing\n"
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=30)
+    assert (proc.returncode, err) == (EXIT_CODE, "error: interrupted\n")
+    assert "after the write" not in rest
+    assert (out / "a.txt").read_text() == "A" * 100000 and (out / "b.txt").read_text() == "B"
+    assert not _temporary_files(tmp_path)
