@@ -8,8 +8,9 @@ import time
 from dataclasses import dataclass
 
 
-#: CP-SAT deterministic time one solve may spend at most (a unit is of the order of a second of CP-SAT on one
-#: core; budgets of conflicts stop most solves far earlier).
+#: The least CP-SAT deterministic time one solve is allowed (a unit is of the order of a second of CP-SAT on one
+#: core; budgets of conflicts stop most solves far earlier). A solve may spend a sixth of the search's work,
+#: so that one hard candidate cannot take it all, and never less than this.
 SOLVE_WORK = 5.0
 
 
@@ -27,10 +28,12 @@ class Budget:
     """Some work was left undone for lack of budget (or time)."""
     spent: float = 0.0
     """Deterministic time used so far."""
+    per_solve: float = SOLVE_WORK
+    """The most one CP-SAT solve may spend."""
 
     @classmethod
     def from_limits(cls, work: float, time_limit_s: float = math.inf) -> Budget:
-        return cls(work=work, deadline=time.perf_counter() + time_limit_s)
+        return cls(work=work, deadline=time.perf_counter() + time_limit_s, per_solve=max(SOLVE_WORK, work / 6))
 
     def clock_struck(self) -> bool:
         """Whether the wall-clock safety net has struck (checked now)."""

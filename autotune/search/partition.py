@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from autotune.costmodel.pipeline import SPLIT_BACKWARD, critical_path
-from autotune.search.budget import SOLVE_WORK, Budget
+from autotune.search.budget import Budget
 from autotune.search.tables import CandidateCosts, chunk_range, window_s
 from autotune.units import to_solver_time
 
@@ -243,7 +243,7 @@ def _pipe_upper(cc: CandidateCosts, num_layers: int) -> int:
 
 
 #: Search strategies tried in turn, each with a budget of conflicts (None: only the deterministic-time cap,
-#: SOLVE_WORK). CP-SAT's default search proves most partitions in milliseconds but can crawl along the
+#: Budget.per_solve). CP-SAT's default search proves most partitions in milliseconds but can crawl along the
 #: objective when full recompute makes the LP relaxation weak; fixed-order and LP-guided branching finish
 #: those at once.
 _ATTEMPTS = (("AUTOMATIC_SEARCH", 5_000), ("FIXED_SEARCH", 20_000), ("LP_SEARCH", 20_000), ("AUTOMATIC_SEARCH", None))
@@ -261,9 +261,9 @@ def _solver(branching: str, conflicts: int | None, budget: Budget):
     solver.parameters.search_branching = getattr(cp_model, branching)
     if conflicts is not None:
         solver.parameters.max_number_of_conflicts = conflicts
-    solver.parameters.max_deterministic_time = max(min(SOLVE_WORK, budget.work), 0.0)
+    solver.parameters.max_deterministic_time = max(min(budget.per_solve, budget.work), 0.0)
     # No wall-clock limit reaches CP-SAT, so that nothing it does depends on the machine: the clock is read
-    # between solves (Budget.exhausted), and the safety net may overrun by one solve of at most SOLVE_WORK.
+    # between solves (Budget.exhausted), and the safety net may overrun by one solve (budget.per_solve).
     return solver
 
 
