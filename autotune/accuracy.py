@@ -279,8 +279,12 @@ def format_report(report: Report) -> str:
 #: The rule for every knob a public row does not publish (or publishes as free text), in one place; the
 #: report prints them in its header.
 RULES: tuple[tuple[str, str], ...] = (
-    ("rows", "dense pretraining rows only: MoE rows (is_moe yes; expert parallelism is not modelled) and other "
-             "tasks are listed as skipped with the reason"),
+    ("rows", "dense pretraining rows; MoE rows (is_moe yes) are listed as skipped here and evaluated in the MoE "
+             "section below (no figure is fitted to them); other tasks are listed as skipped with the reason"),
+    ("moe", "MoE rows (is_moe yes): the catalog model of the row's name (its config.json shape: head_dim, expert "
+            "width, biases, which the shape columns lack), checked against the row's layers, hidden size, experts "
+            "and top-k; balanced routing (moe_imbalance 1.0: the rows' source forces it, or drops tokens at "
+            "capacity); ep and etp as published, blank etp -> tp (Megatron's default)"),
     ("model", "the row's shape columns as a Llama-family ModelSpec: SwiGLU, RMSNorm, RoPE, no bias, no dropout, "
               "untied embeddings, head_dim = hidden/heads; a reduced-depth 405B proxy keeps its num_layers"),
     ("hardware", "H100 -> h100-sxm (80 GB HBM3, 700 W); torchtitan's Grand Teton H100 (gpu_note '96GB HBM2e') -> "
@@ -471,7 +475,9 @@ def row_trainer(row: dict[str, str]) -> str:
 
 
 def row_model(row: dict[str, str]) -> ModelSpec:
-    """RULES 'model'."""
+    """RULES 'model' (dense) and 'moe'."""
+    if row["is_moe"].strip().lower() == "yes":
+        return row_moe_model(row)
     hidden, heads = _int(row, "hidden_size"), _int(row, "num_attention_heads")
     kv = _int(row, "num_kv_heads", heads)
     if hidden % heads or heads % kv:
@@ -481,6 +487,20 @@ def row_model(row: dict[str, str]) -> ModelSpec:
                      vocab_size=_int(row, "vocab_size"), activation="swiglu", norm="rmsnorm", tied_embeddings=False,
                      bias="none", dropout=False, causal=True, position_embedding="rope",
                      source="shape columns of published-runs-public.csv (Llama family)")
+
+
+def row_moe_model(row: dict[str, str]) -> ModelSpec:
+    """RULES 'moe': the catalog entry named like the row's model, if its shape agrees with the row's columns."""
+    name = row["model"].strip().lower()
+    try:
+        model = load_model(name)
+    except SpecError:
+        raise RowSkipped(f"MoE model {row['model']!r} has no catalog entry {name!r}") from None
+    for column, value in (("num_layers", model.num_layers), ("hidden_size", model.hidden_size),
+                          ("num_experts", model.num_experts), ("moe_top_k", model.moe_top_k)):
+        if _int(row, column, value) != value:
+            raise RowSkipped(f"{column} {row[column]} differs from catalog {name}'s {value}")
+    return model
 
 
 def row_hardware(row: dict[str, str]) -> HardwareSpec:
@@ -510,7 +530,7 @@ def row_job(row: dict[str, str], trainer: str) -> JobSpec:
     grad_reduce = "bf16" if row["source_id"].strip() in BF16_GRAD_REDUCE_SOURCES else "fp32"
     return JobSpec(global_batch=_int(row, "global_batch_size"), seq_len=_int(row, "seq_len"), dtype=dtype,
                    flash_attention=True, fused_kernels=fused, grad_reduce=grad_reduce,  # type: ignore[arg-type]
-                   trainer=trainer)  # type: ignore[arg-type]
+                   trainer=trainer, moe_imbalance=1.0)  # type: ignore[arg-type]
 
 
 def row_recompute(row: dict[str, str], trainer: str, model: ModelSpec) -> str:
@@ -555,7 +575,8 @@ def published_plan(row: dict[str, str], model: ModelSpec, job: JobSpec, trainer:
         overlap = sp and not re.search(r"tp_comm_overlap\s*=\s*false", settings)
     else:
         overlap = sp and bool(re.search(r"async\s*-?\s*tp", settings))
-    return Plan(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, num_microbatches=local // mbs,
+    ep, etp = (_int(row, "ep", 1), _int(row, "etp", tp)) if model.is_moe else (1, 1)
+    return Plan(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, num_microbatches=local // mbs, ep=ep, etp=etp,
                 schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp,
                 recompute=row_recompute(row, trainer, model), zero=zero,  # type: ignore[arg-type]
                 sequence_parallel=sp, tp_overlap=overlap, vocab="ends",
@@ -611,10 +632,23 @@ def representable(plan: Plan, model: ModelSpec, job: JobSpec, hw: HardwareSpec) 
 
 
 def row_case(row: dict[str, str]) -> Case:
-    """One public row as a Case, or RowSkipped with the reason."""
-    if row["is_moe"].strip().lower() == "yes":
-        raise RowSkipped(f"MoE ({row['num_experts'] or '?'} experts, top-{row['moe_top_k'] or '?'}): expert "
-                         "parallelism is not modelled")
+    """One public dense row as a Case, or RowSkipped with the reason (MoE rows: moe_case)."""
+    if is_moe_row(row):
+        raise RowSkipped(f"MoE ({row['num_experts'] or '?'} experts, top-{row['moe_top_k'] or '?'}): evaluated in "
+                         "the MoE section (RULES 'moe')")
+    return _case(row)
+
+
+def is_moe_row(row: dict[str, str]) -> bool:
+    return row["is_moe"].strip().lower() == "yes"
+
+
+def moe_case(row: dict[str, str]) -> Case:
+    """One public MoE row as a Case (RULES 'moe'), or RowSkipped with the reason."""
+    return _case(row)
+
+
+def _case(row: dict[str, str]) -> Case:
     if row["task"].strip().lower() != "pretrain":
         raise RowSkipped(f"task {row['task']!r} is not pretraining")
     trainer = row_trainer(row)
@@ -686,13 +720,19 @@ class PublicReport:
     """The fit on every family (for comparison with the shipped value; the in-sample column does not use it)."""
     fitted_lofo: dict[str, dict[str, float]]
     """The fit without each family: held-out family -> figure -> value."""
+    moe_rows: tuple[PublicRow, ...] = ()
+    """The MoE rows (issue 14), with the shipped files (nothing is fitted to them: LOFO = in-sample)."""
+    moe: Summary | None = None
+    """Their figures."""
 
     def to_dict(self) -> dict:
         return {"source": self.data, "fitted": FIT_STATEMENT, "rules": dict(RULES),
                 "fitted_values": {"shipped": self.shipped, "all_families": self.fitted_all,
                                   "without_family": self.fitted_lofo},
                 "overall": asdict(self.overall), "subsets": [asdict(s) for s in self.subsets],
-                "skipped": [asdict(s) for s in self.skipped], "rows": [asdict(r) for r in self.rows]}
+                "skipped": [asdict(s) for s in self.skipped], "rows": [asdict(r) for r in self.rows],
+                "moe": None if self.moe is None else {"summary": asdict(self.moe),
+                                                      "rows": [asdict(r) for r in self.moe_rows]}}
 
 
 def public_row(row: dict[str, str], case: Case, predicted: float, lofo: float) -> PublicRow:
@@ -750,9 +790,26 @@ def public_report(data: Path = PUBLIC_DATA, fit: Fit | None = None) -> PublicRep
     for r in rows:
         groups[(r.source_id, r.gpu_type, r.precision)].append(r)
     subsets = tuple(_summary(" ".join(key), groups[key]) for key in sorted(groups))
+    moe_rows = tuple(moe_public_rows(data))
     return PublicReport(data=_display_path(data), rows=tuple(rows), subsets=subsets, overall=_summary("all", rows),
                         skipped=tuple(sorted(skipped, key=lambda s: s.row_id)), shipped=shipped_values(),
-                        fitted_all=fitted_all, fitted_lofo=fitted_lofo)
+                        fitted_all=fitted_all, fitted_lofo=fitted_lofo, moe_rows=moe_rows,
+                        moe=_summary("MoE rows", moe_rows) if moe_rows else None)
+
+
+def moe_public_rows(data: Path = PUBLIC_DATA) -> list[PublicRow]:
+    """The MoE rows the cost model can represent (RULES 'moe'), predicted with the shipped files."""
+    out = []
+    for row in read_rows(data):
+        if not is_moe_row(row):
+            continue
+        try:
+            case = moe_case(row)
+            step = shipped_step(case)
+        except (RowSkipped, SpecError):
+            continue  # listed among the skipped rows of the dense report with its MoE reason
+        out.append(public_row(row, case, step, step))
+    return sorted(out, key=lambda r: r.row_id)
 
 
 def _display_path(path: Path) -> str:
@@ -837,6 +894,10 @@ def format_public(report: PublicReport) -> str:
     lines += ["", "Per row (so: s = sequence parallel, o = tp overlap; z = ZeRO stage; m = micro-batches; the last "
               "columns are the cost model's step-time terms, s):", head, "-" * len(head)]
     lines += [_row_line(r) for r in report.rows]
+    if report.moe is not None:
+        lines += ["", "MoE rows (issue 14; RULES 'moe'; nothing fitted to them, so LOFO = in-sample):", _summary_head(),
+                  _summary_line(report.moe), head, "-" * len(head)]
+        lines += [_row_line(r) for r in report.moe_rows]
     return "\n".join(lines)
 
 

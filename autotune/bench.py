@@ -35,6 +35,10 @@ PLANNER_CASES = (
     ("llama3-70b", "h100-sxm", 1024, 1024, 8192, 1.0),
     ("llama3-405b", "h100-sxm", 16384, 2048, 8192, 2.0),
     ("gpt3-175b", "a100-80gb", 1024, 1536, 2048, 1.0),
+    # mixture-of-experts (issue 14): ep and etp multiply the candidates (9 ep degrees for 256 experts)
+    ("deepseek-v3", "h100-sxm", 1024, 4096, 4096, 10.0),
+    ("qwen3-235b-a22b", "h100-sxm", 1024, 4096, 4096, 10.0),
+    ("mixtral-8x22b", "h100-sxm", 1024, 4096, 4096, 10.0),
 )
 
 
@@ -73,7 +77,8 @@ def planner_speed(repeats: int) -> list[str]:
         case = f"{name} / {gpus} x {gpu} / gbs {gbs} / seq {seq}"
         lines.append(f"  {case:<44} {statistics.median(times):>8.2f} {target:>6.1f} {result.status:<8} "
                      f"{s.candidates:>10} {s.pruned_bound:>7} {s.pruned_memory:>6} {s.solved:>6} {s.work:>7.3f}  "
-                     f"tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp} mbs{p.mbs} {p.schedule} v{p.vpp} {p.recompute} "
+                     f"tp{p.tp} pp{p.pp} dp{p.dp} cp{p.cp}" + (f" ep{p.ep} etp{p.etp}" if model.is_moe else "")
+                     + f" mbs{p.mbs} {p.schedule} v{p.vpp} {p.recompute} "
                      f"zero{p.zero} -> {result.best.step_time_s:.6f} s, {result.best.mfu:.1%} MFU")
     return lines
 

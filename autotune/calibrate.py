@@ -49,9 +49,10 @@ import numpy as np
 from autotune.catalog import PROFILES_DIR, load_hardware, load_model, read_json
 from autotune.costmodel.estimate import CostModel
 from autotune.errors import SpecError
-from autotune.fileio import write_file
+from autotune.fileio import decode_text, read_bounded, write_file
 from autotune.specs.hardware import Efficiency, HardwareSpec, hardware_from_dict
 from autotune.specs.job import JobSpec
+from autotune.specs.limits import MAX_RUNS_FILE_BYTES, int_maximum
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import (
     RECOMPUTES,
@@ -154,10 +155,9 @@ class Calibration:
 # ----------------------------------------------------------------------------------------------- reading
 def read_runs(path: Path) -> RunsFile:
     """Parse and check a runs file; every error names file:line and the field."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the runs file ({exc.strerror})") from None
+    raw = read_bounded(path, str(path), MAX_RUNS_FILE_BYTES, noun="the runs file",
+                       fix="give a CSV of measured runs (see the docs)")
+    lines = decode_text(raw, f"{path}: the runs file").splitlines()
     numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip() and not line.lstrip().startswith("#")]
     if not numbered:
         raise SpecError(f"{path}: no header line; the columns are {', '.join(REQUIRED)}")
@@ -238,6 +238,8 @@ def _int(where: str, key: str, raw: str, *, minimum: int) -> int:
         raise SpecError(f"{where}: {key}: must be a whole number, got {raw!r}") from None
     if value < minimum:
         raise SpecError(f"{where}: {key}: must be >= {minimum}, got {value}")
+    if value > int_maximum(key):
+        raise SpecError(f"{where}: {key}: {value} exceeds the maximum of {int_maximum(key):,}")
     return value
 
 

@@ -2,43 +2,45 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune import fileio
 from autotune.specs.hardware import HardwareSpec, hardware_from_dict
-from autotune.specs.limits import MAX_JSON_BYTES, check_name
+from autotune.specs.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, NAME_PATTERN, check_name
 from autotune.specs.model import ModelSpec, model_from_dict, model_from_hf_config
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
 
 def read_json(path: Path, what: str, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
-    """Load a JSON file of at most `max_bytes`, turning I/O, size and syntax problems into one-line errors
-    naming the file. Only regular files are read (a FIFO or device could block or never end)."""
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise SpecError(f"{what} {path}: cannot read (not a regular file); give a JSON file")
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(max_bytes + 1)
-    except OSError as exc:
-        raise SpecError(f"{what} {path}: cannot read ({exc.strerror or exc})") from None
-    if len(raw) > max_bytes:
-        raise SpecError(f"{what} {path}: larger than the maximum of {max_bytes:,} bytes; give a smaller file")
-    return parse_json(raw, f"{what} {path}")
+    """Load a JSON file of at most `max_bytes` bytes and MAX_JSON_DEPTH levels, turning I/O, size, encoding,
+    nesting and syntax problems into one-line errors naming the file (autotune/fileio.py)."""
+    where = f"{what} {path}"
+    return parse_json(fileio.read_bounded(path, where, max_bytes, fix="give a JSON file"), where)
 
 
 def parse_json(raw: bytes | str, where: str) -> Any:
-    """JSON text (already read) to Python; syntax, encoding, nesting and huge-number problems are one line."""
+    """JSON already read (a file's bytes, stdin) to Python, at most MAX_JSON_DEPTH levels deep; encoding, nesting,
+    syntax and out-of-range numbers are one-line errors naming `where`."""
+    return fileio.parse_json(raw, where, max_depth=MAX_JSON_DEPTH)
+
+
+def _catalog_file(kind: str, name: str) -> Path | None:
+    """profiles/<kind>/<name>.json when `name` is a catalog name (a name without `/`, checked before any path is
+    built from it) and the file exists; else None."""
+    if NAME_PATTERN.fullmatch(name) is None or "/" in name:
+        return None
+    path = PROFILES_DIR / kind / f"{name}.json"
+    return path if path.is_file() else None
+
+
+def _is_file(path: str) -> bool:
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except (ValueError, RecursionError) as exc:  # not UTF-8, a number of thousands of digits, deep nesting
-        detail = " ".join(str(exc).split()[:12])
-        raise SpecError(f"{where}: unreadable JSON ({type(exc).__name__}: {detail})") from None
+        return Path(path).is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
 
 
 def model_names() -> list[str]:
@@ -51,12 +53,12 @@ def hardware_names() -> list[str]:
 
 def load_model(name_or_path: str) -> ModelSpec:
     """A catalog model by name, or a file: autotune's own model format or a Hugging Face config.json."""
-    catalog = PROFILES_DIR / "models" / f"{name_or_path}.json"
-    if catalog.is_file():
+    catalog = _catalog_file("models", name_or_path)
+    if catalog is not None:
         return model_from_dict(read_json(catalog, "model file"), str(catalog))
     check_name(name_or_path, "path", "--model")  # a config.json's path becomes the model's name
     path = Path(name_or_path)
-    if not path.is_file():
+    if not _is_file(name_or_path):
         raise SpecError(f"--model {name_or_path!r}: not a catalog model or a file; known models: "
                         f"{', '.join(model_names())} (see `autotune models`)")
     data = read_json(path, "model file")
@@ -67,9 +69,10 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def load_hardware(name_or_path: str) -> HardwareSpec:
     """A catalog GPU by name, or a hardware file by path."""
-    catalog = PROFILES_DIR / "hardware" / f"{name_or_path}.json"
-    path = catalog if catalog.is_file() else Path(name_or_path)
-    if not path.is_file():
+    catalog = _catalog_file("hardware", name_or_path)
+    path = catalog if catalog is not None else Path(name_or_path)
+    if catalog is None and not _is_file(name_or_path):
+        check_name(name_or_path, "name", "--gpu")  # a very long or odd --gpu gets the name rule, not an OSError
         raise SpecError(f"--gpu {name_or_path!r}: not a catalog GPU or a file; known GPUs: "
                         f"{', '.join(hardware_names())} (see `autotune hardware`)")
     return hardware_from_dict(read_json(path, "hardware file"), str(path))

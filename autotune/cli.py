@@ -14,6 +14,7 @@ if interrupts.is_entry_point():  # first of all: Ctrl-C during the imports below
 
 import os  # noqa: E402  (every import below follows the Ctrl-C handling on purpose)
 import sys  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from dataclasses import dataclass, fields, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -21,7 +22,7 @@ from typing import Annotated, Any  # noqa: E402
 
 import typer  # noqa: E402
 
-from autotune import render
+from autotune import __version__, render
 from autotune.catalog import (
     PROFILES_DIR,
     hardware_names,
@@ -33,15 +34,16 @@ from autotune.catalog import (
     read_json,
 )
 from autotune.costmodel.estimate import CostModel
-from autotune.costmodel.measured import check_profile_model, profile_warnings
-from autotune.documents import PLAN_FILE, emit_input_from_document
+from autotune.costmodel.measured import OpCoverage, check_profile_model, profile_warnings
+from autotune.documents import PLAN_FILE, document_trainer, emit_input_from_document
 from autotune.emit import TRAINERS, EmitInput, EmitResult
 from autotune.emit import emit as emit_config
-from autotune.errors import AutotuneError, InvalidPlanError, SolverLimitError, SpecError
+from autotune.errors import AutotuneError, InfeasibleError, InvalidPlanError, SolverLimitError, SpecError
 from autotune.fileio import check_target, slug, write_file, write_files
 from autotune.scaling import DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, global_batch_for_tokens, scale
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, PlanResult, search
 from autotune.search.space import SearchSpace, check_space, enumerate_candidates
+from autotune.search.trainers import best_per_trainer, reestimator
 from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -56,6 +58,7 @@ from autotune.specs.limits import (
 from autotune.specs.model import ModelSpec
 from autotune.specs.profile import Profile, load_profile
 from autotune.specs.tpgrid import MODES
+from autotune.specs.trainers import FORK_CAPS, TrainerCaps, caps_for
 from autotune.specs.plan import (
     DEFAULT_BUCKET,
     RECOMPUTES,
@@ -69,6 +72,20 @@ from autotune.specs.plan import (
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest parallel plan for training a Transformer on a GPU cluster.")
+
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"autotune {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _global_options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                          help="Print the version and exit.")] = False) -> None:
+    """Find the fastest parallel plan for training a Transformer on a GPU cluster."""
+
 
 # typer >= 0.20 vendors click, older versions use click itself; both export BadParameter, whose base
 # ClickException covers every usage error.
@@ -131,6 +148,11 @@ GradOpt = Annotated[str, typer.Option("--grad-reduce", metavar="fp32|bf16",
 KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
                                                 help="Whose kernels and overlap to cost (default: the --trainer, "
                                                      "else megatron).")]
+EpOpt = _pin("--ep", "Expert-parallel degree, MoE models (default: 1).")
+EtpOpt = _pin("--etp", "Expert-tensor-parallel degree, MoE models (default: 1).")
+SEpOpt = _pin("--ep", "Expert-parallel degree, MoE models; one value or a comma list (default: searched).")
+SEtpOpt = _pin("--etp", "Expert-tensor-parallel degree, MoE models; one value or a comma list (default: 1 or "
+               "tp, searched).")
 PlanFileOpt = Annotated[str | None, typer.Option("--plan", metavar="FILE",
                                                  help="Read the plan from a JSON file (- reads stdin).")]
 
@@ -160,8 +182,16 @@ WorkLimitOpt = Annotated[float, typer.Option("--work-limit", metavar="W", help="
                                              "CP-SAT deterministic seconds (the same on every machine): an "
                                              "unfinished search stops here with the best plan so far (exit 3).")]
 TORCHTITAN_FORMATS = ("cli", "toml")
-TrainerOpt = Annotated[str | None, typer.Option("--trainer", metavar="|".join(TRAINERS), help="Also write this "
-                                                "trainer's launch config(s) and plan.json into --out DIR.")]
+TrainerOpt = Annotated[str | None, typer.Option("--trainer", metavar="|".join(TRAINERS), help="Search only plans "
+                                                "this trainer runs as planned (its schedules, ZeRO stages, CP, TP "
+                                                "modes, layer splits); with --out DIR, also write its launch "
+                                                "config(s) there. Without it, the output says which trainers run "
+                                                "the best plan.")]
+ForkOpt = Annotated[str | None, typer.Option("--fork", metavar="|".join(FORK_CAPS), help="With --trainer megatron: "
+                                             "also search what a Megatron-LM fork adds: vocab-parallel "
+                                             "(sail-sg/VocabularyParallelism: --vocab parallel) or zero-bubble "
+                                             "(sail-sg/zero-bubble-pipeline-parallelism: zb-h1, v-half; its flags "
+                                             "are not emitted).")]
 PlanOutOpt = Annotated[str | None, typer.Option("--out", metavar="DIR", help="Directory for plan.json (the --json "
                                                 "document) and, with --trainer, the launch config(s).")]
 FormatOpt = Annotated[str | None, typer.Option("--torchtitan-format", metavar="|".join(TORCHTITAN_FORMATS),
@@ -169,8 +199,20 @@ FormatOpt = Annotated[str | None, typer.Option("--torchtitan-format", metavar="|
                                                "0.2.x TOML file.")]
 StrictOpt = Annotated[bool, typer.Option("--strict", help="Fail (exit 1, nothing written) when the trainer cannot "
                                          "express the plan exactly.")]
+MockDataOpt = Annotated[bool, typer.Option("--mock-data", help="Launch files for a smoke run: synthetic data, no "
+                                           "tokenizer (without it DATA_PATH, TOKENIZER_MODEL and CHECKPOINT_DIR are "
+                                           "required).")]
+RunTokensOpt = Annotated[float, typer.Option("--train-tokens", metavar="N", help="Tokens to train: the launch "
+                                             "files' step count and LR schedule.")]
 CompareOpt = Annotated[str | None, typer.Option("--compare", metavar="FILE", help="Your own plan (JSON, - reads "
                                                 "stdin), estimated and shown beside the best one.")]
+BriefOpt = Annotated[bool, typer.Option("--brief", help="One line of key=value words per plan instead of tables "
+                                        "(for shell pipelines).")]
+ForceProfileOpt = Annotated[bool, typer.Option("--force-profile", help="Use a --profile whose collectives were "
+                                               "measured on another device kind or backend than the GPU's "
+                                               "(refused otherwise).")]
+NoTimingsOpt = Annotated[bool, typer.Option("--no-timings", help="Leave the solver's wall time out of --json, so "
+                                            "reruns print the same bytes (plan.json never has it).")]
 
 
 # ------------------------------------------------------------------------------------------ options -> specs
@@ -225,6 +267,8 @@ class Pins:
     sequence_parallel: bool | None = None
     tp_mode: str | None = None
     tp_overlap: bool | None = None
+    ep: str | None = None
+    etp: str | None = None
 
     def given(self) -> list[str]:
         """The flags the user set."""
@@ -285,7 +329,7 @@ def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
         sequence_parallel=(tp > 1 and tp_mode == "1d") if pins.sequence_parallel is None else pins.sequence_parallel,
         vocab=_one_choice(pins.vocab, "--vocab", VOCABS, "ends"), layers_per_stage=layers,
         bucket_size=DEFAULT_BUCKET if pins.bucket_size is None else pins.bucket_size, tp_mode=tp_mode,
-        tp_overlap=bool(pins.tp_overlap))
+        tp_overlap=bool(pins.tp_overlap), ep=_one_int(pins.ep, "--ep", 1), etp=_one_int(pins.etp, "--etp", 1))
 
 
 def read_plan(path: str, pins: Pins) -> Plan:
@@ -314,7 +358,8 @@ def read_document(path: str, flag: str) -> Any:
     return parse_json(raw, f"{flag} -: stdin")
 
 
-def load_cost_profile(path: str | None, gpu: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec) -> Profile | None:
+def load_cost_profile(path: str | None, gpu: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec,
+                      force: bool = False) -> Profile | None:
     """--profile FILE, else the shipped profiles/measured/<gpu>-<model>.json, else None (roofline); a profile
     for another model is an error, one measured on another device or dtype a warning."""
     if path is None:
@@ -324,8 +369,73 @@ def load_cost_profile(path: str | None, gpu: str, model: ModelSpec, hw: Hardware
         path = str(shipped)
     profile = load_profile(path)
     check_profile_model(profile, model)
+    check_comm_profile(profile, hw, force)
     show_warnings(profile_warnings(profile, hw, job.dtype))
     return profile
+
+
+def check_comm_profile(profile: Profile, hw: HardwareSpec, force: bool) -> None:
+    """Measured collectives replace the GPU's links (costmodel/measured.apply_comm): ones timed on a CPU, over
+    gloo or on another GPU would price the cluster's NVLink and network at that speed, so they are refused unless
+    --force-profile says so."""
+    if not profile.comm or force:
+        return
+    backends = sorted({tier.backend for tier in profile.comm.values()})
+    same_gpu = profile.device.kind == "cuda" and hw.name.split("-")[0].lower() in profile.device.name.lower()
+    if not same_gpu or backends != ["nccl"]:
+        raise SpecError(f"--profile {profile.path}: its collectives ({', '.join(sorted(profile.comm))}) were timed on "
+                        f"{profile.device.kind} {profile.device.name!r} over {', '.join(backends)}, not on {hw.name} "
+                        f"over nccl, and would replace {hw.name}'s links; measure them on the cluster (`autotune "
+                        "profile --comm --device cuda`), or add --force-profile to use them anyway")
+
+
+def coverage_warnings(coverage: OpCoverage, plan: Plan) -> list[str]:
+    """A warning when a profile is in use but the plan's shapes are outside it (those ops cost by roofline)."""
+    if coverage.source == "roofline" or not coverage.fallback:
+        return []
+    return [f"the plan's shapes (tp {plan.tp}, mbs {plan.mbs}, cp {plan.cp}) are outside --profile {coverage.source}: "
+            f"{coverage.total - coverage.measured} of {coverage.total} ops cost by the roofline instead; measure "
+            f"them with `autotune profile --tp {plan.tp} --mbs {plan.mbs}`"]
+
+
+def check_whole_nodes(gpus: int, hw: HardwareSpec, flag: str = "--gpus") -> None:
+    """A job of more than one node uses whole nodes: a part-filled last node leaves a stage short or empty, and no
+    scheduler hands out 7.5 nodes. One node may be used in part."""
+    node = hw.gpus_per_node
+    if gpus > node and gpus % node:
+        lower, upper = gpus // node * node, (gpus // node + 1) * node
+        raise SpecError(f"{flag} {gpus} is {gpus / node:g} nodes of {node} GPUs ({hw.name}); use whole nodes (e.g. "
+                        f"{flag} {lower} or {upper}), or give --gpus-per-node N if your nodes hold N GPUs")
+
+
+def distinct_fitting(result: PlanResult, top: int) -> PlanResult:
+    """`--top K`: the K fastest runners-up that fit, none shown alike (the same choices as the best plan or an
+    earlier row, differing only in layer split or bucket), without the candidates that do not fit in memory."""
+    seen = {render.plan_brief(result.best.plan)}
+    kept = []
+    for runner in result.runners_up:
+        key = render.plan_brief(runner.estimate.plan)
+        if runner.estimate.fits and key not in seen:
+            seen.add(key)
+            kept.append(runner)
+    return replace(result, runners_up=tuple(kept[:top]))
+
+
+def without_timings(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document without the solver's wall time (plan.json, --no-timings): the same bytes on every rerun."""
+    if isinstance(doc.get("solver"), dict):
+        doc = {**doc, "solver": {k: v for k, v in doc["solver"].items() if k != "wall_s"}}
+    if isinstance(doc.get("points"), list):
+        doc = {**doc, "points": [{k: v for k, v in p.items() if k != "wall_s"} for p in doc["points"]]}
+    return doc
+
+
+def time_limited(seconds: float, what: str) -> interrupts.deadline:
+    """`--time-limit` for a command without a search (estimate, calibrate): past it, one line and exit 3."""
+    if not seconds > 0:
+        raise SpecError(f"--time-limit must be > 0 seconds, got {seconds:g}")
+    return interrupts.deadline(seconds, lambda: SolverLimitError(
+        f"{what}: --time-limit {seconds:g} s reached before it finished; raise --time-limit"))
 
 
 def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
@@ -343,10 +453,11 @@ def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfus
 
 # ------------------------------------------------------------------------------------------ pins -> search space
 def search_space(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int, *,
-                 allow_idle: bool, allow_cross_node_tp: bool) -> SearchSpace:
-    """The pins as a SearchSpace, after checks that turn contradictory pins into one-line errors (exit 1):
-    the planner's own "empty space" error (exit 2) is left for spaces that are empty without any pin."""
-    space = pins_space(pins, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp)
+                 allow_idle: bool, allow_cross_node_tp: bool, trainer: TrainerCaps | None = None) -> SearchSpace:
+    """The pins as a SearchSpace (restricted to what `trainer` runs), after checks that turn contradictory pins
+    into one-line errors (exit 1): the planner's own "empty space" error (exit 2) is left for spaces that are
+    empty without any pin."""
+    space = replace(pins_space(pins, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp), trainer=trainer)
     check_space(space, model, job, gpus, gpus_per_node)
     if pins.given() and next(enumerate_candidates(model, job, gpus, gpus_per_node, space), None) is None:
         raise SpecError(f"no valid plan for {gpus} GPUs meets {pins.typed()} together (tp x pp x dp x cp must be "
@@ -374,7 +485,7 @@ def pins_space(pins: Pins, *, allow_idle: bool, allow_cross_node_tp: bool) -> Se
         sequence_parallel=None if pins.sequence_parallel is None else (pins.sequence_parallel,),
         tp_overlap=None if pins.tp_overlap is None else (pins.tp_overlap,),
         layers_per_stage=layers, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp,
-        tp_mode=choices(pins.tp_mode, "--tp-mode", MODES))
+        tp_mode=choices(pins.tp_mode, "--tp-mode", MODES), ep=ints(pins.ep, "--ep"), etp=ints(pins.etp, "--etp"))
 
 
 def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
@@ -427,6 +538,26 @@ def _show(renderable: Any, as_json: bool) -> None:
 
 
 # ------------------------------------------------------------------------------------- plan documents -> configs
+def document_reestimator(inp: EmitInput) -> Any:
+    """The cost model of a saved plan's job (its catalog GPU, the shipped measured profile if any), for the
+    headers of what a trainer really runs; None when the GPU is not in the catalog (headers then say so)."""
+    try:
+        hw = replace(load_hardware(inp.gpu), gpus_per_node=inp.gpus_per_node)
+        return reestimator(CostModel(inp.model, hw, inp.job, load_cost_profile(None, inp.gpu, inp.model, hw,
+                                                                                inp.job)))
+    except AutotuneError:
+        return None
+
+
+def trainer_caps(trainer: str | None, fork: str | None) -> TrainerCaps | None:
+    """--trainer (and --fork) as the capability row the search is restricted to; None: no restriction."""
+    if trainer is None:
+        if fork is not None:
+            raise SpecError(f"--fork {fork} names a fork of a trainer; add --trainer megatron")
+        return None
+    return caps_for(trainer, fork)
+
+
 def check_emit_options(trainer: str | None, torchtitan_format: str | None, strict: bool) -> None:
     """The trainer and the options that only make sense with one."""
     if trainer is None:
@@ -439,8 +570,15 @@ def check_emit_options(trainer: str | None, torchtitan_format: str | None, stric
         raise SpecError(f"--torchtitan-format {torchtitan_format!r}: use one of {', '.join(TORCHTITAN_FORMATS)}")
 
 
-def launch_config(trainer: str, inp: EmitInput, *, torchtitan_format: str | None, strict: bool) -> EmitResult:
-    """The trainer's files for a plan; under --strict any warning is an error (shown first, nothing written)."""
+def launch_config(trainer: str, inp: EmitInput, *, torchtitan_format: str | None, strict: bool,
+                  reestimate: Any = None, mock_data: bool = False,
+                  train_tokens: float = DEFAULT_TRAIN_TOKENS) -> EmitResult:
+    """The trainer's files for a plan; under --strict any warning is an error (shown first, nothing written).
+    `reestimate` prices what the trainer really runs, for the files' headers (emit/common.py); `mock_data` and
+    `train_tokens` shape the run (emit/runfiles.py)."""
+    if not train_tokens > 0 or train_tokens == float("inf"):
+        raise SpecError(f"--train-tokens {train_tokens:g}: must be a number of tokens > 0, e.g. 1e12")
+    inp = replace(inp, reestimate=reestimate, mock_data=mock_data, train_tokens=train_tokens)
     result = emit_config(trainer, inp, torchtitan_format=torchtitan_format or TORCHTITAN_FORMATS[0])
     if strict and result.warnings:
         show_warnings(result.warnings)
@@ -456,13 +594,15 @@ def show_warnings(warnings: Sequence[str]) -> None:
 
 
 def save_plan(out: str, doc: dict[str, Any], trainer: str | None, *, torchtitan_format: str | None,
-              strict: bool) -> list[Path]:
+              strict: bool, reestimate: Any = None, mock_data: bool = False,
+              train_tokens: float = DEFAULT_TRAIN_TOKENS) -> list[Path]:
     """`plan --out DIR`: plan.json and, with a trainer, its launch config, built from that same document (so
     that `autotune emit --plan DIR/plan.json` gives the same bytes); all written atomically."""
-    files, warnings = [(PLAN_FILE, render.dump_json(doc) + "\n")], ()
+    files, warnings = [(PLAN_FILE, render.dump_json(without_timings(doc)) + "\n")], ()
     if trainer is not None:
         inp = emit_input_from_document(doc, PLAN_FILE)
-        result = launch_config(trainer, inp, torchtitan_format=torchtitan_format, strict=strict)
+        result = launch_config(trainer, inp, torchtitan_format=torchtitan_format, strict=strict,
+                               reestimate=reestimate, mock_data=mock_data, train_tokens=train_tokens)
         files, warnings = files + list(result.files), result.warnings
     written = write_files(Path(out), files)
     show_warnings(warnings)
@@ -511,24 +651,35 @@ def estimate(
     plan_file: PlanFileOpt = None, json_out: JsonOpt = False,
     ops: Annotated[bool, typer.Option("--ops", help="Also show compute time by operator category.")] = False,
     allow_cross_node_tp: CrossTpOpt = False, profile: ProfileOpt = None, tp_overlap: OverlapOpt = None,
-    grad_reduce: GradOpt = "fp32", kernels: KernelsOpt = None,
+    grad_reduce: GradOpt = "fp32", kernels: KernelsOpt = None, brief: BriefOpt = False,
+    force_profile: ForceProfileOpt = False, ep: EpOpt = None, etp: EtpOpt = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock limit in seconds "
+                                              "(exit 3 when it strikes).")] = DEFAULT_TIME_LIMIT_S,
 ) -> None:
     """Evaluate one plan and explain its step time and memory term by term."""
+    if brief and json_out:
+        raise SpecError("--brief and --json each replace the tables; pick one")
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
+    check_whole_nodes(gpus, hw)
     job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, num_microbatches=num_microbatches,
                 recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel,
-                tp_mode=tp_mode, tp_overlap=tp_overlap)
+                tp_mode=tp_mode, tp_overlap=tp_overlap, ep=ep, etp=etp)
     plan = read_plan(plan_file, pins) if plan_file is not None else single_plan(pins, spec, job, gpus)
     check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
     check_simulation_size(plan, "estimate")
-    cm = CostModel(spec, hw, job, load_cost_profile(profile, gpu, spec, hw, job))
-    est, coverage = cm.estimate(plan), cm.op_coverage(plan)
-    if json_out:
+    cm = CostModel(spec, hw, job, load_cost_profile(profile, gpu, spec, hw, job, force_profile))
+    with time_limited(time_limit, "estimate"):
+        est, coverage = cm.estimate(plan), cm.op_coverage(plan)
+        timeline = None if json_out or brief else cm.timeline(plan)
+    show_warnings(coverage_warnings(coverage, plan))
+    if brief:
+        typer.echo(render.brief_line(est))
+    elif json_out:
         _show({**render.estimate_json(est, spec, hw, job), "op_costs": coverage.as_dict()}, True)
     else:
-        _show(render.estimate_report(est, spec, hw, job, ops=ops, timeline=cm.timeline(plan)), False)
+        _show(render.estimate_report(est, spec, hw, job, ops=ops, timeline=timeline), False)
         typer.echo(coverage.line())
 
 
@@ -544,33 +695,63 @@ def plan(
     compare: CompareOpt = None, json_out: JsonOpt = False,
     trainer: TrainerOpt = None, out: PlanOutOpt = None, torchtitan_format: FormatOpt = None, strict: StrictOpt = False,
     profile: ProfileOpt = None, tp_overlap: SOverlapOpt = None, grad_reduce: GradOpt = "fp32",
-    kernels: KernelsOpt = None,
+    kernels: KernelsOpt = None, fork: ForkOpt = None, brief: BriefOpt = False,
+    force_profile: ForceProfileOpt = False, no_timings: NoTimingsOpt = False,
+    mock_data: MockDataOpt = False, train_tokens: RunTokensOpt = DEFAULT_TRAIN_TOKENS, ep: SEpOpt = None,
+    etp: SEtpOpt = None,
 ) -> None:
     """Search for the fastest plan that fits; show it, the runners-up and why they lost (exit 3: not proven).
-    With --trainer T --out DIR, also write DIR/plan.json and T's launch config(s)."""
+    With --trainer T, only plans T runs; with --out DIR, also write DIR/plan.json and T's launch config(s)."""
+    started = time.monotonic()  # --time-limit bounds the whole command: the trainers' searches get what is left
     check_emit_options(trainer, torchtitan_format, strict)
-    if trainer is not None and out is None:
-        raise SpecError(f"--trainer {trainer} needs --out DIR, the directory for plan.json and the launch config")
+    if brief and json_out:
+        raise SpecError("--brief and --json each replace the tables; pick one")
+    if not time_limit > 0:
+        raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit:g}")
+    caps = trainer_caps(trainer, fork)
+    if (strict or torchtitan_format is not None) and out is None:
+        raise SpecError("--strict and --torchtitan-format apply to the launch config written with --out DIR; add it")
     if out is not None:
         check_target(Path(out), directory=True)
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
+    check_whole_nodes(gpus, hw)
     job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels or trainer)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode,
-                tp_overlap=False if tp_overlap is None and trainer in ("deepspeed", "colossalai") else tp_overlap)
+                tp_overlap=tp_overlap, ep=ep, etp=etp)
     space = search_space(pins, spec, job, gpus, hw.gpus_per_node, allow_idle=allow_idle,
-                         allow_cross_node_tp=allow_cross_node_tp)
-    measured = load_cost_profile(profile, gpu, spec, hw, job)
+                         allow_cross_node_tp=allow_cross_node_tp, trainer=caps)
+    measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
     mine = compare_plan(compare, spec, hw, job, gpus, space, measured) if compare is not None else None
-    result = run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=time_limit, profile=measured,
-                        work_limit=work_limit)
-    doc = render.plan_json(result, spec, hw, job, mine)
-    written = [] if out is None else save_plan(out, doc, trainer, torchtitan_format=torchtitan_format, strict=strict)
-    if json_out:
-        _show(render.with_files(doc, written) if out is not None else doc, True)
+    left = max(time_limit - (time.monotonic() - started), 1e-3)
+    result = distinct_fitting(run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=left,
+                                         profile=measured, work_limit=work_limit), top)
+    coverage = CostModel(spec, hw, job, measured).op_coverage(result.best.plan)
+    show_warnings(coverage_warnings(coverage, result.best.plan))
+    doc = {**render.plan_json(result, spec, hw, job, mine), "trainer": None if caps is None else caps.name,
+           "op_costs": coverage.as_dict()}
+    fits = () if caps is not None else best_per_trainer(spec, hw, job, gpus, space, result.best.plan,
+                                                        profile=measured, work_limit=work_limit,
+                                                        time_limit_s=max(time_limit - (time.monotonic() - started),
+                                                                         1e-3), own_kernels=kernels is None)
+    if fits:
+        doc["trainers"] = render.trainers_json(fits)
+    written = [] if out is None else save_plan(out, doc, trainer, torchtitan_format=torchtitan_format, strict=strict,
+                                               reestimate=reestimator(CostModel(spec, hw, job, measured)),
+                                               mock_data=mock_data, train_tokens=train_tokens)
+    if brief:
+        typer.echo(render.brief_line(result.best))
+    elif json_out:
+        shown = without_timings(doc) if no_timings else doc
+        _show(render.with_files(shown, written) if out is not None else shown, True)
     else:
+        typer.echo(coverage.line())
         timeline = CostModel(spec, hw, job, measured).timeline(result.best.plan)
         _show(render.plan_report(result, spec, hw, job, mine, timeline), False)
+        if fits:
+            _show(render.trainers_report(fits, result.best), False)
+        elif caps is not None:
+            _show(render.Text(f"searched only plans {caps.name} runs as planned (autotune/specs/trainers.py)"), False)
         if written:
             typer.echo(render.written_report(written))
     if result.status != "OPTIMAL" or result.limit == "time":
@@ -587,14 +768,21 @@ def emit_command(
     torchtitan_format: FormatOpt = None, strict: StrictOpt = False,
     model: Annotated[str | None, typer.Option("--model", metavar="NAME|FILE", help="Check that the plan is for "
                                               "this model.")] = None,
+    mock_data: MockDataOpt = False, train_tokens: RunTokensOpt = DEFAULT_TRAIN_TOKENS,
 ) -> None:
     """Write a trainer's launch config from a saved plan."""
     check_emit_options(trainer, torchtitan_format, strict)
     if out is not None:
         check_target(Path(out), directory=False)
     where = "the plan on stdin" if plan_file == "-" else plan_file
-    inp = emit_input_from_document(read_document(plan_file, "--plan"), where, model)
-    result = launch_config(trainer, inp, torchtitan_format=torchtitan_format, strict=strict)
+    doc = read_document(plan_file, "--plan")
+    inp = emit_input_from_document(doc, where, model)
+    planned_for = document_trainer(doc, where)
+    if planned_for is not None and planned_for.split("+")[0] != trainer:
+        show_warnings([f"{where} was searched for {planned_for}, not {trainer}: {trainer} may not run it as planned "
+                       f"(plan again with --trainer {trainer} for the best plan it runs)"])
+    result = launch_config(trainer, inp, torchtitan_format=torchtitan_format, strict=strict,
+                           reestimate=document_reestimator(inp), mock_data=mock_data, train_tokens=train_tokens)
     written = write_launch(out, trainer, result)
     show_warnings(result.warnings)
     if written:
@@ -633,11 +821,15 @@ def scale_command(
     json_out: JsonOpt = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV (one row per size) instead of tables.")] = False,
     profile: ProfileOpt = None,
+    trainer: Annotated[str | None, typer.Option("--trainer", metavar="|".join(TRAINERS), help="Search only plans "
+                                                "this trainer runs (and cost its kernels).")] = None,
+    fork: ForkOpt = None, brief: BriefOpt = False, force_profile: ForceProfileOpt = False,
+    no_timings: NoTimingsOpt = False,
 ) -> None:
     """The best plan at each GPU count: throughput, MFU, time and cost to train, where the winning strategy
     changes and where more GPUs stop paying (exit 2: no size fits; 3: a size not proven)."""
-    if json_out and csv_out:
-        raise SpecError("--json and --csv each replace the tables; pick one")
+    if json_out + csv_out + brief > 1:
+        raise SpecError("--json, --csv and --brief each replace the tables; pick one")
     if (global_batch is None) == (tokens_per_step is None):
         raise SpecError("give exactly one of --global-batch (sequences) and --tokens-per-step")
     if not time_limit > 0:
@@ -645,24 +837,37 @@ def scale_command(
     if not work_limit > 0:
         raise SpecError(f"--work-limit must be > 0, got {work_limit:g}")
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
+    sizes = parse_int_list(gpus, "--gpus")
+    for size in sizes:
+        check_whole_nodes(size, hw)
     batch = global_batch if global_batch is not None else global_batch_for_tokens(tokens_per_step, seq_len)
-    job = build_job(batch, seq_len, dtype, no_flash_attention, unfused)
+    caps = trainer_caps(trainer, fork)
+    job = build_job(batch, seq_len, dtype, no_flash_attention, unfused, kernels=trainer)
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
-    space = pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp)
-    measured = load_cost_profile(profile, gpu, spec, hw, job)
+    space = replace(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), trainer=caps)
+    measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
     with render.scale_progress(True) as progress:  # on a terminal even with --json/--csv: it goes to stderr
-        result = scale(spec, hw, job, parse_int_list(gpus, "--gpus"), space, train_tokens=train_tokens,
+        result = scale(spec, hw, job, sizes, space, train_tokens=train_tokens,
                        price_per_gpu_hour=price_per_gpu_hour, efficiency_threshold=efficiency_threshold,
                        time_limit_s=time_limit, progress=progress, profile=measured, work_limit=work_limit,
                        jobs=jobs)
     if csv_out:
         typer.echo(render.scaling_csv(result), nl=False)
+    elif brief:
+        typer.echo(render.scaling_brief(result))
+    elif json_out:
+        doc = render.scaling_json(result, spec, hw, job)
+        _show(without_timings(doc) if no_timings else doc, True)
     else:
-        _show(render.scaling_json(result, spec, hw, job) if json_out
-              else render.scaling_report(result, spec, hw, job), json_out)
+        _show(render.scaling_report(result, spec, hw, job), False)
     if all(p.best is None for p in result.points):
-        raise typer.Exit(2 if all(p.status == "INFEASIBLE" for p in result.points) else SolverLimitError.exit_code)
+        infeasible = all(p.status == "INFEASIBLE" for p in result.points)
+        reason = next((p.reason for p in result.points if p.reason), "")
+        _fail(f"no GPU count of {gpus} has a plan that fits" + (f" (at {result.points[-1].gpus}: "
+              f"{result.points[-1].reason})" if result.points[-1].reason else "") if infeasible else
+              f"no GPU count of {gpus} found a plan within the limits ({reason or 'raise --time-limit'})",
+              InfeasibleError.exit_code if infeasible else SolverLimitError.exit_code)
     if any(p.status in ("FEASIBLE", "TIME_LIMIT") for p in result.points):
         raise typer.Exit(SolverLimitError.exit_code)
 
@@ -687,9 +892,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         interrupts.finish(exc.code)
 
 
+_COMMANDS: list[Any] = []
+
+
+def _command() -> Any:
+    """The click command typer builds from `app`, built once per process (it costs about 50 ms, which in-process
+    callers such as the fuzz test would pay on every call); every command is registered by then."""
+    if not _COMMANDS:
+        _COMMANDS.append(typer.main.get_command(app))
+    return _COMMANDS[0]
+
+
 def _run(argv: Sequence[str] | None) -> None:
     try:
-        code = app(args=None if argv is None else list(argv), prog_name="autotune", standalone_mode=False)
+        code = _command().main(args=None if argv is None else list(argv), prog_name="autotune",
+                               standalone_mode=False)
     except AutotuneError as exc:
         _fail(str(exc), exc.exit_code)
     except _CLICK_ERROR as exc:
@@ -710,3 +927,4 @@ def _run(argv: Sequence[str] | None) -> None:
 
 import autotune.cli_calibrate  # noqa: E402, F401  (registers `autotune calibrate` on app; must follow `app`)
 import autotune.cli_profile  # noqa: E402, F401  (registers `autotune profile` on app; must follow `app`)
+import autotune.cli_check  # noqa: E402, F401  (registers `autotune check` on app; must follow `app`)

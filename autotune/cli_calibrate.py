@@ -5,7 +5,6 @@ Registered on the shared app by importing this module from cli.py; the work is i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -13,27 +12,18 @@ import typer
 
 from autotune.calibrate import calibrate as fit_runs
 from autotune.calibrate import format_calibration, write_calibrated
-from autotune.cli import app
+from autotune.cli import app, time_limited
 from autotune.errors import SpecError
-from autotune.fileio import check_target, slug
+from autotune.fileio import check_target, decode_text, read_bounded, slug
+from autotune.render import dump_json
 from autotune.specs.limits import MAX_CALIBRATION_RUNS, MAX_RUNS_FILE_BYTES
 
 
 def check_runs_file(path: Path) -> None:
     """The documented maxima of a runs file (size, runs), before anything is parsed or fitted."""
-    if path.exists() and not path.is_file():
-        raise SpecError(f"{path}: cannot read the runs file (not a regular file)")
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_RUNS_FILE_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the runs file ({exc.strerror})") from None
-    if len(raw) > MAX_RUNS_FILE_BYTES:
-        raise SpecError(f"{path}: the runs file is larger than the maximum of {MAX_RUNS_FILE_BYTES:,} bytes")
-    try:
-        lines = raw.decode().splitlines()
-    except UnicodeDecodeError:
-        raise SpecError(f"{path}: the runs file is not UTF-8 text; save it as a UTF-8 CSV") from None
+    raw = read_bounded(path, str(path), MAX_RUNS_FILE_BYTES, noun="the runs file",
+                       fix="give a CSV of measured runs (see the docs)")
+    lines = decode_text(raw, f"{path}: the runs file").splitlines()
     runs = sum(1 for line in lines if line.strip() and not line.lstrip().startswith("#")) - 1  # minus the header
     if runs > MAX_CALIBRATION_RUNS:
         raise SpecError(f"{path}: {runs} runs exceed the maximum of {MAX_CALIBRATION_RUNS} per calibration; split "
@@ -48,16 +38,19 @@ def calibrate(
                                                   "the hardware file's name with only letters, digits and ._+-).")]
     = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of the table.")] = False,
+    time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock limit of the fit in "
+                                              "seconds (exit 3 when it strikes; nothing is written).")] = 600.0,
 ) -> None:
     """Fit the hardware efficiencies to measured step times; report error before, after and leave-one-out."""
     check_runs_file(runs)
     if out is not None:
         check_target(out, directory=False)
-    cal = fit_runs(runs)
+    with time_limited(time_limit, "calibrate"):
+        cal = fit_runs(runs)
     target = out if out is not None else Path(f"{slug(str(cal.runs_file.hw_raw['name']))}-calibrated.json")
     written = write_calibrated(cal, target)
     if json_out:
-        typer.echo(json.dumps({**cal.to_dict(), "out": str(written)}, indent=2, sort_keys=True))
+        typer.echo(dump_json({**cal.to_dict(), "out": str(written)}, sort_keys=True))
     else:
         typer.echo(format_calibration(cal))
         typer.echo(f"wrote {written}  (use it as --gpu {written})")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from autotune.catalog import load_model
 from autotune.cli import app, parse_int_list, show_warnings
 from autotune.errors import SpecError
 from autotune.fileio import check_target, slug
+from autotune.render import dump_json
 from autotune.specs.limits import MAX_PROFILE_TOKENS, MAX_SEQ_LEN
 from autotune.specs.profile import TIERS, Profile, load_profile, write_profile
 
@@ -33,6 +33,42 @@ GiB = 2**30
 MAX_REPEATS = 1000
 MAX_COMM_BYTES = 16 * GiB
 MAX_NPROC = 64
+#: Memory one timed op may hold, over the bytes of HBM traffic the cost model counts for it: about right for a GEMM
+#: (inputs, weights and outputs, which a backward keeps about twice over), generous for memory-bound ops (the
+#: traffic counts several passes over the same tensors). A rough bound, meant to refuse what cannot work.
+OP_MEMORY_FACTOR = 1
+
+
+def available_memory(kind: str) -> int | None:
+    """Bytes free for tensors on the device: the GPU's free memory, or the kernel's MemAvailable (None if unknown)."""
+    if kind == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else None
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_profile_memory(spec, seq: int, tps: tuple[int, ...], mbss: tuple[int, ...], kind: str) -> None:
+    """Refuse, before any tensor exists, shapes whose largest op would not fit in the device's free memory (the
+    allocator's RuntimeError, or the kernel's OOM killer, would come instead of a line)."""
+    from autotune.profiling.optimer import enumerate_jobs
+
+    jobs = enumerate_jobs(spec, seq, tps, mbss)
+    if not jobs:
+        return
+    big = max(jobs, key=lambda j: j.op.bytes)
+    need, free = OP_MEMORY_FACTOR * big.op.bytes, available_memory(kind)
+    if free is not None and need > free:
+        raise SpecError(f"profile: timing {big.op.name} of {spec.name} at tp {big.tp}, mbs {big.mbs}, seq {seq} needs "
+                        f"about {need / GiB:.1f} GiB, but {kind} has {free / GiB:.1f} GiB free; use a smaller --mbs "
+                        "or --seq-len, or only larger --tp degrees")
 
 
 def _need_torch() -> None:
@@ -108,6 +144,8 @@ def profile_command(
         torch.set_num_threads(threads)
     if kind not in ("cpu", "cuda"):
         raise SpecError(f"--device {kind!r}: use cpu or cuda")
+    if backend not in (None, "gloo", "nccl") or (backend == "nccl" and kind != "cuda"):
+        raise SpecError(f"--backend {backend!r}: use gloo, or nccl with --device cuda")
     start = time.perf_counter()
     if comm_:
         summary = _profile_comm(kind, out, min_bytes=min_bytes, max_bytes=max_bytes, nproc=nproc,
@@ -119,7 +157,7 @@ def profile_command(
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     text = summary.pop("text")
     if json_out:
-        typer.echo(json.dumps(summary, indent=2))
+        typer.echo(dump_json(summary))
     else:
         typer.echo(text)
         typer.echo(f"wrote {summary['out']} in {summary['wall_s']} s")
@@ -139,9 +177,17 @@ def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int
                         f"maximum of {MAX_PROFILE_TOKENS:,} that profile times; use a smaller --mbs or --seq-len")
     target = out or Path(f"{kind}-{slug(spec.name)}.json")
     old = _existing(target)
-    with _progress(show, f"timing {spec.name} ops on {kind}") as progress:
-        prof = profile_model(spec, seq_len=seq, tps=parse_int_list(tp, "--tp"), mbss=mbss,
-                             dtype=dtype, device=kind, repeats=repeats, warmup=warmup, progress=progress)
+    tps = parse_int_list(tp, "--tp")
+    check_profile_memory(spec, seq, tps, mbss, kind)
+    try:
+        with _progress(show, f"timing {spec.name} ops on {kind}") as progress:
+            prof = profile_model(spec, seq_len=seq, tps=tps, mbss=mbss, dtype=dtype, device=kind, repeats=repeats,
+                                 warmup=warmup, progress=progress)
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        if "memory" not in str(exc).lower() and not isinstance(exc, MemoryError):
+            raise
+        raise SpecError(f"profile: {kind} ran out of memory timing {spec.name} (seq {seq}, tp {tp}, mbs {mbs}); use a "
+                        "smaller --mbs or --seq-len, or only larger --tp degrees") from None
     if old is not None and old.comm:
         prof = dataclasses.replace(prof, comm=old.comm)
     written = write_profile(prof, target)

@@ -17,6 +17,7 @@ from autotune.specs.job import TRAINERS as JOB_TRAINERS
 from autotune.specs.limits import check_name
 from autotune.specs.model import ModelSpec, model_from_dict
 from autotune.specs.plan import check_plan, plan_from_dict
+from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS
 
 PLAN_FILE = "plan.json"
 _PREDICTIONS = ("step_time_s", "peak_memory_gib", "mfu")
@@ -60,6 +61,18 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
                      gpus_per_node=gpus_per_node, step_time_s=positive_float(doc, "step_time_s", where),
                      peak_memory_gib=nonneg_float(doc, "peak_memory_gib", where),
                      mfu=nonneg_float(doc, "mfu", where))
+
+
+def document_trainer(doc: Any, where: str) -> str | None:
+    """The trainer a saved plan was searched for ("trainer": "megatron", "megatron+vocab-parallel", ...), or None
+    (searched without --trainer, or a document older than the key)."""
+    name = doc.get("trainer") if isinstance(doc, dict) else None
+    if name is None:
+        return None
+    known = [*TRAINER_CAPS, *(caps.name for caps in FORK_CAPS.values())]
+    if name not in known:
+        raise SpecError(f"{where}: trainer must be one of {', '.join(known)} or null, got {name!r}")
+    return name
 
 
 def _document_model(doc: dict[str, Any], job: dict[str, Any], where: str) -> ModelSpec:

@@ -11,15 +11,24 @@ when it is over (autotune/interrupts.py), so no exit path leaves a temporary fil
 What is replaced must be a regular file: a target that exists as anything else (a device such as /dev/null, a
 FIFO, a socket) is refused, as is a file name that would leave its directory. File names made from input (a
 model or hardware name) go through `slug` first.
+
+Reading is bounded the same way for every input file (model, hardware, plan, profile, runs CSV): `read_bounded`
+reads at most the documented maximum of bytes from a regular file, `decode_text` turns bytes into text or says
+"not UTF-8 text", and `parse_json` checks the nesting depth before json.loads (whose recursion would otherwise
+end in RecursionError) and refuses NaN, Infinity and numbers beyond a float, which JSON does not have.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from autotune.errors import SpecError
 from autotune.interrupts import no_interrupt
@@ -41,6 +50,79 @@ def slug(text: str, *, fallback: str = "unnamed") -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip(".-")[:_SLUG_LENGTH].strip(".-") or fallback
 
 
+# ------------------------------------------------------------------------------------------------- reading
+def read_bounded(path: Path, where: str, max_bytes: int, *, fix: str, noun: str = "") -> bytes:
+    """The bytes of `path`, a regular file of at most `max_bytes` (a FIFO or device could block or never end);
+    every problem is one line starting with `where` (e.g. "model file x.json"), naming the `noun` read if given
+    ("the runs file") and ending with `fix`."""
+    cannot = f"cannot read {noun} " if noun else "cannot read "
+    try:
+        special = os.path.exists(path) and not os.path.isfile(path)
+        if not special:
+            with open(path, "rb") as handle:
+                raw = handle.read(max_bytes + 1)
+    except (OSError, ValueError) as exc:  # missing, unreadable, a name too long for the file system, a NUL byte
+        raise SpecError(f"{where}: {cannot}({getattr(exc, 'strerror', None) or exc})") from None
+    if special:
+        raise SpecError(f"{where}: {cannot}(not a regular file); {fix}")
+    if len(raw) > max_bytes:
+        what = f"{noun} is " if noun else ""
+        raise SpecError(f"{where}: {what}larger than the maximum of {max_bytes:,} bytes; {fix}")
+    return raw
+
+
+def decode_text(raw: bytes | str, where: str) -> str:
+    """UTF-8 bytes as text, or one line saying they are not."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{where}: not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x}); save the file as "
+                        "UTF-8") from None
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str) -> int:
+    """How deeply the arrays and objects of a JSON text nest (brackets inside strings do not count)."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(itertools.accumulate(1 if c in "[{" else -1 for c in brackets), default=0)
+
+
+def parse_json(raw: bytes | str, where: str, *, max_depth: int,
+               syntax: Callable[[json.JSONDecodeError], str] | None = None) -> Any:
+    """JSON bytes or text to Python: encoding, nesting, syntax and out-of-range numbers are one-line errors
+    (`syntax` words the syntax error, e.g. with the file's line first; default "<where>: invalid JSON at ...")."""
+    text = decode_text(raw, where)
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise SpecError(f"{where}: nested {depth} levels deep, more than the maximum of {max_depth}; give a flatter "
+                        "document")
+
+    def constant(name: str) -> float:
+        raise SpecError(f"{where}: {name} is not a JSON number; write a finite number")
+
+    def number(literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):
+            raise SpecError(f"{where}: the number {literal[:40]} is out of range; write a finite number")
+        return value
+
+    try:
+        return json.loads(text, parse_constant=constant, parse_float=number)
+    except json.JSONDecodeError as exc:
+        if syntax is not None:
+            raise SpecError(syntax(exc)) from None
+        raise SpecError(f"{where}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits
+        detail = " ".join(str(exc).split()[:12])
+        raise SpecError(f"{where}: unreadable JSON ({type(exc).__name__}: {detail})") from None
+
+
+# ------------------------------------------------------------------------------------------------- writing
 def check_target(path: Path, *, directory: bool, flag: str = "--out") -> None:
     """Refuse, before any work, an output path that exists as something a write may not replace: for a file
     anything but a regular file (or a directory, which `write_launch` writes into), for a directory anything

@@ -23,11 +23,13 @@ Ctrl-C.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import signal
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 
 EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 MESSAGE = "error: interrupted"
@@ -169,3 +171,29 @@ def _descendants(root: int) -> list[int]:
         found += children
         todo += children
     return found
+
+
+class deadline:  # noqa: N801  (used as a function: `with deadline(seconds, error):`)
+    """Bound a pure-Python section (estimate's pipeline simulation, calibrate's fit) by wall-clock seconds: when
+    they pass, `error()` is raised wherever the main thread is (SIGALRM), and the CLI prints it as one line.
+    The search has its own deadline, which CP-SAT honours inside a solve (search/partition.py); a section run
+    outside the main thread, or where setitimer does not exist, is not bounded."""
+
+    def __init__(self, seconds: float, error: Callable[[], BaseException]) -> None:
+        self.seconds, self.error, self.old = seconds, error, None
+
+    def _expire(self, signum: int, frame: object) -> None:
+        raise self.error()
+
+    def __enter__(self) -> None:
+        armed = (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+                 and math.isfinite(self.seconds))
+        if armed:
+            self.old = signal.signal(signal.SIGALRM, self._expire)
+            signal.setitimer(signal.ITIMER_REAL, max(self.seconds, 1e-3))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.old is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.old)
+            self.old = None

@@ -30,6 +30,7 @@ from autotune.costmodel.pipeline import Timeline
 from autotune.costmodel.stages import StageCost
 from autotune.scaling import ScalingPoint, ScalingResult
 from autotune.search.planner import PlanResult, SearchProgress
+from autotune.search.trainers import TrainerBest
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
@@ -59,9 +60,20 @@ def make_console() -> Console:
     return Console(width=PIPE_WIDTH, highlight=False)
 
 
-def dump_json(obj: Any) -> str:
-    """The one JSON object a ``--json`` command prints (key order as built, so output is stable)."""
-    return json.dumps(obj, sort_keys=False, indent=2)
+def dump_json(obj: Any, *, sort_keys: bool = False) -> str:
+    """The one JSON object a ``--json`` command prints (key order as built, so output is stable). JSON has no NaN
+    or infinity: a number that is not finite (an undefined ratio) is written as null, never as `NaN`."""
+    return json.dumps(_finite(obj), sort_keys=sort_keys, indent=2, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(value) for value in obj]
+    return obj
 
 
 def _r(x: float) -> float:
@@ -101,6 +113,7 @@ def hardware_json(gpus: Sequence[tuple[HardwareSpec, Mapping[str, Any]]]) -> dic
         "fp16_TFLOPs": _r(hw.peak_flops_fp16 / TERA), "fp8_TFLOPs": _r(hw.peak_flops_fp8 / TERA),
         "gpus_per_node": hw.gpus_per_node, "intra_node_GBps": _r(hw.intra_node_bandwidth / GB),
         "inter_node_GBps": _r(hw.inter_node_bandwidth / GB), "description": raw.get("description", ""),
+        **({"sources": raw["sources"]} if isinstance(raw.get("sources"), Mapping) else {}),  # optional in a file
     } for hw, raw in gpus]}
 
 
@@ -188,7 +201,8 @@ def plan_line(plan: Plan) -> str:
     """One line naming every choice of a plan."""
     rc = plan.recompute if plan.recompute_layers is None else f"{plan.recompute} ({plan.recompute_layers} layers)"
     mode = "" if plan.tp_mode == "1d" else f" ({plan.tp_mode} grid)"
-    return (f"tp {plan.tp}{mode}, pp {plan.pp}, dp {plan.dp}, cp {plan.cp}, mbs {plan.mbs} x {plan.num_microbatches} "
+    experts = f", ep {plan.ep}, etp {plan.etp}" if (plan.ep, plan.etp) != (1, 1) else ""  # MoE plans only
+    return (f"tp {plan.tp}{mode}, pp {plan.pp}, dp {plan.dp}, cp {plan.cp}{experts}, mbs {plan.mbs} x {plan.num_microbatches} "
             f"micro-batches, {plan.schedule} (vpp {plan.vpp}), recompute {rc}, zero {plan.zero}, sequence "
             f"parallel {'on' if plan.sequence_parallel else 'off'}{', tp overlap' if plan.tp_overlap else ''}, "
             f"vocab {plan.vocab}, layers "
@@ -622,3 +636,64 @@ def scale_progress(enabled: bool) -> Iterator[Callable[[int, int, int], None] | 
         def update(index: int, sizes: int, gpus: int) -> None:
             bar.update(task, total=sizes, completed=index - 1, description=f"searching {gpus:,} GPUs")
         yield update
+
+
+# ------------------------------------------------------------------------------- which trainers run the plan
+def trainers_json(fits: Sequence[TrainerBest]) -> list[dict[str, Any]]:
+    """`plan --json` without --trainer: per trainer, whether it runs the winner, why not, and its own best."""
+    out = []
+    for f in fits:
+        entry: dict[str, Any] = {"trainer": f.trainer, "runs_best": not f.unsupported,
+                                 "unsupported": list(f.unsupported), "status": f.status}
+        if f.best is not None:
+            entry["best"] = {"plan": f.best.plan.to_dict(), "step_time_s": _r(f.best.step_time_s),
+                             "mfu": _r(f.best.mfu), "peak_memory_gib": _r(gib(f.best.peak_memory_bytes))}
+        if f.note:
+            entry["note"] = f.note
+        out.append(entry)
+    return out
+
+
+def trainers_report(fits: Sequence[TrainerBest], best: Estimate) -> RenderableType:
+    """Which trainers run the best plan; for the others, the best plan they do run (`plan --trainer T`)."""
+    runs = [f.trainer for f in fits if not f.unsupported]
+    fork = "" if runs else " (a Megatron-LM fork may: --trainer megatron --fork NAME)"
+    parts: list[RenderableType] = [Text(f"runs the best plan as planned: {', '.join(runs) or 'no trainer'}{fork}",
+                                        style="bold")]
+    others = [f for f in fits if f.unsupported]
+    if others:
+        table = Table(title="Best plan of each trainer that does not run it (= plan --trainer T, same pins)",
+                      title_justify="left")
+        for col in ("trainer", "lacks", "its best plan", "step s", "MFU %"):
+            table.add_column(col, justify="right" if col in ("step s", "MFU %") else "left")
+        for f in others:
+            if f.best is None:
+                table.add_row(f.trainer, "; ".join(f.unsupported), f"none ({f.status}): {f.note}", "-", "-")
+            else:
+                slower = 100 * (f.best.step_time_s / best.step_time_s - 1)
+                table.add_row(f.trainer, "; ".join(f.unsupported), f"{plan_line(f.best.plan)} (+{slower:.1f}%)",
+                              f"{f.best.step_time_s:.3f}", f"{100 * f.best.mfu:.1f}")
+        parts.append(table)
+    return Group(*parts)
+
+
+# ------------------------------------------------------------------------------------------------ --brief
+def brief_line(est: Estimate, *, prefix: str = "") -> str:
+    """`--brief`: a plan and its figures as one line of key=value words, for grep/awk/cut in a shell pipeline."""
+    p = est.plan
+    words = [f"tp={p.tp}", f"pp={p.pp}", f"dp={p.dp}", f"cp={p.cp}", f"mbs={p.mbs}",
+             f"microbatches={p.num_microbatches}", f"schedule={p.schedule}", f"vpp={p.vpp}",
+             f"recompute={p.recompute}", f"zero={p.zero}", f"sp={'on' if p.sequence_parallel else 'off'}",
+             f"tp_overlap={'on' if p.tp_overlap else 'off'}", f"tp_mode={p.tp_mode}", f"vocab={p.vocab}",
+             f"layers={','.join(map(str, p.layers_per_stage))}", f"step_s={est.step_time_s:.4f}",
+             f"tokens_per_s={est.tokens_per_s:.0f}", f"mfu={est.mfu:.4f}",
+             f"peak_gib={gib(est.peak_memory_bytes):.2f}", f"fits={'yes' if est.fits else 'no'}"]
+    if (p.ep, p.etp) != (1, 1):
+        words[4:4] = [f"ep={p.ep}", f"etp={p.etp}"]
+    return " ".join([prefix, *words] if prefix else words)
+
+
+def scaling_brief(result: ScalingResult) -> str:
+    """`scale --brief`: one line per GPU count (its status, and its best plan when there is one)."""
+    return "\n".join(brief_line(p.best, prefix=f"gpus={p.gpus} status={p.status}") if p.best is not None
+                     else f"gpus={p.gpus} status={p.status}" for p in result.points)

@@ -111,9 +111,12 @@ def test_dgxc_70b_bf16_nemo1_row(public_rows):
 
 
 def test_row_shape_is_the_catalog_llama(public_rows):
-    """The row's shape columns give the same ModelSpec as profiles/models/llama3.1-70b.json (name aside)."""
+    """The row's shape columns give the same ModelSpec as profiles/models/llama3.1-70b.json (name and the RoPE
+    fields, which only the launch files read, aside)."""
     catalog = load_model("llama3.1-70b")
-    assert replace(case(public_rows, 89).model, name=catalog.name, source=catalog.source) == catalog
+    assert replace(case(public_rows, 89).model, name=catalog.name, source=catalog.source,
+                   rope_theta=catalog.rope_theta, rope_scaling=catalog.rope_scaling,
+                   rope_scaling_factor=catalog.rope_scaling_factor) == catalog
 
 
 def test_nemo2_row_uses_release_defaults(public_rows):

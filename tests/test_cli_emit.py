@@ -12,14 +12,14 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import pytest
 
 import autotune.fileio
 from autotune.catalog import load_model, model_names
-from autotune.cli import emit_input_from_document, main
+from autotune.cli import document_reestimator, emit_input_from_document, main
 from autotune.emit import TRAINERS, emit
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import even_split
@@ -27,8 +27,8 @@ from autotune.specs.plan import even_split
 REPO = Path(__file__).resolve().parent.parent
 JOB = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096",
        "--time-limit", "20")
-#: A pipeline plan every trainer can express.
-PIPE = (*JOB, "--pp", "2", "--zero", "1")
+#: A pipeline plan (ZeRO-0: with a pipeline, torchtitan and Colossal-AI run no other stage).
+PIPE = (*JOB, "--pp", "2", "--zero", "0")
 #: An interleaved plan: DeepSpeed has no interleaved schedule, so it warns.
 INTERLEAVED = (*JOB, "--pp", "2", "--schedule", "interleaved", "--vpp", "2", "--cp", "1")
 
@@ -93,7 +93,10 @@ def plan_file(docs, tmp_path) -> Path:
 
 
 def _expected(trainer: str, doc: dict, fmt: str = "cli") -> dict[str, str]:
-    return dict(emit(trainer, emit_input_from_document(doc, "plan.json"), torchtitan_format=fmt).files)
+    """The emitter's files for a saved plan, re-estimating what the trainer runs as `autotune emit` does."""
+    inp = emit_input_from_document(doc, "plan.json")
+    inp = replace(inp, reestimate=document_reestimator(inp))
+    return dict(emit(trainer, inp, torchtitan_format=fmt).files)
 
 
 def _read(directory: Path) -> dict[str, str]:
@@ -157,8 +160,9 @@ def test_plan_json_with_out_adds_the_file_list(capsys, tmp_path, docs):
     _emitters_present()
     out, _ = _ok(capsys, "plan", *PIPE, "--json", "--trainer", "deepspeed", "--out", str(tmp_path))
     doc = json.loads(out)  # stdout stays one JSON object
-    assert doc["files"] == [str(tmp_path / n) for n in ("plan.json", "ds_config.json", "ds_pipeline.json")]
-    assert doc["plan"] == docs["pipe"]["plan"] and "model_spec" in doc
+    assert doc["files"] == [str(tmp_path / n) for n in ("plan.json", "ds_config.json", "ds_pipeline.json",
+                                                         "launch_deepspeed.sh", "sbatch_deepspeed.sh")]
+    assert doc["trainer"] == "deepspeed" and "model_spec" in doc
     assert "files" not in json.loads((tmp_path / "plan.json").read_text())
 
 
@@ -221,21 +225,25 @@ def test_strict_turns_warnings_into_exit_1_and_writes_nothing(capsys, tmp_path, 
     assert not (tmp_path / "out").exists()
     _, err = _ok(capsys, "emit", "--plan", str(path), "--trainer", "deepspeed", "--out", str(tmp_path / "out"))
     assert err.splitlines() == lines[:-1]  # without --strict: the same warnings, and the files
-    assert sorted(_listing(tmp_path / "out")) == ["ds_config.json", "ds_pipeline.json"]
+    assert sorted(_listing(tmp_path / "out")) == ["ds_config.json", "ds_pipeline.json", "launch_deepspeed.sh",
+                                                  "sbatch_deepspeed.sh"]
 
 
 def test_plan_strict_writes_nothing(capsys, tmp_path):
+    """--trainer restricts the search to plans the trainer runs; what is left to warn about is the job
+    (torchtitan trains in bf16, not fp16)."""
     _emitters_present()
-    code, out, err = _main(capsys, "plan", *INTERLEAVED, "--trainer", "deepspeed", "--strict",
+    code, out, err = _main(capsys, "plan", *PIPE, "--dtype", "fp16", "--trainer", "torchtitan", "--strict",
                            "--out", str(tmp_path / "run"))
     assert code == 1 and out == "" and err.splitlines()[-1].startswith("error: --strict")
     assert not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------------------------------------ bad input
-def test_trainer_without_out_is_an_error(capsys):
-    message = _one_error(*_main(capsys, "plan", *PIPE, "--trainer", "megatron"))
-    assert "--trainer megatron needs --out DIR" in message
+def test_strict_without_out_is_an_error(capsys):
+    """--trainer alone restricts the search (tests/test_cli_trainers.py); --strict is about the written files."""
+    message = _one_error(*_main(capsys, "plan", *PIPE, "--trainer", "megatron", "--strict"))
+    assert "--strict and --torchtitan-format apply to the launch config written with --out DIR" in message
 
 
 def _bad_docs(doc: dict) -> dict[str, tuple[dict | str, str]]:
@@ -367,7 +375,8 @@ def test_estimate_json_is_a_plan_document_too(capsys, monkeypatch, tmp_path):
     out, _ = _ok(capsys, "estimate", *JOB[:-2], "--tp", "2", "--pp", "2", "--json")
     _ok(capsys, "emit", "--plan", "-", "--trainer", "deepspeed", "--out", str(tmp_path), stdin=out,
         monkeypatch=monkeypatch)
-    assert sorted(_listing(tmp_path)) == ["ds_config.json", "ds_pipeline.json"]
+    assert sorted(_listing(tmp_path)) == ["ds_config.json", "ds_pipeline.json", "launch_deepspeed.sh",
+                                          "sbatch_deepspeed.sh"]
 
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only directories")

@@ -9,7 +9,7 @@ moves about 2x the buffer. NCCL picks the faster, so all_reduce takes the minimu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autotune.specs.hardware import HardwareSpec
 
@@ -26,6 +26,10 @@ class Link:
     """Members of the group inside one node; 1 = a flat group, every step pays `latency`."""
     intra_latency: float = 0.0
     """Seconds per step between members inside one node (used when ranks_per_node > 1)."""
+    nic_bandwidth: float = field(default=0.0, compare=False)
+    """Bytes/s one GPU's own NIC share achieves (set for groups spanning nodes): what an all-to-all's
+    off-node traffic runs at, since every GPU sends to every other node at once. Derived from the hardware
+    like the fields above, so it takes no part in comparing links."""
 
 
 def group_link(hw: HardwareSpec, size: int, stride: int) -> Link:
@@ -40,8 +44,8 @@ def group_link(hw: HardwareSpec, size: int, stride: int) -> Link:
     if size * stride <= hw.gpus_per_node:
         return Link(intra_bw, hw.intra_node_latency, max(1, size), hw.intra_node_latency)
     per_node = max(1, min(size, hw.gpus_per_node // max(1, stride)))
-    inter_bw = per_node * hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
-    return Link(min(intra_bw, inter_bw), hw.inter_node_latency, per_node, hw.intra_node_latency)
+    nic = hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
+    return Link(min(intra_bw, per_node * nic), hw.inter_node_latency, per_node, hw.intra_node_latency, nic)
 
 
 def p2p_link(hw: HardwareSpec, size: int, stride: int) -> Link:
@@ -114,6 +118,19 @@ def linear_pieces(kind: str, n: int, link: Link) -> tuple[tuple[float, float], .
         return ((2 * ring_latency(n, link), 2 * (n - 1) / n / link.bandwidth),
                 (2 * tree_latency(n, link), 2 / link.bandwidth))
     return ((ring_latency(n, link), (n - 1) / n / link.bandwidth),)
+
+
+def all_to_all(nbytes: float, n: int, link: Link) -> float:
+    """All-to-all of an `nbytes` buffer per rank (1/n to each member, (n-1)/n leaving the rank): NCCL posts
+    every send and receive at once, so one latency of the slowest tier plus the traffic of the busiest path.
+    Inside a node all of it crosses NVLink; across nodes the (n - g)/n bound for the other nodes' g-member
+    groups leaves through the GPU's own NIC while the (g-1)/n for its node-mates crosses NVLink alongside."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    g = max(1, link.ranks_per_node)
+    if n <= g or not link.nic_bandwidth:
+        return link.latency + (n - 1) / n * nbytes / link.bandwidth
+    return link.latency + max((n - g) / n * nbytes / link.nic_bandwidth, (g - 1) / n * nbytes / link.bandwidth)
 
 
 def p2p(nbytes: float, link: Link) -> float:

@@ -35,14 +35,14 @@ GEMM_TILE = (128, 256)
 ATTENTION_LENGTH_SCALE = ((128, 0.45), (256, 0.62), (512, 0.84), (1024, 0.96), (2048, 1.0))
 
 
-def gemm_wave_efficiency(m: float, n: float, sm_count: int) -> float:
+def gemm_wave_efficiency(m: float, n: float, sm_count: int, groups: int = 1) -> float:
     """Useful fraction of the tile slots a GEMM occupies: partial tiles at the edges (tile quantization) and a
     partly filled last wave of tiles over the SMs (wave quantization), NVIDIA's "Matrix Multiplication
     Background" guide. 1 when the hardware file gives no SM count."""
     if sm_count <= 0 or m <= 0 or n <= 0:
         return 1.0
     tm, tn = math.ceil(m / GEMM_TILE[0]), math.ceil(n / GEMM_TILE[1])
-    tiles = tm * tn
+    tiles = tm * tn * groups  # a grouped GEMM's tiles share the waves
     waves = math.ceil(tiles / sm_count)
     return (m * n) / (tm * GEMM_TILE[0] * tn * GEMM_TILE[1]) * tiles / (waves * sm_count)
 
@@ -67,7 +67,7 @@ def compute_efficiency(op: Op, hw: HardwareSpec, dtype: str, attention: str = "f
     eff = hw.efficiency
     if op.kernel == "gemm":
         base = eff.gemm_fp8 if matmul_dtype(op, dtype) == "fp8" and eff.gemm_fp8 else eff.gemm
-        return base * (gemm_wave_efficiency(op.dims[0], op.dims[1], hw.sm_count) if op.dims else 1.0)
+        return base * (gemm_wave_efficiency(op.dims[0], op.dims[1], hw.sm_count, op.groups) if op.dims else 1.0)
     base = eff.attention_sdpa if attention == "sdpa" and eff.attention_sdpa else eff.attention
     if op.dims:
         base *= attention_length_scale(op.dims[0]) * (eff.attention_bwd_ratio if op.dims[1] else 1.0)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from autotune.costmodel import comm
 from autotune.costmodel.flops import model_flops_per_step
-from autotune.costmodel.layer import LayerCost, VocabCost, layer_cost, layer_shape, vocab_cost
+from autotune.costmodel.layer import LayerCost, VocabCost, dense_layer_cost, layer_cost, layer_shape, vocab_cost
 from autotune.costmodel.measured import (MeasuredOps, OpCoverage, apply_comm, check_profile_model,
                                          roofline_coverage, step_ops)
 from autotune.costmodel.ops import CATEGORIES
@@ -83,16 +83,24 @@ class CostModel:
             hw = apply_comm(profile, hw)
             self.measured = MeasuredOps(profile) if profile.ops else None
         self.model, self.hw, self.job = model, hw, job
-        self._layer: dict[tuple[int, int, int, bool, str, bool], LayerCost] = {}
+        self._layer: dict[tuple[int, int, int, bool, str, bool, int, int], LayerCost] = {}
         self._vocab: dict[tuple[int, int, int, bool], VocabCost] = {}
         self.model_flops = model_flops_per_step(model, job)
 
-    def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d", tp_overlap: bool = False
-              ) -> LayerCost:
-        key = (tp, cp, mbs, sp, tp_mode, tp_overlap)
+    def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d", tp_overlap: bool = False,
+              ep: int = 1, etp: int = 1) -> LayerCost:
+        key = (tp, cp, mbs, sp, tp_mode, tp_overlap, ep, etp)
         if key not in self._layer:
+            dense = None
+            if self.model.is_moe and self.model.num_dense_layers and tp_mode == "1d":
+                dense_key = (tp, cp, mbs, sp, tp_mode, tp_overlap, 0, 0)  # ep 0: the dense layer, any ep
+                if dense_key not in self._layer:
+                    self._layer[dense_key] = dense_layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs,
+                                                              sp=sp, measured=self.measured, tp_overlap=tp_overlap)
+                dense = self._layer[dense_key]
             self._layer[key] = layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp,
-                                          tp_mode=tp_mode, measured=self.measured, tp_overlap=tp_overlap)
+                                          tp_mode=tp_mode, measured=self.measured, tp_overlap=tp_overlap, ep=ep,
+                                          etp=etp, dense=dense)
         return self._layer[key]
 
     def vocab(self, tp: int, cp: int, mbs: int, sp: bool) -> VocabCost:
@@ -114,7 +122,7 @@ class CostModel:
 
     def stages(self, plan: Plan) -> tuple[StageCost, ...]:
         key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel)
-        layer, vocab = self.layer(*key, plan.tp_mode, plan.tp_overlap), self.vocab(*key)
+        layer, vocab = self.layer(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp), self.vocab(*key)
         tokens = plan.mbs * self.job.seq_len // plan.cp
         p2p_s = p2p_time(plan, self.hw, tokens, self.model.hidden_size)
         vp_comm = (0.0, 0.0)
@@ -132,7 +140,7 @@ class CostModel:
     def ticks(self, plan: Plan) -> Ticks:
         """The proportions the plan's v-half order is built for (stages.schedule_ticks)."""
         return schedule_ticks(plan, self.layer(plan.tp, plan.cp, plan.mbs, plan.sequence_parallel, plan.tp_mode,
-                                               plan.tp_overlap))
+                                               plan.tp_overlap, plan.ep, plan.etp))
 
     def estimate(self, plan: Plan) -> Estimate:
         """Predict step time, throughput and per-stage memory of a plan (assumed valid: see check_plan)."""
@@ -214,7 +222,10 @@ def tied_embedding_sync(plan: Plan, hw: HardwareSpec, model: ModelSpec, grad_byt
 
 
 def optimizer_time(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...]) -> float:
-    """Adam step of the slowest stage: memory-bound over the parameters this GPU updates."""
+    """Adam step of the slowest stage: memory-bound over the parameters this GPU updates.
+    MoE: expert parameters are counted as sharded like the rest (over dp*cp), where Megatron shards them over
+    the expert-data-parallel group; the step is a few milliseconds either way and the planner's partition
+    model charges it the same way, so the two stay one model."""
     shards = plan.dp * plan.cp if plan.zero >= 1 else 1
     most = max(s.params for s in stages)
     return most * ADAM_STEP_BYTES / shards / (hw.hbm_bandwidth * hw.efficiency.memory)

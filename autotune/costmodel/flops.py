@@ -12,7 +12,10 @@ from autotune.specs.model import ModelSpec
 
 
 def forward_matmul_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """Forward matmul FLOPs of one token through every layer and the LM head."""
+    """Forward matmul FLOPs of one token through every layer and the LM head. An MoE model counts the
+    parameters a token is routed through (moe_forward_flops_per_token), as published MoE MFU figures do."""
+    if model.is_moe or model.mla:
+        return moe_forward_flops_per_token(model, seq_len)
     h, q, kv, f = model.hidden_size, model.q_width, model.kv_width, model.ffn_hidden_size
     up = 2 * f if model.gated else f
     linear = 2 * (h * (q + 2 * kv) + q * h + h * up + f * h)
@@ -23,3 +26,33 @@ def forward_matmul_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 def model_flops_per_step(model: ModelSpec, job: JobSpec) -> float:
     """Model FLOPs of one optimizer step (3x the forward matmuls)."""
     return 3 * forward_matmul_flops_per_token(model, job.seq_len) * job.tokens_per_step
+
+
+def moe_forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """2 FLOPs per active weight of every linear layer (attention projections, MLA's down and up projections,
+    the router, the shared experts and the top_k routed experts of an MoE layer, the dense MLP of a dense
+    layer) plus attention's QK^T and PV over the whole sequence, plus the LM head: the 6*N_active*tokens +
+    attention convention of DeepSeek-V3's and Megatron-Core's MoE MFU figures (3x for the backward)."""
+    h = model.hidden_size
+    gated = 3 if model.gated else 2
+
+    def mlp(width: int) -> int:
+        return gated * h * width
+
+    if model.mla:
+        qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+        heads = model.num_heads
+        q = (h * model.q_lora_rank + model.q_lora_rank * heads * qk) if model.q_lora_rank else h * heads * qk
+        kv = h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank * heads * (
+            model.qk_nope_head_dim + model.v_head_dim)
+        attn_linear = q + kv + heads * model.v_head_dim * h
+        scores = seq_len * heads * (qk + model.v_head_dim)
+    else:
+        attn_linear = h * (model.q_width + 2 * model.kv_width) + model.q_width * h
+        scores = 2 * seq_len * model.q_width
+    moe = (h * model.num_experts + mlp(model.moe_top_k * model.moe_ffn_hidden_size)
+           + mlp(model.num_shared_experts * model.shared_expert_ffn_hidden_size))
+    dense = mlp(model.ffn_hidden_size)
+    per_layer_attn = 2 * (attn_linear + scores)
+    return (model.num_layers * per_layer_attn + 2 * (model.num_moe_layers * moe + model.num_dense_layers * dense)
+            + 2 * h * model.vocab_size)

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 
 from autotune.costmodel import comm
 from autotune.costmodel.compute import PassTime, op_time, pass_time
-from autotune.costmodel.memory import (LayerActivations, embedding_activations, embedding_params, head_activations,
-                                       head_params, head_transient, layer_activations, layer_params,
-                                       sac_activations)
+from autotune.costmodel.memory import (LayerActivations, dense_layer_params, embedding_activations,
+                                       embedding_params, head_activations, head_params, head_transient,
+                                       layer_activations, moe_expert_share, moe_layer_params, sac_activations)
+from autotune.costmodel.moe import moe_activation_bytes, moe_comm
 from autotune.costmodel.ops import (LayerShape, Op, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
 from autotune.costmodel.tpmodes import layer_tp_comm_s, layer_tp_memory
@@ -21,7 +22,7 @@ from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.tpgrid import tp_mode_degrees
-from autotune.units import ACTIVATION_BYTES, FP32_BYTES
+from autotune.units import ACTIVATION_BYTES, FP32_BYTES, whole_bytes
 
 if TYPE_CHECKING:  # measured.py imports ops and specs only, but layer need not load numpy tables to type it
     from autotune.costmodel.measured import MeasuredOps
@@ -49,6 +50,9 @@ class LayerCost:
     selective_s: float = -1.0
     """What selective recomputation runs again: the core-attention forward (Megatron), or torchtitan's op-level
     SAC; negative = the attention forward."""
+    expert_params: int = 0
+    """The routed-expert parameters inside `params` (MoE): reduced and sharded over the expert-data-parallel
+    group rather than the data-parallel one."""
 
     def time(self, recompute: str) -> float:
         """Forward + backward + recomputation + exposed communication, seconds."""
@@ -101,11 +105,13 @@ class VocabCost:
         return self.head_fwd.seconds + self.head_bwd.seconds + self.head_comm_s
 
 
-def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool) -> LayerShape:
+def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool, ep: int = 1,
+                etp: int = 1) -> LayerShape:
     """Per-GPU sizes of one micro-batch."""
     return LayerShape(tokens=mbs * job.seq_len // cp, kv_tokens=mbs * job.seq_len, mbs=mbs, tp=tp, sp=sp,
                       elem=ACTIVATION_BYTES, flash=job.flash_attention, fused=job.fused_kernels,
-                      fp8=job.dtype == "fp8")
+                      fp8=job.dtype == "fp8", ep=ep, etp=etp,
+                      imbalance=job.moe_imbalance if model.is_moe else 1.0)
 
 
 def attention_kernel(job: JobSpec) -> str:
@@ -115,12 +121,62 @@ def attention_kernel(job: JobSpec) -> str:
 
 
 def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
-               tp_mode: str = "1d", measured: MeasuredOps | None = None, tp_overlap: bool = False) -> LayerCost:
-    """Costs of one Transformer layer under one parallel setting; op times from `measured` where it has them."""
+               tp_mode: str = "1d", measured: MeasuredOps | None = None, tp_overlap: bool = False, ep: int = 1,
+               etp: int = 1, dense: LayerCost | None = None) -> LayerCost:
+    """Costs of one Transformer layer under one parallel setting; op times from `measured` where it has them.
+
+    An MoE model's layers are of two kinds (dense-first layers, MoE layers). The pipeline partition places
+    layers as identical units, so its layer is the model's mean layer in time (the dense and MoE costs
+    weighted by their counts) and the MoE layer in memory (the larger one: a stage's memory is never
+    underestimated, whichever layers it holds). `dense`: the model's dense layer at this setting, if the
+    caller has it (it does not depend on ep and etp)."""
     if tp_mode != "1d":
         return _grid_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, tp_mode=tp_mode, measured=measured)
-    shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp)
-    fwd_ops = layer_forward_ops(model, shape)
+    if not model.is_moe:
+        return _layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured, tp_overlap=tp_overlap)
+    moe = _layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured, tp_overlap=tp_overlap,
+                      ep=ep, etp=etp, moe=True)
+    if not model.num_dense_layers:
+        return moe
+    if dense is None:
+        dense = dense_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured,
+                                 tp_overlap=tp_overlap)
+    return blend_layers(moe, dense, model.num_dense_layers / model.num_layers)
+
+
+def dense_layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
+                     measured: MeasuredOps | None = None, tp_overlap: bool = False) -> LayerCost:
+    """A layer with a dense MLP (an MoE model's dense-first layers)."""
+    return _layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured, tp_overlap=tp_overlap,
+                       moe=False)
+
+
+def blend_layers(moe: LayerCost, dense: LayerCost, w: float) -> LayerCost:
+    """The mean layer of a model whose layers are a share w dense, 1 - w MoE (times); memory of the MoE one."""
+    def mix(a: float, b: float) -> float:
+        return (1 - w) * a + w * b
+
+    def mix_pass(a: PassTime, b: PassTime) -> PassTime:
+        return PassTime(mix(a.seconds, b.seconds), tuple(mix(x, y) for x, y in zip(a.by_category, b.by_category)),
+                        mix(a.flops, b.flops))
+
+    act = LayerActivations(none=max(moe.act.none, dense.act.none), selective=max(moe.act.selective,
+                           dense.act.selective), full=max(moe.act.full, dense.act.full))
+    selective = -1.0 if moe.selective_s < 0 else mix(moe.selective_s, dense.selective_s)
+    return LayerCost(fwd=mix_pass(moe.fwd, dense.fwd), bwd=mix_pass(moe.bwd, dense.bwd),
+                     attn_fwd_s=mix(moe.attn_fwd_s, dense.attn_fwd_s), tp_fwd_s=mix(moe.tp_fwd_s, dense.tp_fwd_s),
+                     tp_bwd_s=mix(moe.tp_bwd_s, dense.tp_bwd_s), cp_fwd_s=mix(moe.cp_fwd_s, dense.cp_fwd_s),
+                     cp_bwd_s=mix(moe.cp_bwd_s, dense.cp_bwd_s), params=max(moe.params, dense.params),
+                     wgrad_s=mix(moe.wgrad_s, dense.wgrad_s), act=act, selective_s=selective,
+                     expert_params=moe.expert_params)
+
+
+def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
+                measured: MeasuredOps | None = None, tp_overlap: bool = False, ep: int = 1, etp: int = 1,
+                moe: bool = False) -> LayerCost:
+    """One layer of one kind (dense MLP or mixture of experts)."""
+    shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp, ep=ep, etp=etp)
+    fwd_ops = layer_forward_ops(model, shape, moe)
     bwd_ops = backward_ops(fwd_ops, model, shape)
     attn_fwd = tuple(op for op in fwd_ops if op.category == "attention")
     attn_bwd = tuple(op for op in bwd_ops if op.category == "attention")
@@ -128,20 +184,32 @@ def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
     kernel = attention_kernel(job)
     fwd, bwd = pass_time(fwd_ops, hw, job.dtype, lookup, kernel), pass_time(bwd_ops, hw, job.dtype, lookup, kernel)
     attn_fwd_s = pass_time(attn_fwd, hw, job.dtype, lookup, kernel).seconds
-    tp_fwd, tp_bwd = _tp_layer_comm(model, hw, job, shape, fwd_ops, bwd_ops, lookup, tp_overlap)
+    blocks = 2 if not moe or model.num_shared_experts else 1  # an MoE block without shared experts needs no
+    # tensor-parallel collective around its MLP: each rank routes its own sequence-parallel tokens
+    tp_fwd, tp_bwd = _tp_layer_comm(model, hw, job, shape, fwd_ops, bwd_ops, lookup, tp_overlap, blocks)
+    if moe:  # the token exchange counts with the tensor-parallel collectives: both sit on the compute stream
+        ep_fwd, ep_bwd = moe_comm(model, hw, shape)
+        tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd
     cp_fwd, cp_bwd = _cp_exchange(model, hw, shape, cp)
     return LayerCost(
         fwd=fwd, bwd=bwd, attn_fwd_s=attn_fwd_s, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
         # each of the cp-1 exchanges hides behind one ring step's attention (1/cp of it, load-balanced)
         cp_fwd_s=max(0.0, cp_fwd - (cp - 1) / cp * attn_fwd_s),
         cp_bwd_s=max(0.0, cp_bwd - (cp - 1) / cp * pass_time(attn_bwd, hw, job.dtype, lookup, kernel).seconds),
-        params=layer_params(model, tp), act=_activations(model, shape, job),
+        params=moe_layer_params(model, tp, ep, etp) if moe else dense_layer_params(model, tp),
+        act=_activations(model, shape, job, moe),
         selective_s=_sac_seconds(fwd_ops, hw, job, lookup) if job.trainer == "torchtitan" else -1.0,
-        wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup))
+        wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup),
+        expert_params=moe_expert_share(model, tp, ep, etp) if moe else 0)
 
 
-def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec) -> LayerActivations:
-    """Saved activations per recompute setting; torchtitan's 'selective' is its op-level SAC."""
+def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec, moe: bool = False) -> LayerActivations:
+    """Saved activations per recompute setting; torchtitan's 'selective' is its op-level SAC. An MoE block
+    keeps the attention's tensors, the MLP input and the dispatched tokens' (moe.moe_activation_bytes)."""
+    if moe:
+        act = layer_activations(replace(model, ffn_hidden_size=0), shape)
+        extra = whole_bytes(moe_activation_bytes(model, shape))
+        return replace(act, none=act.none + extra, selective=act.selective + extra)
     act = layer_activations(model, shape)
     if job.trainer == "torchtitan" and model.gated:
         return replace(act, selective=min(act.selective, sac_activations(model, shape)))
@@ -165,8 +233,8 @@ def _wgrad_seconds(bwd_ops, hw: HardwareSpec, dtype: str, lookup=None) -> float:
 
 #: The column-parallel linears (input all-gathered under sequence parallelism, input gradient reduced) and the
 #: row-parallel ones (output reduce-scattered or all-reduced) of a Megatron block.
-COLUMN_PARALLEL = ("qkv_proj", "mlp_up")
-ROW_PARALLEL = ("out_proj", "mlp_down")
+COLUMN_PARALLEL = ("qkv_proj", "mlp_up", "shared_up")
+ROW_PARALLEL = ("out_proj", "mlp_down", "shared_down")
 
 
 def _gemm_seconds(ops, names: tuple[str, ...], suffix: str, hw: HardwareSpec, job: JobSpec, lookup) -> float:
@@ -175,7 +243,7 @@ def _gemm_seconds(ops, names: tuple[str, ...], suffix: str, hw: HardwareSpec, jo
 
 
 def _tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: LayerShape, fwd_ops, bwd_ops,
-                   lookup, overlap: bool) -> tuple[float, float]:
+                   lookup, overlap: bool, blocks: int = 2) -> tuple[float, float]:
     """Exposed tensor-parallel communication of one layer, (forward, backward) seconds.
 
     Megatron's two collectives per pass (Shoeybi et al. 2019); with sequence parallelism each all-reduce is
@@ -194,10 +262,10 @@ def _tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Laye
     link = comm.group_link(hw, tp, 1)
     if shape.sp:
         ag, rs = comm.all_gather(nbytes, tp, link), comm.reduce_scatter(nbytes, tp, link)
-        fwd_c, bwd_inline, bwd_async = 2 * (ag + rs), 2 * ag, 2 * (ag + rs)
+        fwd_c, bwd_inline, bwd_async = blocks * (ag + rs), blocks * ag, blocks * (ag + rs)
     else:
         ar = comm.all_reduce(nbytes, tp, link)
-        fwd_c, bwd_inline, bwd_async = 2 * ar, 0.0, 2 * ar
+        fwd_c, bwd_inline, bwd_async = blocks * ar, 0.0, blocks * ar
     fwd_g = _gemm_seconds(fwd_ops, COLUMN_PARALLEL + ROW_PARALLEL, "", hw, job, lookup)
     bwd_g = _gemm_seconds(bwd_ops, COLUMN_PARALLEL + ROW_PARALLEL, "_dgrad", hw, job, lookup)
     if overlap:
@@ -217,8 +285,8 @@ def _chunking_cost(ops, tp: int, hw: HardwareSpec, job: JobSpec) -> float:
     """Extra time of running each linear GEMM as tp GEMMs of m/tp rows (tile and wave quantization)."""
     extra = 0.0
     for op in ops:
-        if op.kernel != "gemm" or op.category != "gemm" or not op.dims:
-            continue
+        if op.kernel != "gemm" or op.category != "gemm" or not op.dims or op.name.startswith("expert_"):
+            continue  # the expert GEMMs wait for the all-to-all, not a tensor-parallel collective
         m, n, k = op.dims
         part = Op(op.name, op.category, op.flops / tp, op.bytes / tp, "gemm", (m / tp, n, k))
         extra += max(0.0, tp * op_time(part, hw, job.dtype) - op_time(op, hw, job.dtype))

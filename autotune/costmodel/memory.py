@@ -22,9 +22,20 @@ from autotune.units import FP32_BYTES, whole_bytes
 
 
 # ---------------------------------------------------------------------------------------------- parameters
-def layer_params(model: ModelSpec, tp: int = 1) -> int:
+def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = None) -> int:
     """Parameters of one Transformer block held by one GPU of a tp group (linear layers split by tp;
-    norm weights and the biases of row-parallel layers replicated)."""
+    norm weights and the biases of row-parallel layers replicated). For an MoE model: an MoE layer (the
+    larger kind), its routed experts split ep ways and each expert etp ways (moe_layer_params)."""
+    if model.is_moe:
+        return moe_layer_params(model, tp, ep, tp if etp is None else etp)
+    return dense_layer_params(model, tp)
+
+
+def dense_layer_params(model: ModelSpec, tp: int = 1) -> int:
+    """A block with a dense MLP of ffn_hidden_size (every layer of a dense model, the dense-first layers of an
+    MoE model)."""
+    if model.mla:
+        return attention_params(model, tp) + mlp_params(model, model.ffn_hidden_size, tp)
     h, q, kv, f = model.hidden_size, model.q_width, model.kv_width, model.ffn_hidden_size
     up = 2 * f if model.gated else f
     linear = h * (q + 2 * kv) + q * h + h * up + f * h
@@ -36,6 +47,68 @@ def layer_params(model: ModelSpec, tp: int = 1) -> int:
         split_bias += up
         replicated_bias += 2 * h
     return linear // tp + split_bias // tp + norms + replicated_bias
+
+
+def attention_params(model: ModelSpec, tp: int = 1) -> int:
+    """Attention projections, their biases and the block's two norms. MLA (DeepSeek-V2 paper, Sec. 2.1): the
+    query and key/value down-projections and their latent norms are replicated over tp (Megatron builds them
+    'duplicated'); the up-projections and the output projection are split."""
+    h, heads = model.hidden_size, model.num_heads
+    norms = 2 * h * (2 if model.norm == "layernorm" else 1)
+    if not model.mla:
+        q, kv = model.q_width, model.kv_width
+        bias = (q + 2 * kv) // tp if model.bias in ("qkv", "all") else 0
+        out_bias = h if model.bias == "all" else 0
+        return (h * (q + 2 * kv) + q * h) // tp + bias + out_bias + norms
+    qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+    if model.q_lora_rank:
+        q_down, q_up = h * model.q_lora_rank + model.q_lora_rank, model.q_lora_rank * heads * qk
+    else:
+        q_down, q_up = 0, h * heads * qk
+    kv_down = h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
+    kv_up = model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim)
+    out = heads * model.v_head_dim * h
+    return q_down + kv_down + (q_up + kv_up + out) // tp + norms
+
+
+def mlp_params(model: ModelSpec, width: int, tp: int = 1, bias: bool = False) -> int:
+    """One MLP of inner width `width` (gated: three matrices), split tp ways; biases on request."""
+    h = model.hidden_size
+    up = 2 * width if model.gated else width
+    return (h * up + width * h) // tp + ((up // tp + h) if bias else 0)
+
+
+def expert_params(model: ModelSpec, etp: int = 1) -> int:
+    """One routed expert on one GPU of its expert-tensor-parallel group."""
+    return mlp_params(model, model.moe_ffn_hidden_size, etp, model.expert_bias)
+
+
+def moe_layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1) -> int:
+    """An MoE block on one GPU: attention (tp), the router (h x E, replicated), the shared experts as one dense
+    MLP (tp) and num_experts/ep routed experts, each split etp ways (Megatron's expert parallelism)."""
+    router = model.hidden_size * model.num_experts
+    shared = mlp_params(model, model.num_shared_experts * model.shared_expert_ffn_hidden_size, tp)
+    return (attention_params(model, tp) + router + shared
+            + model.num_experts // ep * expert_params(model, etp))
+
+
+def moe_expert_share(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int = 1) -> int:
+    """The routed-expert parameters inside moe_layer_params: the part the expert-data-parallel group (not the
+    data-parallel group) reduces and shards."""
+    return model.num_experts // ep * expert_params(model, etp) if model.is_moe else 0
+
+
+def active_params(model: ModelSpec, *, input_embedding: bool = True) -> int:
+    """Parameters one token passes through: attention, dense MLPs, router, shared experts and top_k routed
+    experts per MoE layer, the LM head, and the input embedding unless left out (publishers differ: Mistral
+    and Qwen count it, OpenAI's GPT-OSS card does not)."""
+    if not model.is_moe:
+        total = total_params(model)
+        return total if input_embedding else total - embedding_params(model)
+    dense = model.num_dense_layers * dense_layer_params(model)
+    per_moe = moe_layer_params(model) - (model.num_experts - model.moe_top_k) * expert_params(model)
+    head = head_params(model, separate_stage=not model.tied_embeddings)
+    return dense + model.num_moe_layers * per_moe + head + (embedding_params(model) if input_embedding else 0)
 
 
 def embedding_params(model: ModelSpec, tp: int = 1) -> int:
@@ -54,8 +127,9 @@ def head_params(model: ModelSpec, tp: int = 1, *, separate_stage: bool = True) -
 
 def total_params(model: ModelSpec) -> int:
     """Parameters of the whole model, counting a tied embedding once."""
-    return (model.num_layers * layer_params(model) + embedding_params(model)
-            + head_params(model, separate_stage=False))
+    layers = (model.num_dense_layers * dense_layer_params(model) + model.num_moe_layers * moe_layer_params(model)
+              if model.is_moe else model.num_layers * layer_params(model))
+    return layers + embedding_params(model) + head_params(model, separate_stage=False)
 
 
 # ---------------------------------------------------------------------------------------------- activations

@@ -34,6 +34,9 @@ class Op:
     dims: tuple[float, ...] = ()
     """The shape the kernel's efficiency depends on: a GEMM's output rows, columns and inner size (m, n, k);
     fused attention's query length per sequence and whether it is a backward pass (s_q, 1.0 = backward)."""
+    groups: int = 1
+    """A grouped GEMM (the experts of an MoE layer): `groups` GEMMs of shape dims launched as one kernel; its
+    tiles fill the SMs' waves together."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,12 @@ class LayerShape:
     fused: bool
     fp8: bool = False
     """FP8 linear layers (Transformer Engine, torchao float8): GEMM inputs are cast to 1-byte copies."""
+    ep: int = 1
+    """Expert-parallel degree (MoE layers only)."""
+    etp: int = 1
+    """Expert-tensor-parallel degree (MoE layers only)."""
+    imbalance: float = 1.0
+    """Tokens of the busiest expert over the mean (MoE layers only; costmodel/moe.py)."""
 
     @property
     def norm_tokens(self) -> float:
@@ -69,8 +78,9 @@ def _memory_op(name: str, category: Category, flops: float, nbytes: float) -> Op
     return Op(name, category, flops, nbytes, "memory")
 
 
-def layer_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
-    """Forward operators of one Transformer block on one GPU, in execution order."""
+def layer_forward_ops(model: ModelSpec, shape: LayerShape, moe: bool | None = None) -> tuple[Op, ...]:
+    """Forward operators of one Transformer block on one GPU, in execution order. `moe`: an MoE block (router,
+    permutation, grouped expert GEMMs; costmodel/moe.py) or a dense one; None = MoE for an MoE model."""
     t, e, tp = shape.tokens, shape.elem, shape.tp
     tn = shape.norm_tokens
     h = model.hidden_size
@@ -78,7 +88,10 @@ def layer_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
     f = model.ffn_hidden_size / tp
     mlp_up = 2 * f if model.gated else f
     ops = [_norm("input_norm", model, tn, h, e, shape.fused)]
-    ops.append(_gemm("qkv_proj", t, h, q + 2 * kv, e))
+    if model.mla:
+        ops.extend(mla_projections(model, shape))
+    else:
+        ops.append(_gemm("qkv_proj", t, h, q + 2 * kv, e))
     if model.position_embedding == "rope":
         # fused: read and write q and k once; eager (torchtitan's complex-number form): upcast to fp32, complex
         # multiply with the frequencies, cast back: e + 4, 4 + 4, 4 + e bytes per element
@@ -86,12 +99,16 @@ def layer_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
         ops.append(_memory_op("rope", "elementwise", 3.0 * t * (q + kv), per * t * (q + kv)))
     ops.extend(_attention_forward(model, shape, q, kv))
     ops.extend(_cp_corrections(shape, q, kv, "fwd"))
-    ops.append(_gemm("out_proj", t, q, h, e))
+    ops.append(_gemm("out_proj", t, model.num_heads * model.v_head_dim / tp if model.mla else q, h, e))
     ops.extend(_dropout_residual("attn_residual", model, shape, tn, h))
     ops.append(_norm("post_attn_norm", model, tn, h, e, shape.fused))
-    ops.append(_gemm("mlp_up", t, h, mlp_up, e))
-    ops.extend(_activation(model, shape, t, f))
-    ops.append(_gemm("mlp_down", t, f, h, e))
+    if model.is_moe if moe is None else moe:
+        from autotune.costmodel.moe import moe_forward_ops  # moe.py builds on this module's helpers
+        ops.extend(moe_forward_ops(model, shape))
+    else:
+        ops.append(_gemm("mlp_up", t, h, mlp_up, e))
+        ops.extend(_activation(model, shape, t, f))
+        ops.append(_gemm("mlp_down", t, f, h, e))
     ops.extend(_dropout_residual("mlp_residual", model, shape, tn, h))
     if shape.fp8:
         ops.extend(fp8_casts(ops, "x", shape.fused))
@@ -115,10 +132,27 @@ def fp8_casts(ops: list[Op] | tuple[Op, ...], side: str, fused: bool = True) -> 
         if op.kernel != "gemm" or not op.dims or op.category != "gemm":
             continue
         m, n, k = op.dims
-        elems = m * k if side == "x" else m * n
+        elems = (m * k if side == "x" else m * n) * op.groups
         per = 2.0 if side == "x" and fused and op.name in FP8_FUSED_INPUTS else 4.0
         out.append(_memory_op(f"{op.name}_fp8_cast", "elementwise", 2.0 * elems, per * elems))
     return out
+
+
+def mla_projections(model: ModelSpec, shape: LayerShape) -> list[Op]:
+    """Multi-head latent attention's projections (DeepSeek-V2, Sec. 2.1): the query and key/value
+    down-projections (replicated over tp, as Megatron builds them) and the up-projections (split over tp)."""
+    t, e, tp, h, heads = shape.tokens, shape.elem, shape.tp, model.hidden_size, model.num_heads
+    qk = model.qk_nope_head_dim + model.qk_rope_head_dim
+    ops = []
+    if model.q_lora_rank:
+        ops.append(_gemm("q_down_proj", t, h, model.q_lora_rank, e))
+        ops.append(_gemm("q_up_proj", t, model.q_lora_rank, heads * qk / tp, e))
+    else:
+        ops.append(_gemm("q_proj", t, h, heads * qk / tp, e))
+    ops.append(_gemm("kv_down_proj", t, h, model.kv_lora_rank + model.qk_rope_head_dim, e))
+    ops.append(_gemm("kv_up_proj", t, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim) / tp,
+                     e))
+    return ops
 
 
 def _norm(name: str, model: ModelSpec, tokens: float, h: int, e: int, fused: bool = True) -> Op:
@@ -218,8 +252,10 @@ def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -
         if op.kernel == "gemm":
             m, n, k = op.dims or (0.0, 0.0, 0.0)
             # dX[m,k] = dY[m,n] @ W^T and dW[k,n] = X^T @ dY: the same FLOPs, other output shapes
-            out.append(Op(op.name + "_dgrad", op.category, op.flops, op.bytes, "gemm", (m, k, n) if op.dims else ()))
-            out.append(Op(op.name + "_wgrad", op.category, op.flops, op.bytes, "gemm", (k, n, m) if op.dims else ()))
+            out.append(Op(op.name + "_dgrad", op.category, op.flops, op.bytes, "gemm", (m, k, n) if op.dims else (),
+                          op.groups))
+            out.append(Op(op.name + "_wgrad", op.category, op.flops, op.bytes, "gemm", (k, n, m) if op.dims else (),
+                          op.groups))
         elif op.kernel == "attention":
             dims = (op.dims[0], 1.0) if op.dims else ()
             out.append(Op(op.name + "_bwd", op.category, 2.5 * op.flops, 2.0 * op.bytes, "attention", dims))

@@ -69,6 +69,9 @@ class StageCost:
     memory: StageMemory
     chunks: tuple[tuple[float, float, float], ...] = ()
     """(F, B, W) seconds of one micro-batch on each of the rank's model chunks: what the schedule runs."""
+    expert_params: int = 0
+    """The routed-expert parameters inside `params` (MoE): their optimizer state and Adam step are sharded
+    over the expert-data-parallel group."""
 
     @property
     def time_s(self) -> float:
@@ -242,7 +245,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     v = chunks_per_rank(plan.schedule, plan.vpp)
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
-    per_state = state_bytes(layer.params, plan.zero, plan.dp * plan.cp, grad_bytes)
+    per_state = layer_state_bytes(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
     layer_compute = layer.fwd.seconds + layer.bwd.seconds
     layer_tp = layer.tp_fwd_s + layer.tp_bwd_s
     layer_cp = layer.cp_fwd_s + layer.cp_bwd_s
@@ -286,8 +289,21 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             index=index, layers=n, recomputed_layers=rc_layers, has_embedding=first > 0, has_head=last > 0,
             compute_s=compute, recompute_s=n * rec_base + rc_layers * (rec_full - rec_base), tp_comm_s=tp_comm,
             cp_comm_s=n * layer_cp, pp_comm_s=p2p_s, zero3_comm_s=zero3, fwd_s=fwd, bwd_s=bwd,
-            by_category=by_category, params=params, memory=memory, chunks=chunks))
+            by_category=by_category, params=params, memory=memory, chunks=chunks,
+            expert_params=n * layer.expert_params))
     return tuple(out)
+
+
+def layer_state_bytes(layer: LayerCost, zero: int, shards: int, expert_shards: int,
+                      grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes of one layer: its routed experts (MoE) sharded by ZeRO over the
+    expert-data-parallel group (Megatron's distributed optimizer shards expert parameters over it), the rest
+    over the data-parallel group."""
+    if not layer.expert_params:
+        return state_bytes(layer.params, zero, shards, grad_bytes)
+    rest = state_bytes(layer.params - layer.expert_params, zero, shards, grad_bytes)
+    experts = state_bytes(layer.expert_params, zero, expert_shards, grad_bytes)
+    return rest[0] + experts[0], rest[1] + experts[1], rest[2] + experts[2]
 
 
 def state_bytes(params: int, zero: int, shards: int, grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:

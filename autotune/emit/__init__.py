@@ -7,11 +7,14 @@ trainer cannot express; the closest valid configuration is emitted instead). Wri
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
+from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
+from autotune.specs.trainers import TRAINER_CAPS
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -31,6 +34,13 @@ class EmitInput:
     peak_memory_gib: float
     """Predicted peak memory per GPU, for the header."""
     mfu: float
+    reestimate: Callable[[Plan], tuple[float, float, float]] | None = field(default=None, compare=False)
+    """(step time s, peak GiB, MFU) of another plan under the same model, hardware and job: the header then
+    states the prediction for the plan a trainer really runs when it differs from `plan` (emit/common.py)."""
+    train_tokens: float = 1e12
+    """Tokens to train (the LR schedule's length); the default is autotune.scaling.DEFAULT_TRAIN_TOKENS."""
+    mock_data: bool = False
+    """Synthetic data and no tokenizer (smoke runs); otherwise the launch files require DATA_PATH etc."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +54,18 @@ class EmitResult:
 def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> EmitResult:
     """Dispatch to the trainer's emitter (imported on demand: each module is independent). Only Colossal-AI
     runs 2-D/2.5-D/3-D tensor parallelism; for the others such a plan is emitted as 1-D, with a warning."""
-    if trainer in TRAINERS and trainer != "colossalai" and inp.plan.tp_mode != "1d":
-        result = emit(trainer, replace(inp, plan=replace(inp.plan, tp_mode="1d")),
-                      torchtitan_format=torchtitan_format)
+    caps = TRAINER_CAPS.get(trainer)
+    if inp.model.is_moe and trainer != "megatron":
+        # torchtitan's EP, DeepSpeed-MoE's ep_size and Colossal-AI's MoE plugin are not emitted yet: a dense
+        # config of an MoE model would silently train something else
+        raise SpecError(f"--trainer {trainer}: autotune emits mixture-of-experts models ({inp.model.name}) for "
+                        "Megatron-LM only; use --trainer megatron")
+    if caps is not None and inp.plan.tp_mode not in caps.tp_modes:
+        flat = replace(inp.plan, tp_mode="1d")
+        figures = inp.reestimate(flat) if inp.reestimate is not None else None
+        flat_inp = replace(inp, plan=flat) if figures is None else replace(
+            inp, plan=flat, step_time_s=figures[0], peak_memory_gib=figures[1], mfu=figures[2])
+        result = emit(trainer, flat_inp, torchtitan_format=torchtitan_format)
         warning = (f"{trainer} has only 1-D (Megatron-style) tensor parallelism: the plan's {inp.plan.tp_mode} "
                    f"tensor parallelism over {inp.plan.tp} GPUs is emitted as 1-D tp {inp.plan.tp} (its predicted "
                    "time does not hold); use --trainer colossalai for the grid")
@@ -67,6 +86,4 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
         from autotune.emit.deepspeed import emit_deepspeed
 
         return emit_deepspeed(inp)
-    from autotune.errors import SpecError
-
     raise SpecError(f"--trainer {trainer!r}: unknown trainer; use one of {', '.join(TRAINERS)}")

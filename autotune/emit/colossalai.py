@@ -11,6 +11,8 @@ from __future__ import annotations
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import python_str
+from autotune.emit.runfiles import nccl_env_block, required_env_block, sbatch_script, schedule
+from autotune.emit.torchtitan import launch_shape
 from autotune.specs.tpgrid import tp_mode_degrees
 
 TARGET = "legacy config schema of Colossal-AI <= 0.3 (colossalai.legacy)"
@@ -39,11 +41,23 @@ def emit_colossalai(inp: EmitInput) -> EmitResult:
                         "they stay on the first and last stage (more memory there, a slower step than predicted)")
     if p.recompute == "selective" or p.recompute_layers is not None:
         warnings.append("Colossal-AI's legacy checkpointing is per layer and all-or-nothing: full recompute emitted")
-    if p.zero >= 2:
-        warnings.append(f"ZeRO-{p.zero} is emitted as Colossal-AI's zero config only with pp 1; check its "
-                        "sharding strategy matches")
-    return EmitResult((("colossalai_config.py", _config(inp)), ("launch_colossalai.sh", _launch(inp))),
-                      tuple(warnings))
+    if p.zero >= 1 and p.pp > 1:
+        warnings.append(f"ZeRO-{p.zero} with pp {p.pp}: Colossal-AI's legacy zero config does not combine with "
+                        "pipeline parallelism; emitted without ZeRO (every rank keeps its whole optimizer state: "
+                        "more memory than predicted)")
+    elif p.zero >= 2:
+        warnings.append(f"ZeRO-{p.zero}: emitted as Colossal-AI's legacy zero config (sharded model, ZeRO-3 style); "
+                        "check its sharding strategy matches")
+    if inp.job.dtype != "fp16":
+        warnings.append(f"dtype {inp.job.dtype}: Colossal-AI's legacy AMP is fp16 only (AMP_TYPE.TORCH/APEX/NAIVE use "
+                        "a loss scaler); emitted no fp16 section and DTYPE = 'bfloat16' for the training script to "
+                        "cast the model to" + (" (fp8 is not available: slower than predicted)"
+                                              if inp.job.dtype == "fp8" else ""))
+    nodes, per_node = launch_shape(p.num_gpus, inp.gpus_per_node)
+    files = (("colossalai_config.py", _config(inp)), ("launch_colossalai.sh", _launch(inp, nodes, per_node)),
+             ("sbatch_colossalai.sh", sbatch_script(inp, "colossalai", TARGET, "launch_colossalai.sh", nodes,
+                                                    per_node, 29500)))
+    return EmitResult(files, tuple(warnings))
 
 
 def _tensor(inp: EmitInput) -> str:
@@ -56,8 +70,7 @@ def _tensor(inp: EmitInput) -> str:
 
 
 def _config(inp: EmitInput) -> str:
-    p, job = inp.plan, inp.job
-    precision = "AMP_TYPE.TORCH" if job.dtype in ("fp16", "bf16") else "AMP_TYPE.TORCH"
+    p, job, m, s = inp.plan, inp.job, inp.model, schedule(inp)
     lines = [
         commented(header_lines(inp, "colossalai", TARGET)).rstrip("\n"),
         "from colossalai.legacy.amp import AMP_TYPE",
@@ -69,8 +82,30 @@ def _config(inp: EmitInput) -> str:
         f"gradient_accumulation = {1 if p.pp > 1 else p.num_microbatches}",
         "",
         f"parallel = dict(pipeline={p.pp}, tensor={_tensor(inp)})",
-        f"fp16 = dict(mode={precision})",
+        "fp16 = dict(mode=AMP_TYPE.TORCH)  # fp16 autocast with a loss scaler" if job.dtype == "fp16" else
+        "DTYPE = 'bfloat16'  # no legacy bf16 AMP: the training script casts the model (model.to(torch.bfloat16))",
         "clip_grad_norm = 1.0",
+        "",
+        "# The run (read by the training script): AdamW, linear warm-up, cosine decay to a tenth of the peak LR over",
+        "# the steps --train-tokens takes, checkpoints about hourly; DATA_PATH, TOKENIZER_MODEL and CHECKPOINT_DIR",
+        "# come from the environment (launch_colossalai.sh requires them).",
+        f"TRAIN_STEPS = {s.steps}",
+        f"WARMUP_STEPS = {s.warmup}",
+        f"LR = {s.lr!r}",
+        f"MIN_LR = {s.min_lr!r}",
+        "ADAM_BETAS = (0.9, 0.95)",
+        "WEIGHT_DECAY = 0.1",
+        f"SAVE_INTERVAL = {s.save_interval}",
+        f"LOG_INTERVAL = {s.log_interval}",
+        "",
+        "# The model's hyperparameters (the model code must use them).",
+        f"MODEL = dict(num_layers={m.num_layers}, hidden_size={m.hidden_size}, num_attention_heads={m.num_heads}, "
+        f"num_key_value_heads={m.num_kv_heads}, head_dim={m.head_dim}, ffn_hidden_size={m.ffn_hidden_size}, "
+        f"vocab_size={m.vocab_size}, activation={python_str(m.activation)}, norm={python_str(m.norm)}, "
+        f"norm_eps={m.norm_eps!r}, position_embedding={python_str(m.position_embedding)}, "
+        f"rope_theta={m.rope_theta!r}, rope_scaling={python_str(m.rope_scaling)}, "
+        f"rope_scaling_factor={m.rope_scaling_factor!r}, tied_embeddings={m.tied_embeddings}, "
+        f"bias={python_str(m.bias)}, init_std={m.init_std!r})",
     ]
     if p.recompute != "none":
         lines.append("model = dict(checkpoint=True)  # activation checkpointing on every layer")
@@ -80,18 +115,21 @@ def _config(inp: EmitInput) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _launch(inp: EmitInput) -> str:
-    p = inp.plan
-    nodes = max(1, p.num_gpus // inp.gpus_per_node)
-    per_node = p.num_gpus // nodes
+def _launch(inp: EmitInput, nodes: int, per_node: int) -> str:
     return (
         "#!/usr/bin/env bash\n" + commented(header_lines(inp, "colossalai", TARGET))
-        + "# Run on each node with NODE_RANK and MASTER_ADDR set; TRAIN_SCRIPT is your Colossal-AI training script,\n"
-        "# which calls colossalai.legacy.launch_from_torch(config='colossalai_config.py').\n"
+        + "# Run on each node with NODE_RANK and MASTER_ADDR set (sbatch_colossalai.sh does); TRAIN_SCRIPT is your\n"
+        "# Colossal-AI training script, which calls colossalai.legacy.launch_from_torch(config='colossalai_config.py').\n"
         "set -euo pipefail\n"
         f'NNODES="${{NNODES:-{nodes}}}"\nNODE_RANK="${{NODE_RANK:-0}}"\n'
         'MASTER_ADDR="${MASTER_ADDR:-localhost}"\nMASTER_PORT="${MASTER_PORT:-29500}"\n'
+        f'if (( NNODES != {nodes} )); then\n    echo "this plan needs {nodes} node(s) of {per_node} GPUs: '
+        f'set NNODES={nodes}" >&2\n    exit 1\nfi\n'
         'TRAIN_SCRIPT="${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your Colossal-AI training script}"\n'
+        + required_env_block(inp.mock_data)
+        + ("" if inp.mock_data else "export DATA_PATH TOKENIZER_MODEL CHECKPOINT_DIR\n") + "\n" + nccl_env_block()
+        + 'SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n\n'
         f'torchrun --nnodes "$NNODES" --nproc-per-node {per_node} --node-rank "$NODE_RANK" '
-        '--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" "$TRAIN_SCRIPT" --config colossalai_config.py "$@"\n'
+        '--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" "$TRAIN_SCRIPT" '
+        '--config "$SCRIPT_DIR/colossalai_config.py" "$@"\n'
     )

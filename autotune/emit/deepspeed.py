@@ -17,10 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.emit import EmitInput, EmitResult
-from autotune.emit.common import header_lines
+from autotune.emit.common import commented, header_lines
+from autotune.emit.runfiles import REQUIRED_ENV, nccl_env_block, required_env_block, sbatch_script, schedule
+from autotune.emit.torchtitan import launch_shape
 from autotune.emit.quote import json_text
 from autotune.errors import InvalidPlanError
 from autotune.specs.plan import Plan
+from autotune.specs.trainers import TRAINER_CAPS, refusal
 
 TARGET = "DeepSpeed 0.19.8"
 CONFIG_FILE = "ds_config.json"
@@ -29,9 +32,25 @@ PIPELINE_FILE = "ds_pipeline.json"
 #: in each LayerSpec's class name) matches ParallelTransformerLayerPipe, so only transformer layers are counted
 #: and the embedding lands on the first stage, the final norm and LM head on the last.
 PARTITION_METHOD = "type:transformer"
+#: Layer classes the pipeline engine may checkpoint (PipelineModule(checkpointable_layers=...), as
+#: Megatron-DeepSpeed's GPTModelPipe passes it): without it the interval also wraps the embedding, whose integer
+#: input needs no gradient, and backward fails ("element 0 of tensors does not require grad").
+CHECKPOINTABLE_LAYERS = ["ParallelTransformerLayerPipe"]
 #: DeepSpeed's default `steps_per_print`.
 STEPS_PER_PRINT = 10
 GRADIENT_CLIPPING = 1.0
+LAUNCH_FILE = "launch_deepspeed.sh"
+MASTER_PORT = 29500
+#: Plans DeepSpeed 0.19.8 cannot run, for the search's trainer table: pipeline parallelism with context
+#: (Ulysses) parallelism. With a pipeline DeepSpeed ignores a user mpu and takes the data-parallel size from its
+#: topology, where the Ulysses ranks sit (dp x cp), so "train_batch_size is not equal to micro_batch_per_gpu *
+#: gradient_acc_step * world_size"; counting the cp ranks as data-parallel would train a different batch.
+REFUSES_PP_WITH_CP = True
+PP_WITH_CP_REASON = ("DeepSpeed's pipeline engine takes its data-parallel size from the topology, where the "
+                     "Ulysses (cp) ranks sit, and ignores the mpu, so deepspeed.initialize rejects the batch")
+#: AdamW of the Llama recipes; torch_adam: DeepSpeed builds torch.optim.AdamW (foreach), which needs no compiled
+#: DeepSpeed op (FusedAdam's CUDA build); drop it to get FusedAdam.
+ADAM = {"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "torch_adam": True}
 
 
 class DeepSpeedPlanError(InvalidPlanError):
@@ -50,8 +69,11 @@ def emit_deepspeed(inp: EmitInput) -> EmitResult:
     interval = _checkpoint_interval(plan, warnings)
     config = _ds_config(inp, interval, warnings)
     pipeline = _pipeline_args(inp, interval, warnings)
-    return EmitResult(files=((CONFIG_FILE, dump(config)), (PIPELINE_FILE, dump(pipeline))),
-                      warnings=tuple(warnings))
+    nodes, per_node = launch_shape(plan.num_gpus, inp.gpus_per_node)
+    files = ((CONFIG_FILE, dump(config)), (PIPELINE_FILE, dump(pipeline)), (LAUNCH_FILE, _launch(inp, nodes, per_node)),
+             ("sbatch_deepspeed.sh", sbatch_script(inp, "deepspeed", TARGET, LAUNCH_FILE, nodes, per_node,
+                                                   MASTER_PORT)))
+    return EmitResult(files=tuple(sorted(files)), warnings=tuple(warnings))
 
 
 def refuse(plan: Plan) -> None:
@@ -62,6 +84,12 @@ def refuse(plan: Plan) -> None:
     if plan.zero >= 2 and plan.pp > 1:
         raise DeepSpeedPlanError(f"zero {plan.zero} with pp {plan.pp}: DeepSpeed's pipeline engine refuses ZeRO-2 "
                                  "and ZeRO-3 (incompatible with pipeline parallelism); use zero 0 or 1, or pp 1")
+    if REFUSES_PP_WITH_CP and plan.pp > 1 and plan.cp > 1:
+        raise DeepSpeedPlanError(f"cp {plan.cp} with pp {plan.pp}: {PP_WITH_CP_REASON}; plan with --cp 1 or --pp 1 "
+                                 "(or --trainer deepspeed)")
+    refused = refusal(TRAINER_CAPS["deepspeed"], plan)  # the capability table's row (specs/trainers.py)
+    if refused is not None:
+        raise DeepSpeedPlanError(refused)
 
 
 def dump(doc: dict[str, Any]) -> str:
@@ -91,16 +119,43 @@ def _ds_config(inp: EmitInput, interval: int, warnings: list[str]) -> dict[str, 
         "wall_clock_breakdown": False,
         "zero_optimization": _zero(plan),
         **_precision(job.dtype, warnings),
+        **_optimizer(inp),
     }
     if plan.pp > 1:
         config["pipeline"] = {"activation_checkpoint_interval": interval}
+    elif interval:
+        # Without a pipeline nothing reads activation_checkpoint_interval: DeepSpeed recomputes only what the
+        # model wraps in deepspeed.checkpointing.checkpoint, configured from this section.
+        config["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
+                                              "cpu_checkpointing": False}
+        warnings.append("recompute with pp 1: DeepSpeed recomputes only the layers the model code wraps in "
+                        "deepspeed.checkpointing.checkpoint (call deepspeed.checkpointing.configure(mpu, "
+                        f"deepspeed_config='{CONFIG_FILE}') first; its activation_checkpointing section is emitted): "
+                        "wrap every transformer layer")
+    if plan.cp > 1 and plan.tp == 1:
+        # No mpu needed: given both sizes (and the config as a dict), deepspeed.initialize builds a
+        # (data_parallel, sequence_parallel) device mesh itself and DeepSpeedConfig divides the world by sp.
+        config["data_parallel_size"], config["sequence_parallel_size"] = plan.dp, plan.cp
     if plan.cp > 1:
+        where = ("sequence_parallel_size in ds_config.json; pass deepspeed.initialize the config as a dict, "
+                 "since it looks for these keys only there" if plan.tp == 1 else
+                 f"mpu.sequence_parallel_world_size in {PIPELINE_FILE}, which the mpu's "
+                 "get_sequence_parallel_world_size must return")
         warnings.append(f"cp {plan.cp}: DeepSpeed has no ring-attention context parallelism; the closest is "
-                        f"DeepSpeed-Ulysses of degree {plan.cp} (mpu.sequence_parallel_world_size in "
-                        f"{PIPELINE_FILE}, which the mpu's get_sequence_parallel_world_size must return; all-to-all "
-                        f"over heads, so the {inp.model.num_heads} heads must be divisible by tp x cp = "
-                        f"{plan.tp * plan.cp}), whose communication differs from the prediction")
+                        f"DeepSpeed-Ulysses of degree {plan.cp} ({where}; all-to-all over heads, so the "
+                        f"{inp.model.num_heads} heads must be divisible by tp x cp = {plan.tp * plan.cp}), whose "
+                        "communication differs from the prediction")
     return config
+
+
+def _optimizer(inp: EmitInput) -> dict[str, Any]:
+    """AdamW and DeepSpeed's WarmupCosineLR: linear warm-up, cosine decay to a tenth of the peak over the
+    steps that --train-tokens takes (runfiles.schedule)."""
+    s = schedule(inp)
+    return {"optimizer": {"type": "AdamW", "params": {"lr": s.lr, **ADAM}},
+            "scheduler": {"type": "WarmupCosineLR", "params": {
+                "total_num_steps": s.steps, "warmup_num_steps": s.warmup, "warmup_min_ratio": 0.0,
+                "cos_min_ratio": s.min_lr / s.lr, "warmup_type": "linear"}}}
 
 
 def _zero(plan: Plan) -> dict[str, Any]:
@@ -162,7 +217,8 @@ def _pipeline_args(inp: EmitInput, interval: int, warnings: list[str]) -> dict[s
     layers, ds_layers = list(plan.layers_per_stage), list(deepspeed_split(inp.model.num_layers, plan.pp))
     notes = [
         "PipelineModule(layers=specs, num_stages=num_stages, topology=PipeModelDataParallelTopology(**topology), "
-        "partition_method=partition_method, activation_checkpoint_interval=activation_checkpoint_interval)",
+        "partition_method=partition_method, activation_checkpoint_interval=activation_checkpoint_interval, "
+        "checkpointable_layers=checkpointable_layers)",
         "layer specs in order: embedding, the transformer layers, final norm, LM head (TiedLayerSpec when the "
         "embedding is tied); only layers whose class name matches the partition regex are counted",
         "tensor, sequence and Ulysses parallelism live in the model code: pass deepspeed.initialize an mpu "
@@ -188,10 +244,57 @@ def _pipeline_args(inp: EmitInput, interval: int, warnings: list[str]) -> dict[s
         "partition_method_layers_per_stage": ds_layers,
         "layers_per_stage": layers,
         "activation_checkpoint_interval": interval,
+        "checkpointable_layers": CHECKPOINTABLE_LAYERS,
         # PipeModelDataParallelTopology must cover the world: context-parallel (Ulysses) ranks sit in the dp axis
         "topology": {"num_pp": plan.pp, "num_mp": plan.tp, "num_dp": plan.dp * plan.cp},
         "mpu": {"tensor_model_parallel_size": plan.tp, "pipeline_model_parallel_size": plan.pp,
                 "data_parallel_size": plan.dp, "sequence_parallel": plan.sequence_parallel,
                 "sequence_parallel_world_size": plan.cp},
         "world_size": plan.num_gpus,
+        "model": _model(inp),
+        "run": _run(inp),
     }
+
+
+def _model(inp: EmitInput) -> dict[str, Any]:
+    """The hyperparameters the model code must use (DeepSpeed has no model config of its own)."""
+    m = inp.model
+    return {"num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_attention_heads": m.num_heads,
+            "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim, "ffn_hidden_size": m.ffn_hidden_size,
+            "vocab_size": m.vocab_size, "activation": m.activation, "norm": m.norm, "norm_eps": m.norm_eps,
+            "position_embedding": m.position_embedding, "rope_theta": m.rope_theta, "rope_scaling": m.rope_scaling,
+            "rope_scaling_factor": m.rope_scaling_factor, "tied_embeddings": m.tied_embeddings, "bias": m.bias,
+            "init_std": m.init_std, "seq_len": inp.job.seq_len}
+
+
+def _run(inp: EmitInput) -> dict[str, Any]:
+    """What the training script does outside deepspeed.initialize: steps, checkpoint and log intervals, and the
+    environment variables holding the paths (launch_deepspeed.sh requires them)."""
+    s = schedule(inp)
+    return {"train_steps": s.steps, "save_interval": s.save_interval, "log_interval": s.log_interval,
+            "mock_data": inp.mock_data,
+            "paths_from_env": [] if inp.mock_data else [name for name, _ in REQUIRED_ENV]}
+
+
+def _launch(inp: EmitInput, nodes: int, per_node: int) -> str:
+    notes = [
+        "DeepSpeed launch: TRAIN_SCRIPT is your DeepSpeed training script (e.g. Megatron-DeepSpeed's pretrain_gpt.py",
+        f"adapted to read {PIPELINE_FILE}); it gets --deepspeed_config {CONFIG_FILE} and --pipeline_config "
+        f"{PIPELINE_FILE}, and reads",
+        "DATA_PATH, TOKENIZER_MODEL and CHECKPOINT_DIR from the environment (the paths of this run).",
+        "Run it on each node with NODE_RANK and MASTER_ADDR set (sbatch_deepspeed.sh does).",
+    ]
+    return (
+        "#!/usr/bin/env bash\n" + commented(header_lines(inp, "deepspeed", TARGET)) + "#\n" + commented(notes)
+        + "set -euo pipefail\n\n"
+        f'NNODES="${{NNODES:-{nodes}}}"\nNODE_RANK="${{NODE_RANK:-0}}"\n'
+        f'MASTER_ADDR="${{MASTER_ADDR:-localhost}}"\nMASTER_PORT="${{MASTER_PORT:-{MASTER_PORT}}}"\n'
+        f'if (( NNODES != {nodes} )); then\n    echo "this plan needs {nodes} node(s) of {per_node} GPUs: '
+        f'set NNODES={nodes}" >&2\n    exit 1\nfi\n'
+        ': "${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your DeepSpeed training script}"\n'
+        + required_env_block(inp.mock_data)
+        + ("" if inp.mock_data else "export DATA_PATH TOKENIZER_MODEL CHECKPOINT_DIR\n")
+        + "\n" + nccl_env_block() + 'SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n\n'
+        f'torchrun --nnodes "$NNODES" --nproc-per-node {per_node} --node-rank "$NODE_RANK" \\\n'
+        '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" "$TRAIN_SCRIPT" \\\n'
+        f'    --deepspeed_config "$SCRIPT_DIR/{CONFIG_FILE}" --pipeline_config "$SCRIPT_DIR/{PIPELINE_FILE}" "$@"\n')

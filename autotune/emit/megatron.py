@@ -9,6 +9,11 @@ Files (always both, also for one node, so the file set never depends on the plan
   MEGATRON_LM (the checkout holding pretrain_gpt.py) come from the environment; extra arguments are passed on.
 * `sbatch_megatron.sh`: one Slurm task per node, each running the launch script with NODE_RANK=$SLURM_NODEID.
 
+A real run (emit/runfiles.py): the model's own hyperparameters (RoPE base and scaling, norm epsilon, init std),
+its Hugging Face tokenizer and DATA_PATH/TOKENIZER_MODEL/CHECKPOINT_DIR required from the environment (values
+written "${NAME}", the Env class), the schedule from --train-tokens, save/load, logging and the NCCL block;
+`mock_data` swaps the data and tokenizer for --mock-data and NullTokenizer.
+
 The pipeline partition (layers per rank, each rank's layers split evenly into vpp chunks) becomes, in order of
 preference: nothing (an even split); `--decoder-first/last-pipeline-num-layers` (the ends differ from equal middle
 ranks); otherwise `--pipeline-model-parallel-layout` listing the virtual stages in virtual order. Data
@@ -25,7 +30,9 @@ import math
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word
+from autotune.emit.megatron_moe import moe_flags
 from autotune.emit.megatron_forks import VOCAB_FORK, fork_block, fork_flags, mainline_plan, schedule_warnings
+from autotune.emit.runfiles import float_text, nccl_env_block, required_env_block, sbatch_script, schedule
 from autotune.specs.plan import Plan
 from autotune.specs.plan import chunk_layers as specs_chunk_layers
 
@@ -56,11 +63,18 @@ FULL_RECOMPUTE_ONLY = ("--recompute-method", "--recompute-num-layers")
 #: Argument groups of the launch script, in the order they are written and passed.
 GROUPS = ("GPT_ARGS", "DATA_ARGS", "PARALLEL_ARGS", "BATCH_ARGS", "PRECISION_ARGS", "RECOMPUTE_ARGS", "DDP_ARGS",
           "KERNEL_ARGS", "TRAINING_ARGS")
-#: Fixed training settings (not part of the plan); edit them in the script.
-TRAINING = (("--clip-grad", "1.0"), ("--eval-interval", "1000"), ("--eval-iters", "10"), ("--log-interval", "1"),
-            ("--lr", "3.0e-4"), ("--lr-decay-style", "cosine"), ("--min-lr", "3.0e-5"), ("--train-iters", "1000"),
-            ("--weight-decay", "0.1"))
+#: Fixed optimizer settings of the Llama recipes (AdamW betas 0.9/0.95, weight decay 0.1, clipping 1.0); the
+#: schedule (iterations, warm-up, LR) comes from runfiles.schedule.
+OPTIMIZER = (("--adam-beta1", "0.9"), ("--adam-beta2", "0.95"), ("--clip-grad", "1.0"), ("--weight-decay", "0.1"))
 MASTER_PORT = 6000
+#: Flags newer than the sail-sg/VocabularyParallelism fork's core 0.9 arguments.py: the launch script passes them
+#: only when VOCAB_PARALLEL=0 (mainline), as MAINLINE_ARGS.
+MAINLINE_ONLY = ("--attention-backend", "--cp-comm-type")
+
+
+class Env(str):
+    """A flag value that is a bash variable of the launch script (written "${NAME}", expanded at run time)."""
+
 
 Flag = tuple[str, str | None]
 
@@ -156,6 +170,11 @@ def _model_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
         flags.append(("--add-qkv-bias", None))
     if not m.dropout:
         flags += [("--attention-dropout", "0.0"), ("--hidden-dropout", "0.0")]
+    flags += [("--norm-epsilon", float_text(m.norm_eps)), ("--init-method-std", float_text(m.init_std))]
+    if m.position_embedding == "rope":
+        flags.append(("--rotary-base", str(round(m.rope_theta))))
+        if m.rope_scaling == "llama3":  # Megatron's apply_rope_scaling: Llama 3.1's low 1, high 4, original 8192
+            flags += [("--use-rope-scaling", None), ("--rope-scaling-factor", float_text(m.rope_scaling_factor))]
     if not m.causal:
         warn.append("the model is not causal; pretrain_gpt.py trains a causal decoder (bidirectional models "
                     "use pretrain_bert.py)")
@@ -163,7 +182,8 @@ def _model_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
 
 
 def _data_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
-    """NullTokenizer with --vocab-size V-1 has V entries (V-1 tokens + EOD); Megatron then pads the vocabulary to
+    """The model's Hugging Face tokenizer (TOKENIZER_MODEL, V entries) and DATA_PATH; with --mock-data,
+    NullTokenizer with --vocab-size V-1 (V-1 tokens + EOD = V entries). Megatron then pads the vocabulary to
     a multiple of make_vocab_size_divisible_by * tp, chosen here so that V needs no padding."""
     v, tp, pp = inp.model.vocab_size, inp.plan.tp, inp.plan.pp
     divisor = math.gcd(v // tp, 128) if v % tp == 0 else 1
@@ -175,8 +195,27 @@ def _data_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
     elif padded != v:
         warn.append(f"vocab parallel: {VOCAB_FORK} needs --make-vocab-size-divisible-by a multiple of tp*pp = "
                     f"{tp * pp}; with {divisor}, Megatron pads the vocabulary {v} to {padded}")
-    return [("--mock-data", None), ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(v - 1)),
-            ("--make-vocab-size-divisible-by", str(divisor))]
+    if inp.mock_data:
+        return [("--mock-data", None), ("--tokenizer-type", "NullTokenizer"), ("--vocab-size", str(v - 1)),
+                ("--make-vocab-size-divisible-by", str(divisor))]
+    return [("--data-path", Env("DATA_PATH")), ("--split", "99,1,0"), ("--tokenizer-type", "HuggingFaceTokenizer"),
+            ("--tokenizer-model", Env("TOKENIZER_MODEL")), ("--make-vocab-size-divisible-by", str(divisor))]
+
+
+def _training_flags(inp: EmitInput) -> list[Flag]:
+    """Iterations from --train-tokens, linear warm-up then cosine decay to a tenth of the peak LR, checkpoints
+    about hourly (saved and resumed from CHECKPOINT_DIR), evaluation at each checkpoint, throughput logging."""
+    s = schedule(inp)
+    flags: list[Flag] = [
+        *OPTIMIZER, ("--train-iters", str(s.steps)), ("--lr", float_text(s.lr)), ("--min-lr", float_text(s.min_lr)),
+        ("--lr-decay-style", "cosine"), ("--lr-warmup-iters", str(s.warmup)), ("--lr-decay-iters", str(s.steps)),
+        ("--log-interval", str(s.log_interval)), ("--log-throughput", None),
+        ("--eval-interval", str(s.save_interval)), ("--eval-iters", "10"),
+    ]
+    if not inp.mock_data:
+        flags += [("--save", Env("CHECKPOINT_DIR")), ("--load", Env("CHECKPOINT_DIR")),
+                  ("--save-interval", str(s.save_interval))]
+    return flags
 
 
 def _parallel_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
@@ -252,7 +291,7 @@ def megatron_flags(inp: EmitInput) -> tuple[dict[str, list[Flag]], tuple[str, ..
     warn: list[str] = schedule_warnings(inp.plan)
     p = inp.plan
     groups = {
-        "GPT_ARGS": _model_flags(inp, warn),
+        "GPT_ARGS": _model_flags(inp, warn) + moe_flags(inp.model, p),  # MoE/MLA: emit/megatron_moe.py
         "DATA_ARGS": _data_flags(inp, warn),
         "PARALLEL_ARGS": _parallel_flags(inp, warn),
         "BATCH_ARGS": [("--micro-batch-size", str(p.mbs)),
@@ -261,7 +300,7 @@ def megatron_flags(inp: EmitInput) -> tuple[dict[str, list[Flag]], tuple[str, ..
         "RECOMPUTE_ARGS": _recompute_flags(p),
         "DDP_ARGS": _ddp_flags(p, warn),
         "KERNEL_ARGS": _kernel_flags(inp, warn),
-        "TRAINING_ARGS": list(TRAINING),
+        "TRAINING_ARGS": _training_flags(inp),
     }
     groups = {name: sorted(flags) for name, flags in groups.items() if flags}
     names = {f for flags in groups.values() for f, _ in flags}
@@ -270,12 +309,28 @@ def megatron_flags(inp: EmitInput) -> tuple[dict[str, list[Flag]], tuple[str, ..
     return groups, tuple(warn)
 
 
-def megatron_argv(inp: EmitInput, *, fork: bool = True) -> list[str]:
-    """The pretrain_gpt.py arguments of the launch script, in order; `fork=False`: as run on mainline Megatron-LM
-    (VOCAB_PARALLEL=0, without the vocabulary-parallel fork's flags)."""
+def script_groups(inp: EmitInput) -> dict[str, list[Flag]]:
+    """The launch script's arrays: the flag groups, with the flags the vocabulary-parallel fork lacks moved to
+    MAINLINE_ARGS when the plan needs the fork (the script passes that array only with VOCAB_PARALLEL=0)."""
     groups, _ = megatron_flags(inp)
-    flags = [f for group in groups.values() for f in group] + (fork_flags(inp.plan) if fork else [])
-    return [x for flag, value in flags for x in ((flag,) if value is None else (flag, value))]
+    if not fork_flags(inp.plan):
+        return groups
+    mainline = [f for group in groups.values() for f in group if f[0] in MAINLINE_ONLY]
+    out = {name: [f for f in flags if f[0] not in MAINLINE_ONLY] for name, flags in groups.items()}
+    return {name: flags for name, flags in out.items() if flags} | {"MAINLINE_ARGS": sorted(mainline)}
+
+
+def megatron_argv(inp: EmitInput, *, fork: bool = True, env: dict[str, str] | None = None) -> list[str]:
+    """The pretrain_gpt.py arguments of the launch script, in order; `fork=False`: as run on mainline Megatron-LM
+    (VOCAB_PARALLEL=0, without the vocabulary-parallel fork's flags, with MAINLINE_ARGS). `env` gives the values of
+    the script's variables (DATA_PATH, ...); without it they stay "$NAME"."""
+    groups = script_groups(inp)
+    mainline = groups.pop("MAINLINE_ARGS", [])
+    flags = [f for group in groups.values() for f in group] + (fork_flags(inp.plan) if fork else mainline)
+    env = env or {}
+    def word(v: str) -> str:
+        return env.get(v, f"${v}") if isinstance(v, Env) else v
+    return [x for flag, value in flags for x in ((flag,) if value is None else (flag, word(value)))]
 
 
 # ---------------------------------------------------------------- files
@@ -290,8 +345,12 @@ def node_layout(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
     return num_gpus // per_node, per_node
 
 
+def _value(value: str) -> str:
+    return f'"${{{value}}}"' if isinstance(value, Env) else bash_word(value)
+
+
 def _array(name: str, flags: list[Flag]) -> str:
-    lines = [f"    {bash_word(flag)}" + ("" if value is None else f" {bash_word(value)}") for flag, value in flags]
+    lines = [f"    {bash_word(flag)}" + ("" if value is None else f" {_value(value)}") for flag, value in flags]
     return f"{name}=(\n" + "\n".join(lines) + "\n)\n"
 
 
@@ -303,7 +362,10 @@ def _launch_script(inp: EmitInput, groups: dict[str, list[Flag]], nodes: int, pe
         "Run: bash launch_megatron.sh" if nodes == 1 else
         f"Run it on each of the {nodes} nodes with NODE_RANK (0..{nodes - 1}) and MASTER_ADDR set "
         "(sbatch_megatron.sh does).",
-        "Extra arguments are passed on to pretrain_gpt.py; replace --mock-data/NullTokenizer with real data.",
+        "Extra arguments are passed on to pretrain_gpt.py (a later flag overrides an earlier one)."
+        if inp.mock_data else
+        "Needs DATA_PATH, TOKENIZER_MODEL and CHECKPOINT_DIR (it stops when one is unset); extra arguments are "
+        "passed on to pretrain_gpt.py (a later flag overrides an earlier one).",
         f"pipeline: {partition_flags(run)[1]}; transformer layers per rank {','.join(map(str, p.layers_per_stage))}"
         + (f", per virtual stage {layout_string(run)}" if run.vpp > 1 else ""),
         f"data parallelism {p.dp} is derived by Megatron from the world size {p.num_gpus} / (tp*pp*cp).",
@@ -314,7 +376,8 @@ def _launch_script(inp: EmitInput, groups: dict[str, list[Flag]], nodes: int, pe
     env = ("# Megatron FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1: leave it unset.\n" if fsdp else
            "# One CUDA connection keeps TP/SP communication and compute kernels in issue order.\n"
            "export CUDA_DEVICE_MAX_CONNECTIONS=1\n")
-    fork = fork_block(inp.plan, dict(groups["DATA_ARGS"])["--make-vocab-size-divisible-by"])
+    fork = fork_block(inp.plan, dict(groups["DATA_ARGS"])["--make-vocab-size-divisible-by"],
+                      mainline="MAINLINE_ARGS" in groups)
     passed = " \\\n".join(f'    "${{{name}[@]}}"' for name in [*groups, *(["FORK_ARGS"] if fork else [])])
     return (
         "#!/usr/bin/env bash\n" + commented(header_lines(inp, "megatron", TARGET)) + "#\n" + commented(notes)
@@ -324,7 +387,8 @@ def _launch_script(inp: EmitInput, groups: dict[str, list[Flag]], nodes: int, pe
         f"GPUS_PER_NODE={per_node}\nWORLD_SIZE={p.num_gpus}\n"
         'if (( NNODES * GPUS_PER_NODE != WORLD_SIZE )); then\n'
         '    echo "this plan needs $WORLD_SIZE GPUs ($GPUS_PER_NODE per node): set NNODES=$((WORLD_SIZE / '
-        'GPUS_PER_NODE))" >&2\n    exit 1\nfi\n' + env + "\n"
+        'GPUS_PER_NODE))" >&2\n    exit 1\nfi\n' + required_env_block(inp.mock_data) + "\n" + nccl_env_block()
+        + env + "\n"
         + "\n".join(_array(name, flags) for name, flags in groups.items()) + "\n" + fork +
         'torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --node-rank "$NODE_RANK" \\\n'
         '    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\\n'
@@ -333,25 +397,13 @@ def _launch_script(inp: EmitInput, groups: dict[str, list[Flag]], nodes: int, pe
 
 
 def _sbatch_script(inp: EmitInput, nodes: int, per_node: int) -> str:
-    notes = ["Slurm: sbatch sbatch_megatron.sh from the directory holding launch_megatron.sh",
-             "(one task per node; each runs the launch script with its node rank)."]
-    return (
-        "#!/usr/bin/env bash\n"
-        f"#SBATCH --job-name autotune-megatron\n#SBATCH --nodes {nodes}\n#SBATCH --ntasks-per-node 1\n"
-        f"#SBATCH --gpus-per-node {per_node}\n#SBATCH --exclusive\n"
-        + commented(header_lines(inp, "megatron", TARGET)) + "#\n" + commented(notes)
-        + "set -euo pipefail\n\n"
-        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"\n'
-        f'MASTER_PORT="${{MASTER_PORT:-{MASTER_PORT}}}"\n'
-        'export MASTER_ADDR MASTER_PORT NNODES="$SLURM_NNODES"\n\n'
-        f'srun --nodes {nodes} --ntasks-per-node 1 bash -c \\\n'
-        '    \'NODE_RANK="$SLURM_NODEID" exec bash "$SLURM_SUBMIT_DIR/launch_megatron.sh"\'\n'
-    )
+    return sbatch_script(inp, "megatron", TARGET, "launch_megatron.sh", nodes, per_node, MASTER_PORT)
 
 
 def emit_megatron(inp: EmitInput) -> EmitResult:
     """launch_megatron.sh and sbatch_megatron.sh for the plan (see the module docstring)."""
-    groups, warnings = megatron_flags(inp)
+    _, warnings = megatron_flags(inp)
+    groups = script_groups(inp)
     nodes, per_node = node_layout(inp.plan.num_gpus, inp.gpus_per_node)
     if nodes > 1 and per_node < inp.gpus_per_node:
         warnings += (f"{inp.plan.num_gpus} GPUs do not fill nodes of {inp.gpus_per_node}: the scripts use "

@@ -71,10 +71,11 @@ def schedule_warnings(plan: Plan) -> list[str]:
     return out
 
 
-def fork_block(p: Plan, divisor: str | None) -> str:
+def fork_block(p: Plan, divisor: str | None, *, mainline: bool = False) -> str:
     """The launch script's FORK_ARGS: the vocabulary-parallel fork's flags, on by default, emptied by
     VOCAB_PARALLEL=0 (so that the script also runs on mainline); "" when the plan needs none. `divisor` is the
-    script's --make-vocab-size-divisible-by."""
+    script's --make-vocab-size-divisible-by; `mainline`: the script has a MAINLINE_ARGS array (flags newer than
+    the fork's core 0.9), emptied when the fork's flags are on."""
     flags = fork_flags(p)
     if not flags:
         return ""
@@ -89,8 +90,11 @@ def fork_block(p: Plan, divisor: str | None) -> str:
         f"stages and --make-vocab-size-divisible-by a multiple of tp*pp = {p.tp * p.pp} "
         f"(DATA_ARGS: {divisor}): all set.",
         "Add --disable-backward-fusion for the paper's Vocab-2 variant (2 all-reduce barriers; activation memory",
-        "p+1 instead of p+2). The fork is based on Megatron-LM core 0.9: drop any newer flag above it rejects.",
+        "p+1 instead of p+2). The fork is based on Megatron-LM core 0.9, whose arguments.py lacks",
+        "--attention-backend and --cp-comm-type: those are in MAINLINE_ARGS, passed only with VOCAB_PARALLEL=0.",
     ]
     body = "".join(f"    FORK_ARGS+=({bash_word(flag)})\n" for flag, _ in flags)
+    if mainline:
+        body += "    MAINLINE_ARGS=()\n"
     return (commented(notes) + 'VOCAB_PARALLEL="${VOCAB_PARALLEL:-1}"\nFORK_ARGS=()\n'
             'if [[ "$VOCAB_PARALLEL" != 0 ]]; then\n' + body + "fi\n\n")

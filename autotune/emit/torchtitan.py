@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word, toml_str
+from autotune.emit.runfiles import nccl_env_block, required_env_block, sbatch_script, schedule
 from autotune.errors import SpecError
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, normalized
 
@@ -39,6 +40,12 @@ REGISTRY = {
     "llama3-70b": ("llama3_70b", "70B"), "llama3.1-70b": ("llama3_70b", "70B"),
     "llama3-405b": ("llama3_405b", "405B"), "llama3.1-405b": ("llama3_405b", "405B"),
 }
+#: Registry functions that switch on more than the plan says (llama3_405b: Float8 linears, torch.compile and async
+#: TP; Float8 crashes below SM89 and trains in FP8 on H100 while the plan is bf16). The launch uses a config
+#: function of its own instead, written next to the script (CONFIG_MODULE): the 405B model without converters on
+#: the 70B recipe, with the 405B recipe's learning rate; compile and async TP come from the flags.
+BF16_CONFIG = {"llama3_405b": ("405B", 8e-5)}
+CONFIG_MODULE = "autotune_torchtitan_config"
 #: torchtitan's names for autotune's schedules (torch.distributed.pipelining.schedules.get_schedule_class).
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B", "v-half": "ZBVZeroBubble"}
 #: The LM head's module name: `lm_head` in 0.3.0 (models/llama3/__init__.py), `output` in 0.2.x.
@@ -66,8 +73,11 @@ def emit_torchtitan(inp: EmitInput, *, fmt: str = "cli") -> EmitResult:
     m = map_plan(inp, fmt)
     if fmt == "cli":
         overrides = cli_overrides(m)
-        files = (("launch_torchtitan.sh", _script(inp, m, overrides)),
-                 ("torchtitan_overrides.txt", "".join(f"{o}\n" for o in overrides)))
+        nodes, per_node = launch_shape(inp.plan.num_gpus, inp.gpus_per_node)
+        files = tuple(sorted((*_config_function(inp)[2], ("launch_torchtitan.sh", _script(inp, m, overrides)),
+                              ("sbatch_torchtitan.sh", sbatch_script(inp, "torchtitan", TARGET["cli"],
+                                                                     "launch_torchtitan.sh", nodes, per_node, 29500)),
+                              ("torchtitan_overrides.txt", "".join(f"{o}\n" for o in overrides)))))
     else:
         files = (("torchtitan.toml", _toml(inp, m)),)
     return EmitResult(files=files, warnings=m.warnings)
@@ -134,9 +144,9 @@ def map_plan(inp: EmitInput, fmt: str) -> Mapping:
     if plan.tp_overlap and not job.fused_kernels:
         warnings.append("tp_overlap: torchtitan's async TP needs torch.compile, which --unfused turns off; emitted "
                         "without async TP")
-    elif plan.tp_overlap and fmt == "cli":  # 0.3.x: async TP lives under compile
-        keys.append(("compile", "enable_async_tensor_parallel", True))
-    elif plan.tp_overlap:
+    if fmt == "cli":  # 0.3.x: async TP lives under compile; always explicit, a config function may turn it on
+        keys.append(("compile", "enable_async_tensor_parallel", plan.tp_overlap and job.fused_kernels))
+    elif plan.tp_overlap and job.fused_kernels:
         keys.append(("parallelism", "enable_async_tensor_parallel", True))
     if plan.tp > 1 and fmt == "cli":
         keys.append(("parallelism", "enable_sequence_parallel", plan.sequence_parallel))
@@ -177,6 +187,9 @@ def _model_warnings(inp: EmitInput, fmt: str) -> list[str]:
     elif m.tied_embeddings and plan.pp > 1:
         out.append("tied embeddings: torchtitan does not support weight tying with pipeline parallelism; the config "
                    "function must untie them (the LM head gets its own weights on the last stage)")
+    if m.name in REGISTRY and m.position_embedding == "rope" and m.rope_scaling != "llama3":
+        out.append(f"model {m.name}: torchtitan's llama3 flavors are Llama 3.1's (RoPE theta 500000 with Llama 3.1 "
+                   "frequency scaling); this model's RoPE is unscaled, so its low RoPE frequencies differ")
     return out
 
 
@@ -292,21 +305,76 @@ def cli_overrides(m: Mapping) -> list[str]:
     return out + [f"activation-checkpoint:{m.ac_mode}"]
 
 
+def _config_function(inp: EmitInput) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """(TT_MODULE default, TT_CONFIG default or "" when the user must give one, extra files)."""
+    registry = REGISTRY.get(inp.model.name)
+    if registry is None:
+        return "llama3", "", ()
+    if registry[0] not in BF16_CONFIG:
+        return "llama3", registry[0], ()
+    flavor, lr = BF16_CONFIG[registry[0]]
+    name = f"{registry[0]}_bf16"
+    module = (commented(header_lines(inp, "torchtitan", TARGET["cli"]) + [
+        f"torchtitan's {registry[0]} config function turns on Float8 linears, torch.compile and async TP; this one",
+        f"trains the {flavor} model in bf16 on the 70B recipe (data, loss, metrics, checkpointing) with the",
+        f"{flavor} recipe's learning rate {lr:g}; compile and async TP come from the launch script's flags."])
+        + "import dataclasses\n\n"
+        "from torchtitan.components.optimizer import default_adamw\n"
+        "from torchtitan.models.llama3 import model_registry\n"
+        "from torchtitan.models.llama3.config_registry import llama3_70b\n\n\n"
+        f"def {name}():\n"
+        f'    return dataclasses.replace(llama3_70b(), model_spec=model_registry("{flavor}"), '
+        f"optimizer=default_adamw(lr={lr!r}))\n")
+    return CONFIG_MODULE, name, ((f"{CONFIG_MODULE}.py", module),)
+
+
+def run_overrides(inp: EmitInput) -> list[str]:
+    """Flags of a real run that are not the plan (0.3.x): the schedule from --train-tokens, checkpoints about
+    hourly, logging, no profiler; the data, tokenizer and checkpoint paths come from the environment."""
+    s = schedule(inp)
+    out = [f"--training.steps {s.steps}", f"--lr_scheduler.warmup_steps {s.warmup}",
+           "--lr_scheduler.decay_type cosine", "--lr_scheduler.min_lr_factor 0.1",
+           f"--metrics.log_freq {s.log_interval}", "--profiler.no_enable_profiling"]
+    if not inp.mock_data:
+        out += ["--checkpoint.enable", f"--checkpoint.interval {s.save_interval}"]
+    return out
+
+
 def _script(inp: EmitInput, m: Mapping, overrides: list[str]) -> str:
     nodes, per_node = launch_shape(inp.plan.num_gpus, inp.gpus_per_node)
-    registry, shape = REGISTRY.get(inp.model.name), _shape(inp, "cli")
-    config = (f'"${{TT_CONFIG:-{registry[0]}}}"' if registry else
+    shape = _shape(inp, "cli")
+    module, function, _ = _config_function(inp)
+    config = (f'"${{TT_CONFIG:-{function}}}"' if function else
               f'"${{TT_CONFIG:?set TT_CONFIG to a config_registry function with {shape}}}"')
     head = header_lines(inp, "torchtitan", TARGET["cli"]) + [
         "torchtitan 0.3.x: a config function (--module/--config) overridden by the flags below (tyro);",
-        "flags after the script's name are passed on before the activation-checkpoint subcommand."]
+        "flags after the script's name are passed on before the activation-checkpoint subcommand.",
+        "Run it on each node with NODE_RANK (0..nodes-1) and MASTER_ADDR set (sbatch_torchtitan.sh does)."]
+    if inp.mock_data:
+        head.append("--mock-data: the config function's own dataset and tokenizer paths (c4_test and the test "
+                    "tokenizer of a torchtitan checkout).")
+    else:
+        head.append("Needs DATA_PATH (a local copy of the dataset --dataloader.dataset names, c4 by default), "
+                    "TOKENIZER_MODEL (hf_assets_path: the model's tokenizer files) and CHECKPOINT_DIR (dump_folder).")
     flags, subcommand = overrides[:-1], overrides[-1]
+    paths = "" if inp.mock_data else (
+        'RUN_ARGS+=(--hf_assets_path "$TOKENIZER_MODEL" --dataloader.dataset_path "$DATA_PATH" '
+        '--dump_folder "$CHECKPOINT_DIR")\n')
+    pythonpath = ('SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+                  'export PYTHONPATH="$SCRIPT_DIR${PYTHONPATH:+:$PYTHONPATH}"  # for ' + module + ".py\n"
+                  if module != "llama3" else "")
     return ("#!/usr/bin/env bash\n" + commented(head) + commented(list(m.notes)) + "set -euo pipefail\n\n"
-            "OVERRIDES=(\n" + "".join(f"  {_words(o)}\n" for o in flags) + ")\n\n"
+            f'NNODES="${{NNODES:-{nodes}}}"\n'
+            f'if (( NNODES != {nodes} )); then\n    echo "this plan needs {nodes} node(s) of {per_node} GPUs: '
+            f'set NNODES={nodes}" >&2\n    exit 1\nfi\n'
+            + required_env_block(inp.mock_data) + "\n" + nccl_env_block() + pythonpath + "\n"
+            "OVERRIDES=(\n" + "".join(f"  {_words(o)}\n" for o in flags) + ")\n"
+            "# A real run (not the plan): schedule from --train-tokens, checkpoints, logging, paths.\n"
+            "RUN_ARGS=(\n" + "".join(f"  {_words(o)}\n" for o in run_overrides(inp)) + ")\n" + paths + "\n"
             f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --node-rank \"${{NODE_RANK:-0}}\" \\\n"
             "  --rdzv-backend c10d --rdzv-endpoint \"${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}\" \\\n"
-            f"  -m torchtitan.train --module \"${{TT_MODULE:-llama3}}\" --config {config} \\\n"
-            f"  \"${{OVERRIDES[@]}}\" \"$@\" {_words(subcommand)}\n")
+            f"  -m torchtitan.train --module \"${{TT_MODULE:-{module}}}\" --config {config} \\\n"
+            f"  \"${{OVERRIDES[@]}}\" \"${{RUN_ARGS[@]}}\" \"$@\" {_words(subcommand)}\n")
 
 
 def _words(override: str) -> str:
@@ -335,11 +403,22 @@ def _toml(inp: EmitInput, m: Mapping) -> str:
     plan = inp.plan
     nodes, per_node = launch_shape(plan.num_gpus, inp.gpus_per_node)
     registry = REGISTRY.get(inp.model.name)
+    paths = "" if inp.mock_data else (' --training.dataset_path "$DATA_PATH" --model.hf_assets_path '
+                                      '"$TOKENIZER_MODEL" --job.dump_folder "$CHECKPOINT_DIR"')
     head = header_lines(inp, "torchtitan", TARGET["toml"]) + [
         f"run: torchrun --nnodes {nodes} --nproc-per-node {per_node} -m torchtitan.train "
-        "--job.config_file torchtitan.toml"]
-    sections: dict[str, list[str]] = {"job": [], "model": [], "training": [], "parallelism": [], "compile": [],
-                                      "activation_checkpoint": []}
+        f"--job.config_file torchtitan.toml{paths}",
+        "(TOML cannot require environment variables: the data, tokenizer and checkpoint paths go on the command "
+        "line as above)" if paths else "--mock-data: the default dataset and tokenizer (c4_test and the test "
+        "tokenizer of a torchtitan checkout)"]
+    sections: dict[str, list[str]] = {"job": [], "model": [], "training": [], "lr_scheduler": [], "checkpoint": [],
+                                      "metrics": [], "parallelism": [], "compile": [], "activation_checkpoint": []}
+    s = schedule(inp)  # the run: steps from --train-tokens, warm-up, cosine decay, checkpoints, logging
+    sections["training"].append(_toml_line("steps", s.steps))
+    sections["lr_scheduler"] += [_toml_line("warmup_steps", s.warmup), _toml_line("decay_type", "cosine"),
+                                 "min_lr_factor = 0.1"]
+    sections["checkpoint"] += [_toml_line("enable", not inp.mock_data), _toml_line("interval", s.save_interval)]
+    sections["metrics"].append(_toml_line("log_freq", s.log_interval))
     sections["job"].append(_toml_line("description", f"autotune plan for {inp.model.name}: tp {plan.tp}, pp "
                                       f"{plan.pp}, dp {plan.dp}, cp {plan.cp}"))
     if not registry:

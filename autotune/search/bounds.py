@@ -14,8 +14,9 @@ import numpy as np
 
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.schedules import pipeline_lower_bound
-from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params, state_bytes,
-                                       vocab_parallel_comm, vocab_placement, zero3_exposed)
+from autotune.costmodel.stages import (layer_state_bytes, p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params,
+                                       state_bytes, vocab_parallel_comm, vocab_placement, zero3_exposed)
+from autotune.search.experts import expert_dp
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunks, shell_plan, smallest_stage_params,
                                     sync_collectives, tied_sync_seconds, window_s)
@@ -35,12 +36,15 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     `memo` (one dict per search) keeps the sync bound, shared by every candidate with the same layer, data
     and pipeline degrees, schedule and vocabulary placement (which decide the smallest stage)."""
     L = cm.model.num_layers
-    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
+    layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp),
+                    cm.vocab(c.tp, c.cp, c.mbs, c.sp))
     tokens = c.mbs * cm.job.seq_len // c.cp
     p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp, tokens=tokens,
                       hidden=cm.model.hidden_size)
+    # full_min >= L/vpp: every layer of every chunk is recomputed in full (trainers that checkpoint whole layers);
+    # a smaller full_min forces only min(full_min, k) layers of a chunk of k, left to forced_s
     per_layer = layer.time(c.base) + (layer.recompute_time("full") - layer.recompute_time(c.base)
-                                      if c.full_min > 0 else 0.0)
+                                      if c.full_min >= L // c.vpp else 0.0)
     fixed, vocab_params = _fixed_terms(cm, c, layer, vocab, p2p, tokens)
     total_params = L * layer.params + vocab_params
     smallest = smallest_stage_params(c, layer, vocab, L)
@@ -60,7 +64,8 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
                 _vocab_path_share(vocab))
     pipe = max(pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, c.pp, t_max, t_last, work, share),
                pipe_floor)
-    key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.dp, c.zero, c.pp, c.vpp, c.schedule, c.vocab)
+    key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.dp, c.zero, c.pp, c.vpp, c.schedule, c.vocab, c.ep,
+           c.etp)
     if memo is None or key not in memo:
         sync = _sync_bound(cm, c, buckets, layer, vocab, smallest)
         if memo is not None:
@@ -153,8 +158,8 @@ def forced_recompute_s(cc: CandidateCosts, num_layers: int) -> float:
     layers that do not fit without it where each extra layer costs the fewest recomputed layers
     (a fractional relaxation of the memory constraints, so a valid lower bound)."""
     c = cc.cand
-    if c.full_max == 0 or cc.act_base <= cc.act_full:
-        return 0.0
+    if c.full_max == 0 or cc.act_base <= cc.act_full or c.full_min >= num_layers // c.vpp:
+        return 0.0  # (the last: every layer is recomputed already, quick_bound counts it)
     total = num_layers // c.vpp
     free, options = 0, []
     for i, s in enumerate(cc.stages):
@@ -324,13 +329,14 @@ def coarse_bound(cm: CostModel, c: Candidate, memo: dict) -> tuple[float, bool]:
     stage updates at least the average stage's layers. c cannot fit when that fullest stage cannot hold its
     layers' weights, gradients and optimizer states and one micro-batch of their activations at the most
     recomputation allowed. `memo` (one dict per search) keeps the per-layer terms."""
-    key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.base, c.full_max > 0, c.zero, c.dp)
+    key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.base, c.full_max > 0, c.zero, c.dp, c.ep, c.etp)
     terms = memo.get(key)
     if terms is None:
-        layer = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap)
+        layer = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp)
         per_layer = layer.time(c.base)  # full_min > 0 recomputes only some layers of each chunk in full
         shards = c.dp * c.cp
-        state = sum(state_bytes(layer.params, c.zero, shards, cm.job.grad_bytes))
+        state = sum(layer_state_bytes(layer, c.zero, shards, expert_dp(c.tp, c.cp, c.dp, c.ep, c.etp),
+                                      cm.job.grad_bytes))
         act = min(layer.act.full, layer.act.get(c.base)) if c.full_max > 0 else layer.act.get(c.base)
         adam = layer.params * ADAM_STEP_BYTES / (shards if c.zero >= 1 else 1) / (cm.hw.hbm_bandwidth
                                                                                  * cm.hw.efficiency.memory)

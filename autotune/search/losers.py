@@ -80,5 +80,7 @@ def empty_space_message(gpus: int, space: SearchSpace, hw: HardwareSpec) -> str:
     pins = {k: getattr(space, k) for k in ("tp", "pp", "dp", "cp", "mbs", "vpp", "schedule", "zero")
             if getattr(space, k) is not None}
     hint = f" with pins {pins}" if pins else ""
+    if space.trainer is not None:
+        hint += f" that {space.trainer.name} runs"
     return (f"no valid plan for {gpus} GPUs{hint}: the degrees must multiply to the GPU count and divide the "
             f"heads and the batch; check --gpus, --global-batch and the pins (tp <= {hw.gpus_per_node} per node)")

@@ -22,6 +22,8 @@ a safety net, and the search then says so.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -262,8 +264,12 @@ def _solver(branching: str, conflicts: int | None, budget: Budget):
     if conflicts is not None:
         solver.parameters.max_number_of_conflicts = conflicts
     solver.parameters.max_deterministic_time = max(min(budget.per_solve, budget.work), 0.0)
-    # No wall-clock limit reaches CP-SAT, so that nothing it does depends on the machine: the clock is read
-    # between solves (Budget.exhausted), and the safety net may overrun by one solve (budget.per_solve).
+    # The work limit above decides what a solve returns, so the answer is the same on every machine. The wall
+    # clock reaches CP-SAT only as the --time-limit deadline itself: a solve still running when it passes stops
+    # there (the search is then marked as stopped by time, whose answer may differ between machines anyway),
+    # so --time-limit holds instead of being overrun by one solve (issue 17).
+    if math.isfinite(budget.deadline):
+        solver.parameters.max_time_in_seconds = max(budget.deadline - time.perf_counter(), 1e-3)
     return solver
 
 

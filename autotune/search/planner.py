@@ -41,7 +41,7 @@ from autotune.search.bounds import (coarse_bound, forced_recompute_s, memory_pos
 from autotune.search.budget import Budget
 from autotune.search.losers import RunnerUp, empty_space_message, infeasible_message, memory_losers
 from autotune.search.partition import Hint, solve_partition
-from autotune.search.space import Candidate, SearchSpace, enumerate_candidates
+from autotune.search.space import Candidate, SearchSpace, enumerate_candidates, pinned_layers
 from autotune.search.tables import CandidateCosts, candidate_costs, to_plan
 from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
@@ -112,7 +112,7 @@ Progress = Callable[[SearchProgress], None]
 def candidate_key(c: Candidate) -> tuple:
     """Candidates that differ only in ZeRO stage, SP or vocabulary pin count as one strategy: the runners-up
     list the best plan of each distinct strategy."""
-    return (c.tp_mode, c.tp, c.pp, c.dp, c.cp, c.mbs, c.schedule, c.vpp, c.base)
+    return (c.tp_mode, c.tp, c.pp, c.dp, c.cp, c.mbs, c.schedule, c.vpp, c.base, c.ep, c.etp)
 
 
 def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int = 3,
@@ -217,7 +217,7 @@ class _Search:
     def _baseline(self, lb: float, idx: int, cc: CandidateCosts) -> bool:
         """Before CP-SAT: time the even and balanced splits; True when the faster reaches the bound (the
         candidate is then solved: no partition can beat it)."""
-        plans = baseline_plans(self.cm, cc, self.gpus, pinned=self.space.layers_per_stage,
+        plans = baseline_plans(self.cm, cc, self.gpus, pinned=pinned_layers(self.space, cc.cand.pp, self.L),
                                allow_idle=self.space.allow_idle, allow_cross_node_tp=self.space.allow_cross_node_tp)
         if not plans:
             return False
@@ -233,7 +233,8 @@ class _Search:
         threshold = self.threshold()
         own = self.own.get(idx)
         res = solve_partition(cc, self.L, budget=self.budget, cutoff=_cutoff(threshold, cc.cand),
-                              pinned=self.space.layers_per_stage, exact=exact, hint=own[1] if own else None)
+                              pinned=pinned_layers(self.space, cc.cand.pp, self.L), exact=exact,
+                              hint=own[1] if own else None)
         self.solved += 1
         if res.status == "RELAXED":  # back on the heap with the relaxation's bound, for the exact loop
             heapq.heappush(self.heap, (max(lb, res.bound * SOLVER_TIME_UNIT_S), idx, EXACT, cc))
@@ -274,14 +275,15 @@ class _Search:
                     self.too_big.append((lb, idx))
                     continue
             if level < EXACT:
-                for est, hint in baseline_plans(self.cm, cc, self.gpus, pinned=self.space.layers_per_stage,
+                pinned = pinned_layers(self.space, c.pp, self.L)
+                for est, hint in baseline_plans(self.cm, cc, self.gpus, pinned=pinned,
                                                 allow_idle=self.space.allow_idle,
                                                 allow_cross_node_tp=self.space.allow_cross_node_tp)[:1]:
                     self._offer(idx, est, hint)
             own = self.own.get(idx)
             res = solve_partition(cc, self.L, budget=self.budget,
                                   cutoff=_cutoff(own[0].step_time_s, c) if own else None,
-                                  pinned=self.space.layers_per_stage, hint=own[1] if own else None)
+                                  pinned=pinned_layers(self.space, c.pp, self.L), hint=own[1] if own else None)
             solves += 1
             if res.status in ("OPTIMAL", "FEASIBLE"):
                 self._offer(idx, self._validated(cc, res), Hint(res.chunk_values[0], res.recompute_layers,

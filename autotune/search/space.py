@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from autotune.errors import InvalidPlanError, SpecError
+from autotune.search.experts import expert_options, moe_sequence_parallel
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import is_even_split
+from autotune.specs.trainers import TrainerCaps, deepspeed_split
 from autotune.specs.tpgrid import check_tp_shapes, tp_mode_degrees
 
 #: Gradient bucket sizes the planner chooses from, in parameters (Megatron's default is 40M).
@@ -53,6 +55,12 @@ class SearchSpace:
     """Let a plan leave GPUs unused (tp*pp*dp*cp < GPUs)."""
     allow_cross_node_tp: bool = False
     """Let tp exceed the GPUs of one node."""
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel degrees (MoE models; None = every one the layout rules allow, search/experts.py)."""
+    etp: tuple[int, ...] | None = None
+    """Expert-tensor-parallel degrees (MoE models; None = 1 or tp)."""
+    trainer: TrainerCaps | None = None
+    """Only what this trainer runs (specs/trainers.py); None: everything autotune models."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,10 @@ class Candidate:
     """Tensor-parallel mode (2-D/2.5-D/3-D grids only when the space asks for them)."""
     tp_overlap: bool = False
     """Tensor-parallel collectives pipelined with the GEMMs (needs sequence parallelism)."""
+    ep: int = 1
+    """Expert-parallel degree (MoE models; search/experts.py)."""
+    etp: int = 1
+    """Expert-tensor-parallel degree (MoE models)."""
 
 
     @property
@@ -104,6 +116,8 @@ def tp_options(model: ModelSpec, gpus: int, gpus_per_node: int, space: SearchSpa
     nodes by design. The micro-batch rule of a grid is checked per micro-batch size."""
     out = []
     for mode in space.tp_mode or ("1d",):
+        if space.trainer is not None and mode not in space.trainer.tp_modes:
+            continue
         if mode == "1d":
             limit = None if space.allow_cross_node_tp else gpus_per_node
             values = [d for d in divisors(model.num_heads)
@@ -131,6 +145,8 @@ def _mbs_fits(mode: str, tp: int, mbs: int) -> bool:
 def cp_options(job: JobSpec, gpus: int, space: SearchSpace) -> list[int]:
     """cp splits the sequence into 2*cp load-balanced chunks (Megatron requires seq % 2cp == 0)."""
     cap = max(space.cp) if space.cp else MAX_CP
+    if space.trainer is not None and not space.trainer.cp:
+        cap = 1
     values = [d for d in divisors(gpus) if d <= cap and (d == 1 or job.seq_len % (2 * d) == 0)]
     return _allowed(values, space.cp)
 
@@ -143,7 +159,7 @@ def degree_options(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int
             if gpus % (tp * cp):
                 continue
             for pp in _allowed(divisors(gpus // (tp * cp)), space.pp):
-                if pp > model.num_layers:
+                if pp > model.num_layers or not _trainer_degrees(space.trainer, model, cp, pp):
                     continue
                 rest = gpus // (tp * cp * pp)
                 dps = [d for d in range(1, rest + 1)] if space.allow_idle else [rest]
@@ -152,19 +168,40 @@ def degree_options(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int
                         yield mode, tp, cp, pp, dp
 
 
+def _trainer_degrees(caps: TrainerCaps | None, model: ModelSpec, cp: int, pp: int) -> bool:
+    """The trainer's rules on the degrees alone: cp beside a pipeline, tied embeddings beside a pipeline."""
+    if caps is None or pp == 1:
+        return True
+    return (cp == 1 or caps.cp_with_pp) and (caps.tied_with_pp or not model.tied_embeddings)
+
+
+def pinned_layers(space: SearchSpace, pp: int, num_layers: int) -> tuple[int, ...] | None:
+    """The partition a candidate with this pp must take: --layers-per-stage, or the one split the trainer
+    runs (DeepSpeed's partition_method); None leaves it to the solver."""
+    if space.layers_per_stage is None and space.trainer is not None and space.trainer.split == "deepspeed":
+        return deepspeed_split(num_layers, pp)
+    return space.layers_per_stage
+
+
 def schedule_options(model: ModelSpec, pp: int, m: int, space: SearchSpace) -> list[tuple[str, int]]:
     """1F1B and ZB-H1 (one chunk per rank), interleaved with v chunks where each chunk gets whole layers and
     m % pp == 0 (Megatron), and v-half (two chunks in a V, pp >= 2) when --schedule names it."""
     out = []
+    caps = space.trainer
+    runs = caps.schedules if caps is not None else ("1f1b", "interleaved", "zb-h1", "v-half")
+    max_vpp = min(MAX_VPP, caps.max_vpp) if caps is not None else MAX_VPP
     for name, v in (("1f1b", 1), ("zb-h1", 1), ("v-half", 2)):
+        if name not in runs:
+            continue
         if name != "1f1b" and (pp < 2 or (name == "v-half" and model.num_layers < 2 * pp)):
             continue
         if name == "v-half" and (space.schedule is None or "v-half" not in space.schedule):
             continue  # searched when asked for: see DEFAULT_SCHEDULES
         if (space.schedule is None or name in space.schedule) and (space.vpp is None or v in space.vpp):
             out.append((name, v))
-    if pp >= 2 and m % pp == 0 and (space.schedule is None or "interleaved" in space.schedule):
-        for v in range(2, MAX_VPP + 1):
+    if pp >= 2 and m % pp == 0 and (space.schedule is None or "interleaved" in space.schedule) \
+            and "interleaved" in runs:
+        for v in range(2, max_vpp + 1):
             if model.num_layers % v == 0 and model.num_layers // v >= pp and (space.vpp is None or v in space.vpp):
                 out.append(("interleaved", v))
     return out
@@ -173,14 +210,17 @@ def schedule_options(model: ModelSpec, pp: int, m: int, space: SearchSpace) -> l
 def recompute_options(model: ModelSpec, pp: int, vpp: int, space: SearchSpace) -> list[tuple[str, int, int]]:
     """(base, fewest, most layers per chunk under full recompute). 'none' and partial/whole 'full' are one
     family (full on 0..all layers of a chunk); 'selective' is its own."""
-    pins = space.recompute
+    pins, caps = space.recompute, space.trainer
     most = model.num_layers // vpp  # a chunk never holds more layers than this
     out = []
     allow_none = pins is None or "none" in pins
     allow_full = pins is None or "full" in pins
-    if allow_none or allow_full:
+    if caps is not None and not caps.partial_recompute:  # whole layers: none, or full on every layer
+        out += [("none", 0, 0)] if allow_none else []
+        out += [("none", most, most)] if allow_full else []
+    elif allow_none or allow_full:
         out.append(("none", 0 if allow_none else 1, most if allow_full else 0))
-    if pins is None or "selective" in pins:
+    if (pins is None or "selective" in pins) and (caps is None or caps.selective_recompute):
         out.append(("selective", 0, 0))
     return out
 
@@ -202,19 +242,46 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
             m = local // mbs
             for schedule, vpp in schedule_options(model, pp, m, space):
                 for base, fmin, fmax in recompute_options(model, pp, vpp, space):
-                    for zero in _allowed([0, 1] if pp > 1 else [0, 1, 2, 3], space.zero):
-                        sps = [True, False] if tp > 1 and mode == "1d" else [False]
-                        for sp in _allowed(sps, space.sequence_parallel):
-                            for overlap in _allowed([True, False] if sp else [False], space.tp_overlap):
+                    for zero in _allowed(_zero_options(space.trainer, pp), space.zero):
+                        sps = moe_sequence_parallel(model, tp, [True, False] if tp > 1 and mode == "1d" else [False])
+                        for sp in _allowed(_trainer_sp(space.trainer, job, sps, tp, cp), space.sequence_parallel):
+                            for overlap in _allowed(_overlap_options(space.trainer, job, sp), space.tp_overlap):
                                 for vocab in _vocab_options(space, model, pp, schedule):
-                                    yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin, fmax, zero,
-                                                    sp, vocab, mode, overlap)
+                                    for ep, etp in expert_options(model, tp, cp, dp, space.ep, space.etp):
+                                        yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin, fmax,
+                                                        zero, sp, vocab, mode, overlap, ep, etp)
+
+
+def _zero_options(caps: TrainerCaps | None, pp: int) -> list[int]:
+    """ZeRO stages: 2 and 3 shard gradients, which a pipeline forbids; the trainer's own stages."""
+    stages = [0, 1] if pp > 1 else [0, 1, 2, 3]
+    return stages if caps is None else [z for z in stages if z in caps.zero_stages(pp)]
+
+
+def _trainer_sp(caps: TrainerCaps | None, job: JobSpec, sps: list[bool], tp: int, cp: int) -> list[bool]:
+    """Sequence-parallel settings the trainer runs (torchtitan also needs seq_len % (tp x 2cp) == 0)."""
+    if caps is None:
+        return sps
+    ring = 2 * cp if cp > 1 else 1
+    return [sp for sp in sps if sp in caps.sequence_parallel
+            and not (caps.sp_seq_divisor and job.seq_len % ((tp if sp else 1) * ring))]
+
+
+def _overlap_options(caps: TrainerCaps | None, job: JobSpec, sp: bool) -> list[bool]:
+    """TP overlap needs sequence parallelism, a trainer that has it and, for torchtitan, torch.compile."""
+    if not sp:
+        return [False]
+    if caps is not None and not (caps.tp_overlap and (job.fused_kernels or not caps.tp_overlap_needs_fused)):
+        return [False]
+    return [True, False]
 
 
 def _vocab_options(space: SearchSpace, model: ModelSpec, pp: int, schedule: str) -> list[str]:
     """'ends' forces the even split; 'balanced' leaves the split free (which includes the even one, so it
     subsumes 'ends'); 'parallel' needs pp >= 2, a non-interleaved schedule and untied embeddings."""
     allowed = space.vocab or ("ends", "balanced", "parallel")
+    if space.trainer is not None:
+        allowed = tuple(v for v in allowed if v in space.trainer.vocabs)
     out = ["balanced" if "balanced" in allowed else "ends"] if {"ends", "balanced"} & set(allowed) else []
     if "parallel" in allowed and pp >= 2 and schedule != "interleaved" and not model.tied_embeddings:
         out.append("parallel")
@@ -227,6 +294,11 @@ def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, g
     own "empty space" error (exit 2) is left for spaces that are empty without a contradictory pin."""
     _check_degrees(space, model, job, gpus, gpus_per_node)
     _check_choices(space, model)
+    if space.trainer is not None:
+        _check_trainer(space, space.trainer)
+        if model.is_moe and not space.trainer.moe:
+            raise SpecError(f"--trainer {space.trainer.name}: autotune writes expert-parallel (MoE) configs for "
+                            f"megatron only; use --trainer megatron for {model.name}")
     if space.layers_per_stage is not None:
         _check_layers(space, space.layers_per_stage, model)
 
@@ -285,6 +357,26 @@ def _check_choices(space: SearchSpace, model: ModelSpec) -> None:
         raise SpecError("--vocab parallel splits the vocabulary layers over pipeline ranks: it needs --pp >= 2")
     if space.sequence_parallel == (True,) and space.tp == (1,):
         raise SpecError("--sequence-parallel needs tp > 1; drop it or pin --tp > 1")
+
+
+def _check_trainer(space: SearchSpace, caps: TrainerCaps) -> None:
+    """Pins the chosen trainer never runs: the flag, what the trainer runs instead, and the way out."""
+    name = caps.name.replace("+", " --fork ")
+    zeros = sorted(set(caps.zero_flat) | set(caps.zero_pipelined))
+    runs: list[tuple[str, tuple | None, tuple]] = [
+        ("--schedule", space.schedule, caps.schedules), ("--vocab", space.vocab, caps.vocabs),
+        ("--zero", space.zero, tuple(zeros)), ("--tp-mode", space.tp_mode, caps.tp_modes),
+        ("--cp", space.cp, (1,) if not caps.cp else tuple(range(1, MAX_CP + 1))),
+        ("--vpp", space.vpp, tuple(range(1, caps.max_vpp + 1))),
+        ("--recompute", space.recompute, ("none", "full") + (("selective",) if caps.selective_recompute else ())),
+        ("--sequence-parallel", space.sequence_parallel, caps.sequence_parallel),
+        ("--tp-overlap", space.tp_overlap, (True, False) if caps.tp_overlap else (False,)),
+    ]
+    for flag, pins, options in runs:
+        if pins is not None and not any(v in options for v in pins):
+            shown = lambda vs: ",".join(str(v).lower() for v in vs)  # noqa: E731
+            raise SpecError(f"{flag} {shown(pins)}: --trainer {name} runs {shown(options)}; drop {flag} or plan for "
+                            "another trainer (autotune plan without --trainer shows which trainers run what)")
 
 
 def _check_layers(space: SearchSpace, layers: tuple[int, ...], model: ModelSpec) -> None:

@@ -13,7 +13,8 @@ from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.pipeline import UNIT_TICKS
-from autotune.costmodel.stages import (chunk_durations, in_flight_chunks, layer_passes, p2p_seconds, schedule_ticks,
+from autotune.costmodel.stages import (chunk_durations, in_flight_chunks, layer_passes, layer_state_bytes,
+                                       p2p_seconds, schedule_ticks,
                                        stage_bwd_s, stage_fwd_s, stage_params, stage_vocab_activations, state_bytes,
                                        vocab_parallel_comm, vocab_placement, zero3_exposed, zero3_transient)
 from autotune.search.space import Candidate
@@ -101,7 +102,8 @@ def to_plan(c: Candidate, layers: tuple[int, ...], bucket: int = DEFAULT_BUCKET,
                 schedule=c.schedule, vpp=c.vpp, recompute=recompute, recompute_layers=r_layers, zero=c.zero,
                 sequence_parallel=c.sp,
                 vocab="parallel" if c.vocab == "parallel" else ("ends" if is_even_split(layers) else "balanced"),
-                layers_per_stage=layers, bucket_size=bucket, tp_mode=c.tp_mode, tp_overlap=c.tp_overlap)
+                layers_per_stage=layers, bucket_size=bucket, tp_mode=c.tp_mode, tp_overlap=c.tp_overlap, ep=c.ep,
+                etp=c.etp)
 
 
 def shell_plan(c: Candidate) -> Plan:
@@ -135,7 +137,8 @@ def sync_collectives(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> t
 
 def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> CandidateCosts:
     """Gather the per-stage coefficients of one candidate."""
-    layer, vocab = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap), cm.vocab(c.tp, c.cp, c.mbs, c.sp)
+    layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp),
+                    cm.vocab(c.tp, c.cp, c.mbs, c.sp))
     plan = shell_plan(c)
     shards = c.dp * c.cp
     L = cm.model.num_layers
@@ -171,7 +174,8 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
     return CandidateCosts(
         cand=c, layer=layer, vocab=vocab, layer_time_s=layer.time(c.base),
         full_extra_s=layer.recompute_time("full") - base,
-        layer_state=sum(state_bytes(layer.params, c.zero, shards, cm.job.grad_bytes)), act_base=layer.act.get(c.base),
+        layer_state=sum(layer_state_bytes(layer, c.zero, shards, plan.expert_dp, cm.job.grad_bytes)),
+        act_base=layer.act.get(c.base),
         act_full=layer.act.full, act_none=layer.act.none, stages=tuple(stages), usable=cm.hw.usable_memory_bytes,
         buckets=buckets, syncs=sync_collectives(cm, c, buckets), tied_sync_s=tied_sync_seconds(cm, c),
         adam_s_per_param=ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory),

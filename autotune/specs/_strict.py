@@ -1,11 +1,15 @@
-"""Strict readers for dictionaries loaded from JSON: unknown and missing keys are errors that list them."""
+"""Strict readers for dictionaries loaded from JSON: unknown and missing keys are errors that list them, and every
+number is checked finite and within its documented range (autotune/specs/limits.py: INT_MAXIMA, FLOAT_RANGES)
+before anything is computed from it, with the field and the limit in the message."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.specs.limits import float_range, int_maximum
 
 
 def check_keys(data: Any, *, required: Iterable[str], optional: Iterable[str] = (), where: str) -> None:
@@ -22,22 +26,47 @@ def check_keys(data: Any, *, required: Iterable[str], optional: Iterable[str] = 
         raise SpecError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
 
 
-def positive_int(data: Mapping[str, Any], key: str, where: str) -> int:
-    """An integer > 0 (JSON numbers like 4.0 are accepted when whole)."""
+def _is_number(value: Any) -> bool:
+    """A JSON number that is finite (JSON has no NaN or infinity, but Python's reader and writers accept them)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def _shown(value: Any) -> str:
+    """A value for a one-line message: a number of hundreds of digits is cut."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:20] + f"... ({len(text)} characters)"
+
+
+def positive_int(data: Mapping[str, Any], key: str, where: str, maximum: int | None = None) -> int:
+    """An integer in [1, maximum] (default: the field's documented maximum); whole JSON numbers like 4.0 count."""
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise SpecError(f"{where}: {key} must be a whole number, got {value!r}")
+    if not _is_number(value) or value != int(value):
+        raise SpecError(f"{where}: {key} must be a whole number, got {_shown(value)}")
     if value <= 0:
-        raise SpecError(f"{where}: {key} must be > 0, got {value!r}")
+        raise SpecError(f"{where}: {key} must be > 0, got {_shown(value)}")
+    limit = int_maximum(key) if maximum is None else maximum
+    if value > limit:
+        raise SpecError(f"{where}: {key} {_shown(int(value))} exceeds the maximum of {limit:,}; use a smaller value")
     return int(value)
 
 
-def positive_float(data: Mapping[str, Any], key: str, where: str) -> float:
-    """A finite number > 0."""
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-        raise SpecError(f"{where}: {key} must be a number > 0, got {value!r}")
+def _in_range(value: float, key: str, where: str, low: float) -> float:
+    minimum, maximum = float_range(key)
+    if value > maximum:
+        raise SpecError(f"{where}: {key} {_shown(value)} exceeds the maximum of {maximum:g}; use a smaller value")
+    if value < max(minimum, low):
+        raise SpecError(f"{where}: {key} {_shown(value)} is below the minimum of {max(minimum, low):g}")
     return float(value)
+
+
+def positive_float(data: Mapping[str, Any], key: str, where: str) -> float:
+    """A finite number > 0, within the field's documented range."""
+    value = data[key]
+    if not _is_number(value) or not value > 0:
+        raise SpecError(f"{where}: {key} must be a number > 0, got {_shown(value)}")
+    return _in_range(value, key, where, 0.0)
 
 
 def fraction(data: Mapping[str, Any], key: str, where: str) -> float:
@@ -49,11 +78,11 @@ def fraction(data: Mapping[str, Any], key: str, where: str) -> float:
 
 
 def nonneg_float(data: Mapping[str, Any], key: str, where: str) -> float:
-    """A finite number >= 0."""
+    """A finite number >= 0, within the field's documented range."""
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value == float("inf"):
-        raise SpecError(f"{where}: {key} must be a number >= 0, got {value!r}")
-    return float(value)
+    if not _is_number(value) or value < 0:
+        raise SpecError(f"{where}: {key} must be a number >= 0, got {_shown(value)}")
+    return _in_range(value, key, where, 0.0)
 
 
 def boolean(data: Mapping[str, Any], key: str, where: str) -> bool:

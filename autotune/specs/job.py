@@ -34,6 +34,9 @@ class JobSpec:
     async_tp_backward: bool = True
     """Megatron issues the backward's tensor-parallel input-gradient collectives asynchronously, behind the
     weight-gradient GEMMs (since late 2021; the SC'21 paper's runs predate it). Only Megatron has it."""
+    moe_imbalance: float = 1.25
+    """MoE models: tokens of the busiest expert over the mean. The default is ROUTED_IMBALANCE (real learned
+    routing); published throughput benchmarks force balanced routing, 1.0 (costmodel/moe.py)."""
     trainer: Literal["megatron", "torchtitan", "deepspeed", "colossalai"] = "megatron"
     """The trainer that runs the step: it decides the kernels (Transformer Engine's cuDNN attention and FP8
     casts under Megatron, PyTorch SDPA under torchtitan and DeepSpeed) and what communication overlaps."""
@@ -49,6 +52,9 @@ class JobSpec:
             raise SpecError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.grad_reduce not in ("fp32", "bf16"):
             raise SpecError(f"--grad-reduce must be fp32 or bf16, got {self.grad_reduce!r}")
+        if not 1.0 <= self.moe_imbalance <= 64.0:
+            raise SpecError(f"moe_imbalance must be in [1, 64] (busiest expert's tokens over the mean), got "
+                            f"{self.moe_imbalance}")
         if self.trainer not in TRAINERS:
             raise SpecError(f"--trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
 

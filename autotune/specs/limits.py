@@ -35,6 +35,8 @@ MAX_LAYERS = 1024
 MAX_PIPELINE_PASSES = 1 << 18
 #: Bytes of a JSON input (model, hardware, plan file or document on stdin).
 MAX_JSON_BYTES = 16 << 20
+#: Levels of nested arrays/objects in a JSON input (autotune's own files nest 4 deep, a Hugging Face config 3).
+MAX_JSON_DEPTH = 64
 #: Bytes of a profile file (a measured profile of a 70B model is well under 1 MiB).
 MAX_PROFILE_BYTES = 16 << 20
 #: Tokens of one micro-batch `autotune profile` may time (mbs x seq_len).
@@ -43,6 +45,43 @@ MAX_PROFILE_TOKENS = 1 << 20
 MAX_CALIBRATION_RUNS = 256
 #: Bytes of a `calibrate` runs file.
 MAX_RUNS_FILE_BYTES = 1 << 20
+
+#: The largest value of each integer field of a model, hardware, plan document or profile file, checked where the
+#: file is read (autotune/specs/_strict.py) so that no size reaches the cost model that could overflow it. Each is
+#: 10 to 100 times the largest published model (hidden 25,600 and vocabulary 256,000 in 2024); any other integer
+#: field (a count of NICs, SMs, repeats, experts) is at most MAX_INT_FIELD.
+INT_MAXIMA = {
+    "num_layers": MAX_LAYERS,
+    "hidden_size": 1 << 18,
+    "ffn_hidden_size": 1 << 20,
+    "num_heads": 1 << 12,
+    "num_kv_heads": 1 << 12,
+    "head_dim": 1 << 12,
+    "vocab_size": 1 << 23,
+    "max_position_embeddings": 1 << 24,
+    "global_batch": MAX_GLOBAL_BATCH,
+    "seq_len": MAX_SEQ_LEN,
+    "gpus_per_node": MAX_GPUS,
+    "gpus": MAX_GPUS,
+}
+MAX_INT_FIELD = 1 << 31
+#: The range of each number of a hardware file (units in the key): from a thousandth of the slowest GPU autotune
+#: knows (V100) to about a thousand times the fastest, so a typo is caught and no time or size overflows; any other
+#: number (a profile's FLOPs and seconds) is finite and at most MAX_FLOAT_FIELD.
+FLOAT_RANGES = {
+    "memory_GiB": (1 / 1024, 1 << 16),
+    "memory_reserve_GiB": (0.0, 1 << 16),
+    "hbm_bandwidth_GBps": (1.0, 1e6),
+    "bf16_TFLOPs": (0.01, 1e6),
+    "fp16_TFLOPs": (0.01, 1e6),
+    "fp8_TFLOPs": (0.0, 1e6),
+    "intra_node_GBps": (0.01, 1e6),
+    "inter_node_GBps": (0.01, 1e6),
+    "intra_node_latency_us": (1e-3, 1e6),
+    "inter_node_latency_us": (1e-3, 1e6),
+    "kernel_overhead_us": (0.0, 1e6),
+}
+MAX_FLOAT_FIELD = 1e21
 
 
 def check_name(value: object, field: str, where: str) -> str:
@@ -53,6 +92,16 @@ def check_name(value: object, field: str, where: str) -> str:
                         f"characters from {NAME_CHARS} (not starting with -); change the name, or copy the file to "
                         "such a path")
     return value
+
+
+def int_maximum(field: str) -> int:
+    """The documented maximum of an integer field (INT_MAXIMA, else MAX_INT_FIELD)."""
+    return INT_MAXIMA.get(field, MAX_INT_FIELD)
+
+
+def float_range(field: str) -> tuple[float, float]:
+    """The documented (minimum, maximum) of a number (FLOAT_RANGES, else (0, MAX_FLOAT_FIELD))."""
+    return FLOAT_RANGES.get(field, (0.0, MAX_FLOAT_FIELD))
 
 
 def check_max(value: int, maximum: int, field: str, where: str = "") -> int:

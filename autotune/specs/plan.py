@@ -63,6 +63,13 @@ class Plan:
     tp_overlap: bool = False
     """Tensor-parallel collectives overlapped with the GEMMs beside them (Megatron's --tp-comm-overlap with
     Transformer Engine userbuffers, torchtitan's async TP); needs sequence parallelism."""
+    ep: int = 1
+    """Expert-parallel degree (MoE models): each GPU holds num_experts/ep routed experts and tokens travel to
+    them by all-to-all. Megatron folds it into the tp*cp*dp GPUs of a pipeline stage, so it adds no GPUs."""
+    etp: int = 1
+    """Expert-tensor-parallel degree: each routed expert's MLP split etp ways, independent of the attention's
+    tp. Megatron's own default is etp = tp (--expert-tensor-parallel-size unset); autotune's plans always state
+    it and the emitters write it out, so 1 here means 1."""
 
     @property
     def model_parallel(self) -> int:
@@ -83,12 +90,17 @@ class Plan:
             "sequence_parallel": self.sequence_parallel, "vocab": self.vocab,
             "layers_per_stage": list(self.layers_per_stage), "bucket_size": self.bucket_size,
             "tp_mode": self.tp_mode, "tp_overlap": self.tp_overlap,
-        }
+        } | ({"ep": self.ep, "etp": self.etp} if (self.ep, self.etp) != (1, 1) else {})
+
+    @property
+    def expert_dp(self) -> int:
+        """Megatron's expert-data-parallel degree: the tp*cp*dp GPUs of a stage regrouped as etp x ep x edp."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.etp))
 
 
 _REQUIRED = ("tp", "pp", "dp", "mbs", "num_microbatches", "layers_per_stage")
 _OPTIONAL = ("cp", "vpp", "schedule", "recompute", "recompute_layers", "zero", "sequence_parallel", "vocab",
-             "bucket_size", "tp_mode", "tp_overlap")
+             "bucket_size", "tp_mode", "tp_overlap", "ep", "etp")
 
 
 def plan_from_dict(data: Any, where: str) -> Plan:
@@ -97,7 +109,7 @@ def plan_from_dict(data: Any, where: str) -> Plan:
         data = data["plan"]
     check_keys(data, required=_REQUIRED, optional=_OPTIONAL, where=where)
     ints = {}
-    for key in ("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "zero", "bucket_size"):
+    for key in ("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "zero", "bucket_size", "ep", "etp"):
         if key in data:
             value = data[key]
             if isinstance(value, bool) or not isinstance(value, int):
@@ -134,6 +146,8 @@ def _check_sizes(ints: dict[str, int], layers: list[int], where: str) -> None:
     check_max(ints.get("num_microbatches", 1), MAX_GLOBAL_BATCH, "num_microbatches", where)
     check_max(ints.get("mbs", 1), MAX_GLOBAL_BATCH, "mbs", where)
     check_max(ints.get("vpp", 1), MAX_LAYERS, "vpp", where)
+    check_max(ints.get("ep", 1), MAX_GPUS, "ep", where)
+    check_max(ints.get("etp", 1), MAX_GPUS, "etp", where)
     check_max(len(layers), MAX_LAYERS, "len(layers_per_stage)", where)
     check_max(max(layers, default=0), MAX_LAYERS, "layers_per_stage entry", where)
 
@@ -164,7 +178,7 @@ def is_even_split(layers: tuple[int, ...]) -> bool:
 def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_per_node: int, *,
                allow_idle: bool = False, allow_cross_node_tp: bool = False) -> None:
     """Raise InvalidPlanError naming the first rule the plan breaks and how to fix it."""
-    for key in ("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "bucket_size"):
+    for key in ("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "bucket_size", "ep", "etp"):
         if getattr(plan, key) < 1:
             raise InvalidPlanError(f"{key} must be >= 1, got {getattr(plan, key)}")
     used = plan.num_gpus
@@ -199,6 +213,29 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
     _check_partition(plan, model)
     _check_schedule(plan)
     _check_recompute(plan)
+    check_experts(plan, model)
+
+
+def check_experts(plan: Plan, model: ModelSpec) -> None:
+    """Megatron's expert-parallel layout rules (megatron/core/parallel_state.py and transformer_config.py)."""
+    ep, etp = plan.ep, plan.etp
+    if not model.is_moe:
+        if (ep, etp) != (1, 1):
+            raise InvalidPlanError(f"ep {ep} / etp {etp} apply to mixture-of-experts models; {model.name} is "
+                                   "dense: set ep 1 and etp 1")
+        return
+    if model.num_experts % ep:
+        raise InvalidPlanError(f"ep {ep} must divide num_experts {model.num_experts}; pick an ep that divides it")
+    if model.moe_ffn_hidden_size % etp:
+        raise InvalidPlanError(f"etp {etp} must divide the expert width moe_ffn_hidden_size "
+                               f"{model.moe_ffn_hidden_size}; pick an etp that divides it")
+    stage = plan.tp * plan.cp * plan.dp
+    if stage % (ep * etp):
+        raise InvalidPlanError(f"ep*etp = {ep}*{etp} must divide tp*cp*dp = {stage} (Megatron folds the expert "
+                               "groups into a pipeline stage's GPUs); lower ep or etp")
+    if plan.tp > 1 and not plan.sequence_parallel:
+        raise InvalidPlanError("an MoE model with tp > 1 needs sequence_parallel true (Megatron requires it for "
+                               "expert layers); set it")
 
 
 def _check_grid(plan: Plan, model: ModelSpec) -> None:

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.errors import SpecError
-from autotune.fileio import write_file
+from autotune.fileio import decode_text, parse_json, read_bounded, write_file
 from autotune.specs import _strict
-from autotune.specs.limits import MAX_PROFILE_BYTES
+from autotune.specs.limits import MAX_JSON_DEPTH, MAX_PROFILE_BYTES
 
 SCHEMA = "autotune-profile/1"
 DEVICE_KINDS = ("cpu", "cuda")
@@ -139,25 +139,10 @@ class Profile:
 def load_profile(path: Path | str) -> Profile:
     """Read and check a profile file; every problem is a one-line SpecError naming file, line and field."""
     path = Path(path)
-    if path.exists() and not path.is_file():
-        raise SpecError(f"--profile {path}: cannot read (not a regular file); give a profile written by "
-                        "`autotune profile`")
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_PROFILE_BYTES + 1)
-        if len(raw) > MAX_PROFILE_BYTES:
-            raise SpecError(f"--profile {path}: larger than the maximum of {MAX_PROFILE_BYTES:,} bytes for a "
-                            f"profile; {_REMEASURE}")
-        text = raw.decode()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"--profile {path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{path}:{exc.lineno}: invalid JSON at column {exc.colno} ({exc.msg}); the file is corrupt "
-                        f"or truncated: {_REMEASURE}") from None
-    except (ValueError, RecursionError) as exc:  # a number of thousands of digits, deep nesting
-        raise SpecError(f"--profile {path}: unreadable JSON ({type(exc).__name__}); {_REMEASURE}") from None
+    where = f"--profile {path}"
+    text = decode_text(read_bounded(path, where, MAX_PROFILE_BYTES, fix=_REMEASURE), where)
+    data = parse_json(text, where, max_depth=MAX_JSON_DEPTH, syntax=lambda exc: f"{path}:{exc.lineno}: invalid JSON at column {exc.colno} "
+                      f"({exc.msg}); the file is corrupt or truncated: {_REMEASURE}")
     return profile_from_dict(data, _Reader(str(path), key_lines(text)))
 
 

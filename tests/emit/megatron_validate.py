@@ -46,6 +46,9 @@ _FLAGS: tuple[tuple[str, str, dict], ...] = (
     ("--swiglu", "true", {}), ("--untie-embeddings-and-output-weights", "true", {}),
     ("--disable-bias-linear", "false", {"dest": "add_bias_linear"}), ("--add-qkv-bias", "true", {}),
     ("--attention-dropout", "float", {"default": 0.1}), ("--hidden-dropout", "float", {"default": 0.1}),
+    ("--norm-epsilon", "float", {"default": 1e-5}), ("--init-method-std", "float", {"default": 0.02}),
+    ("--rotary-base", "int", {"default": 10000}), ("--use-rope-scaling", "true", {}),
+    ("--rope-scaling-factor", "float", {"default": 8.0}),
     # data and tokenizer
     ("--mock-data", "true", {}),
     ("--tokenizer-type", "str", {"choices": ["BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer",
@@ -54,6 +57,7 @@ _FLAGS: tuple[tuple[str, str, dict], ...] = (
                                              "MultimodalTokenizer", "NullTokenizer", "NullMultimodalTokenizer",
                                              "SFTTokenizer"]}),
     ("--vocab-size", "int", {}), ("--make-vocab-size-divisible-by", "int", {"default": 128}),
+    ("--tokenizer-model", "str", {}), ("--data-path", "str", {"nargs": "*"}), ("--split", "str", {}),
     # parallelism (ModelParallelConfig / TransformerConfig fields, _add_distributed_args)
     ("--tensor-model-parallel-size", "int", {"default": 1}), ("--pipeline-model-parallel-size", "int", {"default": 1}),
     ("--context-parallel-size", "int", {"default": 1}),
@@ -91,8 +95,25 @@ _FLAGS: tuple[tuple[str, str, dict], ...] = (
     # training
     ("--clip-grad", "float", {}), ("--eval-interval", "int", {}), ("--eval-iters", "int", {}),
     ("--log-interval", "int", {}), ("--lr", "float", {}), ("--min-lr", "float", {}), ("--train-iters", "int", {}),
-    ("--weight-decay", "float", {}),
+    ("--weight-decay", "float", {}), ("--adam-beta1", "float", {"default": 0.9}),
+    ("--adam-beta2", "float", {"default": 0.999}), ("--lr-warmup-iters", "int", {"default": 0}),
+    ("--lr-decay-iters", "int", {}), ("--log-throughput", "true", {}), ("--save", "str", {}), ("--load", "str", {}),
+    ("--save-interval", "int", {}),
     ("--lr-decay-style", "str", {"choices": ["constant", "linear", "cosine", "inverse-square-root", "WSD"]}),
+)
+#: Mixture-of-experts and multi-latent-attention flags (arguments.py _add_moe_args / _add_mla_args, core_r0.16;
+#: emit/megatron_moe.py emits them)
+_FLAGS += (
+    ("--num-experts", "int", {}), ("--moe-router-topk", "int", {"default": 2}),
+    ("--moe-ffn-hidden-size", "int", {}), ("--moe-layer-freq", "str", {"default": "1"}),
+    ("--expert-model-parallel-size", "int", {"default": 1}), ("--expert-tensor-parallel-size", "int", {}),
+    ("--moe-grouped-gemm", "true", {}),
+    ("--moe-token-dispatcher-type", "str", {"choices": ["allgather", "alltoall", "flex"], "default": "allgather"}),
+    ("--moe-router-score-function", "str", {"choices": ["softmax", "sigmoid"], "default": "softmax"}),
+    ("--moe-shared-expert-intermediate-size", "int", {}), ("--moe-router-enable-expert-bias", "true", {}),
+    ("--multi-latent-attention", "true", {}), ("--q-lora-rank", "int", {}), ("--kv-lora-rank", "int", {"default": 32}),
+    ("--qk-head-dim", "int", {"default": 128}), ("--qk-pos-emb-head-dim", "int", {"default": 64}),
+    ("--v-head-dim", "int", {"default": 128}),
 )
 KNOWN_FLAGS = frozenset(f for f, _, _ in _FLAGS)
 #: Flags only the sail-sg/VocabularyParallelism fork adds (TRAINERS.md section 4; timer and overlap knobs left out).
@@ -102,6 +123,8 @@ _FORK_FLAGS: tuple[tuple[str, str, dict], ...] = (
     ("--final-stage-num-layers", "int", {}),
 )
 FORK_FLAGS = frozenset(f for f, _, _ in _FORK_FLAGS)
+#: Mainline flags the fork's core 0.9 arguments.py does not have (issue 12: its scripts failed on them).
+NOT_IN_FORK = ("--attention-backend", "--cp-comm-type")
 
 
 def parser(fork: bool = False) -> argparse.ArgumentParser:
@@ -109,6 +132,9 @@ def parser(fork: bool = False) -> argparse.ArgumentParser:
     sail-sg/VocabularyParallelism fork's, which adds its own flags (mainline rejects them as unrecognized)."""
     p = _Parser(prog="pretrain_gpt.py", allow_abbrev=False)
     for flag, kind, extra in _FLAGS + (_FORK_FLAGS if fork else ()):
+        if fork and flag in NOT_IN_FORK:  # core 0.9 behaves as these flags' defaults
+            p.set_defaults(**{flag[2:].replace("-", "_"): extra["default"]})
+            continue
         if kind == "true":
             p.add_argument(flag, action="store_true", **extra)
         elif kind == "false":
@@ -138,8 +164,14 @@ printf '%s' "${CUDA_DEVICE_MAX_CONNECTIONS-<unset>}" > "$AUTOTUNE_TORCHRUN_LOG.e
 """
 
 
-def run_launch_script(script: str, env: dict[str, str] | None = None) -> Launch:
-    """Run the script under bash with a fake torchrun on PATH; return what torchrun was given."""
+#: The variables a real-run launch script requires (runfiles.REQUIRED_ENV), as the tests set them.
+RUN_ENV = {"DATA_PATH": "/data/corpus_text_document", "TOKENIZER_MODEL": "/models/llama3-tokenizer",
+           "CHECKPOINT_DIR": "/checkpoints/run1"}
+
+
+def run_launch_script(script: str, env: dict[str, str | None] | None = None) -> Launch:
+    """Run the script under bash with a fake torchrun on PATH, RUN_ENV set (a None in `env` unsets one);
+    return what torchrun was given."""
     with tempfile.TemporaryDirectory() as tmp:
         fake = Path(tmp) / "torchrun"
         fake.write_text(_FAKE_TORCHRUN)
@@ -147,7 +179,8 @@ def run_launch_script(script: str, env: dict[str, str] | None = None) -> Launch:
         (Path(tmp) / "launch.sh").write_text(script)
         log = Path(tmp) / "torchrun.log"
         full_env = {"PATH": f"{tmp}:{os.environ.get('PATH', '/usr/bin:/bin')}", "AUTOTUNE_TORCHRUN_LOG": str(log),
-                    **(env or {})}
+                    **RUN_ENV, **(env or {})}
+        full_env = {k: v for k, v in full_env.items() if v is not None}
         proc = subprocess.run(["bash", str(Path(tmp) / "launch.sh")], env=full_env, capture_output=True, text=True,
                               timeout=30)
         if proc.returncode != 0:
@@ -185,6 +218,8 @@ class Validated:
     recomputed_per_chunk: tuple[tuple[int, ...], ...]
     config: object
     ddp_config: object
+    scheduler: object = None
+    """megatron-core's OptimizerParamScheduler as training.py builds it (steps in samples), when --train-iters."""
 
 
 def _check(ok: bool, message: str) -> None:
@@ -265,6 +300,16 @@ def _replay_validate_args(a: argparse.Namespace, world_size: int) -> None:
                "--max-position-embeddings must be >= --seq-length with learned positions")
     if a.tokenizer_type == "NullTokenizer":
         _check(a.vocab_size is not None, "NullTokenizer needs --vocab-size")
+    if a.tokenizer_type == "HuggingFaceTokenizer":  # build_tokenizer: the tokenizer's directory or hub name
+        _check(bool(a.tokenizer_model), "HuggingFaceTokenizer needs --tokenizer-model")
+    # pretrain_gpt.py's dataset provider: real data needs --data-path (or per-split paths), else --mock-data
+    _check(a.mock_data or bool(a.data_path), "no data: give --data-path or --mock-data")
+    if a.use_rope_scaling:
+        _check(a.position_embedding_type == "rope", "--use-rope-scaling needs --position-embedding-type rope")
+    if a.train_iters is not None:  # optimizer_param_scheduler: warm-up must fit in the decay span
+        decay = a.lr_decay_iters or a.train_iters
+        _check(a.lr_warmup_iters < decay, f"--lr-warmup-iters {a.lr_warmup_iters} >= decay iterations {decay}")
+    _check(a.save_interval is None or a.save is not None, "--save-interval without --save")
     if a.fp8_format is not None:
         _check(a.transformer_impl == "transformer_engine", "fp8 needs --transformer-impl transformer_engine")
 
@@ -306,6 +351,7 @@ def _transformer_config(a: argparse.Namespace):
         fp8=a.fp8_format, gated_linear_unit=a.swiglu, activation_func=F.silu if a.swiglu else F.gelu,
         add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias, normalization=a.normalization,
         hidden_dropout=a.hidden_dropout, attention_dropout=a.attention_dropout,
+        layernorm_epsilon=a.norm_epsilon, init_method_std=a.init_method_std,
         num_layers_in_first_pipeline_stage=a.decoder_first_pipeline_num_layers,
         num_layers_in_last_pipeline_stage=a.decoder_last_pipeline_num_layers,
         account_for_embedding_in_pipeline_split=a.account_for_embedding_in_pipeline_split,
@@ -320,8 +366,25 @@ def _transformer_config(a: argparse.Namespace):
         overlap_p2p_comm=a.overlap_p2p_comm, batch_p2p_comm=not a.overlap_p2p_comm,
         microbatch_group_size_per_vp_stage=a.microbatch_group_size_per_virtual_pipeline_stage,
     )
+    config_class = TransformerConfig
+    if a.num_experts is not None:  # arguments.py moe_freq_type: an int or a Python list expression
+        freq = a.moe_layer_freq
+        kw.update(num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk,
+                  moe_ffn_hidden_size=a.moe_ffn_hidden_size,
+                  moe_layer_freq=int(freq) if freq.isdigit() else eval(freq, {"__builtins__": {}}),  # noqa: S307
+                  expert_model_parallel_size=a.expert_model_parallel_size,
+                  expert_tensor_parallel_size=a.expert_tensor_parallel_size, moe_grouped_gemm=a.moe_grouped_gemm,
+                  moe_token_dispatcher_type=a.moe_token_dispatcher_type,
+                  moe_router_score_function=a.moe_router_score_function,
+                  moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size,
+                  moe_router_enable_expert_bias=a.moe_router_enable_expert_bias)
+    if a.multi_latent_attention:
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+        config_class = MLATransformerConfig
+        kw.update(multi_latent_attention=True, q_lora_rank=a.q_lora_rank, kv_lora_rank=a.kv_lora_rank,
+                  qk_head_dim=a.qk_head_dim, qk_pos_emb_head_dim=a.qk_pos_emb_head_dim, v_head_dim=a.v_head_dim)
     try:
-        return TransformerConfig(**kw)
+        return config_class(**kw)
     except (ValueError, AssertionError, TypeError) as exc:
         raise MegatronArgsError(f"TransformerConfig: {exc}") from exc
 
@@ -345,10 +408,12 @@ def _layers(a: argparse.Namespace, config) -> tuple[tuple[tuple[int, ...], ...],
     return layers, (0, 0), (pp - 1, vpp - 1)
 
 
-def validate_args(argv: list[str] | tuple[str, ...], world_size: int, *, fork: bool = False) -> Validated:
+def validate_args(argv: list[str] | tuple[str, ...], world_size: int, *, fork: bool = False,
+                  tokenizer_vocab: int | None = None) -> Validated:
     """Parse, replay validate_args and build the megatron-core configs; raise MegatronArgsError on rejection.
     `fork`: parse as the sail-sg/VocabularyParallelism fork does (its flags, and its rules when they are given);
-    its core 0.9 base is approximated by the megatron-core 0.16 checks."""
+    its core 0.9 base is approximated by the megatron-core 0.16 checks. `tokenizer_vocab`: the entries of the
+    tokenizer behind --tokenizer-model, for the padded vocabulary (None: padded_vocab is None)."""
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
     from megatron.core.optimizer import OptimizerConfig
@@ -368,6 +433,7 @@ def validate_args(argv: list[str] | tuple[str, ...], world_size: int, *, fork: b
         OptimizerConfig(optimizer="adam", lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay, bf16=a.bf16,
                         fp16=a.fp16, params_dtype=config.params_dtype, clip_grad=a.clip_grad,
                         use_distributed_optimizer=a.use_distributed_optimizer)
+        scheduler = _scheduler(a) if a.train_iters is not None else None
     except (ValueError, AssertionError) as exc:
         raise MegatronArgsError(f"megatron-core: {exc}") from exc
     vpp = a.virtual_pipeline_model_parallel_size or 1
@@ -386,14 +452,30 @@ def validate_args(argv: list[str] | tuple[str, ...], world_size: int, *, fork: b
     else:
         recomputed = tuple(tuple(0 for _ in rank) for rank in layers)
     multiple = a.make_vocab_size_divisible_by * a.tensor_model_parallel_size
-    vocab = (a.vocab_size + 1) if a.tokenizer_type == "NullTokenizer" else a.vocab_size
-    padded = -(-vocab // multiple) * multiple
-    return Validated(a, a.data_parallel_size, vpp, n_micro, padded, layers, emb, loss, recomputed, config, ddp)
+    vocab = (a.vocab_size + 1) if a.tokenizer_type == "NullTokenizer" else tokenizer_vocab
+    padded = None if vocab is None else -(-vocab // multiple) * multiple
+    return Validated(a, a.data_parallel_size, vpp, n_micro, padded, layers, emb, loss, recomputed, config, ddp,
+                     scheduler)
 
 
-def validate_launch(script: str, env: dict[str, str] | None = None, *,
-                    fork: bool = False) -> tuple[Launch, Validated]:
+def _scheduler(a: argparse.Namespace):
+    """get_optimizer_param_scheduler (megatron/training/training.py) with --train-iters: steps counted in samples,
+    decay over --lr-decay-iters (default --train-iters), constant weight decay."""
+    from types import SimpleNamespace
+
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    gbs = a.global_batch_size
+    return OptimizerParamScheduler(
+        SimpleNamespace(param_groups=[{"params": []}]), init_lr=0.0, max_lr=a.lr, min_lr=a.min_lr or 0.0,
+        lr_warmup_steps=a.lr_warmup_iters * gbs, lr_decay_steps=(a.lr_decay_iters or a.train_iters) * gbs,
+        lr_decay_style=a.lr_decay_style or "linear", start_wd=a.weight_decay, end_wd=a.weight_decay,
+        wd_incr_steps=a.train_iters * gbs, wd_incr_style="constant")
+
+
+def validate_launch(script: str, env: dict[str, str | None] | None = None, *, fork: bool = False,
+                    tokenizer_vocab: int | None = None) -> tuple[Launch, Validated]:
     """Run the launch script (fake torchrun) and validate the pretrain_gpt.py arguments it passes (as the
     vocabulary-parallel fork would with `fork`)."""
     launch = run_launch_script(script, env)
-    return launch, validate_args(launch.argv, launch.world_size, fork=fork)
+    return launch, validate_args(launch.argv, launch.world_size, fork=fork, tokenizer_vocab=tokenizer_vocab)

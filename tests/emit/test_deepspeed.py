@@ -21,8 +21,8 @@ pytest.importorskip("deepspeed", reason="DeepSpeed is installed by `make trainer
 from pydantic import ValidationError  # noqa: E402
 
 from autotune.emit import EmitInput, emit  # noqa: E402
-from autotune.emit.deepspeed import (CONFIG_FILE, PIPELINE_FILE, DeepSpeedPlanError, deepspeed_split,  # noqa: E402
-                                     dump, emit_deepspeed)
+from autotune.emit.deepspeed import (CONFIG_FILE, PIPELINE_FILE, REFUSES_PP_WITH_CP,  # noqa: E402
+                                     DeepSpeedPlanError, deepspeed_split, dump, emit_deepspeed)
 from autotune.errors import AutotuneError  # noqa: E402
 
 from . import deepspeed_validate as dsv  # noqa: E402
@@ -72,8 +72,9 @@ def test_dispatcher_and_format():
     inp = GOLDEN["even"]
     result = emit("deepspeed", inp)
     assert result == emit_deepspeed(inp)
-    assert [name for name, _ in result.files] == sorted([CONFIG_FILE, PIPELINE_FILE])
-    for _, content in result.files:  # sorted keys, 2-space indent, one trailing newline
+    assert [name for name, _ in result.files] == sorted([CONFIG_FILE, PIPELINE_FILE, "launch_deepspeed.sh",
+                                                         "sbatch_deepspeed.sh"])
+    for _, content in [f for f in result.files if f[0].endswith(".json")]:  # sorted keys, 2-space indent
         assert content == dump(json.loads(content)) and content.endswith("}\n") and "\n  \"" in content
 
 
@@ -184,20 +185,45 @@ def test_interleaved_becomes_1f1b_with_a_warning():
     ("selective", None, 1, True)])
 def test_recompute_maps_to_checkpoint_interval(recompute, layers, interval, warns):
     result = emit_deepspeed(_with_plan(GOLDEN["even"], recompute=recompute, recompute_layers=layers))
-    files = {name: json.loads(content) for name, content in result.files}
+    files = {name: json.loads(content) for name, content in result.files if name.endswith(".json")}
     assert files[CONFIG_FILE]["pipeline"]["activation_checkpoint_interval"] == interval
     assert files[PIPELINE_FILE]["activation_checkpoint_interval"] == interval
     assert any("recompute" in w for w in result.warnings) == warns
 
 
-def test_context_parallel_becomes_ulysses_with_a_warning(tmp_path):
+def test_context_parallel_with_a_pipeline_is_refused():
+    """Issue 12: deepspeed.initialize rejected every pp > 1 and cp > 1 plan (the pipeline engine takes dp from
+    its topology, dp x cp); the emitter now refuses it up front with one line, and the search reads the flag."""
     inp = _with_plan(GOLDEN["even"], tp=1, cp=2, sequence_parallel=False, recompute="none")
+    with pytest.raises(DeepSpeedPlanError, match=r"^cp 2 with pp 2: DeepSpeed's pipeline engine") as err:
+        emit_deepspeed(inp)
+    assert "\n" not in str(err.value) and REFUSES_PP_WITH_CP
+
+
+def test_recompute_without_a_pipeline_reaches_the_config():
+    """pp 1: PipelineModule's interval is never read; the config carries activation_checkpointing and the
+    warning says the model code must call deepspeed.checkpointing.checkpoint (nothing claims it was applied)."""
+    inp = _with_plan(GOLDEN["even"], tp=2, pp=1, dp=8, num_microbatches=8, layers_per_stage=(32,), zero=1)
     result = emit_deepspeed(inp)
-    files = {name: json.loads(content) for name, content in result.files}
+    config = json.loads(dict(result.files)[CONFIG_FILE])
+    assert "pipeline" not in config and "activation_checkpointing" in config
+    assert any("deepspeed.checkpointing.checkpoint" in w for w in result.warnings)
+    none = emit_deepspeed(_with_plan(inp, recompute="none"))
+    assert "activation_checkpointing" not in json.loads(dict(none.files)[CONFIG_FILE])
+
+
+def test_context_parallel_becomes_ulysses_with_a_warning(tmp_path):
+    inp = _with_plan(GOLDEN["even"], tp=1, pp=1, dp=8, cp=2, num_microbatches=8, layers_per_stage=(32,),
+                     sequence_parallel=False, recompute="none")
+    result = emit_deepspeed(inp)
+    files = {name: json.loads(content) for name, content in result.files if name.endswith(".json")}
     assert files[PIPELINE_FILE]["mpu"]["sequence_parallel_world_size"] == 2 and files[PIPELINE_FILE]["world_size"] == 16
-    assert "sequence_parallel_size" not in files[CONFIG_FILE]  # DeepSpeed takes Ulysses' degree from the mpu
+    # tp 1: DeepSpeed builds its own (data_parallel, sequence_parallel) mesh from these two keys
+    assert (files[CONFIG_FILE]["data_parallel_size"], files[CONFIG_FILE]["sequence_parallel_size"]) == (8, 2)
+    with_tp = emit_deepspeed(_with_plan(inp, tp=2, dp=4))  # tp > 1: the model code's mpu has the degrees
+    assert "sequence_parallel_size" not in json.loads(dict(with_tp.files)[CONFIG_FILE])
     assert len(result.warnings) == 1 and result.warnings[0].startswith("cp 2: DeepSpeed has no ring-attention")
-    assert dsv.validate(dict(result.files), tmp_path)["dp"] == 4
+    assert dsv.validate(dict(result.files), tmp_path)["dp"] == 8
 
 
 def test_fp8_becomes_bf16_with_a_warning():

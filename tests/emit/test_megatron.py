@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 from autotune import __version__
 from autotune.catalog import load_hardware, load_model
 from autotune.emit import EmitInput, emit
-from autotune.emit.megatron import (FORBIDDEN_TOGETHER, FULL_RECOMPUTE_ONLY, GROUPS, emit_megatron, layout_string,
+from autotune.emit.megatron import (FORBIDDEN_TOGETHER, FULL_RECOMPUTE_ONLY, GROUPS, MAINLINE_ONLY, emit_megatron, layout_string,
                                     megatron_argv, node_layout, partition_flags)
 from autotune.emit.megatron_forks import VOCAB_FORK_FLAGS, fork_flags, mainline_plan
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import Plan, check_plan
 
-from .megatron_validate import FORK_FLAGS, KNOWN_FLAGS, MegatronArgsError, Validated, validate_args, validate_launch
+from .megatron_validate import (FORK_FLAGS, KNOWN_FLAGS, RUN_ENV, MegatronArgsError, Validated, validate_args,
+                                validate_launch)
 from .scenarios import GOLDEN, PLANNER_CASES, check_golden, planner_scenarios
 
 #: megatron-core warns that Transformer Engine and Apex are missing (expected on CPU) and about deprecations.
@@ -87,7 +88,8 @@ def assert_matches_plan(inp: EmitInput, v: Validated, world_size: int) -> None:
     assert (a.fp8_format is not None) == (inp.job.dtype == "fp8")
     if m.vocab_size % p.tp == 0:
         assert v.padded_vocab == m.vocab_size
-    assert a.attention_backend == ("flash" if inp.job.flash_attention else "unfused")
+    if not getattr(a, "enable_vocab_parallel", False):  # the fork's core 0.9 has no --attention-backend
+        assert a.attention_backend == ("flash" if inp.job.flash_attention else "unfused")
     assert a.position_embedding_type == ("rope" if m.position_embedding == "rope" else "learned_absolute")
 
 
@@ -96,13 +98,13 @@ def _validate(inp: EmitInput) -> None:
     mainline Megatron-LM, with VOCAB_PARALLEL=0."""
     script = dict(emit_megatron(inp).files)["launch_megatron.sh"]
     fork = bool(fork_flags(inp.plan))
-    launch, v = validate_launch(script, fork=fork)
-    assert launch.argv == tuple(megatron_argv(inp))
+    launch, v = validate_launch(script, fork=fork, tokenizer_vocab=inp.model.vocab_size)
+    assert launch.argv == tuple(megatron_argv(inp, env=RUN_ENV))
     assert launch.env_cuda_max_connections == (None if inp.plan.zero >= 2 else "1")
     assert_matches_plan(inp, v, launch.world_size)
     if fork:
-        launch, v = validate_launch(script, env={"VOCAB_PARALLEL": "0"})
-        assert launch.argv == tuple(megatron_argv(inp, fork=False))
+        launch, v = validate_launch(script, env={"VOCAB_PARALLEL": "0"}, tokenizer_vocab=inp.model.vocab_size)
+        assert launch.argv == tuple(megatron_argv(inp, fork=False, env=RUN_ENV))
         assert_matches_plan(inp, v, launch.world_size)
 
 
@@ -161,7 +163,7 @@ def test_one_flag_per_line_sorted_groups_no_forbidden_pairs(scenario: str) -> No
     inp = ALL_GOLDEN[scenario]
     script = dict(emit_megatron(inp).files)["launch_megatron.sh"]
     arrays = _arrays(script)
-    assert list(arrays) == [g for g in GROUPS if g in arrays]
+    assert list(arrays) == [g for g in (*GROUPS, "MAINLINE_ARGS") if g in arrays]
     for lines in arrays.values():
         flags = [line.split()[0] for line in lines]
         assert all(line.startswith("    --") and line.count(" --") == 1 for line in lines)
@@ -422,8 +424,10 @@ def test_vocab_parallel_flags_sit_in_a_fork_block() -> None:
     argv = megatron_argv(_VP)
     assert argv[-1] == "--enable-vocab-parallel" and "--untie-embeddings-and-output-weights" in argv
     assert int(argv[argv.index("--make-vocab-size-divisible-by") + 1]) % (_VP.plan.tp * _VP.plan.pp) == 0
-    v = validate_args(argv, 16, fork=True)
+    v = validate_args(argv, 16, fork=True, tokenizer_vocab=_VP.model.vocab_size)
     assert v.args.enable_vocab_parallel and v.padded_vocab == _VP.model.vocab_size
+    assert not set(argv) & set(MAINLINE_ONLY), "the fork's core 0.9 arguments.py lacks these"
+    assert set(MAINLINE_ONLY) & set(megatron_argv(_VP, fork=False))
     assert fork_flags(GOLDEN["even"].plan) == [] and "FORK_ARGS" not in dict(emit_megatron(GOLDEN["even"]).files)[
         "launch_megatron.sh"]
 
@@ -469,7 +473,7 @@ def test_vocab_divisor_multiple_of_tp_pp_pads_when_it_must() -> None:
     assert divisor % 8 == 0
     assert any(w.startswith("vocab parallel: sail-sg/VocabularyParallelism needs --make-vocab-size-divisible-by")
                for w in emit_megatron(inp).warnings)
-    assert validate_args(argv, 16, fork=True).padded_vocab % (divisor * 2) == 0
+    assert validate_args(argv, 16, fork=True, tokenizer_vocab=50260).padded_vocab % (divisor * 2) == 0
 
 
 @pytest.mark.parametrize("schedule", ["zb-h1", "v-half"])

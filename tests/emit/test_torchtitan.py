@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from autotune.emit import EmitInput, emit
-from autotune.emit.torchtitan import (REGISTRY, emit_torchtitan, launch_shape, module_fqns, stage_ranks,
-                                      virtual_stage_layers)
+from autotune.emit.torchtitan import (REGISTRY, emit_torchtitan, launch_shape, module_fqns, run_overrides,
+                                      stage_ranks, virtual_stage_layers)
 from autotune.errors import SpecError
 
 from . import torchtitan_validate as tv
+from .megatron_validate import RUN_ENV
 from .scenarios import GOLDEN, PLANNER_CASES, planner_scenarios
 
 NAMES = [*GOLDEN, *(case[0] for case in PLANNER_CASES)]
@@ -53,8 +54,9 @@ def run_script(script: str, tmp_path: Path, env: dict[str, str] | None = None,
     fake.parent.mkdir(exist_ok=True)
     fake.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n")
     fake.chmod(0o755)
+    full = {"PATH": f"{fake.parent}:{os.environ['PATH']}", **RUN_ENV, **(env or {})}
     return subprocess.run(["bash", str(tmp_path / "launch.sh"), *args], capture_output=True, text=True,
-                          env={"PATH": f"{fake.parent}:{os.environ['PATH']}", **(env or {})})
+                          env={k: v for k, v in full.items() if v is not None})
 
 
 def launched_argv(inp: EmitInput, tmp_path: Path, *, register: bool = True) -> list[str]:
@@ -104,7 +106,11 @@ def test_script_passes_exactly_the_overrides(name, tmp_path):
     inp = scenario(name)
     lines = files(inp)["torchtitan_overrides.txt"].splitlines()
     argv = launched_argv(inp, tmp_path, register=False)
-    assert argv[4:] == [token for line in lines for token in line.split()]
+    tokens = [token for line in lines for token in line.split()]
+    run = [token for line in run_overrides(inp) for token in line.split()]
+    assert argv[4:] == tokens[:-1] + run + ["--hf_assets_path", RUN_ENV["TOKENIZER_MODEL"], "--dataloader.dataset_path",
+                                            RUN_ENV["DATA_PATH"], "--dump_folder", RUN_ENV["CHECKPOINT_DIR"],
+                                            tokens[-1]]
     assert argv[:4][0::2] == ["--module", "--config"]
     proc = run_script(files(inp)["launch_torchtitan.sh"], tmp_path, {"TT_CONFIG": "x"})
     launch = proc.stdout.split("\0")

@@ -53,10 +53,20 @@ def test_efficiency_block_is_strict_too():
         hardware_from_dict(data, "a100.json")
 
 
-def test_every_figure_needs_a_source():
+def test_sources_are_optional_but_checked_when_present():
+    """Issue 16: a hand-written hardware file without a sources block loads; a block that is there names
+    figures of the file, each with text."""
+    data = _raw()
+    del data["sources"]
+    assert hardware_from_dict(data, "a100.json") == hardware_from_dict(_raw(), "a100.json")
     data = _raw()
     data["sources"] = {k: v for k, v in RAW["sources"].items() if k != "inter_node_GBps"}
-    with pytest.raises(SpecError, match="sources has no entry for inter_node_GBps"):
+    hardware_from_dict(data, "a100.json")  # a figure may go without a source
+    data["sources"]["inter_node_gbps"] = "datasheet"
+    with pytest.raises(SpecError, match="sources names inter_node_gbps, not a figure of this file"):
+        hardware_from_dict(data, "a100.json")
+    data["sources"] = {"memory_GiB": ""}
+    with pytest.raises(SpecError, match="sources.memory_GiB must be text"):
         hardware_from_dict(data, "a100.json")
 
 

@@ -22,8 +22,8 @@ def test_minimal_model_gets_documented_defaults():
 
 
 def test_unknown_keys_are_rejected_and_named():
-    with pytest.raises(SpecError, match=r"m\.json: unknown key\(s\) hiden_size, rope_theta"):
-        model_from_dict({**BASE, "hiden_size": 1, "rope_theta": 1e4}, "m.json")
+    with pytest.raises(SpecError, match=r"m\.json: unknown key\(s\) hiden_size, rope_base"):
+        model_from_dict({**BASE, "hiden_size": 1, "rope_base": 1e4}, "m.json")
 
 
 def test_missing_keys_are_rejected_and_named():

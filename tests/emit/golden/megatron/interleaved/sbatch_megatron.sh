@@ -9,13 +9,21 @@
 # plan: tp 2, pp 4, dp 1, cp 1, mbs 2 x 8, interleaved (vpp 2), recompute none, zero 0, layers 6,6,6,6
 # predicted: step 1.875 s, peak memory 21.4 GiB per GPU, MFU 38.0%
 #
-# Slurm: sbatch sbatch_megatron.sh from the directory holding launch_megatron.sh
-# (one task per node; each runs the launch script with its node rank).
+# Slurm: sbatch sbatch_megatron.sh from the directory holding launch_megatron.sh (1 node(s) x 8 GPUs).
+# Time limit, partition and account: sbatch reads SBATCH_TIMELIMIT, SBATCH_PARTITION and SBATCH_ACCOUNT
+# from the environment (e.g. SBATCH_TIMELIMIT=48:00:00 SBATCH_PARTITION=gpu SBATCH_ACCOUNT=myproj sbatch ...);
+# the data, tokenizer and checkpoint variables of the launch script must be exported too.
 set -euo pipefail
 
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+# The first node is the rendezvous host (sed reads every line: head would end the pipe early and, with
+# pipefail, a long node list would fail the job with SIGPIPE).
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
 MASTER_PORT="${MASTER_PORT:-6000}"
 export MASTER_ADDR MASTER_PORT NNODES="$SLURM_NNODES"
+if (( SLURM_NNODES != 1 )); then
+    echo "this plan needs 1 node(s), the allocation has $SLURM_NNODES" >&2
+    exit 1
+fi
 
 srun --nodes 1 --ntasks-per-node 1 bash -c \
-    'NODE_RANK="$SLURM_NODEID" exec bash "$SLURM_SUBMIT_DIR/launch_megatron.sh"'
+    'NODE_RANK="$SLURM_NODEID" exec bash "$SLURM_SUBMIT_DIR/launch_megatron.sh" "$@"' bash "$@"

@@ -6,7 +6,7 @@
 #
 # Megatron-LM launch script: run it from a Megatron-LM checkout (core_r0.16) or set MEGATRON_LM.
 # Run it on each of the 4 nodes with NODE_RANK (0..3) and MASTER_ADDR set (sbatch_megatron.sh does).
-# Extra arguments are passed on to pretrain_gpt.py; replace --mock-data/NullTokenizer with real data.
+# Needs DATA_PATH, TOKENIZER_MODEL and CHECKPOINT_DIR (it stops when one is unset); extra arguments are passed on to pretrain_gpt.py (a later flag overrides an earlier one).
 # pipeline: explicit layout (virtual stages in order); transformer layers per rank 6,10,8,8, per virtual stage Et*3|t*5|t*4|t*4|t*3|t*5|t*4|t*4L
 # data parallelism 8 is derived by Megatron from the world size 32 / (tp*pp*cp).
 set -euo pipefail
@@ -22,6 +22,23 @@ if (( NNODES * GPUS_PER_NODE != WORLD_SIZE )); then
     echo "this plan needs $WORLD_SIZE GPUs ($GPUS_PER_NODE per node): set NNODES=$((WORLD_SIZE / GPUS_PER_NODE))" >&2
     exit 1
 fi
+# Required: the script stops here when one of these is unset.
+: "${DATA_PATH:?set DATA_PATH to the training data (Megatron: an indexed-dataset prefix such as /data/corpus_text_document; torchtitan: a dataset directory; DeepSpeed/Colossal-AI: what your training script reads)}"
+: "${TOKENIZER_MODEL:?set TOKENIZER_MODEL to the tokenizer of the model (a Hugging Face tokenizer directory or hub name)}"
+: "${CHECKPOINT_DIR:?set CHECKPOINT_DIR to the directory checkpoints are saved to and resumed from}"
+
+# ---- NCCL / network (a value already set in the environment wins) ----
+# Warnings only; NCCL_DEBUG=INFO prints the transports and rings NCCL chose (check it uses IB/RoCE).
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+# A failed or timed-out collective aborts the process, so the job ends instead of hanging until the
+# scheduler's time limit.
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
+# Dump the collective trace of every rank on a timeout, to find the rank that stalled.
+export TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}"
+# Expandable segments cut allocator fragmentation; the predicted peak memory assumes little of it.
+export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
+# Site-specific: set these where NCCL's automatic choice is wrong (multi-homed nodes):
+#   NCCL_SOCKET_IFNAME=<bootstrap/TCP interface, e.g. eth0>  NCCL_IB_HCA=<InfiniBand HCAs, e.g. mlx5>
 # One CUDA connection keeps TP/SP communication and compute kernels in issue order.
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
@@ -32,22 +49,26 @@ GPT_ARGS=(
     --group-query-attention
     --hidden-dropout 0.0
     --hidden-size 4096
+    --init-method-std 0.02
     --max-position-embeddings 8192
+    --norm-epsilon 1e-05
     --normalization RMSNorm
     --num-attention-heads 32
     --num-layers 32
     --num-query-groups 8
     --position-embedding-type rope
+    --rotary-base 500000
     --seq-length 8192
     --swiglu
     --untie-embeddings-and-output-weights
 )
 
 DATA_ARGS=(
+    --data-path "${DATA_PATH}"
     --make-vocab-size-divisible-by 128
-    --mock-data
-    --tokenizer-type NullTokenizer
-    --vocab-size 128255
+    --split 99,1,0
+    --tokenizer-model "${TOKENIZER_MODEL}"
+    --tokenizer-type HuggingFaceTokenizer
 )
 
 PARALLEL_ARGS=(
@@ -78,14 +99,22 @@ KERNEL_ARGS=(
 )
 
 TRAINING_ARGS=(
+    --adam-beta1 0.9
+    --adam-beta2 0.95
     --clip-grad 1.0
-    --eval-interval 1000
+    --eval-interval 1440
     --eval-iters 10
-    --log-interval 1
-    --lr 3.0e-4
+    --load "${CHECKPOINT_DIR}"
+    --log-interval 10
+    --log-throughput
+    --lr 0.0003
+    --lr-decay-iters 476838
     --lr-decay-style cosine
-    --min-lr 3.0e-5
-    --train-iters 1000
+    --lr-warmup-iters 2000
+    --min-lr 3e-05
+    --save "${CHECKPOINT_DIR}"
+    --save-interval 1440
+    --train-iters 476838
     --weight-decay 0.1
 )
 

@@ -9,13 +9,21 @@
 # plan: tp 1, pp 4, dp 8, cp 1, mbs 1 x 32, interleaved (vpp 2), recompute none, zero 1, layers 6,10,8,8
 # predicted: step 2.500 s, peak memory 40.0 GiB per GPU, MFU 40.0%
 #
-# Slurm: sbatch sbatch_megatron.sh from the directory holding launch_megatron.sh
-# (one task per node; each runs the launch script with its node rank).
+# Slurm: sbatch sbatch_megatron.sh from the directory holding launch_megatron.sh (4 node(s) x 8 GPUs).
+# Time limit, partition and account: sbatch reads SBATCH_TIMELIMIT, SBATCH_PARTITION and SBATCH_ACCOUNT
+# from the environment (e.g. SBATCH_TIMELIMIT=48:00:00 SBATCH_PARTITION=gpu SBATCH_ACCOUNT=myproj sbatch ...);
+# the data, tokenizer and checkpoint variables of the launch script must be exported too.
 set -euo pipefail
 
-MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+# The first node is the rendezvous host (sed reads every line: head would end the pipe early and, with
+# pipefail, a long node list would fail the job with SIGPIPE).
+MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
 MASTER_PORT="${MASTER_PORT:-6000}"
 export MASTER_ADDR MASTER_PORT NNODES="$SLURM_NNODES"
+if (( SLURM_NNODES != 4 )); then
+    echo "this plan needs 4 node(s), the allocation has $SLURM_NNODES" >&2
+    exit 1
+fi
 
 srun --nodes 4 --ntasks-per-node 1 bash -c \
-    'NODE_RANK="$SLURM_NODEID" exec bash "$SLURM_SUBMIT_DIR/launch_megatron.sh"'
+    'NODE_RANK="$SLURM_NODEID" exec bash "$SLURM_SUBMIT_DIR/launch_megatron.sh" "$@"' bash "$@"

@@ -5,10 +5,35 @@
 # predicted: step 1.875 s, peak memory 21.4 GiB per GPU, MFU 38.0%
 # torchtitan 0.3.x: a config function (--module/--config) overridden by the flags below (tyro);
 # flags after the script's name are passed on before the activation-checkpoint subcommand.
+# Run it on each node with NODE_RANK (0..nodes-1) and MASTER_ADDR set (sbatch_torchtitan.sh does).
+# Needs DATA_PATH (a local copy of the dataset --dataloader.dataset names, c4 by default), TOKENIZER_MODEL (hf_assets_path: the model's tokenizer files) and CHECKPOINT_DIR (dump_folder).
 # CUDA graphs do not support pipeline parallelism yet (Trainer.Config): disabled
 # dp 1, ZeRO-0: no data parallelism
 # pipeline: 8 virtual stages of 3 layers; embedding and head count as no layers
 set -euo pipefail
+
+NNODES="${NNODES:-1}"
+if (( NNODES != 1 )); then
+    echo "this plan needs 1 node(s) of 8 GPUs: set NNODES=1" >&2
+    exit 1
+fi
+# Required: the script stops here when one of these is unset.
+: "${DATA_PATH:?set DATA_PATH to the training data (Megatron: an indexed-dataset prefix such as /data/corpus_text_document; torchtitan: a dataset directory; DeepSpeed/Colossal-AI: what your training script reads)}"
+: "${TOKENIZER_MODEL:?set TOKENIZER_MODEL to the tokenizer of the model (a Hugging Face tokenizer directory or hub name)}"
+: "${CHECKPOINT_DIR:?set CHECKPOINT_DIR to the directory checkpoints are saved to and resumed from}"
+
+# ---- NCCL / network (a value already set in the environment wins) ----
+# Warnings only; NCCL_DEBUG=INFO prints the transports and rings NCCL chose (check it uses IB/RoCE).
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+# A failed or timed-out collective aborts the process, so the job ends instead of hanging until the
+# scheduler's time limit.
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
+# Dump the collective trace of every rank on a timeout, to find the rank that stalled.
+export TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}"
+# Expandable segments cut allocator fragmentation; the predicted peak memory assumes little of it.
+export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
+# Site-specific: set these where NCCL's automatic choice is wrong (multi-homed nodes):
+#   NCCL_SOCKET_IFNAME=<bootstrap/TCP interface, e.g. eth0>  NCCL_IB_HCA=<InfiniBand HCAs, e.g. mlx5>
 
 OVERRIDES=(
   --training.local_batch_size 16
@@ -20,6 +45,7 @@ OVERRIDES=(
   --parallelism.data_parallel_shard_degree 1
   --parallelism.tensor_parallel_degree 2
   --compile.enable
+  --compile.no_enable_async_tensor_parallel
   --parallelism.no_enable_sequence_parallel
   --parallelism.context_parallel_degree 1
   --parallelism.pipeline_parallel_degree 4
@@ -29,8 +55,20 @@ OVERRIDES=(
   --parallelism.pipeline_parallel_first_stage_less_layers 0
   --parallelism.pipeline_parallel_last_stage_less_layers 0
 )
+# A real run (not the plan): schedule from --train-tokens, checkpoints, logging, paths.
+RUN_ARGS=(
+  --training.steps 30517579
+  --lr_scheduler.warmup_steps 2000
+  --lr_scheduler.decay_type cosine
+  --lr_scheduler.min_lr_factor 0.1
+  --metrics.log_freq 10
+  --profiler.no_enable_profiling
+  --checkpoint.enable
+  --checkpoint.interval 1920
+)
+RUN_ARGS+=(--hf_assets_path "$TOKENIZER_MODEL" --dataloader.dataset_path "$DATA_PATH" --dump_folder "$CHECKPOINT_DIR")
 
 torchrun --nnodes 1 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" \
   --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \
   -m torchtitan.train --module "${TT_MODULE:-llama3}" --config "${TT_CONFIG:?set TT_CONFIG to a config_registry function with 24 layers, dim 2304, 24 heads (24 kv), ffn 9216, vocab 51200, untied embeddings}" \
-  "${OVERRIDES[@]}" "$@" activation-checkpoint:none
+  "${OVERRIDES[@]}" "${RUN_ARGS[@]}" "$@" activation-checkpoint:none

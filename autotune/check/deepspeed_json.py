@@ -1,0 +1,131 @@
+"""A DeepSpeed config read back into a Reading: `ds_config.json` plus, where it sits beside it, autotune's
+`ds_pipeline.json` (the PipelineModule arguments and the mpu degrees, which DeepSpeed takes from Python).
+
+The inverse of autotune/emit/deepspeed.py. DeepSpeed's JSON alone gives the batch (train_batch_size =
+micro-batch x gradient accumulation x dp), ZeRO, precision and the pipeline's activation checkpointing; without
+ds_pipeline.json the model-parallel degrees are unknown: pp 1 and tp = --gpus / dp are assumed (noted), and a
+config with a "pipeline" section needs the file. The model is never in DeepSpeed's JSON: it comes from --model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autotune.check.reading import Reading, check_sizes
+from autotune.errors import SpecError
+
+#: DeepSpeed's default ZeRO reduce_bucket_size, in elements (runtime/zero/config.py).
+DS_DEFAULT_BUCKET = 500_000_000
+KNOWN = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
+         "bf16", "fp16", "pipeline", "_autotune"}
+NEUTRAL = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "optimizer", "scheduler",
+           "activation_checkpointing", "communication_data_type", "prescale_gradients", "tensorboard", "wandb",
+           "csv_monitor", "flops_profiler", "comms_logger", "zero_allow_untested_optimizer", "amp",
+           "gradient_predivide_factor", "data_types", "checkpoint", "aio", "elasticity", "dump_state",
+           "seq_parallel_communication_data_type", "memory_breakdown", "sparse_gradients", "bfloat16"}
+
+
+def parse(text: str, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"{where}: expected a JSON object (a DeepSpeed config)")
+    return doc
+
+
+def _int(doc: dict[str, Any], key: str, where: str) -> int:
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(f"{where}: {key} must be a whole number, got {value!r}")
+    return value
+
+
+def is_pipeline_file(doc: dict[str, Any]) -> bool:
+    return "num_stages" in doc and "train_batch_size" not in doc
+
+
+def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus: int, where: str) -> Reading:
+    """The Reading of a ds_config (and ds_pipeline, or None); `gpus` fills the model-parallel degree that only
+    Python code would give when ds_pipeline.json is missing."""
+    notes = [f"{where}: {key} ignored (not a setting autotune reads)" for key in sorted(set(config) - KNOWN - NEUTRAL)]
+    batch_keys = [k for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+                  if k in config]
+    if len(batch_keys) < 2:
+        missing = [k for k in ("train_batch_size", "train_micro_batch_size_per_gpu") if k not in config]
+        raise SpecError(f"{where}: missing {' and '.join(missing)}; DeepSpeed needs two of train_batch_size, "
+                        "train_micro_batch_size_per_gpu and gradient_accumulation_steps")
+    zero_cfg = config.get("zero_optimization", {})
+    if not isinstance(zero_cfg, dict):
+        raise SpecError(f"{where}: zero_optimization must be an object")
+    zero = _int(zero_cfg, "stage", f"{where}: zero_optimization") if "stage" in zero_cfg else 0
+    if zero not in (0, 1, 2, 3):
+        raise SpecError(f"{where}: zero_optimization.stage must be 0, 1, 2 or 3, got {zero}")
+    bucket = (_int(zero_cfg, "reduce_bucket_size", f"{where}: zero_optimization") if "reduce_bucket_size" in zero_cfg
+              else DS_DEFAULT_BUCKET)
+    fp16 = config.get("fp16", {}).get("enabled", False) if isinstance(config.get("fp16"), dict) else False
+    bf16 = config.get("bf16", {}).get("enabled", False) if isinstance(config.get("bf16"), dict) else False
+    if fp16 is not True and bf16 is not True:
+        notes.append("neither bf16 nor fp16 enabled: DeepSpeed trains in fp32; costed as bf16")
+    pipe_cfg = config.get("pipeline", {}) if isinstance(config.get("pipeline"), dict) else {}
+    interval = pipe_cfg.get("activation_checkpoint_interval", 0)
+    tp, pp, cp, sp, layers = 1, 1, 1, False, None
+    if pipeline is not None:
+        pwhere = "ds_pipeline.json"
+        for key in ("num_stages", "mpu"):
+            if key not in pipeline:
+                raise SpecError(f"{pwhere}: missing {key}; it gives the PipelineModule stages and the mpu degrees")
+        pp = _int(pipeline, "num_stages", pwhere)
+        mpu = pipeline["mpu"]
+        if not isinstance(mpu, dict) or "tensor_model_parallel_size" not in mpu:
+            raise SpecError(f"{pwhere}: missing mpu.tensor_model_parallel_size")
+        tp = _int(mpu, "tensor_model_parallel_size", f"{pwhere}: mpu")
+        cp = _int(mpu, "sequence_parallel_world_size", f"{pwhere}: mpu") if "sequence_parallel_world_size" in mpu else 1
+        sp = bool(mpu.get("sequence_parallel", False)) and tp > 1
+        interval = pipeline.get("activation_checkpoint_interval", interval)
+        if "layers_per_stage" in pipeline:
+            raw = pipeline["layers_per_stage"]
+            if not isinstance(raw, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in raw):
+                raise SpecError(f"{pwhere}: layers_per_stage must be a list of whole numbers")
+            layers = tuple(raw)
+        if cp > 1:
+            notes.append(f"mpu.sequence_parallel_world_size {cp}: DeepSpeed-Ulysses, costed as context parallelism")
+    elif "pipeline" in config:
+        raise SpecError(f"{where} has a pipeline section, but the stage count and tensor-parallel degree are "
+                        "PipelineModule/mpu arguments: put ds_pipeline.json (num_stages, mpu) beside it")
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 0:
+        raise SpecError(f"activation_checkpoint_interval must be a whole number, got {interval!r}")
+    if interval > 1:
+        notes.append(f"activation_checkpoint_interval {interval}: checkpoints every {interval}-th layer boundary; "
+                     "costed as full recompute of every layer")
+    check_sizes(where, degrees=(tp, pp, cp))
+    mbs = _int(config, "train_micro_batch_size_per_gpu", where) if "train_micro_batch_size_per_gpu" in config else None
+    gas = _int(config, "gradient_accumulation_steps", where) if "gradient_accumulation_steps" in config else None
+    tbs = _int(config, "train_batch_size", where) if "train_batch_size" in config else None
+    if mbs is not None and gas is not None:
+        per_dp = mbs * gas
+        dp = tbs // per_dp if tbs is not None and per_dp and tbs % per_dp == 0 else None
+        if tbs is not None and dp is None:
+            raise SpecError(f"{where}: train_batch_size {tbs} is not micro-batch {mbs} x gradient accumulation "
+                            f"{gas} x a data-parallel size; fix one of them")
+    else:
+        dp = None
+    if dp is None:
+        if gpus % (tp * pp * cp):
+            raise SpecError(f"tp x pp x cp = {tp * pp * cp} does not divide --gpus {gpus}")
+        dp = gpus // (tp * pp * cp)
+        mbs = mbs if mbs is not None else tbs // (dp * gas) if tbs and gas and tbs % (dp * gas) == 0 else None
+        gas = gas if gas is not None else tbs // (dp * mbs) if tbs and mbs and tbs % (dp * mbs) == 0 else None
+        if mbs is None or gas is None:
+            raise SpecError(f"{where}: train_batch_size {tbs} does not split over dp {dp}; fix the batch keys")
+        tbs = mbs * gas * dp
+    if pipeline is None and tp * pp * cp * dp != gpus:
+        tp = gpus // (pp * cp * dp) if gpus % (pp * cp * dp) == 0 else tp
+        notes.append(f"no ds_pipeline.json: pp 1 assumed and tp {tp} (--gpus / dp) from the mpu, which DeepSpeed's "
+                     "JSON does not hold")
+    return Reading(trainer="deepspeed", tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1, num_microbatches=gas,
+                   global_batch=tbs, seq_len=None, recompute="full" if interval else "none", zero=zero,
+                   sequence_parallel=sp, layers_per_stage=layers, split="deepspeed", bucket_size=bucket,
+                   dtype="fp16" if fp16 is True else "bf16", notes=tuple(notes))

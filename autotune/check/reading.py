@@ -1,0 +1,79 @@
+"""What a config reader hands on: the plan's choices as the config states them, before the GPU count is known.
+
+Readers (megatron_args.py, torchtitan_toml.py, deepspeed_json.py) are pure: config text in, a `Reading` out.
+understood.py turns a Reading plus --gpus, --gpu and --model into the Plan, ModelSpec and JobSpec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.specs.limits import MAX_GPUS, MAX_LAYERS, check_max
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reading:
+    """A config as read. None means "the config does not say" (a default or --model decides)."""
+
+    trainer: str
+    """megatron | torchtitan | deepspeed."""
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    """Expert-parallel degree (mixture-of-experts models)."""
+    etp: int | None = None
+    """Expert-tensor-parallel degree; None: the trainer's default (Megatron: tp)."""
+    dp: int | None = None
+    """Data-parallel degree where the config states it (torchtitan, DeepSpeed); Megatron derives it."""
+    mbs: int = 1
+    num_microbatches: int | None = None
+    """Micro-batches per step where the config states them (DeepSpeed's gradient accumulation)."""
+    global_batch: int | None = None
+    seq_len: int | None = None
+    vpp: int = 1
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    recompute_layers: int | None = None
+    recompute_every: int | None = None
+    """torchtitan 0.2.x layer AC: every N-th layer checkpointed (full recompute of floor(n/N) layers per chunk)."""
+    zero: int = 0
+    sequence_parallel: bool = False
+    tp_overlap: bool = False
+    vocab_parallel: bool = False
+    layers_per_stage: tuple[int, ...] | None = None
+    """Explicit per-rank layers; None: the trainer's own split of the model's layers (`split` says how)."""
+    split: str = "even"
+    """How the trainer splits layers when layers_per_stage is None: 'even' (must divide), 'account' (Megatron's
+    account-for-embedding/loss: (L+e+l)/pp with e and l in `split_extra`), 'torchtitan' or 'deepspeed'."""
+    split_extra: tuple[int, ...] = ()
+    bucket_size: int | None = None
+    dtype: str = "bf16"
+    flash_attention: bool = True
+    fused_kernels: bool = True
+    grad_reduce: str = "fp32"
+    model_fields: dict[str, Any] | None = None
+    """The model's shape where the config defines it (ModelSpec field names; vocab_size may be missing)."""
+    model_soft: dict[str, Any] | None = None
+    """Model settings the config states that do not change the cost (rope_theta, norm_eps, init_std, RoPE
+    scaling): they pick between catalog models of the same shape and fill a model the catalog lacks."""
+    model_name: str | None = None
+    """A catalog model the config names (torchtitan's flavor), or None."""
+    model_hint: str | None = None
+    """A model name from autotune's header comment ("model NAME on ..."): breaks ties between catalog models
+    of the same shape."""
+    header_plan: str | None = None
+    """The plan line of autotune's own header, when the file has one (a mismatch with the settings is noted)."""
+    notes: tuple[str, ...] = field(default=())
+    """What was read with a caveat: unknown flags, deprecated spellings, approximations."""
+
+
+def check_sizes(where: str, *, degrees: tuple[int, ...] = (), layers: int | None = None) -> None:
+    """The documented maxima (specs/limits.py) before a reader sizes anything from a config's numbers."""
+    product = 1
+    for degree in degrees:
+        product *= max(1, check_max(degree, MAX_GPUS, "a parallel degree", where))
+    check_max(product, MAX_GPUS, "the product of the parallel degrees", where)
+    if layers is not None:
+        check_max(layers, MAX_LAYERS, "the number of layers", where)

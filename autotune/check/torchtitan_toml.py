@@ -1,0 +1,246 @@
+"""torchtitan configs read back into a Reading: a 0.2.x TOML job file, or 0.3.x command-line overrides (a launch
+script running `-m torchtitan.train`, or a file of overrides one per line).
+
+Both use the same section.key names (torchtitan/config/job_config.py in 0.2.2, config/configs.py in 0.3.0), so
+both become one nested dict and one mapping, the inverse of autotune/emit/torchtitan.py:
+* dp = data_parallel_replicate_degree x data_parallel_shard_degree; FSDP2 with fsdp_reshard_after_forward
+  "always" (or "default" without a pipeline) is ZeRO-3; "never" (or "default" with one) keeps the gathered
+  weights from forward to backward, ZeRO-2-like: read as ZeRO-2 without a pipeline, ZeRO-1 with one (the
+  closest stage a pipeline allows; torchtitan has no ZeRO-1/2 and the emitter maps both there);
+* local_batch_size is per data-parallel rank per step with a pipeline (micro-batches of
+  pipeline_parallel_microbatch_size), else one micro-batch, accumulated to global_batch_size;
+* schedules: 1F1B, Interleaved1F1B (vpp = virtual stages / pp), ZBVZeroBubble (read as v-half: the same V
+  placement; it keeps about 1F1B's activation memory, noted);
+* the partition: module_fqns_per_model_part (layers.N per virtual stage) or pipeline_parallel_layers_per_stage
+  with first/last_stage_less_layers (torchtitan's own split, reproduced in understood.py).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+from autotune.check.bash import Shell, tokenize
+from autotune.check.reading import Reading, check_sizes
+from autotune.check.script import launch_words
+from autotune.emit.torchtitan import REGISTRY
+from autotune.errors import SpecError
+
+#: Sections that never change the plan (logging, checkpoints, optimizer, data...).
+NEUTRAL_SECTIONS = ("job", "metrics", "optimizer", "lr_scheduler", "checkpoint", "profiling", "comm", "validation",
+                    "fault_tolerance", "memory_estimation", "debug", "experimental", "float8", "mx", "dataloader",
+                    "profiler", "quantize", "tokenizer")
+#: 0.3.x top-level options that do not change the plan (paths, the run's name).
+NEUTRAL_OPTIONS = ("--hf_assets_path", "--dump_folder", "--description", "--print_config", "--seed")
+KNOWN = {
+    "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param",
+                 "mixed_precision_reduce", "disable_cuda_graphs", "steps", "dataset", "dataset_path",
+                 "max_norm", "warmup_steps", "gc_freq", "seed", "deterministic", "batch_size"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                    "tensor_parallel_degree", "enable_sequence_parallel", "context_parallel_degree",
+                    "pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers", "module_fqns_per_model_part",
+                    "enable_async_tensor_parallel", "disable_loss_parallel", "enable_compiled_autograd",
+                    "pipeline_parallel_split_points", "context_parallel_rotate_method"},
+    "compile": {"enable", "enable_async_tensor_parallel", "components", "backend"},
+    "activation_checkpoint": {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns"},
+    "model": {"name", "flavor", "converters", "tokenizer_path", "hf_assets_path", "norm_type"},
+}
+SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "v-half"}
+#: torchtitan's flavor names (0.2.x) and config functions (0.3.x) -> the first catalog model of that shape.
+FLAVORS = {flavor: name for name, (_, flavor) in reversed(REGISTRY.items())}
+CONFIGS = {config: name for name, (config, _) in reversed(REGISTRY.items())}
+
+
+def read_toml(text: str) -> Reading:
+    try:
+        tree = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"not valid TOML: {exc}; fix the file (torchtitan 0.2.x job config)") from None
+    notes: list[str] = []
+    flavor = tree.get("model", {}).get("flavor") if isinstance(tree.get("model"), dict) else None
+    if flavor is not None and not isinstance(flavor, str):
+        raise SpecError(f"model.flavor must be a string, got {flavor!r}")
+    model = FLAVORS.get(flavor, flavor) if flavor else None
+    return reading_from_tree(tree, "toml", model, notes)
+
+
+def read_overrides(text: str) -> Reading:
+    """A 0.3.x launch script (its words after torchtitan.train) or a file of overrides."""
+    if "torchtitan.train" in text or "torchtitan/train.py" in text:
+        words, notes = launch_words(text, lambda w: w in ("torchtitan.train", "torchtitan/train.py"),
+                                    "torchtitan.train")
+    else:
+        shell = Shell()
+        words = [w for word in tokenize(text) if not isinstance(word, str) for w in shell.expand(word)]
+        notes = list(shell.notes)
+    tree: dict[str, Any] = {}
+    model = None
+    i = 0
+    while i < len(words):
+        word = words[i]
+        j = i + 1
+        while j < len(words) and not words[j].startswith("-") and ":" not in words[j]:
+            j += 1
+        values = words[i + 1:j]
+        if word.startswith("activation-checkpoint:"):
+            tree.setdefault("activation_checkpoint", {})["mode"] = word.split(":", 1)[1]
+        elif word in ("--module", "--config"):
+            if word == "--config" and values:
+                model = CONFIGS.get(values[0])
+                if model is None and values[0]:
+                    notes.append(f"--config {values[0]}: not a torchtitan config function autotune knows; the model "
+                                 "comes from --model")
+        elif word in NEUTRAL_OPTIONS or word.split("=", 1)[0] in NEUTRAL_OPTIONS:
+            pass
+        elif word.startswith("--") and "." in word:
+            section, _, key = word[2:].partition(".")
+            tree.setdefault(section, {})[key.removeprefix("no_")] = _value(values, not key.startswith("no_"))
+        elif word:
+            notes.append(f"argument {word!r} ignored")
+        i = j
+    return reading_from_tree(tree, "cli", model, notes)
+
+
+def _value(values: list[str], positive: bool) -> Any:
+    if not values:
+        return positive
+    if len(values) > 1 or "," in values[0]:
+        return [v.split(",") for v in values]
+    v = values[0]
+    return int(v) if v.lstrip("-").isdigit() else {"true": True, "false": False}.get(v.lower(), v)
+
+
+def _get(tree: dict[str, Any], section: str, key: str, kind: type, default: Any) -> Any:
+    value = tree.get(section, {}).get(key, default)
+    if value is default:
+        return default
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SpecError(f"{section}.{key} must be an integer, got {value!r}; write it without quotes")
+    if kind is bool and not isinstance(value, bool):
+        raise SpecError(f"{section}.{key} must be true or false, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise SpecError(f"{section}.{key} must be a string, got {value!r}")
+    return value
+
+
+def _check_known(tree: dict[str, Any], notes: list[str]) -> None:
+    for section, body in tree.items():
+        if section in NEUTRAL_SECTIONS:
+            continue
+        if not isinstance(body, dict):
+            raise SpecError(f"[{section}] must be a table, got {body!r}")
+        if section not in KNOWN:
+            notes.append(f"section [{section}] ignored (not one autotune reads)")
+            continue
+        for key in sorted(set(body) - KNOWN[section]):
+            notes.append(f"{section}.{key} ignored (not a setting autotune reads)")
+
+
+def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: list[str]) -> Reading:
+    _check_known(tree, notes)
+    tp = _get(tree, "parallelism", "tensor_parallel_degree", int, 1)
+    pp = _get(tree, "parallelism", "pipeline_parallel_degree", int, 1)
+    cp = _get(tree, "parallelism", "context_parallel_degree", int, 1)
+    replicate = _get(tree, "parallelism", "data_parallel_replicate_degree", int, 1)
+    shard = _get(tree, "parallelism", "data_parallel_shard_degree", int, -1)
+    check_sizes("torchtitan config", degrees=(tp, pp, cp, replicate, shard))
+    reshard = _get(tree, "parallelism", "fsdp_reshard_after_forward", str, "default")
+    if reshard not in ("default", "always", "never"):
+        raise SpecError(f"parallelism.fsdp_reshard_after_forward {reshard!r}: use default, always or never")
+    zero = 0 if shard == 1 else (3 if reshard == "always" or (reshard == "default" and pp == 1) else
+                                 2 if pp == 1 else 1)
+    if zero in (1, 2):
+        notes.append(f"FSDP2 without resharding after forward: read as ZeRO-{zero} (torchtitan has no ZeRO-1/2; "
+                     "weights are sharded between steps too)" + (", the closest stage a pipeline allows" if zero == 1
+                                                                  else ""))
+    lbs = _get(tree, "training", "local_batch_size", int, 8)
+    gbs = _get(tree, "training", "global_batch_size", int, -1)
+    seq = _get(tree, "training", "seq_len", int, 2048)
+    schedule_name = _get(tree, "parallelism", "pipeline_parallel_schedule", str, "1F1B")
+    if pp > 1 and schedule_name not in SCHEDULES:
+        raise SpecError(f"parallelism.pipeline_parallel_schedule {schedule_name!r}: autotune costs "
+                        f"{', '.join(SCHEDULES)}; use one of them")
+    schedule = SCHEDULES.get(schedule_name, "1f1b") if pp > 1 else "1f1b"
+    if schedule == "v-half":
+        notes.append("ZBVZeroBubble read as v-half (the same V placement of 2 stages per rank); it keeps about "
+                     "1F1B's activation memory, above the v-half prediction")
+    mbs = _get(tree, "parallelism", "pipeline_parallel_microbatch_size", int, 1) if pp > 1 else lbs
+    if pp > 1 and lbs % mbs:
+        raise SpecError(f"training.local_batch_size {lbs} is not a multiple of "
+                        f"parallelism.pipeline_parallel_microbatch_size {mbs}")
+    layers, vpp, split, extra = _pipeline(tree, pp, schedule)
+    mode = _get(tree, "activation_checkpoint", "mode", str, "selective")
+    option = str(tree.get("activation_checkpoint", {}).get("selective_ac_option", "op"))
+    recompute, recompute_every = {"none": ("none", None), "full": ("full", None)}.get(mode, ("selective", None))
+    if mode == "selective" and option.isdigit():
+        recompute, recompute_every = "full", int(option)
+    elif mode not in ("none", "full", "selective"):
+        raise SpecError(f"activation_checkpoint.mode {mode!r}: use none, selective or full")
+    async_tp = bool(_get(tree, "compile", "enable_async_tensor_parallel", bool, False)
+                    or _get(tree, "parallelism", "enable_async_tensor_parallel", bool, False))
+    sp = tp > 1 and (fmt == "toml" or _get(tree, "parallelism", "enable_sequence_parallel", bool, True))
+    precision = _get(tree, "training", "mixed_precision_param", str, "bfloat16")
+    converters = tree.get("model", {}).get("converters", [])
+    dtype = "fp8" if any("float8" in str(c) for c in converters) else "bf16"
+    if precision != "bfloat16":
+        notes.append(f"training.mixed_precision_param {precision}: costed as bf16")
+    return Reading(
+        trainer="torchtitan", tp=tp, pp=pp, cp=cp, dp=None if shard == -1 else replicate * shard,
+        mbs=mbs, num_microbatches=lbs // mbs if pp > 1 else None, global_batch=None if gbs == -1 else gbs,
+        seq_len=seq, vpp=vpp, schedule=schedule, recompute=recompute,
+        recompute_every=recompute_every, zero=zero, sequence_parallel=sp,
+        tp_overlap=async_tp, layers_per_stage=layers, split=split, split_extra=extra, dtype=dtype,
+        fused_kernels=_get(tree, "compile", "enable", bool, False), model_name=model, notes=tuple(notes))
+
+
+def _pipeline(tree: dict[str, Any], pp: int,
+              schedule: str) -> tuple[tuple[int, ...] | None, int, str, tuple[int, ...]]:
+    """(layers per rank or None, vpp, split rule, its arguments) from the pipeline settings."""
+    if pp == 1:
+        return None, 1, "even", ()
+    parts = tree.get("parallelism", {}).get("module_fqns_per_model_part")
+    if parts is not None:
+        if not isinstance(parts, list) or not all(isinstance(p, list) for p in parts):
+            raise SpecError("parallelism.module_fqns_per_model_part must be a list of lists of module names")
+        counts = [sum(1 for m in part if str(m).startswith("layers.")) for part in parts]
+        if len(counts) % pp:
+            raise SpecError(f"module_fqns_per_model_part has {len(counts)} parts, not a multiple of "
+                            f"pipeline_parallel_degree {pp}")
+        return per_rank(counts, pp, schedule), len(counts) // pp, "even", ()
+    per_stage = _get(tree, "parallelism", "pipeline_parallel_layers_per_stage", int, 0)
+    first = _get(tree, "parallelism", "pipeline_parallel_first_stage_less_layers", int, 1)
+    last = _get(tree, "parallelism", "pipeline_parallel_last_stage_less_layers", int, 1)
+    stages_per_rank = 1 if schedule == "1f1b" else 2
+    return None, stages_per_rank, "torchtitan", (per_stage, first, last, stages_per_rank)
+
+
+def per_rank(counts: list[int], pp: int, schedule: str) -> tuple[int, ...]:
+    """Layers per rank from layers per virtual stage: looped placement (stage v on rank v % pp) or the V."""
+    ranks = [0] * pp
+    for v, n in enumerate(counts):
+        rank = (v if v < pp else 2 * pp - 1 - v) if schedule == "v-half" else v % pp
+        ranks[rank] += n
+    return tuple(ranks)
+
+
+def torchtitan_split(num_layers: int, pp: int, per_stage: int, first: int, last: int,
+                     stages_per_rank: int) -> tuple[tuple[int, ...], int]:
+    """torchtitan's own split (distributed/pipeline_parallel.py, generate_llm_fqn_per_model_part): the embedding
+    and the head count as `first`/`last` layers; with layers_per_stage K there are ceil((L+first+last)/K) virtual
+    stages, else pp x stages per rank; layers then go evenly, the extra ones to the earliest stages."""
+    check_sizes("torchtitan pipeline split", degrees=(pp, stages_per_rank), layers=num_layers + first + last)
+    effective = num_layers + first + last
+    stages = -(-effective // per_stage) if per_stage else pp * stages_per_rank
+    if stages % pp:
+        raise SpecError(f"pipeline_parallel_layers_per_stage {per_stage} gives {stages} virtual stages, not a "
+                        f"multiple of pipeline_parallel_degree {pp}")
+    base, extra = divmod(effective, stages)
+    counts = [base + (1 if v < extra else 0) for v in range(stages)]
+    counts[0] -= first
+    counts[-1] -= last
+    if min(counts) < 0:
+        raise SpecError(f"torchtitan's split of {num_layers} layers over {stages} stages leaves a stage with fewer "
+                        "than 0 layers; lower the first/last_stage_less_layers")
+    return tuple(counts), stages // pp

@@ -1,0 +1,272 @@
+"""The plan a config runs: read the file, detect its trainer, and turn the Reading into Plan, ModelSpec, JobSpec.
+
+The model comes from the config where it defines it (Megatron's shape flags, torchtitan's flavor) and is then
+matched to the catalog model of that shape (so names and estimates are the catalog's), else from --model;
+both given and different is an error naming the difference.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.catalog import load_model, model_names
+from autotune.check.deepspeed_json import is_pipeline_file, parse, read_deepspeed
+from autotune.check.megatron_args import read_megatron, vocab_padded
+from autotune.check.reading import Reading
+from autotune.check.torchtitan_toml import per_rank, read_overrides, read_toml, torchtitan_split
+from autotune.emit.deepspeed import CONFIG_FILE, PIPELINE_FILE, deepspeed_split
+from autotune.errors import SpecError
+from autotune.fileio import slug
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split, normalized
+
+CHECK_TRAINERS = ("megatron", "torchtitan", "deepspeed")
+MAX_CONFIG_BYTES = 4 << 20
+_HEADER_MODEL = re.compile(r"^#? ?model (\S+) on \d+ x ", re.M)
+#: autotune's header line for the plan a file runs (emit/common.py), as far as `check` compares it.
+_HEADER_PLAN = re.compile(r"plan: tp (\d+), pp (\d+), dp (\d+), cp (\d+), mbs (\d+) x (\d+), ([\w-]+) \(vpp (\d+)\)"
+                          r", recompute [^,]*, zero (\d+), layers ([\d,]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Understood:
+    """What `check` understood: the specs the cost model takes, the trainer, and the reading's caveats."""
+
+    trainer: str
+    plan: Plan
+    model: ModelSpec
+    job: JobSpec
+    notes: tuple[str, ...]
+    torchtitan_format: str | None
+    """'toml' or 'cli' for torchtitan configs (the format --emit-better writes), else None."""
+
+
+def read_text(path: Path) -> str:
+    try:
+        if not path.is_file():
+            raise SpecError(f"{path}: no such config file")
+        raw = path.read_bytes()[:MAX_CONFIG_BYTES + 1]
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the config ({exc.strerror})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise SpecError(f"{path}: larger than the maximum of {MAX_CONFIG_BYTES:,} bytes for a launch config")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not UTF-8 text") from None
+
+
+def detect_trainer(path: Path, text: str) -> str:
+    """From the extension, then the content; an error asking for --trainer when nothing tells."""
+    if path.suffix == ".json":
+        return "deepspeed"
+    if path.suffix == ".toml":
+        return "torchtitan"
+    if "pretrain_gpt.py" in text or re.search(r"--(tensor-model-parallel-size|pipeline-model-parallel-size|"
+                                              r"num-layers|hidden-size|micro-batch-size)\b", text):
+        return "megatron"
+    if "torchtitan" in text or "--parallelism." in text or "activation-checkpoint:" in text:
+        return "torchtitan"
+    if path.suffix in (".sh", ".bash") or text.startswith("#!"):  # a launch script: Megatron's is the one we read
+        return "megatron"
+    raise SpecError(f"{path}: cannot tell which trainer the config is for; pass --trainer megatron, torchtitan or "
+                    "deepspeed")
+
+
+def read_config(path: Path, trainer: str | None, gpus: int) -> tuple[str, Reading, str | None]:
+    """(trainer, reading, torchtitan format) of a config file."""
+    text = read_text(path)
+    trainer = trainer or detect_trainer(path, text)
+    if trainer not in CHECK_TRAINERS:
+        raise SpecError(f"--trainer {trainer!r}: check reads {', '.join(CHECK_TRAINERS)} configs")
+    fmt = None
+    if trainer == "megatron":
+        reading = _megatron(path, text)
+    elif trainer == "torchtitan":
+        fmt = "toml" if path.suffix == ".toml" or re.search(r"^\s*\[\w+\]\s*$", text, re.M) else "cli"
+        reading = read_toml(text) if fmt == "toml" else read_overrides(text)
+    else:
+        reading = _deepspeed(path, text, gpus)
+    hint = _HEADER_MODEL.search(text)
+    if hint is None and trainer == "deepspeed":
+        hint = re.search(r'"model (\S+) on \d+ x ', text)
+    header = _HEADER_PLAN.search(text)
+    return (trainer, replace(reading, model_hint=hint.group(1) if hint else None,
+                             header_plan=header.group(0) if header else None), fmt)
+
+
+def header_note(header: str | None, plan: Plan) -> str | None:
+    """A note when autotune's own header names another plan than the flags run (the file was edited since)."""
+    m = _HEADER_PLAN.search(header or "")
+    if m is None:
+        return None
+    # ZeRO is left out: torchtitan and DeepSpeed have no exact ZeRO-1/2, so a header and a reading may name
+    # neighbouring stages for the same settings
+    said = (*map(int, m.groups()[:6]), m.group(7), int(m.group(8)), tuple(int(n) for n in m.group(10).split(",")))
+    runs = (plan.tp, plan.pp, plan.dp, plan.cp, plan.mbs, plan.num_microbatches, plan.schedule, plan.vpp,
+            plan.layers_per_stage)
+    if said == runs:
+        return None
+    return f"the file's autotune header says '{m.group(0)}', but its settings run the plan above (edited since?)"
+
+
+def _megatron(path: Path, text: str) -> Reading:
+    """read_megatron, with a pointer to the launch script when this one (a Slurm script) only runs another."""
+    try:
+        return read_megatron(text)
+    except SpecError as exc:
+        others = sorted({Path(m).name for m in re.findall(r"[\w./$\"{}-]*?([\w.-]+\.sh)\b", text)} - {path.name})
+        beside = [name for name in others if (path.parent / name).is_file()]
+        if "no pretrain_gpt.py call" in str(exc) and beside:
+            raise SpecError(f"{exc}; {path.name} runs {beside[0]}: check that file") from None
+        raise
+
+
+def _deepspeed(path: Path, text: str, gpus: int) -> Reading:
+    doc = parse(text, str(path))
+    if is_pipeline_file(doc):
+        pipeline, config_path = doc, path.with_name(CONFIG_FILE)
+        config = parse(read_text(config_path), str(config_path))
+    else:
+        config, sibling = doc, path.with_name(PIPELINE_FILE)
+        pipeline = parse(read_text(sibling), str(sibling)) if sibling.is_file() else None
+    return read_deepspeed(config, pipeline, gpus, str(path))
+
+
+# ------------------------------------------------------------------------------------------------ the model
+def shape_diffs(found: dict[str, Any], spec: ModelSpec, seq_len: int | None) -> list[str]:
+    """Fields where the config's shape and a ModelSpec differ ('field config vs model'). Megatron has no GeGLU
+    flag (its --swiglu stands for both gated MLPs), and learned positions shorter than the sequence are
+    emitted as the sequence length."""
+    out = []
+    for key, value in found.items():
+        have = getattr(spec, key)
+        if key == "activation" and value == "swiglu" and have == "geglu":
+            continue
+        if key == "max_position_embeddings" and seq_len is not None and have < seq_len and value == seq_len:
+            continue
+        if have != value:
+            out.append(f"{key} {value} vs {have}")
+    return out
+
+
+def resolve_model(reading: Reading, model_arg: str | None, fallback: str, seq_len: int | None) -> tuple[ModelSpec,
+                                                                                                        list[str]]:
+    notes: list[str] = []
+    found = reading.model_fields
+    if found is None and reading.model_name is not None:
+        found = {f.name: getattr(named := load_model(reading.model_name), f.name) for f in fields(ModelSpec)
+                 if f.name not in ("name", "source")}
+        if model_arg is None:
+            return named, notes
+    if found is None:
+        if model_arg is None:
+            raise SpecError(f"the {reading.trainer} config does not define the model; pass --model NAME (see "
+                            "`autotune models`) or a config.json path")
+        return load_model(model_arg), notes
+    if model_arg is not None:
+        spec = load_model(model_arg)
+        diffs = shape_diffs(found, spec, seq_len)
+        if diffs:
+            raise SpecError(f"the config's model differs from --model {model_arg} in {', '.join(diffs)} (config vs "
+                            "--model); drop --model to check the config's own model, or fix the config")
+        return spec, notes
+    soft = reading.model_soft or {}
+    matches = [m for m in (load_model(n) for n in model_names()) if not shape_diffs(found, m, seq_len)]
+    matches.sort(key=lambda m: (m.name != reading.model_hint,
+                                sum(getattr(m, k, v) != v for k, v in soft.items())))
+    if matches:
+        if len(matches) > 1 and reading.model_hint != matches[0].name:
+            notes.append(f"the config's model has the shape of {matches[0].name} (also "
+                         f"{', '.join(m.name for m in matches[1:])}); pass --model to name another")
+        return matches[0], notes
+    if "vocab_size" not in found:
+        near = min(((shape_diffs(found, m, seq_len), m.name) for m in (load_model(n) for n in model_names())),
+                   key=lambda d: len(d[0]))
+        hint = f" (the closest catalog model, {near[1]}, differs in {', '.join(near[0])})" if len(near[0]) <= 2 else ""
+        raise SpecError(f"the config defines a model that is not in the catalog{hint} and does not give its "
+                        "vocabulary size (the tokenizer sets it); pass --model NAME or a config.json path")
+    notes.append(f"the config's model matches no catalog model; checked as {fallback}, the shape its flags give")
+    known = {f.name for f in fields(ModelSpec)}
+    extra = {k: v for k, v in soft.items() if k in known}
+    return ModelSpec(name=fallback, source="flags of the checked config", **found, **extra), notes
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+def _layers(r: Reading, model: ModelSpec) -> tuple[tuple[int, ...], int]:
+    """(layers per rank, vpp) where the config leaves them to the trainer's own split rule."""
+    n, pp = model.num_layers, r.pp
+    if r.layers_per_stage is not None:
+        return r.layers_per_stage, r.vpp
+    if r.split == "deepspeed":
+        return deepspeed_split(n, pp), r.vpp
+    if r.split == "torchtitan":
+        per_stage, first, last, stages_per_rank = r.split_extra
+        counts, vpp = torchtitan_split(n, pp, per_stage, first, last, stages_per_rank)
+        return per_rank(list(counts), pp, r.schedule), vpp
+    emb, loss = r.split_extra if r.split == "account" else (0, 0)
+    if (n + emb + loss) % pp:
+        raise SpecError(f"--num-layers {n}{' + embedding/loss' if emb or loss else ''} is not divisible by "
+                        f"--pipeline-model-parallel-size {pp} (Megatron requires it without an uneven split); "
+                        "give --decoder-first/last-pipeline-num-layers or a layout")
+    per = (n + emb + loss) // pp
+    layers = [per] * pp
+    layers[0] -= emb
+    layers[-1] -= loss
+    return tuple(layers), r.vpp
+
+
+def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, gpus: int,
+               model_arg: str | None, seq_len_arg: int | None) -> Understood:
+    """The Plan, ModelSpec and JobSpec of a reading on --gpus GPUs (rule checks are the caller's check_plan)."""
+    r = reading
+    seq_len = r.seq_len or seq_len_arg
+    if seq_len is None:
+        raise SpecError(f"the {trainer} config does not give the sequence length; pass --seq-len N")
+    model, notes = resolve_model(r, model_arg, slug(path.stem, fallback="config-model"), seq_len)
+    notes = list(r.notes) + notes
+    plan = build_plan(r, model, gpus)
+    job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=seq_len,
+                  dtype=r.dtype, flash_attention=r.flash_attention,  # type: ignore[arg-type]
+                  fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, trainer=trainer)  # type: ignore[arg-type]
+    note = header_note(r.header_plan, plan)
+    if note is not None:
+        notes.append(note)
+    if trainer == "megatron" and model.vocab_size % r.tp:
+        notes.append(f"vocab {model.vocab_size} is not divisible by tp {r.tp}: Megatron pads it to "
+                     f"{vocab_padded(model.vocab_size, r.tp, 1)} or more; costed unpadded")
+    return Understood(trainer=trainer, plan=plan, model=model, job=job, notes=tuple(notes), torchtitan_format=fmt)
+
+
+def build_plan(r: Reading, model: ModelSpec, gpus: int) -> Plan:
+    """The reading's plan on `gpus` GPUs: dp from the GPU count (checked against a stated dp), micro-batches from
+    the global batch, the trainer's layer split where the config leaves it."""
+    mp = r.tp * r.pp * r.cp
+    if r.dp is not None and r.dp * mp != gpus:
+        raise SpecError(f"the config's degrees tp {r.tp} x pp {r.pp} x cp {r.cp} x dp {r.dp} = {r.dp * mp} GPUs, but "
+                        f"--gpus is {gpus}; check on {r.dp * mp} GPUs or change a degree")
+    if gpus % mp:
+        raise SpecError(f"tp {r.tp} x pp {r.pp} x cp {r.cp} = {mp} does not divide --gpus {gpus}; data parallelism "
+                        "is --gpus / (tp x pp x cp): change --gpus or a degree")
+    dp = gpus // mp
+    gbs = r.global_batch or dp * r.mbs * (r.num_microbatches or 1)
+    if gbs % (dp * r.mbs):
+        raise SpecError(f"global batch {gbs} is not divisible by dp {dp} x micro-batch {r.mbs}; change the batch "
+                        "sizes or the degrees")
+    layers, vpp = _layers(r, model)
+    recompute_layers = r.recompute_layers
+    if r.recompute_every:  # torchtitan layer AC: floor(n / N) layers of each chunk
+        chunk = min(n // vpp for n in layers if n) if any(layers) else 0
+        recompute_layers = max(1, chunk // r.recompute_every)
+    plan = Plan(tp=r.tp, pp=r.pp, dp=dp, cp=r.cp, mbs=r.mbs, num_microbatches=gbs // (dp * r.mbs),
+                schedule=r.schedule, vpp=vpp, recompute=r.recompute,  # type: ignore[arg-type]
+                recompute_layers=recompute_layers, zero=r.zero, sequence_parallel=r.sequence_parallel,
+                vocab="parallel" if r.vocab_parallel else ("ends" if is_even_split(layers) else "balanced"),
+                layers_per_stage=layers, bucket_size=r.bucket_size or DEFAULT_BUCKET, tp_overlap=r.tp_overlap)
+    if getattr(model, "num_experts", 0):  # expert parallelism; Megatron's etp default is tp
+        plan = replace(plan, ep=r.ep, etp=r.etp or r.tp)  # type: ignore[call-arg]
+    return normalized(plan)

@@ -1,0 +1,180 @@
+"""`autotune check CONFIG`: the plan an existing launch config runs, its estimate, and the best plan under the
+same constraints; exit 5 when a stage is predicted out of memory, 4 when the best plan is faster by more than
+--max-gap percent. Registered on the shared app by importing this module from cli.py; the reading is in
+autotune/check/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from autotune import render
+from autotune.check.findings import (Finding, binding_term, exit_code, gain_pct, gap_finding,
+                                     github_line, memory_findings, trainer_space)
+from autotune.check.understood import CHECK_TRAINERS, Understood, read_config, understand
+from autotune.cli import (GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, WorkLimitOpt, app, check_simulation_size,
+                          launch_config, load_cluster, load_cost_profile, run_search, show_warnings)
+from autotune.costmodel.estimate import CostModel, Estimate
+from autotune.emit import EmitInput
+from autotune.errors import InfeasibleError, InvalidPlanError, SpecError
+from autotune.fileio import check_target, write_files
+from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.plan import check_plan
+from autotune.units import gib
+
+FORMATS = ("text", "github")
+
+
+@app.command("check")
+def check_command(
+    config: Annotated[Path, typer.Argument(metavar="CONFIG", help="A Megatron-LM launch script or file of "
+                                           "pretrain_gpt.py arguments, a torchtitan TOML (0.2.x) or overrides "
+                                           "(0.3.x), or a DeepSpeed JSON.")],
+    gpu: GpuOpt, gpus: GpusOpt,
+    trainer: Annotated[str | None, typer.Option("--trainer", metavar="|".join(CHECK_TRAINERS),
+                                                help="The config's trainer (default: detected).")] = None,
+    model: Annotated[str | None, typer.Option("--model", metavar="NAME|FILE", help="The model, where the config "
+                                              "does not define it (DeepSpeed always).")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help="Tokens per sequence, where the config does not "
+                                                "give it (DeepSpeed).")] = None,
+    gpus_per_node: GpusPerNodeOpt = None,
+    max_gap: Annotated[float | None, typer.Option("--max-gap", metavar="PCT", help="Exit 4 when the best plan is "
+                                                  "faster by more than PCT percent.")] = None,
+    output_format: Annotated[str, typer.Option("--format", metavar="text|github", help="github: one workflow "
+                                               "annotation line per finding.")] = "text",
+    emit_better: Annotated[str | None, typer.Option("--emit-better", metavar="DIR", help="Write the best plan's "
+                                                    "config for the same trainer into DIR.")] = None,
+    json_out: JsonOpt = False, work_limit: WorkLimitOpt = DEFAULT_WORK_LIMIT,
+    time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock safety net of the "
+                                              "search, in seconds.")] = DEFAULT_TIME_LIMIT_S,
+) -> None:
+    """Read a launch config, predict it, and compare it with the best plan under the same constraints
+    (exit 5: a stage out of memory; 4: the best plan faster than --max-gap)."""
+    if output_format not in FORMATS:
+        raise SpecError(f"--format {output_format!r}: use text or github")
+    if json_out and output_format != "text":
+        raise SpecError("--json and --format github each replace the report; pick one")
+    if max_gap is not None and not max_gap >= 0:
+        raise SpecError(f"--max-gap must be >= 0 percent, got {max_gap:g}")
+    if emit_better is not None:
+        check_target(Path(emit_better), directory=True, flag="--emit-better")
+    hw = load_cluster(gpu, gpus_per_node)
+    kind, reading, fmt = read_config(config, trainer, gpus)
+    u = understand(config, reading, trainer=kind, fmt=fmt, gpus=gpus, model_arg=model, seq_len_arg=seq_len)
+    try:
+        check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
+    except InvalidPlanError as exc:
+        raise InvalidPlanError(f"{config}: the plan it runs breaks a rule: {exc}") from None
+    check_simulation_size(u.plan, str(config))
+    measured = load_cost_profile(None, gpu, u.model, hw, u.job)
+    cm = CostModel(u.model, hw, u.job, measured)
+    est = cm.estimate(u.plan)
+    best, search_note = _best(u, hw, gpus, measured, time_limit, work_limit)
+    findings = _findings(est, best, max_gap, u.notes, search_note)
+    written = _emit_better(emit_better, u, best, hw) if emit_better is not None and best is not None else []
+    code = exit_code(findings)
+    if json_out:
+        doc = {**render.estimate_json(est, u.model, hw, u.job), "op_costs": cm.op_coverage(u.plan).as_dict(),
+               "check": _check_json(config, u, est, best, findings, max_gap, written, code)}
+        typer.echo(render.dump_json(doc))
+    elif output_format == "github":
+        summary = Finding("notice", f"{u.trainer}: {render.plan_tag(u.plan)}: step {est.step_time_s:.3f} s, MFU "
+                                    f"{100 * est.mfu:.1f}%, peak {gib(est.peak_memory_bytes):.1f} GiB")
+        for finding in [summary, *findings]:
+            typer.echo(github_line(finding, str(config)))
+    else:
+        typer.echo(_report(config, u, est, best, findings, hw))
+        if written:
+            typer.echo(render.written_report(written))
+    if code:
+        raise typer.Exit(code)
+
+
+def _best(u: Understood, hw: HardwareSpec, gpus: int, measured: Any, time_limit: float,
+          work_limit: float) -> tuple[Estimate | None, str | None]:
+    """The best plan the trainer runs on the same GPUs and job, or None and why."""
+    try:
+        return run_search(u.model, hw, u.job, gpus, trainer_space(u.trainer, u.plan), top_k=0,
+                          time_limit_s=time_limit, profile=measured, work_limit=work_limit).best, None
+    except (InfeasibleError, SpecError) as exc:  # nothing to compare with: the config's own verdict stands
+        return None, str(exc)
+
+
+def _findings(est: Estimate, best: Estimate | None, max_gap: float | None, notes: tuple[str, ...],
+              search_note: str | None) -> list[Finding]:
+    # a config that does not fit has no step time to compare: its finding is the memory, exit 5
+    gap = gap_finding(est, best, max_gap) if est.fits else None
+    findings = memory_findings(est) + ([gap] if gap is not None else [])
+    findings += [Finding("notice", note) for note in notes]
+    if search_note is not None:
+        findings.append(Finding("notice", f"no best plan to compare with: {search_note}"))
+    return findings
+
+
+def _emit_better(out: str, u: Understood, best: Estimate, hw: HardwareSpec) -> list[Path]:
+    inp = EmitInput(plan=best.plan, model=u.model, job=u.job, gpu=hw.name, gpus_per_node=hw.gpus_per_node,
+                    step_time_s=best.step_time_s, peak_memory_gib=gib(best.peak_memory_bytes), mfu=best.mfu)
+    result = launch_config(u.trainer, inp, torchtitan_format=u.torchtitan_format, strict=False)
+    written = write_files(Path(out), list(result.files), flag="--emit-better")
+    show_warnings(result.warnings)
+    return written
+
+
+def _brief(est: Estimate | None) -> dict[str, Any] | None:
+    if est is None:
+        return None
+    return {"plan": est.plan.to_dict(), "step_time_s": round(est.step_time_s, 6),
+            "tokens_per_s": round(est.tokens_per_s, 6), "mfu": round(est.mfu, 6),
+            "peak_memory_gib": round(gib(est.peak_memory_bytes), 6), "fits": est.fits}
+
+
+def _check_json(config: Path, u: Understood, est: Estimate, best: Estimate | None, findings: list[Finding],
+                max_gap: float | None, written: list[Path], code: int) -> dict[str, Any]:
+    stages = []
+    for s in est.stages:
+        term, size = binding_term(s)
+        stages.append({"stage": s.index, "memory_gib": round(gib(s.memory.total), 6), "binding_term": term,
+                       "binding_gib": round(gib(size), 6), "fits": s.memory.total <= est.usable_memory_bytes})
+    return {"config": str(config), "trainer": u.trainer, "torchtitan_format": u.torchtitan_format,
+            "notes": list(u.notes), "stages": stages, "best": _brief(best),
+            "gain_pct": None if best is None else round(gain_pct(est, best), 6), "max_gap_pct": max_gap,
+            "findings": [f.as_dict() for f in findings], "emitted": [str(p) for p in written], "exit_code": code}
+
+
+def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, findings: list[Finding],
+            hw: HardwareSpec) -> str:
+    job, usable = u.job, gib(est.usable_memory_bytes)
+    lines = [f"config: {config} ({u.trainer}" + (f", {u.torchtitan_format}" if u.torchtitan_format else "") + ")",
+             f"understood: {u.model.name} on {hw.name} x {u.plan.num_gpus} ({hw.gpus_per_node} per node), global "
+             f"batch {job.global_batch} x {job.seq_len} tokens, {job.dtype}, {u.trainer} kernels",
+             f"plan: {render.plan_line(u.plan)}"]
+    lines += [f"note: {note}" for note in u.notes]
+    lines += ["", f"predicted: step {est.step_time_s:.3f} s, {est.tokens_per_s:,.0f} tokens/s, MFU "
+                  f"{100 * est.mfu:.1f}%, peak memory {gib(est.peak_memory_bytes):.2f} of {usable:.2f} GiB usable "
+                  f"({'fits' if est.fits else 'DOES NOT FIT'})",
+              "memory per stage (GiB), and the largest term:"]
+    for s in est.stages:
+        term, size = binding_term(s)
+        tags = ("E" if s.has_embedding else "") + ("H" if s.has_head else "")
+        over = "" if s.memory.total <= est.usable_memory_bytes else "  OUT OF MEMORY"
+        lines.append(f"  stage {s.index:>2} {tags:<2} {s.layers:>3} layers  {gib(s.memory.total):7.2f}  "
+                     f"{term} {gib(size):.2f}{over}")
+    lines.append("")
+    if best is None:
+        lines.append(f"best plan for {u.trainer}: none fits on these GPUs")
+    else:
+        gain = gain_pct(est, best)
+        verdict = (f"{gain:.1f}% faster than the config" if gain >= 0.05 else
+                   f"the config is {-gain:.1f}% faster (it uses what the search leaves out)" if gain <= -0.05 else
+                   "the config is as fast as the best plan")
+        lines += [f"best plan for {u.trainer} on the same GPUs, batch and sequence: {render.plan_line(best.plan)}",
+                  f"  step {best.step_time_s:.3f} s, {best.tokens_per_s:,.0f} tokens/s, MFU {100 * best.mfu:.1f}%, "
+                  f"peak memory {gib(best.peak_memory_bytes):.2f} GiB: {verdict}"]
+    for f in findings:
+        if f.level != "notice":
+            lines.append(f"{f.level}: {f.message}")
+    return "\n".join(lines)

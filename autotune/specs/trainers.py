@@ -1,0 +1,252 @@
+"""What each trainer runs: one capability row per trainer (and per Megatron-LM fork), read by the search and the
+emitters alike.
+
+Each row is derived from what the emitters express without a warning (autotune/emit/*.py) and from
+../shared/TRAINERS.md; the comment beside a field gives the trainer's own source. `unsupported` lists what a
+plan asks that a trainer does not run (the emitter would swap in something weaker), `refusal` what the trainer
+rejects outright, and `as_run` the plan the trainer does run instead (for an honest re-estimate).
+
+Forks are rows of their own, searched only when named (`--trainer megatron --fork vocab-parallel`): the
+vocabulary-parallel fork (sail-sg/VocabularyParallelism) and the zero-bubble fork
+(sail-sg/zero-bubble-pipeline-parallelism).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from autotune.errors import SpecError
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import Plan, is_even_split
+from autotune.specs.tpgrid import MODES
+
+Split = Literal["any", "even", "deepspeed"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerCaps:
+    """What one trainer (or fork) runs exactly as autotune costs it."""
+
+    name: str
+    """The name given to --trainer (a fork: 'megatron' with --fork, shown as 'megatron+FORK')."""
+    schedules: tuple[str, ...]
+    """Pipeline schedules it has (autotune's names)."""
+    vocabs: tuple[str, ...]
+    """Vocabulary placements: 'ends' (even split), 'balanced' (uneven split), 'parallel' (vocabulary parallelism)."""
+    zero_flat: tuple[int, ...]
+    """ZeRO/FSDP stages without pipeline parallelism (pp = 1)."""
+    zero_pipelined: tuple[int, ...]
+    """ZeRO/FSDP stages with pipeline parallelism (pp > 1)."""
+    cp: bool
+    """Ring-attention context parallelism, as the cost model prices it."""
+    cp_with_pp: bool = True
+    """cp > 1 together with pp > 1 (False: the trainer refuses the combination)."""
+    tp_modes: tuple[str, ...] = ("1d",)
+    """Tensor-parallel modes (1-D Megatron style; 2-D/2.5-D/3-D grids)."""
+    sequence_parallel: tuple[bool, ...] = (True, False)
+    """Sequence-parallel settings it runs."""
+    tp_overlap: bool = False
+    """TP communication overlapped with the GEMMs."""
+    tp_overlap_needs_fused: bool = False
+    """The overlap needs fused kernels (torchtitan's async TP lives under torch.compile)."""
+    max_vpp: int = 1
+    """Most model chunks per pipeline rank of the interleaved schedule (1: none)."""
+    split: Split = "any"
+    """Layers per stage: 'any' (an explicit layout), 'even' (differing by at most one), 'deepspeed' (exactly
+    PipelineModule's partition_method 'type:transformer' split, see deepspeed_split)."""
+    selective_recompute: bool = True
+    """Selective (attention-only) recomputation."""
+    partial_recompute: bool = True
+    """Full recomputation of only some layers of each chunk (Megatron's block method)."""
+    tied_with_pp: bool = True
+    """Tied input and output embeddings together with pipeline parallelism."""
+    sp_seq_divisor: bool = False
+    """seq_len must be divisible by tp (with sequence parallelism) x 2cp (torchtitan's seq_len_divisor)."""
+    moe: bool = False
+    """Mixture-of-experts models with expert parallelism, as autotune emits them (emit/megatron_moe.py)."""
+    source: str = ""
+    """Where the row comes from."""
+
+    def zero_stages(self, pp: int) -> tuple[int, ...]:
+        """ZeRO stages it runs at this pipeline degree."""
+        return self.zero_pipelined if pp > 1 else self.zero_flat
+
+
+_MEGATRON = TrainerCaps(
+    name="megatron", schedules=("1f1b", "interleaved"), vocabs=("ends", "balanced"),
+    # --use-distributed-optimizer (1); Megatron FSDP --data-parallel-sharding-strategy optim_grads(_params) (2, 3),
+    # which is not used with pipelining
+    zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1), cp=True, tp_overlap=True, max_vpp=8, moe=True,
+    source="Megatron-LM core_r0.16: no zero-bubble or V schedule, no vocabulary parallelism (TRAINERS.md 1.1); "
+           "any split through --pipeline-model-parallel-layout")
+TRAINER_CAPS: dict[str, TrainerCaps] = {
+    "megatron": _MEGATRON,
+    "torchtitan": TrainerCaps(
+        name="torchtitan", schedules=("1f1b", "interleaved"), vocabs=("ends", "balanced"),
+        # data_parallel_replicate_degree (0) or FSDP2 resharding after forward (3): no ZeRO-1/2
+        # its context parallelism also shards weights, gradients and optimizer state over the cp ranks (FSDP2 over
+        # dp_shard x cp), which autotune does not cost: cp is left out
+        zero_flat=(0, 3), zero_pipelined=(0,), cp=False, tp_overlap=True, tp_overlap_needs_fused=True, max_vpp=8,
+        # activation-checkpoint:full covers every layer; its selective AC is per-op, not Megatron's attention-only
+        selective_recompute=False, partial_recompute=False, tied_with_pp=False, sp_seq_divisor=True,
+        source="torchtitan 0.3.0: 1F1B and Interleaved1F1B (ZBVZeroBubble keeps 1F1B's memory, not V-Half's); "
+               "module_fqns_per_model_part for any split; no vocabulary parallelism"),
+    "deepspeed": TrainerCaps(
+        name="deepspeed", schedules=("1f1b",), vocabs=("ends",),
+        # runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+        zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1),
+        # its sequence parallelism is DeepSpeed-Ulysses (all-to-all), not the ring attention autotune costs; with a
+        # pipeline, deepspeed.initialize takes dp from the topology (dp*cp) and rejects the batch
+        cp=False, cp_with_pp=False, split="deepspeed", selective_recompute=False, partial_recompute=False,
+        source="DeepSpeed 0.19.8: PipelineModule's 1F1B TrainSchedule, partition_method 'type:transformer', "
+               "activation_checkpoint_interval (whole layers)"),
+    "colossalai": TrainerCaps(
+        name="colossalai", schedules=("1f1b",), vocabs=("ends",),
+        # the legacy zero config applies with pp 1 only; ZeRO-2/3's sharding strategy is not set by the emitter
+        zero_flat=(0, 1), zero_pipelined=(0,), cp=False, tp_modes=MODES, sequence_parallel=(False,),
+        split="even", selective_recompute=False, partial_recompute=False,
+        source="Colossal-AI <= 0.3 legacy config: 1-D/2-D/2.5-D/3-D TP, 1F1B, per-layer checkpointing, no CP"),
+}
+#: Megatron-LM forks, searched only when named with --fork.
+FORK_CAPS: dict[str, TrainerCaps] = {
+    "vocab-parallel": replace(
+        _MEGATRON, name="megatron+vocab-parallel", vocabs=("ends", "balanced", "parallel"),
+        source="sail-sg/VocabularyParallelism (HEAD 6191c3b, Megatron-LM core 0.9): --enable-vocab-parallel with "
+               "1F1B, pp > 1, untied embeddings (TRAINERS.md section 4)"),
+    "zero-bubble": replace(
+        _MEGATRON, name="megatron+zero-bubble", schedules=("1f1b", "interleaved", "zb-h1", "v-half"),
+        source="sail-sg/zero-bubble-pipeline-parallelism: ZB-H1 and V-Half (its flags are not recorded: the "
+               "launch script does not switch them on)"),
+}
+#: Which trainer each fork belongs to.
+FORK_OF = {"vocab-parallel": "megatron", "zero-bubble": "megatron"}
+#: What the Megatron emitter's script runs: the vocabulary-parallel fork's flag is on by default (FORK_ARGS).
+EMITTED_CAPS: dict[str, TrainerCaps] = {**TRAINER_CAPS, "megatron": FORK_CAPS["vocab-parallel"]}
+
+
+def caps_for(trainer: str, fork: str | None = None) -> TrainerCaps:
+    """The row for --trainer (and --fork); an unknown name is a one-line error naming the choices."""
+    if trainer not in TRAINER_CAPS:
+        raise SpecError(f"--trainer {trainer!r}: unknown trainer; use one of {', '.join(TRAINER_CAPS)}")
+    if fork is None:
+        return TRAINER_CAPS[trainer]
+    if fork not in FORK_CAPS:
+        raise SpecError(f"--fork {fork!r}: unknown fork; use one of {', '.join(FORK_CAPS)}")
+    if FORK_OF[fork] != trainer:
+        raise SpecError(f"--fork {fork} is a fork of {FORK_OF[fork]}, not {trainer}; use --trainer {FORK_OF[fork]}")
+    return FORK_CAPS[fork]
+
+
+def deepspeed_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Transformer layers per stage under DeepSpeed's partition_method 'type:...': partition_balanced over 0/1
+    weights gives every stage floor(L/pp) layers and the first L mod pp stages one more."""
+    base, extra = divmod(num_layers, pp)
+    return tuple(base + (i < extra) for i in range(pp))
+
+
+def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    """One line for each thing of the plan the trainer does not run as planned (empty: it runs the plan)."""
+    p, n = plan, caps.name
+    out = []
+    if p.schedule not in caps.schedules:
+        out.append(f"schedule {p.schedule}: {n} runs {', '.join(caps.schedules)}")
+    if p.schedule == "interleaved" and p.vpp > caps.max_vpp:
+        out.append(f"vpp {p.vpp}: {n} runs at most {caps.max_vpp} chunks per rank")
+    if p.vocab not in caps.vocabs:
+        out.append(f"vocab {p.vocab}: {n} places the vocabulary layers as {', '.join(caps.vocabs)}")
+    if p.zero not in caps.zero_stages(p.pp):
+        out.append(f"zero {p.zero} with pp {p.pp}: {n} runs ZeRO {', '.join(map(str, caps.zero_stages(p.pp)))}")
+    if p.cp > 1 and not caps.cp:
+        out.append(f"cp {p.cp}: {n} has no ring-attention context parallelism")
+    if p.tp_mode not in caps.tp_modes:
+        out.append(f"tp_mode {p.tp_mode}: {n} runs {', '.join(caps.tp_modes)} tensor parallelism")
+    if p.sequence_parallel not in caps.sequence_parallel:
+        out.append(f"sequence_parallel {str(p.sequence_parallel).lower()}: not in {n}")
+    if p.tp_overlap and not (caps.tp_overlap and (job.fused_kernels or not caps.tp_overlap_needs_fused)):
+        out.append(f"tp_overlap: {n} has no TP communication overlap" + (" without torch.compile (--unfused)"
+                                                                          if caps.tp_overlap else ""))
+    if model.is_moe and not caps.moe:
+        out.append(f"MoE model: autotune writes no expert-parallel config for {n} yet (megatron only)")
+    out += _layer_rules(caps, plan, model, job)
+    return out
+
+
+def _layer_rules(caps: TrainerCaps, p: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    """The split, the recomputation granularity, tying and sequence divisibility."""
+    n, out = caps.name, []
+    layers = p.layers_per_stage
+    if caps.split == "even" and layers and not is_even_split(layers):
+        out.append(f"layers_per_stage {','.join(map(str, layers))}: {n} splits the layers evenly")
+    if caps.split == "deepspeed" and layers and layers != deepspeed_split(model.num_layers, p.pp):
+        want = deepspeed_split(model.num_layers, p.pp)
+        shown = (f"{','.join(map(str, layers))}: {n}'s partition_method gives {','.join(map(str, want))}"
+                 if p.pp <= 8 else f"uneven: {n}'s partition_method gives the first {model.num_layers % p.pp} "
+                 f"stages {want[0]} layers and the others {want[-1]}")
+        out.append(f"layers_per_stage {shown}")
+    if p.recompute == "selective" and not caps.selective_recompute:
+        out.append(f"recompute selective: {n} recomputes whole layers only")
+    if p.recompute_layers is not None and layers and p.recompute_layers < max(layers) // p.vpp \
+            and not caps.partial_recompute:
+        out.append(f"recompute full on {p.recompute_layers} layer(s) per chunk: {n} recomputes all layers or none")
+    if model.tied_embeddings and p.pp > 1 and not caps.tied_with_pp:
+        out.append(f"tied embeddings with pp {p.pp}: {n} does not tie them across pipeline stages")
+    divisor = (p.tp if p.sequence_parallel else 1) * (2 * p.cp if p.cp > 1 else 1)
+    if caps.sp_seq_divisor and job.seq_len % divisor:
+        out.append(f"seq_len {job.seq_len}: {n} needs it divisible by tp (sequence parallel) x 2cp = {divisor}")
+    return out
+
+
+def refusal(caps: TrainerCaps, plan: Plan) -> str | None:
+    """What the trainer rejects outright (it raises at start-up), as one line with the fix; None if nothing."""
+    if plan.pp > 1 and plan.cp > 1 and not caps.cp_with_pp:
+        return (f"pp {plan.pp} with cp {plan.cp}: {caps.name} rejects it (with a pipeline, deepspeed.initialize "
+                "takes the data-parallel size from the topology, dp x cp, and the batch no longer adds up); use "
+                "cp 1 or pp 1")
+    return None
+
+
+def runners(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    """The trainers (no forks) that run the plan as planned, in table order."""
+    return [name for name, caps in TRAINER_CAPS.items() if not unsupported(caps, plan, model, job)]
+
+
+def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple[str, ...]]:
+    """The plan the trainer runs in place of `plan` (what its emitter writes, as the cost model sees it) and what
+    of the difference the cost model cannot express. Equal to `plan` when the trainer runs it."""
+    p, notes = plan, []
+    if p.schedule not in caps.schedules:  # zb-h1, v-half, interleaved: 1F1B over the same layers per rank
+        if p.schedule == "v-half" and "interleaved" in caps.schedules and caps.name == "torchtitan":
+            notes.append("v-half runs as torchtitan's ZBVZeroBubble (about 1F1B's activation memory), costed as "
+                         "v-half")
+        else:
+            p = replace(p, schedule="1f1b", vpp=1)
+    if p.vocab not in caps.vocabs:
+        p = replace(p, vocab="ends" if is_even_split(p.layers_per_stage) else "balanced")
+    if p.tp_mode not in caps.tp_modes:
+        p = replace(p, tp_mode="1d")
+    if p.sequence_parallel not in caps.sequence_parallel:
+        p = replace(p, sequence_parallel=False, tp_overlap=False)
+    if p.tp_overlap and not caps.tp_overlap:
+        p = replace(p, tp_overlap=False)
+    if p.recompute == "selective" and not caps.selective_recompute:
+        p = replace(p, recompute="full", recompute_layers=None)
+    if p.recompute_layers is not None and p.recompute_layers < max(p.layers_per_stage) // p.vpp \
+            and not caps.partial_recompute:
+        p = replace(p, recompute_layers=None)
+    allowed = caps.zero_stages(p.pp)
+    if p.zero not in allowed:  # more sharding where the trainer has it (torchtitan's FSDP2), else less
+        p = replace(p, zero=min((z for z in allowed if z > p.zero), default=max(allowed)))
+    if p.cp > 1 and not caps.cp:
+        if caps.name == "colossalai" and p.num_microbatches % p.cp == 0:
+            p = replace(p, dp=p.dp * p.cp, num_microbatches=p.num_microbatches // p.cp, cp=1)
+        elif caps.name == "torchtitan":
+            notes.append(f"cp {p.cp}: torchtitan also shards the weights over the context-parallel ranks (FSDP2)")
+        else:
+            notes.append(f"cp {p.cp} runs as {caps.name}'s own sequence parallelism, costed as ring attention")
+    if caps.split == "deepspeed" and p.layers_per_stage != deepspeed_split(model.num_layers, p.pp):
+        notes.append("the planned layers per stage need PipelineModule._partition_layers overridden")
+    if caps.split == "even" and not is_even_split(p.layers_per_stage):
+        notes.append("the planned uneven split is not expressed")
+    return p, tuple(notes)

@@ -1,0 +1,281 @@
+"""`autotune check` end to end: the estimate JSON equals `estimate --json` byte for byte, hand-written variants
+read as the emitted script does, exit 4 (gap) and 5 (out of memory), GitHub annotations, --emit-better, and
+bad input (one `error:` line, exit 1, nothing written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.emit import emit
+from emit.scenarios import GOLDEN  # tests/emit
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "llama3-70b-tp8-pp4.sh"
+
+#: llama3-8b as a file of pretrain_gpt.py arguments; PARALLEL is replaced per test.
+ARGS = """\
+# pretrain_gpt.py arguments, one group a line
+--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32
+--group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 8192
+--position-embedding-type rope --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights
+--disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0
+--tokenizer-type NullTokenizer --vocab-size 128255
+PARALLEL
+--micro-batch-size 1 --global-batch-size 64 --bf16
+"""
+
+
+def _write(tmp: Path, name: str, text: str) -> Path:
+    path = tmp / name
+    path.write_text(text)
+    return path
+
+
+def _emitted(tmp: Path, scenario: str, trainer: str, fmt: str = "cli") -> Path:
+    for name, content in emit(trainer, GOLDEN[scenario], torchtitan_format=fmt).files:
+        (tmp / name).write_text(content)
+    return tmp
+
+
+def _check_json(cli, *args: str) -> tuple[dict, int]:
+    result = cli("check", *args, "--json")
+    return json.loads(result.stdout), result.exit_code
+
+
+# ------------------------------------------------------------------------------------------ byte-identical estimate
+@pytest.mark.parametrize("trainer,config,fmt", [("megatron", "launch_megatron.sh", "cli"),
+                                                ("torchtitan", "torchtitan.toml", "toml"),
+                                                ("deepspeed", "ds_config.json", "cli")])
+def test_estimate_json_is_estimates(cli, tmp_path: Path, trainer: str, config: str, fmt: str) -> None:
+    """`check --json` minus its "check" object is, to the byte, `estimate --plan <the plan read> --json` of the
+    same job with the trainer's kernels."""
+    inp = GOLDEN["even"]
+    path = _emitted(tmp_path, "even", trainer, fmt) / config
+    extra = ["--model", "llama3-8b", "--seq-len", "8192"] if trainer == "deepspeed" else []
+    doc, code = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16", *extra)
+    assert code == 0
+    check = doc.pop("check")
+    assert check["trainer"] == trainer
+    plan_file = _write(tmp_path, "plan.json", json.dumps(doc["plan"]))
+    job = doc["job"]
+    est = cli("estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch",
+              str(job["global_batch"]), "--seq-len", str(job["seq_len"]), "--dtype", job["dtype"], "--plan",
+              str(plan_file), "--kernels", trainer, "--json")
+    assert est.exit_code == 0
+    assert json.dumps(doc, indent=2) == est.stdout.rstrip("\n")
+    assert doc["plan"]["tp"] == inp.plan.tp and doc["plan"]["pp"] == inp.plan.pp
+
+
+# ------------------------------------------------------------------------------------------ hand-written variants
+def _plan_of(cli, path: Path, gpus: str = "16") -> dict:
+    doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", gpus)
+    return doc["plan"]
+
+
+def test_variants_read_as_the_emitted_script(cli, tmp_path: Path) -> None:
+    """Reordered flags, comments, env-var defaults, deprecated spellings, = forms and continuations."""
+    emitted = _plan_of(cli, _emitted(tmp_path, "even", "megatron") / "launch_megatron.sh")
+    variant = _write(tmp_path, "variant.sh", """#!/bin/bash
+# a hand-written launch of the same plan
+TP=${TP:-2}; PP="${PP:-2}"   # defaults, as the job runs them
+export SEQ=${SEQ_LEN:-8192}
+if [ -n "$DEBUG_FLAGS" ]; then
+    EXTRA=(--tensor-model-parallel-size 8)
+fi
+ARGS=(--bf16 --recompute-activations)   # --recompute-activations: the old spelling of selective
+ARGS+=(--use-distributed-optimizer)
+python -u pretrain_gpt.py --micro-batch-size=1 --global-batch-size 64 \\
+  --pipeline-model-parallel-size $PP --model-parallel-size "$TP" --sequence-parallel \\
+  --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
+  --seq-length $SEQ --max-position-embeddings $SEQ --use-rotary-position-embeddings \\
+  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
+  --group-query-attention --num-query-groups 8 --attention-dropout 0.0 --hidden-dropout 0.0 \\
+  --tokenizer-type NullTokenizer --vocab-size 128255 --rotary-base 500000 --norm-epsilon 1e-5 \\
+  --use-flash-attn --some-new-flag 3 "${ARGS[@]}" "${EXTRA[@]}" "$@"
+""")
+    assert _plan_of(cli, variant) == emitted
+    result = cli("check", str(variant), "--gpu", "h100-sxm", "--gpus", "16")
+    assert "unknown flag --some-new-flag ignored" in result.stdout
+    assert "--recompute-activations is a deprecated spelling" in result.stdout
+
+
+def test_uneven_and_layout_spellings(cli, tmp_path: Path) -> None:
+    """first/last, an explicit layout and account-for-* give the layers Megatron builds."""
+    cases = {
+        "--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 6 --decoder-last-pipeline-num-layers 6":
+            [6, 10, 10, 6],
+        "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et*12|t*20L'": [12, 20],
+        "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'E(t*4|)*2t*12|t*12L'": [16, 16],
+        "--pipeline-model-parallel-size 2 --account-for-embedding-in-pipeline-split "
+        "--account-for-loss-in-pipeline-split": [16, 16],
+        "--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2": [8, 8, 8, 8],
+    }
+    for parallel, layers in cases.items():
+        plan = _plan_of(cli, _write(tmp_path, "args.txt", ARGS.replace("PARALLEL", parallel)))
+        assert plan["layers_per_stage"] == layers, parallel
+
+
+def test_torchtitan_overrides_with_model(cli, tmp_path: Path) -> None:
+    overrides = _emitted(tmp_path, "even", "torchtitan") / "torchtitan_overrides.txt"
+    doc, code = _check_json(cli, str(overrides), "--trainer", "torchtitan", "--gpu", "h100-sxm", "--gpus", "16",
+                            "--model", "llama3-8b")
+    assert code == 0 and doc["plan"]["tp"] == 2 and doc["job"]["kernels"] == "torchtitan"
+
+
+# ------------------------------------------------------------------------------------------ exit 4 and 5
+def test_gap_exits_4(cli, tmp_path: Path) -> None:
+    """tp 8 x pp 1 on two nodes is predicted at least 30% slower than the best plan: --max-gap 10 fails."""
+    path = _write(tmp_path, "slow.txt", ARGS.replace("PARALLEL", "--tensor-model-parallel-size 8"))
+    doc, code = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16", "--max-gap", "10")
+    assert code == 4
+    assert doc["check"]["gain_pct"] >= 30
+    assert doc["check"]["best"]["step_time_s"] < doc["step_time_s"]
+    doc, code = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16", "--max-gap", "99")
+    assert code == 0
+
+
+def test_out_of_memory_exits_5_naming_stage_and_term(cli, tmp_path: Path) -> None:
+    """tp 1 pp 1 without ZeRO: 16 bytes of weights and Adam state per parameter, 8B parameters, on 80 GB."""
+    path = _write(tmp_path, "oom.txt", ARGS.replace("PARALLEL", "--tensor-model-parallel-size 1"))
+    result = cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "16")
+    assert result.exit_code == 5
+    assert "error: stage 0 is predicted out of memory" in result.stdout
+    assert "binding term: optimizer states" in result.stdout
+    github = cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "16", "--format", "github")
+    lines = github.stdout.splitlines()
+    assert github.exit_code == 5
+    assert all(line.startswith(("::notice ", "::warning ", "::error ")) for line in lines)
+    assert sum(line.startswith("::error ") for line in lines) == 1
+    assert "stage 0 is predicted out of memory" in github.stdout and "binding term: optimizer states" in github.stdout
+
+
+def test_emit_better_round_trips(cli, tmp_path: Path) -> None:
+    """--emit-better writes the best plan for the same trainer; checking that config finds no gap."""
+    path = _write(tmp_path, "slow.txt", ARGS.replace("PARALLEL", "--tensor-model-parallel-size 8"))
+    out = tmp_path / "better"
+    doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16", "--emit-better", str(out))
+    assert sorted(p.name for p in out.iterdir()) == ["launch_megatron.sh", "sbatch_megatron.sh"]
+    again, code = _check_json(cli, str(out / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "16",
+                              "--max-gap", "0.5")
+    assert again["plan"] == doc["check"]["best"]["plan"]
+    assert code == 0
+
+
+def test_readme_example(cli) -> None:
+    doc, code = _check_json(cli, str(EXAMPLE), "--gpu", "h100-sxm", "--gpus", "512")
+    plan = doc["plan"]
+    assert (plan["tp"], plan["pp"], plan["dp"], plan["vpp"], plan["recompute"]) == (8, 4, 16, 4, "selective")
+    assert doc["model_spec"]["name"] == "llama3-70b" and code == 0
+
+
+# ------------------------------------------------------------------------------------------ bad input
+BAD = {
+    "no-launch.sh": ("#!/bin/bash\necho training\npython train.py --lr 1\n", [], "no pretrain_gpt.py call"),
+    "bad.toml": ('[parallelism]\ntensor_parallel_degree = "2"\n[model]\nflavor = "8B"\n', [],
+                 "parallelism.tensor_parallel_degree must be an integer"),
+    "ds_config.json": ('{"train_batch_size": 64, "zero_optimization": {"stage": 1}}', ["--model", "llama3-8b",
+                                                                                      "--seq-len", "4096"],
+                       "missing train_micro_batch_size_per_gpu"),
+    "degrees.toml": ("[model]\nflavor = \"8B\"\n[parallelism]\ndata_parallel_shard_degree = 4\n"
+                     "tensor_parallel_degree = 2\n", [], "but --gpus is 16"),
+    "args.txt": (ARGS.replace("PARALLEL", "--tensor-model-parallel-size 3"), [], "does not divide --gpus 16"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input(autotune_proc, tmp_path: Path, name: str) -> None:
+    text, extra, message = BAD[name]
+    path = _write(tmp_path, name, text)
+    out = tmp_path / "better"
+    proc = autotune_proc("check", str(path), "--gpu", "h100-sxm", "--gpus", "16", "--emit-better", str(out), *extra)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert proc.stdout == "" and not out.exists()
+
+
+def test_help(cli) -> None:
+    result = cli("check", "--help")
+    assert result.exit_code == 0
+    for option in ("--trainer", "--model", "--max-gap", "--format", "--emit-better", "--json", "--seq-len"):
+        assert option in result.stdout
+
+
+def test_recompute_modules_and_unknown_flags_are_notes(cli, tmp_path: Path) -> None:
+    path = _write(tmp_path, "args.txt", ARGS.replace("PARALLEL", "--tensor-model-parallel-size 2 "
+                                                     "--recompute-granularity selective --recompute-modules mlp "
+                                                     "--brand-new-flag a b"))
+    doc, code = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16")
+    assert doc["plan"]["recompute"] == "selective" and code in (0, 5)  # 5: no ZeRO, 8B on tp 2 may not fit
+    assert any("--recompute-modules mlp" in n for n in doc["check"]["notes"])
+    assert any("unknown flag --brand-new-flag" in n for n in doc["check"]["notes"])
+
+
+def test_torchtitan_toml_variant(cli, tmp_path: Path) -> None:
+    """A hand-written TOML of the same plan: other key order, comments, inline values, defaults left out."""
+    emitted = _plan_of(cli, _emitted(tmp_path, "even", "torchtitan", "toml") / "torchtitan.toml")
+    variant = _write(tmp_path, "mine.toml", """# our 8B job, two nodes
+[activation_checkpoint]
+mode = "selective"   # op-level SAC
+[parallelism]
+pipeline_parallel_degree = 2
+tensor_parallel_degree = 2
+data_parallel_shard_degree = 4
+fsdp_reshard_after_forward = "never"
+pipeline_parallel_layers_per_stage = 16
+pipeline_parallel_first_stage_less_layers = 0
+pipeline_parallel_last_stage_less_layers = 0
+[training]
+seq_len = 8192
+global_batch_size = 64
+local_batch_size = 16
+[model]
+flavor = "8B"
+name = "llama3"
+[compile]
+enable = true
+[metrics]
+log_freq = 10
+""")
+    assert _plan_of(cli, variant) == emitted
+
+
+def test_deepspeed_without_pipeline_file(cli, tmp_path: Path) -> None:
+    """ds_config.json alone: dp from the batch keys, the rest of --gpus is tensor parallelism (noted)."""
+    path = _write(tmp_path, "ds_config.json", json.dumps({
+        "train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": 40000000}, "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW"}}))
+    doc, code = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16", "--model", "llama3-8b",
+                            "--seq-len", "4096")
+    assert (doc["plan"]["dp"], doc["plan"]["tp"], doc["plan"]["zero"]) == (8, 2, 3)
+    assert any("no ds_pipeline.json" in n for n in doc["check"]["notes"])
+
+
+@pytest.mark.parametrize("trainer,config", [("megatron", "launch_megatron.sh"), ("torchtitan", "launch_torchtitan.sh"),
+                                            ("deepspeed", "ds_config.json")])
+def test_plan_out_then_check(cli, tmp_path: Path, trainer: str, config: str) -> None:
+    """`plan --trainer T --out DIR` then `check DIR/<config>`: the plan and every estimate field of plan.json
+    come back byte for byte (the planner searches only what T runs as planned, so nothing is approximated)."""
+    out = tmp_path / "run"
+    job = ["--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "32", "--seq-len", "4096"]
+    planned = cli("plan", *job, "--trainer", trainer, "--out", str(out), "--json", "--top", "0")
+    assert planned.exit_code == 0, planned.stdout
+    saved = json.loads((out / "plan.json").read_text())
+    extra = ["--model", "llama3-8b", "--seq-len", "4096"] if trainer == "deepspeed" else []
+    doc, _ = _check_json(cli, str(out / config), "--gpu", "h100-sxm", "--gpus", "8", *extra)
+    keys = [k for k in doc if k not in ("check", "op_costs")]
+    if trainer == "torchtitan":  # torchtitan has no bucket setting; `plan` still picks one (see the report)
+        saved["plan"]["bucket_size"] = doc["plan"]["bucket_size"]
+    assert {k: doc[k] for k in keys} == {k: saved[k] for k in keys}
+    assert doc["check"]["gain_pct"] is not None and abs(doc["check"]["gain_pct"]) < 0.05
+
+
+def test_slurm_script_points_to_launch_script(autotune_proc, tmp_path: Path) -> None:
+    _emitted(tmp_path, "even", "megatron")
+    proc = autotune_proc("check", str(tmp_path / "sbatch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "16")
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "runs launch_megatron.sh: check that file" in proc.stderr

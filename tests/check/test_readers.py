@@ -1,0 +1,121 @@
+"""The readers against independent sources: bash itself for the script expander, megatron-core's layout parser,
+torchtitan's own stage split, and hand-computed DeepSpeed batches."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from autotune.check.deepspeed_json import read_deepspeed
+from autotune.check.megatron_args import parse_layout, read_megatron
+from autotune.check.script import launch_words
+from autotune.check.torchtitan_toml import read_toml, torchtitan_split
+from autotune.errors import SpecError
+
+SCRIPTS = {
+    "defaults": 'A="${A:-x y}"\nB=${B:-7}\nC=${C-}\npython pretrain_gpt.py --a "$A" --b $B $C "${C}" end\n',
+    "arrays": 'X=(--one 1 "--two words" \'--three $NOT\')\nX+=(--four)\nY=()\n'
+              'python pretrain_gpt.py "${X[@]}" "${Y[@]}" ${X[0]} "${#X[@]}"\n',
+    "continuations": "python \\\n  pretrain_gpt.py \\\n  --a 1 \\\n  --b 2 # comment\n",
+    "if-else": 'V="${V:-1}"\nF=()\nif [[ "$V" != 0 ]]; then\n  F+=(--on)\nelif [ -n "$V" ]; then\n  F+=(--mid)\n'
+               'else\n  F+=(--off)\nfi\nif (( 2 * 8 != 16 )); then\n  exit 1\nfi\npython pretrain_gpt.py "${F[@]}"\n',
+    "arith-and-assign": 'N=${N:=3}\nM=$((N * 4))\nexport P=$N Q="q r"\npython pretrain_gpt.py --m $M --n "$N" $Q\n',
+    "bash-c": 'TP=${TP:-4}\nexport ARGS="--lr 1"\nsrun --nodes 2 bash -c "python pretrain_gpt.py --tp $TP \\$ARGS"\n',
+    "nested-default": 'python pretrain_gpt.py --x "${X:-${Y:-deep}}" --y "a${Z:-b}c" ${E:+set}\n',
+}
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_expander_matches_bash(tmp_path: Path, name: str) -> None:
+    """The words our reader finds are the words bash passes (a fake `python` records them)."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/bash\nshift\nprintf "%s\\0" "$@"\n')
+    fake.chmod(0o755)
+    srun = tmp_path / "srun"  # runs its command after its options, as Slurm would on each node
+    srun.write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift 2; done\nexec "$@"\n')
+    srun.chmod(0o755)
+    script = tmp_path / "run.sh"
+    script.write_text("set -euo pipefail\n" + SCRIPTS[name])
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, check=True).stdout
+    expected = out.decode().split("\0")[:-1]
+    words, _ = launch_words(script.read_text(), lambda w: os.path.basename(w) == "pretrain_gpt.py", "pretrain_gpt.py")
+    assert words == expected
+
+
+@pytest.mark.parametrize("layout,pp", [("Ettt|(tttt|)*6tttL", 4), ("E|t*3|tt|tL", 2), ("Et*12|t*20L", 2),
+                                       ("E(t|)*3tL", 2)])
+def test_layout_matches_megatron_core(layout: str, pp: int) -> None:
+    """Transformer layers per virtual stage, as megatron-core 0.16's own parser counts them."""
+    core = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+    stages = core.PipelineParallelLayerLayout.parse_str_to_list(layout)
+    assert parse_layout(layout) == [sum(1 for layer in s if str(layer).endswith("decoder")) for s in stages]
+
+
+@pytest.mark.parametrize("layers,pp,per_stage,first,last,per_rank", [
+    (32, 4, 0, 1, 1, 1), (32, 4, 0, 1, 1, 2), (32, 2, 9, 1, 1, 2), (80, 8, 0, 0, 0, 2), (30, 4, 4, 1, 1, 2)])
+def test_torchtitan_split_matches_torchtitan(layers, pp, per_stage, first, last, per_rank) -> None:
+    """Layers per virtual stage as torchtitan 0.3.0's _generate_llm_fqn_per_model_part assigns them."""
+    tt = pytest.importorskip("torchtitan.distributed.pipeline_parallel")
+    counts, vpp = torchtitan_split(layers, pp, per_stage, first, last, per_rank)
+    stages = -(-(layers + first + last) // per_stage) if per_stage else pp * per_rank
+    parts = tt._generate_llm_fqn_per_model_part(stages, layers, first, last)
+    assert list(counts) == [sum(1 for m in part if m.startswith("layers.")) for part in parts]
+    assert vpp == stages // pp
+
+
+def test_megatron_defaults_hand_computed() -> None:
+    """Megatron's defaults where flags are absent: SwiGLU FFN int(4h*2/3/64)*64, dropout 0.1, learned positions,
+    LayerNorm, biases, tied embeddings; dp comes later from --gpus."""
+    r = read_megatron("--num-layers 4 --hidden-size 1000 --num-attention-heads 10 --swiglu --seq-length 128 "
+                      "--max-position-embeddings 256\n")
+    m = r.model_fields
+    assert m is not None
+    assert m["ffn_hidden_size"] == 2624  # int(4000 * 2 / 3 / 64) * 64 = int(41.67) * 64
+    assert (m["dropout"], m["position_embedding"], m["max_position_embeddings"], m["norm"], m["bias"],
+            m["tied_embeddings"]) == (True, "learned", 256, "layernorm", "all", True)
+    assert (r.tp, r.pp, r.mbs, r.global_batch, r.zero, r.recompute) == (1, 1, 1, None, 0, "none")
+
+
+def test_toml_defaults_and_types() -> None:
+    r = read_toml('[model]\nflavor = "70B"\n[parallelism]\ntensor_parallel_degree = 8\n'
+                  'pipeline_parallel_degree = 4\n[training]\nlocal_batch_size = 8\nseq_len = 4096\n')
+    assert (r.model_name, r.tp, r.pp, r.dp, r.zero, r.mbs, r.num_microbatches) == ("llama3-70b", 8, 4, None, 1, 1, 8)
+    assert r.split == "torchtitan" and r.split_extra == (0, 1, 1, 1)  # torchtitan's defaults: 1 less at each end
+    with pytest.raises(SpecError, match="pipeline_parallel_degree must be an integer"):
+        read_toml("[parallelism]\npipeline_parallel_degree = 2.5\n")
+    with pytest.raises(SpecError, match="not valid TOML"):
+        read_toml("[parallelism\n")
+
+
+def test_deepspeed_batch_hand_computed() -> None:
+    """train_batch_size = micro x accumulation x dp: 256 = 2 x 8 x dp -> dp 16; without ds_pipeline.json the rest
+    of the 64 GPUs is tensor parallelism (4), noted."""
+    r = read_deepspeed({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
+                        "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}, None, 64, "ds.json")
+    assert (r.dp, r.tp, r.pp, r.mbs, r.num_microbatches, r.zero, r.bucket_size) == (16, 4, 1, 2, 8, 2, 500_000_000)
+    assert any("no ds_pipeline.json" in n for n in r.notes)
+    with pytest.raises(SpecError, match="pipeline section"):
+        read_deepspeed({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "pipeline": {}}, None, 8, "d")
+
+
+def test_hostile_sizes_are_one_line_errors() -> None:
+    """Numbers that would size an allocation are checked against specs/limits.py first; powers and shifts in
+    $(( )) are not evaluated (they could build numbers of any size)."""
+    from autotune.check.bash import Shell
+
+    with pytest.raises(SpecError, match="exceeds the maximum"):
+        read_megatron("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --pipeline-model-parallel-size "
+                      "99999999999\n")
+    with pytest.raises(SpecError, match="unrolls to more than"):
+        parse_layout("(((t*1000)*1000)*1000)")
+    with pytest.raises(SpecError, match="exceeds the maximum"):
+        read_toml("[parallelism]\npipeline_parallel_degree = 1000000000000\n")
+    shell = Shell()
+    assert shell.arith("9**9**9**9") is None and shell.arith("1<<100000000") is None
+    assert shell.arith("2 * 8 != 16") == 0

@@ -1,0 +1,188 @@
+"""Round trip: every golden plan and planner scenario of tests/emit, emitted for each trainer, read back by
+`check`, gives the plan the trainer runs and the same estimate JSON, byte for byte.
+
+The plan the trainer runs is the planned one wherever its emitter writes no approximation. Where the emitter
+warns that it wrote the closest config instead (e.g. V-Half as 1F1B on mainline Megatron-LM, ZeRO-1 as FSDP2
+under torchtitan, selective recompute as whole-layer checkpointing under DeepSpeed), `as_run` below states the
+config's own meaning, rule by rule, from the emitters' documented mappings; the fixed-point test then checks
+independently that re-emitting the recovered plan reproduces the same trainer settings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autotune import render
+from autotune.catalog import load_hardware
+from autotune.check.understood import read_config, understand
+from autotune.costmodel.estimate import CostModel
+from autotune.emit import EmitInput, emit
+from autotune.emit.torchtitan import REGISTRY
+from autotune.errors import SpecError
+from autotune.specs.plan import DEFAULT_BUCKET, Plan, check_plan, is_even_split
+from emit.scenarios import GOLDEN, planner_scenarios  # tests/emit (pytest puts tests/ on the path)
+
+TRAINERS = (("megatron", None, "launch_megatron.sh"), ("torchtitan", "toml", "torchtitan.toml"),
+            ("torchtitan", "cli", "launch_torchtitan.sh"), ("torchtitan", "cli", "torchtitan_overrides.txt"),
+            ("deepspeed", None, "ds_config.json"))
+
+
+def _vocab(plan: Plan) -> str:
+    return "ends" if is_even_split(plan.layers_per_stage) else "balanced"
+
+
+def as_run(plan: Plan, trainer: str, fmt: str | None, inp: EmitInput) -> Plan:
+    """The plan the emitted config runs (the emitters' documented approximations, see the module docstring)."""
+    p = plan
+    if p.recompute == "full" and p.recompute_layers is not None and p.recompute_layers >= max(p.layers_per_stage):
+        p = replace(p, recompute_layers=None)
+    if trainer == "megatron":
+        if p.schedule in ("zb-h1", "v-half"):  # megatron_forks.mainline_plan
+            p = replace(p, schedule="1f1b", vpp=1)
+        return p
+    if p.vocab == "parallel":
+        p = replace(p, vocab=_vocab(p))
+    if trainer == "deepspeed":
+        p = replace(p, schedule="1f1b", vpp=1, tp_overlap=False)
+        if p.recompute != "none":
+            p = replace(p, recompute="full", recompute_layers=None)
+        return p
+    # torchtitan
+    if p.schedule == "zb-h1":
+        p = replace(p, schedule="1f1b")
+    ddp_ok = fmt == "cli" or p.cp > 1 or p.tp * p.pp == 1
+    if p.dp == 1:
+        p = replace(p, zero=0)
+    elif p.zero in (1, 2) or (p.zero == 0 and not ddp_ok):  # FSDP2 without resharding: ZeRO-2-like
+        p = replace(p, zero=2 if p.pp == 1 else 1)
+    p = replace(p, bucket_size=DEFAULT_BUCKET)
+    if fmt == "toml" and p.tp > 1:
+        p = replace(p, sequence_parallel=True)
+    if not inp.job.fused_kernels:
+        p = replace(p, tp_overlap=False)
+    if p.recompute == "full" and p.recompute_layers is not None:
+        chunks = [n // p.vpp for n in p.layers_per_stage if n]
+        every = max(1, min(n // min(p.recompute_layers, n) for n in chunks)) if fmt == "toml" else 1
+        p = replace(p, recompute_layers=max(1, min(chunks) // every) if every > 1 else None)
+        if p.recompute_layers is not None and p.recompute_layers >= max(p.layers_per_stage):
+            p = replace(p, recompute_layers=None)
+    return p
+
+
+def as_run_job(inp: EmitInput, trainer: str, fmt: str | None):
+    job = replace(inp.job, trainer=trainer)
+    if trainer == "torchtitan":
+        dtype = "fp8" if inp.job.dtype == "fp8" and fmt == "toml" else "bf16"
+        job = replace(job, dtype=dtype, flash_attention=True, grad_reduce="fp32")
+    if trainer == "deepspeed":
+        job = replace(job, dtype="fp16" if inp.job.dtype == "fp16" else "bf16", flash_attention=True,
+                      fused_kernels=True, grad_reduce="fp32")
+    return job
+
+
+def _scenarios() -> list[tuple[str, EmitInput]]:
+    return list(GOLDEN.items())
+
+
+def _read_back(tmp: Path, inp: EmitInput, trainer: str, fmt: str | None, name: str):
+    result = emit(trainer, inp, torchtitan_format=fmt or "cli")
+    for fname, content in result.files:
+        (tmp / fname).write_text(content)
+    path = tmp / name
+    kind, reading, got_fmt = read_config(path, trainer if name.endswith(".txt") else None, inp.plan.num_gpus)
+    assert kind == trainer
+    # DeepSpeed's JSON never names the model; torchtitan's overrides do only through a registry config function
+    names_model = trainer == "megatron" or fmt == "toml" or (name.endswith(".sh") and inp.model.name in REGISTRY)
+    model_arg = None if names_model else inp.model.name
+    u = understand(path, reading, trainer=kind, fmt=got_fmt, gpus=inp.plan.num_gpus, model_arg=model_arg,
+                   seq_len_arg=inp.job.seq_len if trainer == "deepspeed" else None)
+    return u
+
+
+def _estimate_text(model, gpu: str, job, plan: Plan) -> str:
+    hw = load_hardware(gpu)
+    return render.dump_json(render.estimate_json(CostModel(model, hw, job).estimate(plan), model, hw, job))
+
+
+def _check_roundtrip(tmp: Path, inp: EmitInput, trainer: str, fmt: str | None, name: str) -> None:
+    u = _read_back(tmp, inp, trainer, fmt, name)
+    expected = as_run(inp.plan, trainer, fmt, inp)
+    assert u.plan == expected, f"{trainer}/{name}: read {u.plan}, expected {expected}"
+    assert u.model == inp.model
+    job = as_run_job(inp, trainer, fmt)
+    assert u.job == job
+    hw = load_hardware(inp.gpu)
+    check_plan(u.plan, u.model, u.job, u.plan.num_gpus, hw.gpus_per_node, allow_cross_node_tp=True)
+    assert _estimate_text(u.model, inp.gpu, u.job, u.plan) == _estimate_text(inp.model, inp.gpu, job, expected)
+
+
+@pytest.mark.parametrize("trainer,fmt,name", TRAINERS, ids=[t[2] for t in TRAINERS])
+@pytest.mark.parametrize("scenario", list(GOLDEN))
+def test_golden_roundtrip(tmp_path: Path, scenario: str, trainer: str, fmt: str | None, name: str) -> None:
+    _check_roundtrip(tmp_path, GOLDEN[scenario], trainer, fmt, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer,fmt,name", TRAINERS, ids=[t[2] for t in TRAINERS])
+def test_planner_roundtrip(tmp_path: Path, trainer: str, fmt: str | None, name: str) -> None:
+    for scenario, inp in planner_scenarios():
+        if trainer == "deepspeed" and inp.plan.zero >= 2 and inp.plan.pp > 1:
+            continue  # DeepSpeed refuses to emit it (no file to check)
+        case = tmp_path / scenario
+        case.mkdir()
+        if trainer == "megatron" and not inp.model.causal:  # pretrain_gpt.py trains a causal decoder only
+            with pytest.raises(SpecError, match="closest catalog model, bert-large, differs in causal True vs False"):
+                _check_roundtrip(case, inp, trainer, fmt, name)
+            continue
+        _check_roundtrip(case, inp, trainer, fmt, name)
+
+
+@pytest.mark.parametrize("trainer,fmt,name", TRAINERS, ids=[t[2] for t in TRAINERS])
+@pytest.mark.parametrize("scenario", list(GOLDEN))
+def test_fixed_point(tmp_path: Path, scenario: str, trainer: str, fmt: str | None, name: str) -> None:
+    """Re-emitting the plan read back writes the same trainer settings (all but the header comments)."""
+    inp = GOLDEN[scenario]
+    u = _read_back(tmp_path, inp, trainer, fmt, name)
+    again = emit(trainer, replace(inp, plan=u.plan, job=u.job), torchtitan_format=fmt or "cli")
+    first = emit(trainer, replace(inp, job=u.job), torchtitan_format=fmt or "cli")
+
+    def body(files: tuple[tuple[str, str], ...]) -> dict[str, str]:
+        out = {}
+        for fname, text in files:
+            if fname.endswith(".json"):
+                doc = json.loads(text)
+                doc.pop("_autotune", None)
+                out[fname] = json.dumps(doc, sort_keys=True)
+            else:
+                out[fname] = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+        return out
+
+    assert body(again.files) == body(first.files)
+
+
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "emit" / "golden"
+ON_DISK = [(t, f, n, d) for t, f, n, d in (
+    ("megatron", None, "launch_megatron.sh", "megatron"), ("torchtitan", "toml", "torchtitan.toml", "torchtitan/toml"),
+    ("torchtitan", "cli", "launch_torchtitan.sh", "torchtitan/cli"), ("deepspeed", None, "ds_config.json", "deepspeed"))]
+
+
+@pytest.mark.parametrize("trainer,fmt,name,where", ON_DISK, ids=[d for *_, d in ON_DISK])
+@pytest.mark.parametrize("scenario", list(GOLDEN))
+def test_golden_files_on_disk(scenario: str, trainer: str, fmt: str | None, name: str, where: str) -> None:
+    """The golden files themselves (tests/emit/golden/<trainer>/<scenario>/), read where they lie."""
+    path = GOLDEN_DIR / where / scenario / name
+    if not path.is_file():
+        pytest.skip(f"no golden {path}")
+    inp = GOLDEN[scenario]
+    kind, reading, got_fmt = read_config(path, None, inp.plan.num_gpus)
+    names_model = trainer == "megatron" or fmt == "toml" or (trainer == "torchtitan" and inp.model.name in REGISTRY)
+    u = understand(path, reading, trainer=kind, fmt=got_fmt, gpus=inp.plan.num_gpus,
+                   model_arg=None if names_model else inp.model.name,
+                   seq_len_arg=inp.job.seq_len if trainer == "deepspeed" else None)
+    assert (kind, u.plan, u.model) == (trainer, as_run(inp.plan, trainer, fmt, inp), inp.model)
+    job = as_run_job(inp, trainer, fmt)
+    assert _estimate_text(u.model, inp.gpu, u.job, u.plan) == _estimate_text(inp.model, inp.gpu, job, u.plan)

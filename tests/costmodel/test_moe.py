@@ -1,0 +1,289 @@
+"""Mixture-of-experts models (issue 14): catalog parameter counts against the publishers' figures, Hugging Face
+config.json parsing, bad input, Megatron's expert layout rules, the all-to-all by hand, expert FLOPs and
+memory sharding by hand, and the active-parameter FLOP count."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from autotune.catalog import load_hardware, load_model
+from autotune.costmodel import comm
+from autotune.costmodel.estimate import CostModel
+from autotune.costmodel.flops import forward_matmul_flops_per_token
+from autotune.costmodel.layer import dense_layer_cost, layer_cost, layer_shape
+from autotune.costmodel.memory import (active_params, attention_params, expert_params, moe_layer_params,
+                                       total_params)
+from autotune.costmodel.moe import ROUTED_IMBALANCE, moe_comm
+from autotune.costmodel.ops import layer_forward_ops
+from autotune.errors import InvalidPlanError, SpecError
+from autotune.specs.job import JobSpec
+from autotune.specs.model import model_from_dict, model_from_hf_config
+from autotune.specs.plan import Plan, check_plan, plan_from_dict
+
+# (catalog name, published total B, published active B, whether the publisher counts the input embedding in
+# the active figure). Mistral and Qwen count it (12.88B and 22.19B match 12.9B and 22B only with it); OpenAI's
+# gpt-oss card says its 5.13B excludes it; DeepSeek's report does not say, and 37B matches without it.
+PUBLISHED = (
+    ("deepseek-v3", 671, 37, False),
+    ("qwen3-235b-a22b", 235, 22, True),
+    ("qwen3-30b-a3b", 30.5, 3.3, True),
+    ("mixtral-8x7b", 46.7, 12.9, True),
+    ("mixtral-8x22b", 141, 39, True),
+    ("gpt-oss-120b", 116.83, 5.13, False),
+)
+
+
+def _matches(computed: float, published: float) -> bool:
+    """Within 1%, or within what the printed figure can stand for where that is wider: publishers round or
+    truncate to two digits (Qwen prints 3.353B as '3.3B'), so 'x' covers [x - half a unit, x + one unit) of its
+    last digit."""
+    text = repr(published)
+    unit = 10.0 ** -(len(text.split(".")[1]) if "." in text else 0)
+    return abs(computed / published - 1) < 0.01 or published - unit / 2 <= computed < published + unit
+
+
+@pytest.mark.parametrize(("name", "total_b", "active_b", "with_embedding"), PUBLISHED)
+def test_catalog_parameter_counts_match_the_publishers(name, total_b, active_b, with_embedding) -> None:
+    model = load_model(name)
+    assert _matches(total_params(model) / 1e9, total_b)
+    assert _matches(active_params(model, input_embedding=with_embedding) / 1e9, active_b)
+
+
+def test_catalog_counts_within_one_percent_where_the_figure_has_three_digits() -> None:
+    """The stricter check where the published figure is precise enough for it."""
+    for name, total_b, _, _ in PUBLISHED:
+        assert abs(total_params(load_model(name)) / 1e9 / total_b - 1) < 0.01, name
+    assert abs(active_params(load_model("gpt-oss-120b"), input_embedding=False) / 5.13e9 - 1) < 0.01
+    assert abs(active_params(load_model("mixtral-8x7b")) / 12.9e9 - 1) < 0.01
+
+
+def test_deepseek_layer_by_hand() -> None:
+    """DeepSeek-V3's MLA block and MoE layer, summed by hand from config.json."""
+    m = load_model("deepseek-v3")
+    h, heads = 7168, 128
+    mla = (h * 1536 + 1536 + 1536 * heads * 192 + h * (512 + 64) + 512 + 512 * heads * (128 + 128)
+           + heads * 128 * h + 2 * h)
+    assert attention_params(m) == mla
+    assert expert_params(m) == 3 * h * 2048
+    assert moe_layer_params(m) == mla + h * 256 + 3 * h * 2048 + 256 * 3 * h * 2048
+    assert m.num_moe_layers == 58 and m.num_dense_layers == 3
+
+
+def test_expert_weights_shard_by_ep_and_etp() -> None:
+    m = load_model("mixtral-8x7b")
+    base = attention_params(m, 2) + 4096 * 8
+    assert moe_layer_params(m, tp=2, ep=4, etp=1) == base + 2 * 3 * 4096 * 14336
+    assert moe_layer_params(m, tp=2, ep=4, etp=2) == base + 2 * 3 * 4096 * 14336 // 2
+
+
+# ----------------------------------------------------------------------------- Hugging Face config.json
+HF = {
+    "mixtral": {"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "hidden_act": "silu",
+                "num_local_experts": 8, "num_experts_per_tok": 2, "tie_word_embeddings": False},
+    "qwen3_moe": {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048,
+                  "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+                  "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936, "hidden_act": "silu",
+                  "tie_word_embeddings": False, "attention_bias": False},
+    "deepseek_v3": {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168,
+                    "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 18432,
+                    "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+                    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1, "q_lora_rank": 1536,
+                    "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+                    "vocab_size": 129280, "hidden_act": "silu", "scoring_func": "sigmoid",
+                    "tie_word_embeddings": False},
+    "gpt_oss": {"model_type": "gpt_oss", "num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
+                "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 128,
+                "num_experts_per_tok": 4, "vocab_size": 201088, "hidden_act": "silu", "attention_bias": True,
+                "tie_word_embeddings": False},
+}
+
+
+@pytest.mark.parametrize(("family", "catalog"), [("mixtral", "mixtral-8x7b"), ("qwen3_moe", "qwen3-30b-a3b"),
+                                                  ("deepseek_v3", "deepseek-v3"), ("gpt_oss", "gpt-oss-120b")])
+def test_hf_configs_parse_to_the_catalog_shape(family, catalog) -> None:
+    parsed, ours = model_from_hf_config(HF[family], "config.json"), load_model(catalog)
+    assert total_params(parsed) == total_params(ours)
+    assert active_params(parsed) == active_params(ours)
+    for field in ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers",
+                  "kv_lora_rank", "head_dim", "router", "expert_bias"):
+        assert getattr(parsed, field) == getattr(ours, field), field
+
+
+def test_llama4_text_config_parses_its_interleaved_moe_layers() -> None:
+    """Llama 4 Maverick's text_config: 48 layers, every second one MoE (128 experts, top-1, one shared)."""
+    cfg = {"text_config": {"model_type": "llama4_text", "num_hidden_layers": 48, "hidden_size": 5120,
+                           "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+                           "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_local_experts": 128,
+                           "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "vocab_size": 202048,
+                           "hidden_act": "silu", "tie_word_embeddings": False}}
+    m = model_from_hf_config(cfg, "config.json")
+    assert (m.num_moe_layers, m.num_dense_layers, m.ffn_hidden_size, m.num_shared_experts) == (24, 24, 16384, 1)
+    assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+
+
+# ----------------------------------------------------------------------------- bad input
+def _moe_dict(**changes):
+    base = {"name": "m", "num_layers": 4, "hidden_size": 256, "num_heads": 4, "ffn_hidden_size": 512,
+            "vocab_size": 1000, "activation": "swiglu", "norm": "rmsnorm", "tied_embeddings": False,
+            "num_experts": 8, "moe_top_k": 2, "moe_ffn_hidden_size": 128}
+    base.update(changes)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"moe_top_k": 9}, "moe_top_k 9 exceeds num_experts 8"),
+    ({"moe_top_k": None}, "needs moe_top_k"),
+    ({"moe_ffn_hidden_size": None}, "needs moe_ffn_hidden_size"),
+    ({"num_experts": -1}, "num_experts must be a whole number >= 0"),
+    ({"num_shared_experts": 1}, "shared_expert_ffn_hidden_size"),
+    ({"num_experts": 0}, "set num_experts"),
+    ({"kv_lora_rank": 64}, "needs qk_rope_head_dim"),
+])
+def test_bad_moe_model_files_name_the_field(changes, field) -> None:
+    with pytest.raises(SpecError, match=field):
+        model_from_dict(_moe_dict(**changes), "m.json")
+
+
+def test_hf_moe_config_missing_top_k_names_it() -> None:
+    cfg = {k: v for k, v in HF["mixtral"].items() if k != "num_experts_per_tok"}
+    with pytest.raises(SpecError, match="needs num_experts_per_tok"):
+        model_from_hf_config(cfg, "config.json")
+
+
+JOB = JobSpec(global_batch=64, seq_len=4096)
+
+
+@pytest.mark.parametrize(("plan", "message"), [
+    (Plan(tp=1, pp=1, dp=8, ep=3, mbs=1, num_microbatches=8, layers_per_stage=(32,)), "ep 3 must divide"),
+    (Plan(tp=1, pp=1, dp=2, ep=4, mbs=1, num_microbatches=32, layers_per_stage=(32,)), r"ep\*etp = 4\*1"),
+    (Plan(tp=2, pp=1, dp=4, ep=2, etp=2, mbs=1, num_microbatches=16, layers_per_stage=(32,)),
+     "needs sequence_parallel"),
+])
+def test_expert_layout_rules(plan, message) -> None:
+    with pytest.raises(InvalidPlanError, match=message):
+        check_plan(plan, load_model("mixtral-8x7b"), JOB, plan.num_gpus, 8)
+
+
+def test_dense_model_refuses_ep() -> None:
+    plan = Plan(tp=1, pp=1, dp=8, ep=2, mbs=1, num_microbatches=8, layers_per_stage=(32,))
+    with pytest.raises(InvalidPlanError, match="dense: set ep 1"):
+        check_plan(plan, load_model("llama3-8b"), JOB, 8, 8)
+
+
+def test_plan_json_round_trips_ep_and_leaves_dense_plans_unchanged() -> None:
+    plan = Plan(tp=2, pp=1, dp=4, ep=4, etp=2, mbs=1, num_microbatches=16, sequence_parallel=True,
+                layers_per_stage=(32,))
+    assert plan_from_dict(plan.to_dict(), "p") == plan
+    assert "ep" not in Plan(tp=1, pp=1, dp=1, layers_per_stage=(1,)).to_dict()
+    assert plan.expert_dp == 1 and replace(plan, dp=8, num_microbatches=8).expert_dp == 2
+
+
+# ----------------------------------------------------------------------------- costs by hand
+H100 = load_hardware("h100-sxm")
+
+
+def test_all_to_all_by_hand() -> None:
+    nbytes = 80e6
+    intra = comm.group_link(H100, 8, 1)
+    nvlink = 450e9 * 0.8
+    assert comm.all_to_all(nbytes, 8, intra) == pytest.approx(3e-6 + 7 / 8 * nbytes / nvlink)
+    cross = comm.group_link(H100, 16, 1)  # 2 nodes of 8: half the buffer leaves through the GPU's own NIC
+    nic = 50e9 * 0.8
+    assert comm.all_to_all(nbytes, 16, cross) == pytest.approx(15e-6 + 8 / 16 * nbytes / nic)
+    assert comm.all_to_all(nbytes, 1, intra) == 0.0
+
+
+def test_token_exchange_by_hand() -> None:
+    """Forward: dispatch + combine all-to-all of tn*k*h*2 bytes over ep 8 inside a node; the same backward."""
+    m = load_model("mixtral-8x7b")
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0)
+    shape = layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
+    sent = 2 * 4096 * 2 * 4096
+    one = 3e-6 + 7 / 8 * sent / (450e9 * 0.8)
+    assert moe_comm(m, H100, shape) == pytest.approx((2 * one, 2 * one))
+    heavy = layer_shape(m, replace(job, moe_imbalance=1.5), tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
+    assert moe_comm(m, H100, heavy)[0] == pytest.approx(2 * (3e-6 + 7 / 8 * 1.5 * sent / (450e9 * 0.8)))
+
+
+@pytest.mark.parametrize(("tp", "ep", "etp"), [(1, 1, 1), (1, 8, 1), (2, 4, 2), (2, 2, 1)])
+def test_expert_flops_per_gpu_do_not_depend_on_the_layout(tp, ep, etp) -> None:
+    """Balanced routing: every GPU runs tokens*k/tp token-expert products of 2*h*3f FLOPs, whatever ep/etp."""
+    m = load_model("mixtral-8x7b")
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0)
+    ops = layer_forward_ops(m, layer_shape(m, job, tp=tp, cp=1, mbs=1, sp=tp > 1, ep=ep, etp=etp))
+    experts = sum(op.flops for op in ops if op.name.startswith("expert_"))
+    assert experts == pytest.approx(4096 * 2 / tp * 2 * 4096 * 3 * 14336)
+    up = next(op for op in ops if op.name == "expert_up")
+    assert up.groups == 8 // ep and up.dims[0] == pytest.approx(4096 * 2 * ep * etp / (tp * 8))
+
+
+def test_imbalance_scales_the_busiest_experts() -> None:
+    m = load_model("mixtral-8x7b")
+    flops = []
+    for imbalance in (1.0, ROUTED_IMBALANCE):
+        job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=imbalance)
+        ops = layer_forward_ops(m, layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1))
+        flops.append(sum(op.flops for op in ops if op.name.startswith("expert_")))
+    assert flops[1] == pytest.approx(ROUTED_IMBALANCE * flops[0])
+    assert JobSpec(global_batch=1, seq_len=1).moe_imbalance == ROUTED_IMBALANCE
+
+
+def test_expert_optimizer_state_shards_over_the_expert_data_parallel_group() -> None:
+    """ZeRO-1 on 8 GPUs, ep 8: the experts' 12 bytes/param are not sharded (edp 1), the rest over dp 8."""
+    m = load_model("mixtral-8x7b")
+    job = JobSpec(global_batch=8, seq_len=4096)
+    plan = Plan(tp=1, pp=1, dp=8, ep=8, mbs=1, num_microbatches=1, zero=1, layers_per_stage=(32,))
+    check_plan(plan, m, job, 8, 8)
+    stage = CostModel(m, H100, job).estimate(plan).stages[0]
+    layer = layer_cost(m, H100, job, tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
+    experts = layer.expert_params
+    assert experts == 3 * 4096 * 14336
+    rest = stage.params - 32 * experts
+    assert stage.memory.optimizer == pytest.approx(12 * 32 * experts + 12 * rest / 8, abs=64)
+    assert stage.memory.weights == 2 * stage.params
+
+
+def test_mfu_flops_count_active_parameters() -> None:
+    """6 * N_active (no input embedding) + attention, per token, as published MoE MFU figures count."""
+    m = load_model("qwen3-30b-a3b")
+    attention = 48 * 2 * 2 * 4096 * m.q_width
+    # norms are parameters but no matmul: the difference to 2 * N_active is the per-layer norm weights
+    norms = 48 * 2 * 2048 + 2048
+    expected = 2 * (active_params(m, input_embedding=False) - norms) + attention
+    assert forward_matmul_flops_per_token(m, 4096) == pytest.approx(expected, rel=1e-9)
+
+
+def test_dense_first_layers_blend_time_and_take_the_moe_layer_memory() -> None:
+    m = load_model("deepseek-v3")
+    job = JobSpec(global_batch=64, seq_len=4096)
+    kw = dict(tp=8, cp=1, mbs=1, sp=True)
+    mean = layer_cost(m, H100, job, **kw, ep=8, etp=1)
+    moe = layer_cost(replace(m, first_dense_layers=0), H100, job, **kw, ep=8, etp=1)
+    dense = dense_layer_cost(m, H100, job, **kw)
+    w = 3 / 61
+    assert mean.params == moe.params and mean.act == moe.act
+    for part in ("fwd", "bwd"):
+        assert math.isclose(getattr(mean, part).seconds,
+                            (1 - w) * getattr(moe, part).seconds + w * getattr(dense, part).seconds)
+    assert mean.tp_fwd_s == pytest.approx((1 - w) * moe.tp_fwd_s + w * dense.tp_fwd_s)
+
+
+def test_public_moe_rows_are_evaluated_with_their_published_layout() -> None:
+    """The 12 MoE rows of published-runs-public.csv: catalog model, published tp/pp/ep/etp/vp/mbs pinned,
+    balanced routing, nothing fitted (accuracy.py RULES 'moe')."""
+    from autotune import accuracy
+    rows = {int(r["row_id"]): r for r in accuracy.read_rows(accuracy.PUBLIC_DATA)}
+    case = accuracy.moe_case(rows[534])  # Qwen3-30B-A3B: tp 1, pp 2, ep 8, etp blank (= tp), vp 24, mbs 2
+    p = case.plan
+    assert case.model == load_model("qwen3-30b-a3b") and case.job.moe_imbalance == 1.0
+    assert (p.tp, p.pp, p.ep, p.etp, p.vpp, p.mbs, p.dp) == (1, 2, 8, 1, 24, 2, 8)
+    with pytest.raises(accuracy.RowSkipped, match="MoE"):
+        accuracy.row_case(rows[534])  # the dense report lists it as skipped
+    moe = accuracy.moe_public_rows()
+    assert len(moe) == 12 and {r.family for r in moe} == {"GPT-OSS-120B", "Qwen3-30B-A3B"}
+    assert all(r.lofo_step_s == r.predicted_step_s for r in moe)

@@ -1,0 +1,83 @@
+"""Megatron-LM launch files of mixture-of-experts plans (issue 14): the MoE and MLA flags pass the argparse
+mirror, validate_args' rules and megatron-core 0.16's own TransformerConfig / MLATransformerConfig checks, and
+describe the plan's experts and layout."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.catalog import load_hardware
+from autotune.emit.megatron import emit_megatron
+from autotune.emit.megatron_moe import moe_layer_pattern
+from autotune.search.planner import search
+from autotune.search.space import SearchSpace
+from autotune.specs.job import JobSpec
+from autotune.specs.plan import Plan
+from .megatron_validate import MegatronArgsError, validate_args, validate_launch
+from .test_megatron import _inp, _validate
+
+JOB = JobSpec(global_batch=4096, seq_len=4096)
+
+CASES = {
+    # the plan `autotune plan --model deepseek-v3 --gpu h100-sxm --gpus 1024 --global-batch 4096 --seq-len 4096`
+    # chose in this session (ZeRO-3 = Megatron FSDP, ep 8)
+    "deepseek_v3_planner": ("deepseek-v3", Plan(tp=1, pp=1, dp=1024, ep=8, mbs=4, num_microbatches=1,
+                                                recompute="full", recompute_layers=59, zero=3,
+                                                layers_per_stage=(61,), bucket_size=10_000_000)),
+    "deepseek_v3_pipelined": ("deepseek-v3", Plan(tp=8, pp=8, dp=16, ep=64, etp=1, mbs=1, num_microbatches=256,
+                                                  zero=1, sequence_parallel=True, recompute="full", vocab="balanced",
+                                                  layers_per_stage=(7, 8, 8, 8, 8, 8, 8, 6))),
+    "qwen3_235b_etp": ("qwen3-235b-a22b", Plan(tp=4, pp=2, dp=128, ep=16, etp=4, mbs=1, num_microbatches=32,
+                                               zero=1, sequence_parallel=True, recompute="selective",
+                                               layers_per_stage=(47, 47))),
+    "mixtral_8x22b": ("mixtral-8x22b", Plan(tp=2, pp=4, dp=128, ep=8, mbs=1, num_microbatches=32, zero=1,
+                                            sequence_parallel=True, layers_per_stage=(14, 14, 14, 14))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_moe_plans_pass_megatron_validation(case: str) -> None:
+    model, plan = CASES[case]
+    inp = _inp(model, "h100-sxm", JOB, plan)
+    _validate(inp)  # parse, validate_args replay, megatron-core configs, layers per chunk
+    script = dict(emit_megatron(inp).files)["launch_megatron.sh"]
+    _, v = validate_launch(script, tokenizer_vocab=inp.model.vocab_size)
+    c, m = v.config, inp.model
+    assert (c.num_moe_experts, c.moe_router_topk, c.moe_ffn_hidden_size) == (m.num_experts, m.moe_top_k,
+                                                                             m.moe_ffn_hidden_size)
+    assert (c.expert_model_parallel_size, c.expert_tensor_parallel_size) == (plan.ep, plan.etp)
+    assert c.moe_token_dispatcher_type == "alltoall" and c.moe_grouped_gemm
+    assert sum(c.moe_layer_freq) == m.num_moe_layers and len(c.moe_layer_freq) == m.num_layers
+    assert c.moe_router_score_function == m.router
+    if m.mla:
+        assert c.multi_latent_attention and (c.q_lora_rank, c.kv_lora_rank) == (m.q_lora_rank, m.kv_lora_rank)
+        assert (c.qk_head_dim, c.qk_pos_emb_head_dim, c.v_head_dim) == (m.qk_nope_head_dim, m.qk_rope_head_dim,
+                                                                        m.v_head_dim)
+        assert c.moe_shared_expert_intermediate_size == 2048 and c.moe_router_enable_expert_bias
+
+
+def test_the_planner_deepseek_plan_validates() -> None:
+    """The plan the planner returns for the acceptance command (DeepSeek-V3, 1024 H100s, batch 4096 x 4096),
+    emitted and checked end to end."""
+    from autotune.catalog import load_model
+    res = search(load_model("deepseek-v3"), load_hardware("h100-sxm"), JOB, 1024, SearchSpace(), top_k=0)
+    assert res.status == "OPTIMAL" and res.best.plan.ep > 1
+    _validate(_inp("deepseek-v3", "h100-sxm", JOB, res.best.plan))
+
+
+def test_megatron_rejects_what_the_plan_rules_reject() -> None:
+    """The MoE fields do reach megatron-core's checks: an expert bias with softmax scores is refused there
+    (TransformerConfig: aux-loss-free routing needs sigmoid), which the emitter never writes."""
+    model, plan = CASES["mixtral_8x22b"]
+    script = dict(emit_megatron(_inp(model, "h100-sxm", JOB, plan)).files)["launch_megatron.sh"]
+    launch, _ = validate_launch(script, tokenizer_vocab=32768)
+    argv = list(launch.argv)
+    assert "--moe-router-enable-expert-bias" not in argv
+    with pytest.raises(MegatronArgsError, match="sigmoid"):
+        validate_args(argv + ["--moe-router-enable-expert-bias"], launch.world_size)
+
+
+def test_layer_pattern() -> None:
+    from autotune.catalog import load_model
+    assert moe_layer_pattern(load_model("deepseek-v3")) == "([0]*3+[1]*58)"
+    assert moe_layer_pattern(load_model("mixtral-8x7b")) == "([1]*32)"

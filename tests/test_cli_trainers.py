@@ -1,0 +1,142 @@
+"""`plan --trainer T` / `scale --trainer T` restrict the search to what T runs; without --trainer the output says
+which trainers run the winner and what the others get; an emitted file's header states the prediction for
+exactly what it runs, equal to `autotune estimate` on that plan."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from autotune.catalog import load_model
+from autotune.cli import main
+from autotune.specs.plan import plan_from_dict
+from autotune.specs.job import JobSpec
+from autotune.specs.trainers import EMITTED_CAPS, TRAINER_CAPS, as_run, unsupported
+
+JOB = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096")
+PIPE = (*JOB, "--pp", "2,4")
+MODEL = load_model("llama3-8b")
+#: The predicted line of a header, in whatever comment syntax (#, JSON string).
+PREDICTED = re.compile(r"predicted: step ([0-9.]+) s, peak memory ([0-9.]+) GiB per GPU, MFU ([0-9.]+)%")
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def _json(capsys, *args: str) -> dict:
+    code, out, err = _run(capsys, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _error(capsys, *args: str) -> str:
+    code, out, err = _run(capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 1 and out == "" and len(lines) == 1 and lines[0].startswith("error: "), (code, out, err)
+    return lines[0]
+
+
+def _estimate(capsys, plan_file, kernels: str) -> tuple[str, str, str]:
+    """`autotune estimate --plan FILE` figures as a header prints them."""
+    doc = _json(capsys, "estimate", "--plan", str(plan_file), *JOB, "--kernels", kernels)
+    return f"{doc['step_time_s']:.3f}", f"{doc['peak_memory_gib']:.1f}", f"{100 * doc['mfu']:.1f}"
+
+
+@pytest.mark.parametrize("trainer", list(TRAINER_CAPS))
+def test_trainer_alone_restricts_the_search_and_writes_nothing(capsys, tmp_path, monkeypatch, trainer):
+    monkeypatch.chdir(tmp_path)
+    doc = _json(capsys, "plan", *PIPE, "--trainer", trainer, "--top", "0")
+    plan = plan_from_dict(doc["plan"], "plan")
+    assert doc["trainer"] == trainer and "trainers" not in doc
+    job = JobSpec(global_batch=64, seq_len=4096, trainer=trainer)
+    assert unsupported(TRAINER_CAPS[trainer], plan, MODEL, job) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("trainer", ["megatron", "torchtitan", "deepspeed"])
+def test_header_equals_estimate_with_no_downgrade_warning(capsys, tmp_path, trainer):
+    code, _, err = _run(capsys, "plan", *PIPE, "--trainer", trainer, "--out", str(tmp_path), "--top", "0")
+    assert code == 0, err
+    assert [w for w in err.splitlines() if w.startswith("warning:") and "model llama3-8b" not in w] == []
+    want = _estimate(capsys, tmp_path / "plan.json", trainer)
+    headers = [f for f in tmp_path.iterdir() if f.name != "plan.json" and PREDICTED.search(f.read_text())]
+    assert headers
+    for f in headers:
+        assert PREDICTED.search(f.read_text()).groups() == want, f.name
+
+
+def test_header_of_a_downgraded_plan_is_re_estimated(capsys, tmp_path):
+    """A zb-h1 plan (searched without --trainer) emitted for DeepSpeed runs as 1F1B: the header states the
+    estimate of that 1F1B plan, and names the plan as planned."""
+    doc = _json(capsys, "plan", *JOB, "--pp", "4", "--schedule", "zb-h1", "--vocab", "ends", "--top", "0",
+                "--out", str(tmp_path / "zb"))
+    assert doc["trainer"] is None
+    code, _, err = _run(capsys, "emit", "--plan", str(tmp_path / "zb" / "plan.json"), "--trainer", "deepspeed",
+                        "--out", str(tmp_path / "ds"))
+    assert code == 0 and "zero-bubble" in err
+    plan = plan_from_dict(doc["plan"], "plan")
+    runs, _ = as_run(EMITTED_CAPS["deepspeed"], plan, MODEL)
+    assert runs.schedule == "1f1b" and runs != plan
+    (tmp_path / "runs.json").write_text(json.dumps(runs.to_dict()))
+    want = _estimate(capsys, tmp_path / "runs.json", "megatron")
+    header = "\n".join(json.loads((tmp_path / "ds" / "ds_config.json").read_text())["_autotune"]["header"])
+    assert PREDICTED.search(header).groups() == want
+    assert "re-estimated for what deepspeed runs" in header and "planned: " in header and "zb-h1" in header
+
+
+def test_without_trainer_the_output_names_the_trainers_that_run_the_winner(capsys):
+    doc = _json(capsys, "plan", *JOB, "--pp", "4", "--schedule", "zb-h1,1f1b", "--top", "0")
+    assert doc["plan"]["schedule"] == "zb-h1" and doc["trainer"] is None
+    fits = {f["trainer"]: f for f in doc["trainers"]}
+    assert list(fits) == list(TRAINER_CAPS)
+    for name, f in fits.items():
+        assert not f["runs_best"] and any("zb-h1" in why for why in f["unsupported"])
+        if f["status"] in ("OPTIMAL", "FEASIBLE"):  # the same as `plan --trainer T` with the same pins
+            alone = _json(capsys, "plan", *JOB, "--pp", "4", "--schedule", "1f1b", "--top", "0", "--trainer", name)
+            assert f["best"]["plan"] == alone["plan"] and f["best"]["step_time_s"] == alone["step_time_s"]
+        else:
+            assert f["status"] == "PINS" and f["note"]
+    code, out, _ = _run(capsys, "plan", *JOB, "--pp", "4", "--schedule", "zb-h1,1f1b", "--top", "0")
+    assert code == 0 and "runs the best plan as planned: no trainer" in out and "--fork" in out
+
+
+def test_forks_are_searched_only_when_named(capsys):
+    plain = _json(capsys, "plan", *JOB, "--pp", "4", "--trainer", "megatron", "--top", "0")
+    assert plain["plan"]["vocab"] != "parallel" and plain["plan"]["schedule"] in ("1f1b", "interleaved")
+    fork = _json(capsys, "plan", *JOB, "--pp", "4", "--vocab", "parallel", "--trainer", "megatron", "--fork",
+                 "vocab-parallel", "--top", "0")
+    assert fork["plan"]["vocab"] == "parallel" and fork["trainer"] == "megatron+vocab-parallel"
+    assert "--trainer megatron runs ends,balanced" in _error(capsys, "plan", *JOB, "--vocab", "parallel",
+                                                             "--trainer", "megatron")
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--fork", "vocab-parallel"), "--fork vocab-parallel names a fork of a trainer; add --trainer megatron"),
+    (("--trainer", "deepspeed", "--fork", "zero-bubble"), "--fork zero-bubble is a fork of megatron"),
+    (("--trainer", "megatron", "--fork", "dualpipe"), "--fork 'dualpipe': unknown fork"),
+    (("--trainer", "deepspeed", "--schedule", "interleaved"), "--schedule interleaved: --trainer deepspeed runs 1f1b"),
+    (("--trainer", "torchtitan", "--cp", "2"), "--cp 2: --trainer torchtitan runs 1"),
+    (("--trainer", "megatron", "--strict"), "--strict and --torchtitan-format apply to the launch config"),
+])
+def test_bad_trainer_options_are_one_line_errors(capsys, args, message):
+    assert message in _error(capsys, "plan", *JOB, *args)
+
+
+def test_scale_with_a_trainer(capsys):
+    doc = _json(capsys, "scale", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8,16", "--global-batch",
+                "64", "--seq-len", "4096", "--trainer", "deepspeed")
+    plans = [plan_from_dict(p["plan"], "plan") for p in doc["points"] if p.get("plan")]
+    assert plans
+    job = JobSpec(global_batch=64, seq_len=4096, trainer="deepspeed")
+    assert all(unsupported(TRAINER_CAPS["deepspeed"], p, MODEL, job) == [] for p in plans)
+
+
+def test_help_documents_trainer_and_fork(capsys):
+    code, out, _ = _run(capsys, "plan", "--help")
+    assert code == 0 and "--fork" in out and "vocab-parallel" in out and "zero-bubble" in out
