@@ -205,9 +205,11 @@ def test_token_exchange_by_hand() -> None:
     shape = layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
     sent = 2 * 4096 * 2 * 4096
     one = 3e-6 + 7 / 8 * sent / (450e9 * 0.8)
-    assert moe_comm(m, H100, shape) == pytest.approx((2 * one, 2 * one))
+    # the forward's token-count all-gather: 8 ranks x 8 experts x 8 B over a ring of 8 in the node
+    counts = 7 * 3e-6 + 7 / 8 * (8 * 8 * 8) / (450e9 * 0.8)
+    assert moe_comm(m, H100, shape) == pytest.approx((2 * one + counts, 2 * one))
     heavy = layer_shape(m, replace(job, moe_imbalance=1.5), tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
-    assert moe_comm(m, H100, heavy)[0] == pytest.approx(2 * (3e-6 + 7 / 8 * 1.5 * sent / (450e9 * 0.8)))
+    assert moe_comm(m, H100, heavy)[1] == pytest.approx(2 * (3e-6 + 7 / 8 * 1.5 * sent / (450e9 * 0.8)))
 
 
 @pytest.mark.parametrize(("tp", "ep", "etp"), [(1, 1, 1), (1, 8, 1), (2, 4, 2), (2, 2, 1)])
@@ -287,3 +289,41 @@ def test_public_moe_rows_are_evaluated_with_their_published_layout() -> None:
     moe = accuracy.moe_public_rows()
     assert len(moe) == 12 and {r.family for r in moe} == {"GPT-OSS-120B", "Qwen3-30B-A3B"}
     assert all(r.lofo_step_s == r.predicted_step_s for r in moe)
+
+
+def test_expert_bias_is_applied_per_expert_in_pytorch_by_hand() -> None:
+    """GPT-OSS's expert biases: megatron-core's TEGroupedMLP._apply_bias runs `t + b * p` per local expert and
+    a torch.cat. ep 8 of 128 experts = 16 local; 4096 tokens x top-4 = 16384 rows of h 2880 in bf16: per
+    expert b*p writes rows*h*2 B, the add reads 2x and writes 1x that; the cat reads and writes all rows."""
+    from autotune.costmodel.compute import pass_time
+
+    m = load_model("gpt-oss-120b")
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0)
+    shape = layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
+    ops = [op for op in layer_forward_ops(m, shape, True) if op.name.startswith("expert_bias")]
+    assert len(ops) == 2 * 16 + 1
+    plane = 16384 * 2880 * 2
+    assert sum(op.bytes for op in ops) == pytest.approx(6 * plane)
+    seconds = pass_time(tuple(ops), H100, "bf16").seconds
+    assert seconds == pytest.approx(6 * plane / (3350e9 * 0.85) + 33 * 3e-6)
+    mixtral = load_model("mixtral-8x7b")  # no expert biases: nothing added
+    assert not [op for op in layer_forward_ops(mixtral, layer_shape(mixtral, job, tp=1, cp=1, mbs=1, sp=False, ep=8),
+                                               True) if op.name.startswith("expert_bias")]
+
+
+def test_dropless_alltoall_resorts_received_tokens_by_local_expert_by_hand() -> None:
+    """megatron-core's dispatch_postprocess / combine_preprocess (sort_chunks_by_idxs): Qwen3-30B-A3B, ep 8 of
+    128 experts = 16 local, 4096 tokens x top-8 = 32768 received copies of h 2048 in bf16: the sort reads and
+    writes them (and their fp32 probabilities), the un-sort reads and writes the expert outputs. With one
+    local expert (ep = experts) there is nothing to sort."""
+    m = load_model("qwen3-30b-a3b")
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0)
+    ops = {op.name: op for op in layer_forward_ops(m, layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=8), True)}
+    assert ops["sort_by_expert"].bytes == pytest.approx(2 * 2 * 32768 * 2048 + 2 * 4 * 32768)
+    assert ops["unsort_by_expert"].bytes == pytest.approx(2 * 2 * 32768 * 2048)
+    names = [op.name for op in layer_forward_ops(m, layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=128), True)]
+    assert "sort_by_expert" not in names and "unsort_by_expert" not in names
+    # the order of the passes follows the dispatcher: permute, (all-to-all), sort, experts, un-sort, unpermute
+    order = list(ops)
+    assert order.index("permute") < order.index("sort_by_expert") < order.index("expert_up")
+    assert order.index("expert_down") < order.index("unsort_by_expert") < order.index("unpermute")
