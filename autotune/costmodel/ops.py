@@ -239,13 +239,20 @@ def _activation(model: ModelSpec, shape: LayerShape, t: float, f: float) -> list
     return [_memory_op("mlp_bias", "elementwise", n, 2.0 * e * n), _memory_op("gelu", "elementwise", 8.0 * n, 2.0 * e * n)]
 
 
+#: Memory-bound ops that only move rows into another order (costmodel/moe.py): their backward moves the
+#: gradient back, with the same traffic.
+PERMUTATION_OPS = frozenset({"permute", "sort_by_expert", "unsort_by_expert"})
+
+
 def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
     """Backward of a list of forward ops.
 
     A GEMM's backward is two GEMMs (input gradient and weight gradient) of the same size. Flash attention's
     backward recomputes the scores: 5 score-sized matmuls instead of 2 (Dao 2023), 2.5x the forward FLOPs, and
     reads Q, K, V, O, dO and writes dQ, dK, dV. A memory-bound op's backward reads the saved input and the
-    incoming gradient and writes one gradient: about twice its forward traffic.
+    incoming gradient and writes one gradient: about twice its forward traffic. A pure permutation (the MoE
+    token permute and the re-sorts by expert) has no saved input to read: its backward is the inverse
+    permutation of the gradient, the same traffic as its forward.
     """
     out = []
     for op in forward:
@@ -261,6 +268,8 @@ def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -
             out.append(Op(op.name + "_bwd", op.category, 2.5 * op.flops, 2.0 * op.bytes, "attention", dims))
         elif op.name == "cp_out_correction":
             out.extend(_cp_corrections(shape, model.q_width / shape.tp, model.kv_width / shape.tp, "bwd"))
+        elif op.name in PERMUTATION_OPS:
+            out.append(Op(op.name + "_bwd", op.category, op.flops, op.bytes, "memory"))
         elif not op.name.endswith("_fp8_cast"):
             out.append(Op(op.name + "_bwd", op.category, 2.0 * op.flops, 2.0 * op.bytes, "memory"))
     if shape.fp8:
