@@ -40,22 +40,24 @@ plan: install
 	$(VENV)/bin/autotune plan --model $(MODEL) --gpu $(GPU) --gpus $(GPUS) --global-batch $(GLOBAL_BATCH) \
 		--seq-len $(SEQ_LEN)
 
+# Two pytest-xdist workers: the suite is CPU-bound (CP-SAT solves, brute-force enumerations, CPU training runs).
+TEST_WORKERS ?= 2
 test: install trainers
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 bench: install
-	$(PY) -m autotune.bench
+	$(PY) -m autotune.reports.bench
 
 # The cost model against every public set of published step times, each row's published configuration pinned:
 # Megatron-LM 2021 Table 1 (A100) and profiles/published/published-runs-public.csv (H100/H200: NVIDIA
 # dgxc-benchmarking, torchtitan, Megatron-LM examples). SET=megatron2021|public|all; JSON=1 for one JSON object.
 SET ?= all
 accuracy: install
-	$(PY) -m autotune.accuracy --set $(SET) $(if $(JSON),--json)
+	$(PY) -m autotune.reports.accuracy --set $(SET) $(if $(JSON),--json)
 
 # Paper 4: vocabulary placement (ends / balanced / parallel) vs vocabulary size on a ~4B model, pp 8.
 vocab-report: install
-	$(PY) -m autotune.vocab_report
+	$(PY) -m autotune.reports.vocab
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

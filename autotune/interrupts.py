@@ -180,9 +180,12 @@ class deadline:  # noqa: N801  (used as a function: `with deadline(seconds, erro
     outside the main thread, or where setitimer does not exist, is not bounded."""
 
     def __init__(self, seconds: float, error: Callable[[], BaseException]) -> None:
-        self.seconds, self.error, self.old = seconds, error, None
+        self.seconds, self.error, self.old, self.expired = seconds, error, None, False
 
     def _expire(self, signum: int, frame: object) -> None:
+        # an exception raised inside a gc callback or a __del__ is swallowed: re-arm, so the next tick raises again
+        self.expired = True
+        signal.setitimer(signal.ITIMER_REAL, 0.02)
         raise self.error()
 
     def __enter__(self) -> None:
@@ -192,8 +195,10 @@ class deadline:  # noqa: N801  (used as a function: `with deadline(seconds, erro
             self.old = signal.signal(signal.SIGALRM, self._expire)
             signal.setitimer(signal.ITIMER_REAL, max(self.seconds, 1e-3))
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         if self.old is not None:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self.old)
             self.old = None
+        if self.expired and exc_type is None:  # the section finished although its time was up
+            raise self.error()

@@ -13,41 +13,51 @@ from pathlib import Path
 
 import pytest
 
-from autotune import accuracy
-from autotune.catalog import load_model
+from autotune.catalog import load_hardware, load_model
+from autotune.errors import SpecError
+from autotune.reports.accuracy import rules
+from autotune.reports.accuracy.__main__ import main
+from autotune.reports.accuracy.common import DEFAULT_DATA, PUBLIC_DATA, read_rows, spread_floor
+from autotune.reports.accuracy.fit import (ATTENTION_BWD_GRID, ATTENTION_FIT_SOURCES, Fitted, attention_bwd_fit,
+                                           attention_fit_rows, estimate_case, fit_attention_bwd_ratio,
+                                           lofo_predictions, step_with_attention_bwd_ratio, with_attention_bwd_ratio)
+from autotune.reports.accuracy.megatron2021 import accuracy_report, published_step_time
+from autotune.reports.accuracy.public import public_report
+from autotune.reports.accuracy.rules import RULE_KEYS, Case, RowSkipped, nearest_interleaved, row_case, row_hardware
+from autotune.specs.plan import Plan
 from autotune.units import GiB
 
-DATA = accuracy.DEFAULT_DATA
-PUBLIC = accuracy.PUBLIC_DATA
+DATA = DEFAULT_DATA
+PUBLIC = PUBLIC_DATA
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "published-runs-public.csv"
 
 
 @pytest.fixture(scope="module")
 def report():
-    return accuracy.accuracy_report(DATA)
+    return accuracy_report(DATA)
 
 
 @pytest.fixture(scope="module")
 def public():
-    return accuracy.public_report(PUBLIC)
+    return public_report(PUBLIC)
 
 
 @pytest.fixture(scope="module")
 def public_rows():
-    return {int(r["row_id"]): r for r in accuracy.read_rows(PUBLIC)}
+    return {int(r["row_id"]): r for r in read_rows(PUBLIC)}
 
 
-def case(public_rows, row_id: int) -> accuracy.Case:
-    return accuracy.row_case(public_rows[row_id])
+def case(public_rows, row_id: int) -> Case:
+    return row_case(public_rows[row_id])
 
 
 # ----------------------------------------------------------------- megatron2021
 def test_published_step_time_of_the_first_row_by_hand():
     """gpt-1.7b: B=512, s=2048, l=24, h=2304, V=51200, 137 TFLOP/s on 32 GPUs (Table 1), F from the appendix."""
-    row = accuracy.read_rows(DATA)[0]
+    row = read_rows(DATA)[0]
     assert row["name"] == "gpt-1.7b"
     flops = 96 * 512 * 2048 * 24 * 2304**2 * (1 + 2048 / (6 * 2304) + 51200 / (16 * 24 * 2304))
-    assert accuracy.published_step_time(row) == pytest.approx(flops / (137e12 * 32))
+    assert published_step_time(row) == pytest.approx(flops / (137e12 * 32))
 
 
 def test_report_has_ten_rows_with_positive_predictions(report):
@@ -65,10 +75,10 @@ def test_report_has_ten_rows_with_positive_predictions(report):
 
 
 def test_main_prints_a_table_and_json(capsys):
-    assert accuracy.main(["--set", "megatron2021", "--data", str(DATA)]) == 0
+    assert main(["--set", "megatron2021", "--data", str(DATA)]) == 0
     out = capsys.readouterr().out
     assert "gpt-1008b" in out and "MAPE" in out and "Published runs" not in out
-    assert accuracy.main(["--set", "megatron2021", "--data", str(DATA), "--json"]) == 0
+    assert main(["--set", "megatron2021", "--data", str(DATA), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert list(doc) == ["megatron2021"]
     table = doc["megatron2021"]
@@ -77,9 +87,9 @@ def test_main_prints_a_table_and_json(capsys):
 
 
 def test_main_reports_a_missing_file(capsys, tmp_path):
-    assert accuracy.main(["--data", str(tmp_path / "none.csv")]) == 1
+    assert main(["--data", str(tmp_path / "none.csv")]) == 1
     assert "cannot read" in capsys.readouterr().err
-    assert accuracy.main(["--set", "public", "--public-data", str(tmp_path / "none.csv")]) == 1
+    assert main(["--set", "public", "--public-data", str(tmp_path / "none.csv")]) == 1
     assert "cannot read" in capsys.readouterr().err
 
 
@@ -87,7 +97,7 @@ def test_main_reports_a_missing_file(capsys, tmp_path):
 def test_public_file_is_the_shared_copy_behind_comment_lines():
     text = PUBLIC.read_text()
     assert text.startswith("#") and "dgxc-benchmarking" in text.split("\n", 12)[5] + text[:2000]
-    assert len(accuracy.read_rows(PUBLIC)) == 151
+    assert len(read_rows(PUBLIC)) == 151
     if SHARED.is_file():  # the project's shared copy, when this checkout has one
         data = [line for line in text.splitlines() if not line.startswith("#")]
         assert data == SHARED.read_text().splitlines()
@@ -157,10 +167,10 @@ def test_torchtitan_fsdp_tp_rows(public_rows):
 
 def test_grand_teton_h100_without_its_catalog_file(public_rows, monkeypatch):
     """Before profiles/hardware/h100-hbm2e-96gb.json exists: h100-sxm with 96 GiB and 2.4 TB/s of HBM."""
-    monkeypatch.setattr(accuracy, "HBM2E_96GB", "no-such-gpu")
-    hw = accuracy.row_hardware(public_rows[319])
+    monkeypatch.setattr(rules, "HBM2E_96GB", "no-such-gpu")
+    hw = row_hardware(public_rows[319])
     assert (hw.memory_bytes, hw.hbm_bandwidth) == (96 * GiB, 2.4e12)
-    assert hw.peak_flops_bf16 == accuracy.load_hardware("h100-sxm").peak_flops_bf16
+    assert hw.peak_flops_bf16 == load_hardware("h100-sxm").peak_flops_bf16
 
 
 def test_torchtitan_fsdp_without_compile(public_rows):
@@ -215,31 +225,31 @@ def test_grad_reduce_rule_over_every_row(public_rows):
     """RULES 'grad_reduce': bf16 exactly on the dgxc rows."""
     for row_id, row in public_rows.items():
         try:
-            c = accuracy.row_case(row)
-        except accuracy.RowSkipped:
+            c = row_case(row)
+        except RowSkipped:
             continue
         assert c.job.grad_reduce == ("bf16" if row["source_id"] == "dgxc" else "fp32"), row_id
 
 
 def test_moe_rows_are_skipped_with_the_reason(public_rows):
-    with pytest.raises(accuracy.RowSkipped, match="MoE"):
-        accuracy.row_case(public_rows[519])
+    with pytest.raises(RowSkipped, match="MoE"):
+        row_case(public_rows[519])
 
 
 def test_nearest_interleaved_by_hand():
     """30 layers on pp 4, vpp 8, 64 micro-batches: vpp 2 [8,8,8,6] (8*(64+1.5)) beats vpp 3 [6,9,9,6], 5, 6 and
     1F1B [7,8,8,7] (8*(64+3))."""
-    plan = accuracy.Plan(tp=8, pp=4, dp=1, cp=2, mbs=1, num_microbatches=64, schedule="interleaved", vpp=8,
+    plan = Plan(tp=8, pp=4, dp=1, cp=2, mbs=1, num_microbatches=64, schedule="interleaved", vpp=8,
                          layers_per_stage=(7, 8, 8, 7))
-    best = accuracy.nearest_interleaved(plan, 30)
+    best = nearest_interleaved(plan, 30)
     assert (best.vpp, best.layers_per_stage, best.vocab) == (2, (8, 8, 8, 6), "balanced")
 
 
 def test_spread_floor_by_hand():
     """Key a measured 10 and 11 s: the best single prediction is 10 (error 1/11 on the 11 s row); b once."""
-    floor, repeated = accuracy.spread_floor([("a", 10.0), ("a", 11.0), ("b", 5.0)])
+    floor, repeated = spread_floor([("a", 10.0), ("a", 11.0), ("b", 5.0)])
     assert repeated == 1 and floor == pytest.approx(100 * (1 / 11) / 3)
-    assert accuracy.spread_floor([("a", 1.0)]) == (None, 0)
+    assert spread_floor([("a", 1.0)]) == (None, 0)
 
 
 # ----------------------------------------------------------------- public: the report
@@ -299,14 +309,14 @@ def test_public_report_columns_use_shipped_and_lofo_fits(public, public_rows):
     assert public.shipped == {"attention_bwd_ratio": {"h100-sxm": 0.4, "h200": 0.4, "h100-hbm2e-96gb": 0.4}}
     assert set(public.fitted_lofo) == {"Llama3.1-8B", "Llama3.1-70B", "Llama3.1-405B"}
     for params in (public.fitted_all, *public.fitted_lofo.values()):
-        assert set(params) == {"attention_bwd_ratio"} and params["attention_bwd_ratio"] in accuracy.ATTENTION_BWD_GRID
+        assert set(params) == {"attention_bwd_ratio"} and params["attention_bwd_ratio"] in ATTENTION_BWD_GRID
     by_id = {r.row_id: r for r in public.rows}
     for row_id in (89, 125, 60, 319, 346):  # 70B, 8B, 405B dgxc; torchtitan H100; H200
         r, c = by_id[row_id], case(public_rows, row_id)
-        assert r.predicted_step_s == accuracy.estimate_case(c).step_time_s
+        assert r.predicted_step_s == estimate_case(c).step_time_s
         ratio = public.fitted_lofo[c.family]["attention_bwd_ratio"]
-        assert r.lofo_step_s == accuracy.step_with_attention_bwd_ratio(c, ratio)
-        assert accuracy.with_attention_bwd_ratio(c, ratio).hw.efficiency == replace(c.hw.efficiency,
+        assert r.lofo_step_s == step_with_attention_bwd_ratio(c, ratio)
+        assert with_attention_bwd_ratio(c, ratio).hw.efficiency == replace(c.hw.efficiency,
                                                                                     attention_bwd_ratio=ratio)
 
 
@@ -316,21 +326,21 @@ def cases(public_rows):
     out = []
     for row in public_rows.values():
         try:
-            out.append(accuracy.row_case(row))
-        except accuracy.RowSkipped:
+            out.append(row_case(row))
+        except RowSkipped:
             pass
     return out
 
 
 def test_fit_rows_are_the_transformer_engine_h100_rows(cases):
-    rows = accuracy.attention_fit_rows(cases)
+    rows = attention_fit_rows(cases)
     assert {c.source_id for c in rows} == {"dgxc", "megatron_lm_examples_llama"}
     assert {c.gpu_type for c in rows} == {"H100"} and {c.job.trainer for c in rows} == {"megatron"}
-    assert len(rows) == sum(c.source_id in accuracy.ATTENTION_FIT_SOURCES for c in cases)
+    assert len(rows) == sum(c.source_id in ATTENTION_FIT_SOURCES for c in cases)
 
 
 def test_grid():
-    grid = accuracy.ATTENTION_BWD_GRID
+    grid = ATTENTION_BWD_GRID
     assert len(grid) == 15 and grid[0] == 0.30 and grid[-1] == 1.00
     assert all(b - a == pytest.approx(0.05) for a, b in zip(grid, grid[1:]))
 
@@ -340,9 +350,9 @@ def test_fit_on_a_few_real_rows_returns_a_grid_value(cases):
     few = [c for c in cases if c.source_id == "dgxc" and c.plan.num_gpus <= 128]
     picked = [c for f in sorted({c.family for c in few}) for c in [c for c in few if c.family == f][:2]]
     picked.append(next(c for c in cases if c.job.trainer == "torchtitan"))
-    ratio = accuracy.fit_attention_bwd_ratio(picked)
-    assert ratio in accuracy.ATTENTION_BWD_GRID
-    assert ratio == accuracy.fit_attention_bwd_ratio(picked)  # deterministic
+    ratio = fit_attention_bwd_ratio(picked)
+    assert ratio in ATTENTION_BWD_GRID
+    assert ratio == fit_attention_bwd_ratio(picked)  # deterministic
 
 
 def fake_evaluate(truth: dict[str, float], log: list[tuple[str, str]] | None = None):
@@ -359,21 +369,21 @@ def fake_evaluate(truth: dict[str, float], log: list[tuple[str, str]] | None = N
 def test_fit_picks_the_minimizing_grid_value_and_ignores_other_rows(cases):
     log: list[tuple[str, str]] = []
     truth = {"Llama3.1-8B": 0.65, "Llama3.1-70B": 0.65, "Llama3.1-405B": 0.65}
-    assert accuracy.fit_attention_bwd_ratio(cases, fake_evaluate(truth, log)) == 0.65
+    assert fit_attention_bwd_ratio(cases, fake_evaluate(truth, log)) == 0.65
     assert {s for s, _ in log} == {"dgxc", "megatron_lm_examples_llama"}  # torchtitan rows never evaluated
     # an off-grid optimum goes to the nearest grid value
-    assert accuracy.fit_attention_bwd_ratio(cases, fake_evaluate(dict.fromkeys(truth, 0.62))) == 0.60
+    assert fit_attention_bwd_ratio(cases, fake_evaluate(dict.fromkeys(truth, 0.62))) == 0.60
 
 
 def test_fit_ties_go_to_the_larger_value(cases):
-    assert accuracy.fit_attention_bwd_ratio(cases, lambda c, r: c.published_step_s) == 1.00
-    assert accuracy.fit_attention_bwd_ratio(cases, lambda c, r: c.published_step_s, grid=(0.5, 0.4)) == 0.5
+    assert fit_attention_bwd_ratio(cases, lambda c, r: c.published_step_s) == 1.00
+    assert fit_attention_bwd_ratio(cases, lambda c, r: c.published_step_s, grid=(0.5, 0.4)) == 0.5
 
 
 def test_fit_without_fit_rows_is_an_error(cases):
     torchtitan = [c for c in cases if c.job.trainer == "torchtitan"]
-    with pytest.raises(accuracy.SpecError, match="attention_bwd_ratio"):
-        accuracy.fit_attention_bwd_ratio(torchtitan, lambda c, r: 1.0)
+    with pytest.raises(SpecError, match="attention_bwd_ratio"):
+        fit_attention_bwd_ratio(torchtitan, lambda c, r: 1.0)
 
 
 def test_lofo_fit_never_uses_the_held_out_family(cases):
@@ -382,17 +392,17 @@ def test_lofo_fit_never_uses_the_held_out_family(cases):
     Fit rows: 31 8B, 37 70B, 39 405B, so the weighted median is 405B's truth unless 405B is held out."""
     truth = {"Llama3.1-8B": 0.35, "Llama3.1-70B": 0.60, "Llama3.1-405B": 0.90}
     log: list[tuple[str, str]] = []
-    fit = accuracy.attention_bwd_fit(fake_evaluate(truth))
+    fit = attention_bwd_fit(fake_evaluate(truth))
     seen: dict[str, set[str]] = {}
 
     def recording_fit(train):
         held_out = ({c.family for c in cases} - {c.family for c in train}).pop()
-        fitted = accuracy.attention_bwd_fit(fake_evaluate(truth, log))(train)
+        fitted = attention_bwd_fit(fake_evaluate(truth, log))(train)
         seen[held_out] = {f for _, f in log}
         log.clear()
         return fitted
 
-    predictions, params = accuracy.lofo_predictions(cases, recording_fit)
+    predictions, params = lofo_predictions(cases, recording_fit)
     assert set(seen) == set(truth) and all(family not in seen[family] for family in truth)
     assert params == {"Llama3.1-8B": {"attention_bwd_ratio": 0.90}, "Llama3.1-70B": {"attention_bwd_ratio": 0.90},
                       "Llama3.1-405B": {"attention_bwd_ratio": 0.60}}
@@ -411,10 +421,10 @@ def test_lofo_refits_without_the_family(public):
 
     def scale(train):
         seen.append({c.family for c in train})
-        k = sum(c.published_step_s / accuracy.estimate_case(c).step_time_s for c in train) / len(train)
-        return accuracy.Fitted(lambda c: k * accuracy.estimate_case(c).step_time_s, {"scale": k})
+        k = sum(c.published_step_s / estimate_case(c).step_time_s for c in train) / len(train)
+        return Fitted(lambda c: k * estimate_case(c).step_time_s, {"scale": k})
 
-    fitted = accuracy.public_report(PUBLIC, fit=scale)
+    fitted = public_report(PUBLIC, fit=scale)
     families = {r.family for r in public.rows}
     assert families == {"Llama3.1-8B", "Llama3.1-70B", "Llama3.1-405B"}
     assert seen[0] == families and sorted(map(sorted, seen[1:])) == sorted(sorted(families - {f}) for f in families)
@@ -424,18 +434,18 @@ def test_lofo_refits_without_the_family(public):
 
 
 def test_public_main_text_and_deterministic_json(capsys):
-    assert accuracy.main(["--set", "public"]) == 0
+    assert main(["--set", "public"]) == 0
     out = capsys.readouterr().out
     assert "One figure of the cost model is fitted to these rows: attention_bwd_ratio" in out
     assert "fitted to the dgxc-benchmarking rows" in out and "public microbenchmarks" in out
     assert "Skipped rows (12)" in out
     for family in ("8B", "70B", "405B"):
         assert re.search(rf"^attention_bwd_ratio fitted without {family}: \d\.\d\d$", out, re.MULTILINE)
-    for key in accuracy.RULE_KEYS:
+    for key in RULE_KEYS:
         assert f"  {key} " in out
-    assert accuracy.main(["--set", "public", "--json"]) == 0
+    assert main(["--set", "public", "--json"]) == 0
     first = capsys.readouterr().out
-    assert accuracy.main(["--set", "public", "--json"]) == 0
+    assert main(["--set", "public", "--json"]) == 0
     assert capsys.readouterr().out == first
     doc = json.loads(first)["public"]
     assert {"overall", "subsets", "skipped", "rows", "rules", "fitted", "fitted_values"} <= doc.keys()

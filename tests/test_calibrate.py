@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import autotune.cli_calibrate  # noqa: F401  (registers the command on the app)
-from autotune.calibrate import REQUIRED, calibrate, calibrated_profile, read_runs
 from autotune.catalog import read_json
 from autotune.cli import main
+from autotune.reports.calibrate import calibrate, calibrated_profile
+from autotune.reports.runs import REQUIRED, read_runs
 from autotune.specs.hardware import hardware_from_dict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,8 +36,9 @@ def megatron():
 
 
 def test_runs_file_matches_the_accuracy_report():
-    """The runs file's step times are accuracy.py's published_step_time of Table 1 (to 1 us)."""
-    from autotune.accuracy import DEFAULT_DATA, published_step_time, read_rows
+    """The runs file's step times are the accuracy report's published_step_time of Table 1 (to 1 us)."""
+    from autotune.reports.accuracy.common import DEFAULT_DATA, read_rows
+    from autotune.reports.accuracy.megatron2021 import published_step_time
 
     runs = read_runs(RUNS).runs
     table = read_rows(DEFAULT_DATA)
@@ -49,7 +50,7 @@ def test_runs_file_matches_the_accuracy_report():
 
 def test_megatron_fit_reports_before_after_and_loo(megatron):
     """Before = the accuracy report's MAPE (same plans, uncalibrated file); measured: 9.0%, 1.0% after, 1.5% LOO."""
-    from autotune.accuracy import accuracy_report
+    from autotune.reports.accuracy.megatron2021 import accuracy_report
 
     assert megatron.mape_before_pct == pytest.approx(accuracy_report().mape_pct, abs=1e-3)
     assert megatron.mape_after_pct < megatron.mape_before_pct
@@ -164,9 +165,9 @@ def test_missing_file(tmp_path, capsys):
 
 
 def test_error_path_as_a_user_runs_it(tmp_path):
-    """Through a real process and `main` (the import stands in for cli.py's registration line)."""
+    """Through a real process and `main`."""
     path = _write(tmp_path, HEADER, ROW_17B, ROW_36B.replace("3.697407", "n/a"))
-    code = "import autotune.cli_calibrate; from autotune.cli import main; main()"
+    code = "from autotune.cli import main; main()"
     proc = subprocess.run([sys.executable, "-c", code, "calibrate", str(path)], cwd=REPO, capture_output=True,
                           text=True, timeout=120, check=False)
     assert proc.returncode == 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import one, parse_choice_list, parse_int_list
+from autotune.cli.options import one, parse_choice_list, parse_int_list
 from autotune.errors import SpecError
 
 REPO = Path(__file__).resolve().parent.parent

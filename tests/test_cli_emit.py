@@ -19,7 +19,9 @@ import pytest
 
 import autotune.fileio
 from autotune.catalog import load_model, model_names
-from autotune.cli import document_reestimator, emit_input_from_document, main
+from autotune.cli import main
+from autotune.cli.launch import document_reestimator
+from autotune.emit.document import emit_input_from_document
 from autotune.emit import TRAINERS, emit
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import even_split

@@ -13,10 +13,10 @@ from dataclasses import replace
 
 import pytest
 
-import autotune.cli
-from autotune import render
+import autotune.cli.searching
 from autotune.cli import main
 from autotune.errors import SolverLimitError
+from autotune.render.plan import search_progress
 from autotune.search.planner import SearchProgress
 from autotune.search.planner import search as real_search
 
@@ -219,7 +219,7 @@ def _feasible(*args, **kwargs):
 
 
 def test_feasible_result_prints_the_plan_and_exits_3(cli, monkeypatch):
-    monkeypatch.setattr(autotune.cli, "search", _feasible)
+    monkeypatch.setattr(autotune.cli.searching, "search", _feasible)
     result = cli("plan", *SMALL)
     assert result.exit_code == 3
     assert "best plan found (not proven optimal)" in result.stdout
@@ -234,7 +234,7 @@ def test_solver_limit_error_carrying_a_result_prints_it(cli, monkeypatch):
     def limited(*args, **kwargs):
         raise SolverLimitError("time limit", result=_feasible(*args, **kwargs))
 
-    monkeypatch.setattr(autotune.cli, "search", limited)
+    monkeypatch.setattr(autotune.cli.searching, "search", limited)
     result = cli("plan", *SMALL, "--json")
     assert result.exit_code == 3
     assert json.loads(result.stdout)["solver"]["status"] == "FEASIBLE"
@@ -259,17 +259,17 @@ class _Tty:
 
 
 def test_progress_is_silent_unless_stderr_is_a_terminal(monkeypatch):
-    with render.search_progress(True) as progress:  # pytest's stderr is not a terminal
+    with search_progress(True) as progress:  # pytest's stderr is not a terminal
         assert progress is None
     tty = _Tty()
     monkeypatch.setattr("sys.stderr", tty)
-    with render.search_progress(False) as progress:  # --json
+    with search_progress(False) as progress:  # --json
         assert progress is None
-    with render.search_progress(True) as progress:  # a search done within a second shows nothing
+    with search_progress(True) as progress:  # a search done within a second shows nothing
         assert progress is not None
         progress(SearchProgress(1848, 3, 1.5, 1.2))
     assert not tty.text
-    with render.search_progress(True, delay_s=0.0) as progress:
+    with search_progress(True, delay_s=0.0) as progress:
         progress(SearchProgress(1848, 0, math.inf, 1.0))
         progress(SearchProgress(1848, 3, 1.5, 1.2))
     assert "20.0%" in tty.text  # the bar drew (and cleared) itself on stderr, with the gap

@@ -133,7 +133,7 @@ def test_a_very_long_name_is_the_name_rule_not_an_oserror(flag):
 
 # ------------------------------------------------------------------------------- profile larger than memory
 def test_profile_shapes_larger_than_memory_are_refused_before_allocating(tmp_path, monkeypatch):
-    monkeypatch.setattr("autotune.cli_profile.available_memory", lambda kind: 8 << 30)
+    monkeypatch.setattr("autotune.cli.profile.available_memory", lambda kind: 8 << 30)
     line = error_line(["profile", "--model", "llama3-405b", "--device", "cpu", "--seq-len", "8192", "--tp", "1",
                        "--mbs", "1", "--out", str(tmp_path / "p.json")])
     assert "needs about" in line and "but cpu has 8.0 GiB free; use a smaller --mbs or --seq-len" in line

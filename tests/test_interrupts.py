@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.interrupts import EXIT_CODE
+from autotune.interrupts import EXIT_CODE, deadline
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not hasattr(signal, "sigwait"), reason="POSIX signals")
@@ -98,3 +98,23 @@ def test_sigint_during_a_write_lets_it_finish_and_leaves_no_temporary_file(tmp_p
     assert "after the write" not in rest
     assert (out / "a.txt").read_text() == "A" * 100000 and (out / "b.txt").read_text() == "B"
     assert not _temporary_files(tmp_path)
+
+
+def test_deadline_raises_again_when_its_raise_is_swallowed():
+    """An exception raised in a gc callback or a __del__ is swallowed by the interpreter: the deadline re-arms,
+    so it raises again, and a section that swallows every raise and finishes late still ends with the error."""
+    class Late(Exception):
+        pass
+
+    caught = 0
+    with pytest.raises(Late):
+        with deadline(0.01, Late):
+            end = time.perf_counter() + 0.3
+            while True:
+                try:
+                    if time.perf_counter() > end:
+                        break
+                    time.sleep(0.001)
+                except Late:
+                    caught += 1  # swallowed, as in a gc callback
+    assert caught >= 2

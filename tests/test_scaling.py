@@ -1,4 +1,4 @@
-"""`autotune scale` and autotune.scaling (paper 3 of ../shared/papers.md): the best plan at each GPU count,
+"""`autotune scale` and autotune.search.scaling (paper 3 of ../shared/papers.md): the best plan at each GPU count,
 time and cost to train, strategy changes and the diminishing-returns point; every derived number is checked
 by hand from the returned plans.
 
@@ -15,11 +15,11 @@ from dataclasses import replace
 
 import pytest
 
-import autotune.scaling
+import autotune.search.scaling
 from autotune.catalog import load_hardware, load_model
 from autotune.errors import SolverLimitError, SpecError
-from autotune.render import SCALING_CSV_COLUMNS
-from autotune.scaling import (
+from autotune.render.scale import SCALING_CSV_COLUMNS
+from autotune.search.scaling import (
     DEFAULT_TRAIN_TOKENS,
     ScalingResult,
     global_batch_for_tokens,
@@ -216,7 +216,7 @@ def test_a_size_stopped_by_the_time_limit_is_shown_and_exits_3(cli, monkeypatch)
     def limited(*args, **kwargs):
         raise SolverLimitError("limit", replace(real_search(*args, **kwargs), status="FEASIBLE", gap=0.1))
 
-    monkeypatch.setattr(autotune.scaling, "search", limited)
+    monkeypatch.setattr(autotune.search.scaling, "search", limited)
     result = cli("scale", *SWEEP[:4], "--gpus", "8", "--global-batch", "64", "--seq-len", "4096", "--csv")
     assert result.exit_code == 3
     assert next(csv.DictReader(io.StringIO(result.output)))["status"] == "FEASIBLE"

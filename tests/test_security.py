@@ -199,7 +199,7 @@ def test_slug(text, expected):
 def test_calibrate_default_name_is_a_slug_of_the_hardware_name(tmp_path, capsys, monkeypatch):
     """`calibrate` without --out names its file after the hardware file's "name": a slug, in the working
     directory, never a path taken from the file (the fit itself is stubbed: this is about the name)."""
-    import autotune.cli_calibrate as cli_calibrate
+    import autotune.cli.calibrate as cli_calibrate
 
     cal = SimpleNamespace(runs_file=SimpleNamespace(hw_raw={"name": "../../../tmp/evil"}), to_dict=lambda: {})
     monkeypatch.setattr(cli_calibrate, "fit_runs", lambda runs: cal)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.costmodel import pipeline
-from autotune.timeline import bar, schedule_chart
+from autotune.render.timeline import bar, schedule_chart
 
 
 def test_bar_fills_to_the_share_and_marks_overflow():

@@ -1,4 +1,4 @@
-"""Paper 4's shape, reproduced by the cost model (autotune/vocab_report.py): naive placement degrades steeply
+"""Paper 4's shape, reproduced by the cost model (autotune/reports/vocab.py): naive placement degrades steeply
 with the vocabulary, a rebalanced split recovers part of it, vocabulary parallelism stays nearly flat and beats
 the naive placement at 256k by at least the paper's lower end (5%), with a lower peak memory."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import vocab_report
+from autotune.reports import vocab as vocab_report
 
 
 @pytest.fixture(scope="module")

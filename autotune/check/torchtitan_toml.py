@@ -2,7 +2,7 @@
 script running `-m torchtitan.train`, or a file of overrides one per line).
 
 Both use the same section.key names (torchtitan/config/job_config.py in 0.2.2, config/configs.py in 0.3.0), so
-both become one nested dict and one mapping, the inverse of autotune/emit/torchtitan.py:
+both become one nested dict and one mapping, the inverse of autotune/emit/torchtitan_mapping.py:
 * dp = data_parallel_replicate_degree x data_parallel_shard_degree; FSDP2 with fsdp_reshard_after_forward
   "always" (or "default" without a pipeline) is ZeRO-3; "never" (or "default" with one) keeps the gathered
   weights from forward to backward, ZeRO-2-like: read as ZeRO-2 without a pipeline, ZeRO-1 with one (the
@@ -23,7 +23,7 @@ from typing import Any
 from autotune.check.bash import Shell, tokenize
 from autotune.check.reading import Reading, check_sizes
 from autotune.check.script import launch_words
-from autotune.emit.torchtitan import REGISTRY
+from autotune.emit.torchtitan_mapping import REGISTRY
 from autotune.errors import SpecError
 
 #: Sections that never change the plan (logging, checkpoints, optimizer, data...).

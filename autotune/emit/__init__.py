@@ -38,7 +38,7 @@ class EmitInput:
     """(step time s, peak GiB, MFU) of another plan under the same model, hardware and job: the header then
     states the prediction for the plan a trainer really runs when it differs from `plan` (emit/common.py)."""
     train_tokens: float = 1e12
-    """Tokens to train (the LR schedule's length); the default is autotune.scaling.DEFAULT_TRAIN_TOKENS."""
+    """Tokens to train (the LR schedule's length); the default is autotune.search.scaling.DEFAULT_TRAIN_TOKENS."""
     mock_data: bool = False
     """Synthetic data and no tokenizer (smoke runs); otherwise the launch files require DATA_PATH etc."""
 

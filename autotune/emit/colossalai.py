@@ -11,8 +11,7 @@ from __future__ import annotations
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import python_str
-from autotune.emit.runfiles import nccl_env_block, required_env_block, sbatch_script, schedule
-from autotune.emit.torchtitan import launch_shape
+from autotune.emit.runfiles import launch_shape, nccl_env_block, required_env_block, sbatch_script, schedule
 from autotune.specs.tpgrid import tp_mode_degrees
 
 TARGET = "legacy config schema of Colossal-AI <= 0.3 (colossalai.legacy)"

@@ -18,9 +18,9 @@ from typing import Any
 
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
-from autotune.emit.runfiles import REQUIRED_ENV, nccl_env_block, required_env_block, sbatch_script, schedule
-from autotune.emit.torchtitan import launch_shape
 from autotune.emit.quote import json_text
+from autotune.emit.runfiles import (REQUIRED_ENV, launch_shape, nccl_env_block, required_env_block, sbatch_script,
+                                     schedule)
 from autotune.errors import InvalidPlanError
 from autotune.specs.plan import Plan
 from autotune.specs.trainers import TRAINER_CAPS, refusal

@@ -14,10 +14,9 @@ its Hugging Face tokenizer and DATA_PATH/TOKENIZER_MODEL/CHECKPOINT_DIR required
 written "${NAME}", the Env class), the schedule from --train-tokens, save/load, logging and the NCCL block;
 `mock_data` swaps the data and tokenizer for --mock-data and NullTokenizer.
 
-The pipeline partition (layers per rank, each rank's layers split evenly into vpp chunks) becomes, in order of
-preference: nothing (an even split); `--decoder-first/last-pipeline-num-layers` (the ends differ from equal middle
-ranks); otherwise `--pipeline-model-parallel-layout` listing the virtual stages in virtual order. Data
-parallelism has no flag: Megatron derives it from the world size, which the launch script checks.
+The pipeline partition becomes nothing (an even split), `--decoder-first/last-pipeline-num-layers` or
+`--pipeline-model-parallel-layout` (megatron_partition.py). Data parallelism has no flag: Megatron derives
+it from the world size, which the launch script checks.
 
 What mainline Megatron-LM lacks (zero-bubble and V schedules, vocabulary parallelism) is emitted as the closest
 config with a warning; megatron_forks.py says how, and how the vocabulary-parallel fork's flag stays switchable.
@@ -32,9 +31,9 @@ from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word
 from autotune.emit.megatron_moe import moe_flags
 from autotune.emit.megatron_forks import VOCAB_FORK, fork_block, fork_flags, mainline_plan, schedule_warnings
+from autotune.emit.megatron_partition import Flag, layout_string, partition_flags
 from autotune.emit.runfiles import float_text, nccl_env_block, required_env_block, sbatch_script, schedule
 from autotune.specs.plan import Plan
-from autotune.specs.plan import chunk_layers as specs_chunk_layers
 
 TARGET = "Megatron-LM pretrain_gpt.py, flags as in megatron-core 0.16 / Megatron-LM core_r0.16"
 #: Flags Megatron refuses to see together (validate_args in megatron/training/arguments.py and
@@ -74,64 +73,6 @@ MAINLINE_ONLY = ("--attention-backend", "--cp-comm-type")
 
 class Env(str):
     """A flag value that is a bash variable of the launch script (written "${NAME}", expanded at run time)."""
-
-
-Flag = tuple[str, str | None]
-
-
-# ---------------------------------------------------------------- pipeline partition
-
-
-def chunk_layers(plan: Plan) -> list[list[int]]:
-    """Transformer layers of each (rank, chunk): a rank's layers split as evenly as possible into vpp chunks."""
-    return [list(specs_chunk_layers(n, plan.vpp)) for n in plan.layers_per_stage]
-
-
-def layout_string(plan: Plan) -> str:
-    """--pipeline-model-parallel-layout: virtual stage j holds chunk j // pp of rank j % pp; E opens the first
-    stage, L closes the last one; empty stages are allowed."""
-    chunks = chunk_layers(plan)
-    stages = []
-    for j in range(plan.pp * plan.vpp):
-        n = chunks[j % plan.pp][j // plan.pp]
-        body = "" if n == 0 else ("t" if n == 1 else f"t*{n}")
-        stages.append(("E" if j == 0 else "") + body + ("L" if j == plan.pp * plan.vpp - 1 else ""))
-    return "|".join(stages)
-
-
-def _first_last(plan: Plan) -> list[Flag] | None:
-    """The uneven-first/last flags for this partition, or None when they cannot express it (TransformerConfig's
-    "Uneven PP" rules: first/last > 0 and divisible by vpp; equal middle ranks, divisible by vpp; a middle
-    stage iff middle layers remain)."""
-    layers, v = plan.layers_per_stage, plan.vpp
-    if len(layers) == 2:  # no middle stage: both ends are given
-        first, last = layers[0], layers[1]
-    else:
-        if len(set(layers[1:-1])) != 1 or layers[1] == 0 or layers[1] % v:
-            return None
-        first = layers[0] if layers[0] != layers[1] else None
-        last = layers[-1] if layers[-1] != layers[1] else None
-    flags: list[Flag] = []
-    for flag, n in (("--decoder-first-pipeline-num-layers", first), ("--decoder-last-pipeline-num-layers", last)):
-        if n is not None:
-            if n == 0 or n % v:
-                return None
-            flags.append((flag, str(n)))
-    return flags
-
-
-def partition_flags(plan: Plan) -> tuple[list[Flag], str]:
-    """The pipeline flags for the plan's partition and a one-line description of the form chosen."""
-    if plan.pp == 1:
-        return [], "one pipeline stage"
-    vpp: list[Flag] = [("--num-virtual-stages-per-pipeline-rank", str(plan.vpp))] if plan.vpp > 1 else []
-    even = len(set(plan.layers_per_stage)) == 1 and all(len(set(c)) == 1 for c in chunk_layers(plan))
-    if even:
-        return vpp, "even split"
-    first_last = _first_last(plan)
-    if first_last is not None and not any(n % plan.vpp for n in plan.layers_per_stage):
-        return first_last + vpp, "uneven first/last stage, equal middle stages"
-    return [("--pipeline-model-parallel-layout", layout_string(plan))], "explicit layout (virtual stages in order)"
 
 
 # ---------------------------------------------------------------- flag groups

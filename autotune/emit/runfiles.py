@@ -63,6 +63,13 @@ def schedule(inp: EmitInput) -> Schedule:
                     min_lr=float(f"{lr / 10:.6g}"), save_interval=save, log_interval=min(LOG_INTERVAL, steps))
 
 
+
+def launch_shape(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, processes per node) for torchrun, which needs the same count on every node."""
+    per_node = math.gcd(num_gpus, gpus_per_node)
+    return num_gpus // per_node, per_node
+
+
 def float_text(x: float) -> str:
     """A short decimal for a flag value, 6 significant digits (3e-4 -> 0.0003, 1.5e-5 -> 1.5e-05, 8.0 -> 8)."""
     return format(x, ".6g")

@@ -2,68 +2,28 @@
 
 torchtitan 0.3.0 has no TOML: a Python config function (`--module llama3 --config llama3_8b`) is overridden by
 tyro flags such as `--parallelism.tensor_parallel_degree 2`. 0.2.x reads `--job.config_file x.toml`. Both use the
-same key names (torchtitan/config/configs.py in 0.3.0, config/job_config.py in 0.2.2), so one mapping serves both:
-
-* data parallelism is FSDP2 (`data_parallel_shard_degree`) or replication (`data_parallel_replicate_degree`);
-  there is no ZeRO-1/2, so those map to FSDP2 without resharding after forward (ZeRO-2-like), with a warning;
-* the batch: `local_batch_size` is per data-parallel rank per gradient-accumulation step. With pp > 1 one step
-  runs the whole pipeline (lbs = mbs x microbatches, `pipeline_parallel_microbatch_size` = mbs); without it,
-  lbs = mbs and torchtitan accumulates gbs / (lbs x dp) micro-batches;
-* the partition: a split with the same layer count in every virtual stage is `pipeline_parallel_layers_per_stage`
-  with no layer-equivalents for the embedding or head (`first/last_stage_less_layers` 0); any other split is
-  `module_fqns_per_model_part`, one list per virtual stage in virtual order (stage j*pp + i = chunk j of rank i,
-  as torchtitan's looped schedules place them);
-* the schedules: 1f1b -> `1F1B`, interleaved -> `Interleaved1F1B`, v-half -> `ZBVZeroBubble` (the V-shaped
-  zero-bubble schedule: 2 stages per rank, rank i holding virtual stages i and 2pp-1-i, so the embedding and
-  the head both sit on rank 0; it keeps about 1F1B's activation memory, not V-Half's half, hence a warning);
-  zb-h1 -> `1F1B` with a warning (torchtitan's zero-bubble schedules all need 2 stages per rank). Vocabulary
-  parallelism has no torchtitan setting: the embedding stays in the first virtual stage and the head in the last.
+same key names, so one mapping serves both (autotune/emit/torchtitan_mapping.py: data parallelism, the batch,
+the partition, the schedules). This module writes the files: the 0.3.x launch script, its overrides and, where a
+registry function does more than the plan says, a config function of its own; or the 0.2.x TOML.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word, toml_str
-from autotune.emit.runfiles import nccl_env_block, required_env_block, sbatch_script, schedule
+from autotune.emit.runfiles import launch_shape, nccl_env_block, required_env_block, sbatch_script, schedule
+from autotune.emit.torchtitan_mapping import REGISTRY, Mapping, map_plan, model_shape
 from autotune.errors import SpecError
-from autotune.specs.plan import DEFAULT_BUCKET, Plan, normalized
 
 FORMATS = ("cli", "toml")
 TARGET = {"cli": "torchtitan 0.3.x command-line overrides", "toml": "torchtitan 0.2.x TOML job config"}
-#: autotune catalog models with a torchtitan llama3 twin: (0.3.0 config_registry function, 0.2.x flavor).
-REGISTRY = {
-    "llama3-8b": ("llama3_8b", "8B"), "llama3.1-8b": ("llama3_8b", "8B"),
-    "llama3-70b": ("llama3_70b", "70B"), "llama3.1-70b": ("llama3_70b", "70B"),
-    "llama3-405b": ("llama3_405b", "405B"), "llama3.1-405b": ("llama3_405b", "405B"),
-}
 #: Registry functions that switch on more than the plan says (llama3_405b: Float8 linears, torch.compile and async
 #: TP; Float8 crashes below SM89 and trains in FP8 on H100 while the plan is bf16). The launch uses a config
 #: function of its own instead, written next to the script (CONFIG_MODULE): the 405B model without converters on
 #: the 70B recipe, with the 405B recipe's learning rate; compile and async TP come from the flags.
 BF16_CONFIG = {"llama3_405b": ("405B", 8e-5)}
 CONFIG_MODULE = "autotune_torchtitan_config"
-#: torchtitan's names for autotune's schedules (torch.distributed.pipelining.schedules.get_schedule_class).
-SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B", "v-half": "ZBVZeroBubble"}
-#: The LM head's module name: `lm_head` in 0.3.0 (models/llama3/__init__.py), `output` in 0.2.x.
-HEAD = {"cli": "lm_head", "toml": "output"}
-
-
-@dataclass(frozen=True, slots=True)
-class Mapping:
-    """The plan in torchtitan's terms (one format's view); `keys` are (section, key, value) in emit order."""
-
-    keys: tuple[tuple[str, str, object], ...]
-    ac_mode: str
-    """none | selective | full."""
-    ac_option: str | None
-    """0.2.x selective_ac_option: "op" or every N-th layer."""
-    notes: tuple[str, ...]
-    """Comment lines explaining the mapping."""
-    warnings: tuple[str, ...]
 
 
 def emit_torchtitan(inp: EmitInput, *, fmt: str = "cli") -> EmitResult:
@@ -81,211 +41,6 @@ def emit_torchtitan(inp: EmitInput, *, fmt: str = "cli") -> EmitResult:
     else:
         files = (("torchtitan.toml", _toml(inp, m)),)
     return EmitResult(files=files, warnings=m.warnings)
-
-
-def virtual_stage_layers(plan: Plan) -> list[int]:
-    """Transformer layers of each virtual stage in virtual (model) order: looped schedules put chunk v // pp of
-    rank v % pp there; v-half's V puts rank v's first half for v < pp and rank 2pp-1-v's second half after."""
-    p, layers = plan.pp, plan.layers_per_stage
-    if plan.schedule == "v-half":
-        return [layers[v if v < p else 2 * p - 1 - v] // 2 for v in range(2 * p)]
-    return [layers[v % p] // plan.vpp for v in range(p * plan.vpp)]
-
-
-def stage_ranks(plan: Plan) -> list[int]:
-    """The pipeline rank that runs each virtual stage (torchtitan's loop or V placement)."""
-    p = plan.pp
-    if plan.schedule == "v-half":
-        return [v if v < p else 2 * p - 1 - v for v in range(2 * p)]
-    return [v % p for v in range(p * plan.vpp)]
-
-
-def module_fqns(plan: Plan, head: str) -> list[list[str]]:
-    """torchtitan's `module_fqns_per_model_part` for the plan's partition."""
-    parts, first = [], 0
-    for v, n in enumerate(virtual_stage_layers(plan)):
-        part = [f"layers.{i}" for i in range(first, first + n)]
-        first += n
-        parts.append((["tok_embeddings"] if v == 0 else []) + part)
-    parts[-1] += ["norm", head]
-    return parts
-
-
-def launch_shape(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
-    """(nodes, processes per node) for torchrun, which needs the same count on every node."""
-    per_node = math.gcd(num_gpus, gpus_per_node)
-    return num_gpus // per_node, per_node
-
-
-def map_plan(inp: EmitInput, fmt: str) -> Mapping:
-    """Translate the plan, collecting what torchtitan cannot express exactly."""
-    plan, job = normalized(inp.plan), inp.job
-    keys: list[tuple[str, str, object]] = []
-    notes: list[str] = []
-    warnings = _model_warnings(inp, fmt)
-    local_batch = plan.mbs * plan.num_microbatches if plan.pp > 1 else plan.mbs
-    keys += [("training", "local_batch_size", local_batch), ("training", "global_batch_size", job.global_batch),
-             ("training", "seq_len", job.seq_len)]
-    if job.dtype == "fp16":
-        warnings.append("dtype fp16: torchtitan's mixed precision is bfloat16 or float32 only; emitted bfloat16")
-    elif job.dtype == "fp8" and fmt == "cli":
-        warnings.append("dtype fp8: torchtitan 0.3.x enables Float8 through a converter in the config function "
-                        "(Float8LinearConverter), not a flag; emitted bfloat16 mixed precision")
-    keys.append(("training", "mixed_precision_param", "bfloat16"))
-    if plan.pp > 1 and fmt == "cli":
-        keys.append(("training", "disable_cuda_graphs", True))
-        notes.append("CUDA graphs do not support pipeline parallelism yet (Trainer.Config): disabled")
-    warnings += _schedule_warnings(plan)
-    keys += _data_parallel(plan, fmt, notes, warnings)
-    keys.append(("parallelism", "tensor_parallel_degree", plan.tp))
-    # torch.compile fuses the norms, RoPE, SwiGLU and residual adds the cost model's fused kernels assume;
-    # without it (--unfused) they run as PyTorch's eager chains
-    keys.append(("compile", "enable", job.fused_kernels))
-    if plan.tp_overlap and not job.fused_kernels:
-        warnings.append("tp_overlap: torchtitan's async TP needs torch.compile, which --unfused turns off; emitted "
-                        "without async TP")
-    if fmt == "cli":  # 0.3.x: async TP lives under compile; always explicit, a config function may turn it on
-        keys.append(("compile", "enable_async_tensor_parallel", plan.tp_overlap and job.fused_kernels))
-    elif plan.tp_overlap and job.fused_kernels:
-        keys.append(("parallelism", "enable_async_tensor_parallel", True))
-    if plan.tp > 1 and fmt == "cli":
-        keys.append(("parallelism", "enable_sequence_parallel", plan.sequence_parallel))
-    elif plan.tp > 1 and not plan.sequence_parallel:
-        warnings.append("sequence_parallel false: torchtitan 0.2.x always uses sequence parallelism with TP; "
-                        "emitted with it on (less activation memory, same communication volume)")
-    divisor = (plan.tp if plan.sequence_parallel or fmt == "toml" else 1) * (2 * plan.cp if plan.cp > 1 else 1)
-    if job.seq_len % divisor:
-        warnings.append(f"seq_len {job.seq_len}: torchtitan needs it divisible by {divisor} (tp with sequence "
-                        "parallelism x 2 cp) and will refuse to start")
-    keys.append(("parallelism", "context_parallel_degree", plan.cp))
-    keys.append(("parallelism", "pipeline_parallel_degree", plan.pp))
-    if plan.pp > 1:
-        keys += _pipeline(plan, fmt, notes)
-    if plan.bucket_size != DEFAULT_BUCKET:
-        notes.append(f"bucket_size {plan.bucket_size}: no torchtitan setting (FSDP2 communicates per transformer "
-                     "block)")
-    mode, option = _recompute(plan, fmt, warnings)
-    return Mapping(keys=tuple(keys), ac_mode=mode, ac_option=option, notes=tuple(notes), warnings=tuple(warnings))
-
-
-def _model_warnings(inp: EmitInput, fmt: str) -> list[str]:
-    m, plan = inp.model, inp.plan
-    out = []
-    if m.name not in REGISTRY:
-        where = "a config_registry function (TT_CONFIG)" if fmt == "cli" else "a llama3 flavor"
-        out.append(f"model {m.name}: not in torchtitan's registry; the launch needs {where} with {_shape(inp, fmt)}")
-    differs = [what for what, bad in (
-        (f"{m.activation} MLP", m.activation != "swiglu"), (m.norm, m.norm != "rmsnorm"),
-        (f"{m.position_embedding} positions", m.position_embedding != "rope"), (f"{m.bias} biases", m.bias != "none"),
-        ("dropout", m.dropout), ("bidirectional attention", not m.causal),
-        (f"head_dim {m.head_dim} != dim / heads", m.head_dim * m.num_heads != m.hidden_size)) if bad]
-    if differs:
-        out.append(f"model {m.name}: torchtitan's llama3 is a causal RoPE/RMSNorm/SwiGLU decoder without biases or "
-                   f"dropout; this model has {', '.join(differs)}, which needs a model of its own")
-    if m.tied_embeddings and fmt == "toml":
-        out.append("tied embeddings: torchtitan 0.2.x llama3 has no weight tying; the LM head gets its own weights")
-    elif m.tied_embeddings and plan.pp > 1:
-        out.append("tied embeddings: torchtitan does not support weight tying with pipeline parallelism; the config "
-                   "function must untie them (the LM head gets its own weights on the last stage)")
-    if m.name in REGISTRY and m.position_embedding == "rope" and m.rope_scaling != "llama3":
-        out.append(f"model {m.name}: torchtitan's llama3 flavors are Llama 3.1's (RoPE theta 500000 with Llama 3.1 "
-                   "frequency scaling); this model's RoPE is unscaled, so its low RoPE frequencies differ")
-    return out
-
-
-def _schedule_warnings(plan: Plan) -> list[str]:
-    """What torchtitan's schedules cannot express: ZB-H1, V-Half's memory, vocabulary parallelism."""
-    out = []
-    if plan.schedule == "zb-h1":
-        out.append("schedule zb-h1: torchtitan has no single-stage zero-bubble schedule (InterleavedZeroBubble and "
-                   "ZBVZeroBubble need 2 stages per rank); emitted 1F1B with the same stages: the same peak memory, "
-                   "but a larger bubble than predicted (weight gradients are not deferred into it)")
-    elif plan.schedule == "v-half":
-        out.append("schedule v-half: torchtitan has no V-Half; emitted ZBVZeroBubble, the V-shaped zero-bubble "
-                   "schedule with the same 2 stages per rank in V order: a smaller bubble, but it keeps about 1F1B's "
-                   "activation memory, about twice V-Half's, so peak memory exceeds the prediction")
-    if plan.vocab == "parallel":
-        out.append("vocab parallel: torchtitan cannot split the embedding and LM head over pipeline stages; emitted "
-                   "the embedding in the first virtual stage and the norm and LM head in the last (more memory "
-                   "there and a slower step than predicted)")
-    return out
-
-
-def _shape(inp: EmitInput, fmt: str) -> str:
-    """The numbers a hand-written torchtitan model config needs (tying only where torchtitan allows it)."""
-    m = inp.model
-    tied = "tied" if m.tied_embeddings and inp.plan.pp == 1 and fmt == "cli" else "untied"
-    return (f"{m.num_layers} layers, dim {m.hidden_size}, {m.num_heads} heads ({m.num_kv_heads} kv), ffn "
-            f"{m.ffn_hidden_size}, vocab {m.vocab_size}, {tied} embeddings")
-
-
-def _data_parallel(plan: Plan, fmt: str, notes: list[str], warnings: list[str]) -> list[tuple[str, str, object]]:
-    """ZeRO 0 -> replicate (DDP); 3 -> FSDP2 resharding after forward; 1/2 -> FSDP2 without (ZeRO-2-like)."""
-    dp, zero = plan.dp, plan.zero
-    ddp_ok = fmt == "cli" or plan.cp > 1 or plan.tp * plan.pp == 1  # 0.2.x: "DDP has not supported > 1D parallelism"
-    if dp == 1 or zero == 3 or (zero == 0 and ddp_ok):
-        replicate, shard = (dp, 1) if zero == 0 else (1, dp)
-        reshard = "always" if zero == 3 and dp > 1 else None
-        notes.append(f"dp {dp}, ZeRO-{zero}: " + ("no data parallelism" if dp == 1 else
-                     "FSDP2 (ZeRO-3)" if zero == 3 else "replicated weights (DDP-like)"))
-    else:
-        replicate, shard, reshard = 1, dp, "never"
-        why = ("torchtitan has no ZeRO-1/2" if zero else
-               "torchtitan 0.2.x runs DDP only without TP/PP ('DDP has not supported > 1D parallelism')")
-        warnings.append(f"ZeRO-{zero} with dp {dp}: {why}; emitted FSDP2 over the {dp} data-parallel ranks with "
-                        "fsdp_reshard_after_forward never (ZeRO-2-like: weights are also sharded between steps and "
-                        "all-gathered for each micro-batch)")
-        notes.append(f"dp {dp}, ZeRO-{zero}: FSDP2 without resharding after forward, the closest to ZeRO-1/2")
-    if plan.cp > 1:
-        warnings.append(f"cp {plan.cp}: torchtitan applies FSDP2 over the context-parallel ranks too (weights, "
-                        f"gradients and optimizer state sharded over dp_shard x cp = {shard * plan.cp} ranks)")
-    keys: list[tuple[str, str, object]] = [("parallelism", "data_parallel_replicate_degree", replicate),
-                                           ("parallelism", "data_parallel_shard_degree", shard)]
-    if reshard:
-        keys.append(("parallelism", "fsdp_reshard_after_forward", reshard))
-    return keys
-
-
-def _pipeline(plan: Plan, fmt: str, notes: list[str]) -> list[tuple[str, str, object]]:
-    keys: list[tuple[str, str, object]] = [
-        ("parallelism", "pipeline_parallel_schedule", SCHEDULES[plan.schedule]),
-        ("parallelism", "pipeline_parallel_microbatch_size", plan.mbs)]
-    counts = virtual_stage_layers(plan)
-    if min(counts) == max(counts) > 0:
-        notes.append(f"pipeline: {len(counts)} virtual stages of {counts[0]} layers; embedding and head count as "
-                     "no layers")
-        return keys + [("parallelism", "pipeline_parallel_layers_per_stage", counts[0]),
-                       ("parallelism", "pipeline_parallel_first_stage_less_layers", 0),
-                       ("parallelism", "pipeline_parallel_last_stage_less_layers", 0)]
-    order = ("V order: stage i < pp is the first half of rank i, stage 2pp-1-i its second half"
-             if plan.schedule == "v-half" else "stage j*pp + i = chunk j of rank i")
-    notes.append(f"pipeline: layers per virtual stage {','.join(map(str, counts))} ({order})")
-    return keys + [("parallelism", "module_fqns_per_model_part", module_fqns(plan, HEAD[fmt]))]
-
-
-def _recompute(plan: Plan, fmt: str, warnings: list[str]) -> tuple[str, str | None]:
-    """Activation checkpointing: (mode, 0.2.x selective_ac_option)."""
-    if plan.recompute == "selective":
-        warnings.append("recompute selective: torchtitan's selective AC is per-op (saves matmul and attention "
-                        "outputs, recomputes every second matmul and the element-wise ops), not Megatron's "
-                        "attention-only recompute; activation memory and recompute time differ")
-        return "selective", "op"
-    if plan.recompute == "none" or plan.recompute_layers is None:
-        return plan.recompute, None
-    r = plan.recompute_layers
-    what = f"recompute full on {r} layer{'s' if r > 1 else ''} per stage"
-    chunks = [n for n in virtual_stage_layers(plan) if n > 0]
-    if fmt == "toml":
-        # Layer AC checkpoints every N-th layer: at least floor(n / N) >= r of a chunk's n layers.
-        every = max(1, min(n // min(r, n) for n in chunks))
-        if every > 1:
-            warnings.append(f"{what}: torchtitan has no Megatron block method; emitted layer AC "
-                            f"(selective_ac_option \"{every}\": one layer in every {every}, at least {r} per stage)")
-            return "selective", str(every)
-    version = "0.2.x" if fmt == "toml" else "0.3.x (no per-layer AC frequency)"
-    warnings.append(f"{what}: torchtitan {version} cannot recompute part of a stage; emitted full AC on every layer "
-                    "(more recompute than predicted)")
-    return "full", None
 
 
 # ---------------------------------------------------------------- 0.3.x: command-line overrides
@@ -342,7 +97,7 @@ def run_overrides(inp: EmitInput) -> list[str]:
 
 def _script(inp: EmitInput, m: Mapping, overrides: list[str]) -> str:
     nodes, per_node = launch_shape(inp.plan.num_gpus, inp.gpus_per_node)
-    shape = _shape(inp, "cli")
+    shape = model_shape(inp, "cli")
     module, function, _ = _config_function(inp)
     config = (f'"${{TT_CONFIG:-{function}}}"' if function else
               f'"${{TT_CONFIG:?set TT_CONFIG to a config_registry function with {shape}}}"')
@@ -422,7 +177,7 @@ def _toml(inp: EmitInput, m: Mapping) -> str:
     sections["job"].append(_toml_line("description", f"autotune plan for {inp.model.name}: tp {plan.tp}, pp "
                                       f"{plan.pp}, dp {plan.dp}, cp {plan.cp}"))
     if not registry:
-        shape = _shape(inp, "toml")
+        shape = model_shape(inp, "toml")
         sections["model"].append(commented([f"not a torchtitan flavor: add one to llama3_args with {shape}"])[:-1])
     sections["model"] += [_toml_line("name", "llama3"), _toml_line("flavor", registry[1] if registry else
                                                                     inp.model.name)]

@@ -58,7 +58,7 @@ def _balanced(cc: CandidateCosts, ranges: list[tuple[int, int]], total: int) -> 
 
 def least_recompute(cc: CandidateCosts, chunks: tuple[int, ...]) -> int | None:
     """The fewest layers per chunk under full recomputation (r, rc_i = min(r, k_i)) with which every stage fits
-    (the memory rule of partition._memory_constraints); None when none does."""
+    (the memory rule of partition_terms.memory_constraints); None when none does."""
     c = cc.cand
     for r in range(c.full_min, max(min(c.full_max, max(chunks)), c.full_min) + 1):
         if all(_stage_bytes(cc, i, k, min(r, k)) <= cc.usable for i, k in enumerate(chunks)):

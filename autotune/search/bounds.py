@@ -284,7 +284,7 @@ def pivot_path_floor(cc: CandidateCosts, num_layers: int, *, with_step: bool = F
 def _sync_and_adam(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, windows: dict[str, float]
                    ) -> np.ndarray:
     """[u, j]: what stage k holding n[j] chunks after used[u] on the ranks before it adds to the step at the
-    least: its exposed data-parallel syncs (the fluid terms of partition._dp_sync: its buckets' communication
+    least: its exposed data-parallel syncs (the fluid terms of partition_terms.dp_sync: its buckets' communication
     less its own window and the windows of the stages before it), at the bucket that hides the most, and its
     Adam step. `windows` holds the fixed windows of the ranks before k and takes stage k's."""
     c, s = cc.cand, cc.stages[k]

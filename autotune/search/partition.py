@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 from autotune.costmodel.pipeline import SPLIT_BACKWARD, critical_path
 from autotune.search.budget import Budget
-from autotune.search.tables import CandidateCosts, chunk_range, window_s
+from autotune.search.partition_terms import adam_term, dp_sync, memory_constraints
+from autotune.search.tables import CandidateCosts, chunk_range
 from autotune.units import to_solver_time
 
 if TYPE_CHECKING:
@@ -83,9 +84,9 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
     durations = _pass_coefficients(cc)
     pipe = model.NewIntVar(0, _pipe_upper(cc, num_layers), "pipe")
     _pivot_paths(model, cc, pipe, durations, chunks, rc, _pipe_upper(cc, num_layers))
-    _memory_constraints(model, cc, chunks, rc)
-    choice, sync = _dp_sync(model, cc, chunks, ranges, num_layers)
-    adam = _adam(model, cc, chunks, num_layers)
+    memory_constraints(model, cc, chunks, rc)
+    choice, sync = dp_sync(model, cc, chunks, ranges, num_layers)
+    adam = adam_term(model, cc, chunks, num_layers)
     objective = pipe + sync + adam + to_solver_time(cc.tied_sync_s)
     if cutoff is not None:
         model.Add(objective < cutoff)
@@ -316,89 +317,3 @@ def _recompute_vars(model: cp_model.CpModel, cc: CandidateCosts, chunks: list[cp
         model.AddMinEquality(x, [r, k])
         rc.append(x)
     return rc, r
-
-
-def _memory_constraints(model: cp_model.CpModel, cc: CandidateCosts, chunks, rc) -> None:
-    """Weights, gradients, optimizer states, in-flight activations, vocabulary terms and the scratch of a
-    fully recomputed layer fit in the usable memory of every stage."""
-    v = cc.cand.vpp
-    for i, k in enumerate(chunks):
-        s = cc.stages[i]
-        expr = k * (v * cc.layer_state + s.in_flight * cc.act_base) + s.memory
-        if cc.cand.full_max:
-            expr += rc[i] * s.in_flight * (cc.act_full - cc.act_base)
-            scratch = model.NewBoolVar(f"scratch{i}")
-            model.Add(rc[i] <= cc.cand.full_max * scratch)
-            expr += scratch * cc.act_none
-        model.Add(expr <= cc.usable)
-
-
-def _dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks, ranges, num_layers: int):
-    """Exposed data-parallel sync, as estimate.dp_sync_exposed computes it: for the chosen bucket B and every
-    stage i, minus the windows of the stages before it (slack_i), the last bucket (one bucket if the stage
-    holds at least B, else its whole buffer) and the fluid term (bytes_i/B)*c - window_i."""
-    if not cc.syncs:
-        return [], 0
-    v, lp = cc.cand.vpp, cc.layer.params
-    choice = [model.NewBoolVar(f"bucket{b}") for b in cc.buckets]
-    model.AddExactlyOne(choice)
-    total = 0
-    all_params = num_layers * lp + sum(s.vocab_params for s in cc.stages)
-    for sync in cc.syncs:
-        # tight domains keep CP-SAT's propagation and LP relaxation effective
-        hi = max(to_solver_time(c * (all_params / bucket + 1)) for bucket, c in zip(cc.buckets, sync.per_bucket))
-        exposed = model.NewIntVar(0, hi, f"{sync.window}_exposed")
-        per_layer_window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
-        for y, bucket, c in zip(choice, cc.buckets, sync.per_bucket):
-            per_param = c / bucket  # seconds of fluid communication per parameter
-            slack, least_slack = 0, 0  # least_slack: the slack with every earlier stage at its fewest layers
-            for i, k in enumerate(chunks):
-                s = cc.stages[i]
-                per_k = to_solver_time(v * (lp * per_param - per_layer_window))
-                fixed = to_solver_time(s.vocab_params * per_param - window_s(cc, i, 0, sync.window))
-                model.Add(exposed >= per_k * k + fixed - slack).OnlyEnforceIf(y)
-                if to_solver_time(c) > least_slack:  # otherwise this stage's last bucket is always hidden
-                    _last_bucket(model, cc, sync, i, k, ranges[i], y, bucket, c, exposed, slack)
-                step = to_solver_time(v * per_layer_window), to_solver_time(window_s(cc, i, 0, sync.window))
-                slack = slack + step[0] * k + step[1]
-                least_slack += step[0] * ranges[i][0] + step[1]
-        total = total + exposed
-    return choice, total
-
-
-def _last_bucket(model: cp_model.CpModel, cc: CandidateCosts, sync, i: int, k, k_range: tuple[int, int], y,
-                 bucket: int, c: float, exposed, slack) -> None:
-    """exposed >= last_i - slack_i, where last_i is one full bucket (c) when stage i holds at least `bucket`
-    parameters, else the collective of its whole buffer: min over the collective's linear pieces, which the
-    minimization picks through one literal per piece."""
-    v, lp, s = cc.cand.vpp, cc.layer.params, cc.stages[i]
-    threshold = -(-(bucket - s.vocab_params) // (v * lp)) if lp else 0  # fewest chunks that fill one bucket
-    lo, hi = k_range
-    if threshold <= lo:  # always at least one full bucket
-        model.Add(exposed >= to_solver_time(c) - slack).OnlyEnforceIf(y)
-        return
-    small = model.NewBoolVar(f"small_{sync.window}_{i}_{bucket}")
-    if threshold > hi:
-        model.Add(small == 1)
-    else:
-        model.Add(k <= threshold - 1).OnlyEnforceIf(small)
-        model.Add(k >= threshold).OnlyEnforceIf(small.Not())
-        model.Add(exposed >= to_solver_time(c) - slack).OnlyEnforceIf([y, small.Not()])
-    pieces = [model.NewBoolVar(f"piece_{sync.window}_{i}_{bucket}_{j}") for j in range(len(sync.pieces))]
-    model.AddBoolOr(pieces).OnlyEnforceIf([y, small])
-    nbytes = sync.bytes_per_param
-    for lit, (a, slope) in zip(pieces, sync.pieces):
-        per_k = to_solver_time(slope * nbytes * v * lp)
-        fixed = to_solver_time(a + slope * nbytes * s.vocab_params)
-        model.Add(exposed >= per_k * k + fixed - slack).OnlyEnforceIf([y, small, lit])
-
-
-def _adam(model: cp_model.CpModel, cc: CandidateCosts, chunks, num_layers: int):
-    """The optimizer step of the stage with the most parameters."""
-    v = cc.cand.vpp
-    per = to_solver_time(cc.layer.params * cc.adam_s_per_param)
-    hi = v * per * (num_layers // v) + max(to_solver_time(s.vocab_params * cc.adam_s_per_param) for s in cc.stages)
-    adam = model.NewIntVar(0, hi, "adam")
-    for k, s in zip(chunks, cc.stages):
-        model.Add(adam >= v * per * k + to_solver_time(s.vocab_params * cc.adam_s_per_param))
-    return adam

@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
+from autotune.search.pins import check_space
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, PlanResult, search
-from autotune.search.space import SearchSpace, check_space
+from autotune.search.space import SearchSpace
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec

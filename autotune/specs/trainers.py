@@ -85,10 +85,12 @@ TRAINER_CAPS: dict[str, TrainerCaps] = {
     "megatron": _MEGATRON,
     "torchtitan": TrainerCaps(
         name="torchtitan", schedules=("1f1b", "interleaved"), vocabs=("ends", "balanced"),
-        # data_parallel_replicate_degree (0) or FSDP2 resharding after forward (3): no ZeRO-1/2
+        # data_parallel_replicate_degree (0) or FSDP2 resharding after forward (3): no ZeRO-1/2 without a pipeline;
+        # with one, FSDP2 without resharding keeps the gathered weights across micro-batches: ZeRO-1's memory and
+        # traffic, as the emitter writes it (emit/torchtitan.py) and check reads it back
         # its context parallelism also shards weights, gradients and optimizer state over the cp ranks (FSDP2 over
         # dp_shard x cp), which autotune does not cost: cp is left out
-        zero_flat=(0, 3), zero_pipelined=(0,), cp=False, tp_overlap=True, tp_overlap_needs_fused=True, max_vpp=8,
+        zero_flat=(0, 3), zero_pipelined=(0, 1), cp=False, tp_overlap=True, tp_overlap_needs_fused=True, max_vpp=8,
         # activation-checkpoint:full covers every layer; its selective AC is per-op, not Megatron's attention-only
         selective_recompute=False, partial_recompute=False, tied_with_pp=False, sp_seq_divisor=True,
         source="torchtitan 0.3.0: 1F1B and Interleaved1F1B (ZBVZeroBubble keeps 1F1B's memory, not V-Half's); "

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune import render
 from autotune.catalog import load_hardware
 from autotune.check.understood import read_config, understand
 from autotune.costmodel.estimate import CostModel
 from autotune.emit import EmitInput, emit
-from autotune.emit.torchtitan import REGISTRY
+from autotune.emit.torchtitan_mapping import REGISTRY
 from autotune.errors import SpecError
+from autotune.render.common import dump_json
+from autotune.render.estimate import estimate_json
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, check_plan, is_even_split
 from emit.scenarios import GOLDEN, planner_scenarios  # tests/emit (pytest puts tests/ on the path)
 
@@ -105,7 +106,7 @@ def _read_back(tmp: Path, inp: EmitInput, trainer: str, fmt: str | None, name: s
 
 def _estimate_text(model, gpu: str, job, plan: Plan) -> str:
     hw = load_hardware(gpu)
-    return render.dump_json(render.estimate_json(CostModel(model, hw, job).estimate(plan), model, hw, job))
+    return dump_json(estimate_json(CostModel(model, hw, job).estimate(plan), model, hw, job))
 
 
 def _check_roundtrip(tmp: Path, inp: EmitInput, trainer: str, fmt: str | None, name: str) -> None:

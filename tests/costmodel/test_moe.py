@@ -277,16 +277,19 @@ def test_dense_first_layers_blend_time_and_take_the_moe_layer_memory() -> None:
 
 def test_public_moe_rows_are_evaluated_with_their_published_layout() -> None:
     """The 12 MoE rows of published-runs-public.csv: catalog model, published tp/pp/ep/etp/vp/mbs pinned,
-    balanced routing, nothing fitted (accuracy.py RULES 'moe')."""
-    from autotune import accuracy
-    rows = {int(r["row_id"]): r for r in accuracy.read_rows(accuracy.PUBLIC_DATA)}
-    case = accuracy.moe_case(rows[534])  # Qwen3-30B-A3B: tp 1, pp 2, ep 8, etp blank (= tp), vp 24, mbs 2
+    balanced routing, nothing fitted (reports/accuracy/rules.py RULES 'moe')."""
+    from autotune.reports.accuracy.common import PUBLIC_DATA, read_rows
+    from autotune.reports.accuracy.public import moe_public_rows
+    from autotune.reports.accuracy.rules import RowSkipped, moe_case, row_case
+
+    rows = {int(r["row_id"]): r for r in read_rows(PUBLIC_DATA)}
+    case = moe_case(rows[534])  # Qwen3-30B-A3B: tp 1, pp 2, ep 8, etp blank (= tp), vp 24, mbs 2
     p = case.plan
     assert case.model == load_model("qwen3-30b-a3b") and case.job.moe_imbalance == 1.0
     assert (p.tp, p.pp, p.ep, p.etp, p.vpp, p.mbs, p.dp) == (1, 2, 8, 1, 24, 2, 8)
-    with pytest.raises(accuracy.RowSkipped, match="MoE"):
-        accuracy.row_case(rows[534])  # the dense report lists it as skipped
-    moe = accuracy.moe_public_rows()
+    with pytest.raises(RowSkipped, match="MoE"):
+        row_case(rows[534])  # the dense report lists it as skipped
+    moe = moe_public_rows()
     assert len(moe) == 12 and {r.family for r in moe} == {"GPT-OSS-120B", "Qwen3-30B-A3B"}
     assert all(r.lofo_step_s == r.predicted_step_s for r in moe)
 

@@ -15,7 +15,7 @@ from autotune.costmodel.memory import layer_params
 from autotune.costmodel.tpmodes import (layer_gemms, layer_tp_comm, layer_tp_comm_s, layer_tp_memory,
                                         check_tp_shapes, tp_mode_degrees)
 from autotune.errors import InvalidPlanError
-from autotune.tpmodes_report import format_comparison, main, paper2_comparison, speedups
+from autotune.reports.tpmodes import format_comparison, main, paper2_comparison, speedups
 from tests.costmodel._helpers import gpt_model, toy_hardware
 
 H, S, B, E = 1024, 256, 16, 2

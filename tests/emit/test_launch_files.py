@@ -17,9 +17,9 @@ from autotune.catalog import load_model
 from autotune.emit import TRAINERS, EmitInput, emit
 from autotune.emit.colossalai import emit_colossalai
 from autotune.emit.megatron import emit_megatron, megatron_argv
-from autotune.emit.runfiles import REQUIRED_ENV, peak_lr, schedule
-from autotune.emit.torchtitan import CONFIG_MODULE, emit_torchtitan, launch_shape
-from autotune.scaling import DEFAULT_TRAIN_TOKENS
+from autotune.emit.runfiles import REQUIRED_ENV, launch_shape, peak_lr, schedule
+from autotune.emit.torchtitan import CONFIG_MODULE, emit_torchtitan
+from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import Plan
 

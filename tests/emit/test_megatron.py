@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from autotune import __version__
 from autotune.catalog import load_hardware, load_model
 from autotune.emit import EmitInput, emit
-from autotune.emit.megatron import (FORBIDDEN_TOGETHER, FULL_RECOMPUTE_ONLY, GROUPS, MAINLINE_ONLY, emit_megatron, layout_string,
-                                    megatron_argv, node_layout, partition_flags)
+from autotune.emit.megatron import (FORBIDDEN_TOGETHER, FULL_RECOMPUTE_ONLY, GROUPS, MAINLINE_ONLY, emit_megatron,
+                                    megatron_argv, node_layout)
+from autotune.emit.megatron_partition import layout_string, partition_flags
 from autotune.emit.megatron_forks import VOCAB_FORK_FLAGS, fork_flags, mainline_plan
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import Plan, check_plan

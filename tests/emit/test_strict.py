@@ -1,5 +1,5 @@
 """Plans no trainer runs exactly (zb-h1, v-half, vocabulary parallelism): a saved plan.json with them reads back
-(autotune/documents.py), every trainer emits the closest config with warnings, and `autotune emit --strict`
+(autotune/emit/document.py), every trainer emits the closest config with warnings, and `autotune emit --strict`
 turns those warnings into exit 1 with nothing written."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from autotune.cli import main
-from autotune.documents import emit_input_from_document
+from autotune.emit.document import emit_input_from_document
 from autotune.emit import TRAINERS, EmitInput, emit
 
 from .scenarios import GOLDEN

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from autotune.emit import EmitInput, emit
-from autotune.emit.torchtitan import (REGISTRY, emit_torchtitan, launch_shape, module_fqns, run_overrides,
-                                      stage_ranks, virtual_stage_layers)
+from autotune.emit.runfiles import launch_shape
+from autotune.emit.torchtitan import emit_torchtitan, run_overrides
+from autotune.emit.torchtitan_mapping import REGISTRY, module_fqns, stage_ranks, virtual_stage_layers
 from autotune.errors import SpecError
 
 from . import torchtitan_validate as tv
@@ -317,8 +318,8 @@ def _keys(inp: EmitInput, fmt: str) -> dict[str, str]:
 @pytest.mark.parametrize("zero, fmt, replicate, shard, reshard, warns", [
     (0, "cli", "4", "1", None, False),       # DDP-style replication
     (0, "toml", "1", "4", "never", True),     # 0.2.x: no DDP with TP/PP
-    (1, "cli", "1", "4", "never", True),
-    (1, "toml", "1", "4", "never", True),
+    (1, "cli", "1", "4", "never", False),    # pp 2: the pipeline keeps FSDP2's weights gathered: ZeRO-1
+    (1, "toml", "1", "4", "never", False),
 ])
 def test_zero_mapping(zero, fmt, replicate, shard, reshard, warns):
     inp = _with("even", zero=zero)
@@ -326,6 +327,14 @@ def test_zero_mapping(zero, fmt, replicate, shard, reshard, warns):
     assert (keys["data_parallel_replicate_degree"], keys["data_parallel_shard_degree"]) == (replicate, shard)
     assert keys.get("fsdp_reshard_after_forward") == reshard
     assert any(w.startswith(f"ZeRO-{zero}") for w in emit_torchtitan(inp, fmt=fmt).warnings) == warns
+
+
+def test_zero1_without_a_pipeline_is_only_approximated():
+    """Without a pipeline schedule FSDP2 re-gathers the weights for every micro-batch: ZeRO-2-like, warned."""
+    inp = _with("even", zero=1, pp=1, layers_per_stage=(32,), dp=8)
+    keys = _keys(inp, "cli")
+    assert (keys["data_parallel_shard_degree"], keys["fsdp_reshard_after_forward"]) == ("8", "never")
+    assert any(w.startswith("ZeRO-1") for w in emit_torchtitan(inp).warnings)
 
 
 def test_zero3_is_fsdp_resharding_after_forward():

@@ -21,8 +21,9 @@ from autotune.emit import EmitInput, emit
 from autotune.emit.deepspeed import DeepSpeedPlanError, emit_deepspeed
 from autotune.emit.deepspeed import deepspeed_split as emitter_split
 from autotune.errors import InfeasibleError, InvalidPlanError, SpecError
+from autotune.search.pins import check_space
 from autotune.search.planner import search
-from autotune.search.space import SearchSpace, check_space
+from autotune.search.space import SearchSpace
 from autotune.search.tables import to_plan
 from autotune.search.trainers import best_per_trainer, reestimator
 from autotune.specs.job import JobSpec

@@ -1,7 +1,7 @@
 """Paper 2's comparison: 1-D vs 2-D vs 3-D tensor parallelism of one large Transformer on 64 V100-32GB.
 
 Bian et al. (2021, arXiv 2105.14450) report 3-D 2.32x faster than 1-D and 1.57x faster than 2-D on 64 V100s.
-`python -m autotune.tpmodes_report` prints autotune's prediction beside those numbers.
+`python -m autotune.reports.tpmodes` prints autotune's prediction beside those numbers.
 
 The exact model of the paper's 64-GPU run is not restated here: the shape below is an assumption, chosen as
 a Transformer layer that all three modes can split (h and heads divisible by 64 for 1-D, micro-batch divisible

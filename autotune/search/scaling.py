@@ -16,8 +16,9 @@ from multiprocessing import get_context
 
 from autotune.costmodel.estimate import Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
+from autotune.search.pins import check_space
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, PlanResult, search
-from autotune.search.space import SearchSpace, check_space, enumerate_candidates
+from autotune.search.space import SearchSpace, enumerate_candidates
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec

@@ -4,7 +4,7 @@ The plans, statuses, solve counts and CP-SAT work printed beside them depend onl
 again pinned to one core (`taskset -c 0`) or with `--busy` (a second process spinning a CPU throughout) and
 only the seconds may change.
 
-Run: ``python -m autotune.bench [--quick] [--busy] [--jobs N]`` (``make bench``).
+Run: ``python -m autotune.reports.bench [--quick] [--busy] [--jobs N]`` (``make bench``).
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from itertools import islice
 
-from autotune import accuracy
 from autotune.catalog import load_hardware, load_model
 from autotune.costmodel.estimate import CostModel
-from autotune.scaling import scale
+from autotune.reports.accuracy.common import DEFAULT_DATA, read_rows
+from autotune.reports.accuracy.megatron2021 import SEQ_LEN, evaluate_row
 from autotune.search.planner import search
+from autotune.search.scaling import scale
 from autotune.search.space import SearchSpace, enumerate_candidates
 from autotune.search.tables import to_plan
 from autotune.specs.job import JobSpec
@@ -121,10 +122,10 @@ def megatron_rows() -> list[str]:
              "'same tp/pp': the planner pinned to the paper's tp/pp, free otherwise; 'planner': free.",
              f"  {'model':<11} {'gpus':>5} {'tp/pp':>6} {'as published':>12} {'same tp/pp':>10} {'planner':>32} "
              f"{'TFLOP/s':>8} {'gain':>6} {'solve s':>7}"]
-    for row in accuracy.read_rows(accuracy.DEFAULT_DATA):
-        published = accuracy.evaluate_row(row)
+    for row in read_rows(DEFAULT_DATA):
+        published = evaluate_row(row)
         model, hw = load_model(row["name"]), load_hardware("a100-80gb")
-        job = JobSpec(global_batch=int(row["global_batch"]), seq_len=accuracy.SEQ_LEN, dtype="fp16",
+        job = JobSpec(global_batch=int(row["global_batch"]), seq_len=SEQ_LEN, dtype="fp16",
                       flash_attention=False)
         start = time.perf_counter()
         result = search(model, hw, job, int(row["gpus"]), SearchSpace(), top_k=0)
@@ -143,7 +144,7 @@ def megatron_rows() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m autotune.bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autotune.reports.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one run per planner case, skip the Megatron table")
     parser.add_argument("--busy", action="store_true", help="keep a second process spinning a CPU throughout")
     parser.add_argument("--jobs", type=int, default=1, help="sizes `scale` searches at once (default 1)")

@@ -1,6 +1,6 @@
 """`autotune calibrate RUNS.csv`: fit the hardware profile's efficiencies to measured step times.
 
-Registered on the shared app by importing this module from cli.py; the work is in autotune/calibrate.py.
+Registered in cli/app.py; the work is in autotune/reports/calibrate.py.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Annotated
 
 import typer
 
-from autotune.calibrate import calibrate as fit_runs
-from autotune.calibrate import format_calibration, write_calibrated
-from autotune.cli import app, time_limited
+from autotune.cli.options import time_limited
 from autotune.errors import SpecError
 from autotune.fileio import check_target, decode_text, read_bounded, slug
-from autotune.render import dump_json
+from autotune.render.common import dump_json
+from autotune.reports.calibrate import calibrate as fit_runs
+from autotune.reports.calibrate import format_calibration, write_calibrated
 from autotune.specs.limits import MAX_CALIBRATION_RUNS, MAX_RUNS_FILE_BYTES
 
 
@@ -30,7 +30,6 @@ def check_runs_file(path: Path) -> None:
                         "the file or keep the runs that matter most")
 
 
-@app.command()
 def calibrate(
     runs: Annotated[Path, typer.Argument(metavar="RUNS.csv", help="Measured runs, one per line (see the docs).")],
     out: Annotated[Path | None, typer.Option("--out", metavar="FILE",

@@ -1,6 +1,6 @@
 """`autotune profile`: time the cost model's operators (and, with --comm, the collectives) on this machine.
 
-Registered on the shared app by importing this module from cli.py. Torch is an optional extra; it is imported
+Registered in cli/app.py. Torch is an optional extra; it is imported
 only when the command runs, so the rest of autotune works without it. --out pointing at an existing profile
 replaces only what this run measured (the ops, or with --comm the link tier) and keeps the rest, so one file can
 hold both: `autotune profile --model M --out F` then `autotune profile --comm --out F`.
@@ -20,10 +20,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autotune.catalog import load_model
-from autotune.cli import app, parse_int_list, show_warnings
+from autotune.cli.options import parse_int_list, show_warnings
 from autotune.errors import SpecError
 from autotune.fileio import check_target, slug
-from autotune.render import dump_json
+from autotune.render.common import dump_json
 from autotune.specs.limits import MAX_PROFILE_TOKENS, MAX_SEQ_LEN
 from autotune.specs.profile import TIERS, Profile, load_profile, write_profile
 
@@ -98,7 +98,6 @@ def _existing(out: Path) -> Profile | None:
     return load_profile(out) if out.is_file() else None
 
 
-@app.command("profile")
 def profile_command(
     model: Annotated[str | None, typer.Option("--model", metavar="NAME|FILE", help="Model whose ops to time "
                                               "(not needed with --comm).")] = None,

@@ -6,7 +6,7 @@ sequence 2048 and 4096, vocabularies 32k to 256k, and compare the naive placemen
 stage, output layer on the last), a rebalanced layer split, and vocabulary parallelism: 5% to 51% more
 throughput, and a much lower peak memory for large vocabularies.
 
-`python -m autotune.vocab_report` (or `make vocab-report`) prints autotune's prediction for the same grid:
+`python -m autotune.reports.vocab` (or `make vocab-report`) prints autotune's prediction for the same grid:
   ends      the even split (4 layers per stage), vocabulary layers on the end stages;
   balanced  the best uneven split with the same placement, found by the planner (CP-SAT) with every other
             dimension pinned;

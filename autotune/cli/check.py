@@ -1,7 +1,6 @@
 """`autotune check CONFIG`: the plan an existing launch config runs, its estimate, and the best plan under the
 same constraints; exit 5 when a stage is predicted out of memory, 4 when the best plan is faster by more than
---max-gap percent. Registered on the shared app by importing this module from cli.py; the reading is in
-autotune/check/.
+--max-gap percent. Registered in cli/app.py; the reading is in autotune/check/.
 """
 
 from __future__ import annotations
@@ -11,16 +10,20 @@ from typing import Annotated, Any
 
 import typer
 
-from autotune import render
 from autotune.check.findings import (Finding, binding_term, exit_code, gain_pct, gap_finding,
                                      github_line, memory_findings, trainer_space)
 from autotune.check.understood import CHECK_TRAINERS, Understood, read_config, understand
-from autotune.cli import (GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, WorkLimitOpt, app, check_simulation_size,
-                          launch_config, load_cluster, load_cost_profile, run_search, show_warnings)
+from autotune.cli.inputs import load_cost_profile
+from autotune.cli.launch import launch_config
+from autotune.cli.options import (GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, WorkLimitOpt, check_simulation_size,
+                                  load_cluster, show_warnings)
+from autotune.cli.searching import run_search
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.emit import EmitInput
 from autotune.errors import InfeasibleError, InvalidPlanError, SpecError
 from autotune.fileio import check_target, write_files
+from autotune.render.common import dump_json, plan_line, plan_tag, written_report
+from autotune.render.estimate import estimate_json
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.plan import check_plan
@@ -29,7 +32,6 @@ from autotune.units import gib
 FORMATS = ("text", "github")
 
 
-@app.command("check")
 def check_command(
     config: Annotated[Path, typer.Argument(metavar="CONFIG", help="A Megatron-LM launch script or file of "
                                            "pretrain_gpt.py arguments, a torchtitan TOML (0.2.x) or overrides "
@@ -78,18 +80,18 @@ def check_command(
     written = _emit_better(emit_better, u, best, hw) if emit_better is not None and best is not None else []
     code = exit_code(findings)
     if json_out:
-        doc = {**render.estimate_json(est, u.model, hw, u.job), "op_costs": cm.op_coverage(u.plan).as_dict(),
+        doc = {**estimate_json(est, u.model, hw, u.job), "op_costs": cm.op_coverage(u.plan).as_dict(),
                "check": _check_json(config, u, est, best, findings, max_gap, written, code)}
-        typer.echo(render.dump_json(doc))
+        typer.echo(dump_json(doc))
     elif output_format == "github":
-        summary = Finding("notice", f"{u.trainer}: {render.plan_tag(u.plan)}: step {est.step_time_s:.3f} s, MFU "
+        summary = Finding("notice", f"{u.trainer}: {plan_tag(u.plan)}: step {est.step_time_s:.3f} s, MFU "
                                     f"{100 * est.mfu:.1f}%, peak {gib(est.peak_memory_bytes):.1f} GiB")
         for finding in [summary, *findings]:
             typer.echo(github_line(finding, str(config)))
     else:
         typer.echo(_report(config, u, est, best, findings, hw))
         if written:
-            typer.echo(render.written_report(written))
+            typer.echo(written_report(written))
     if code:
         raise typer.Exit(code)
 
@@ -151,7 +153,7 @@ def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, f
     lines = [f"config: {config} ({u.trainer}" + (f", {u.torchtitan_format}" if u.torchtitan_format else "") + ")",
              f"understood: {u.model.name} on {hw.name} x {u.plan.num_gpus} ({hw.gpus_per_node} per node), global "
              f"batch {job.global_batch} x {job.seq_len} tokens, {job.dtype}, {u.trainer} kernels",
-             f"plan: {render.plan_line(u.plan)}"]
+             f"plan: {plan_line(u.plan)}"]
     lines += [f"note: {note}" for note in u.notes]
     lines += ["", f"predicted: step {est.step_time_s:.3f} s, {est.tokens_per_s:,.0f} tokens/s, MFU "
                   f"{100 * est.mfu:.1f}%, peak memory {gib(est.peak_memory_bytes):.2f} of {usable:.2f} GiB usable "
@@ -171,7 +173,7 @@ def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, f
         verdict = (f"{gain:.1f}% faster than the config" if gain >= 0.05 else
                    f"the config is {-gain:.1f}% faster (it uses what the search leaves out)" if gain <= -0.05 else
                    "the config is as fast as the best plan")
-        lines += [f"best plan for {u.trainer} on the same GPUs, batch and sequence: {render.plan_line(best.plan)}",
+        lines += [f"best plan for {u.trainer} on the same GPUs, batch and sequence: {plan_line(best.plan)}",
                   f"  step {best.step_time_s:.3f} s, {best.tokens_per_s:,.0f} tokens/s, MFU {100 * best.mfu:.1f}%, "
                   f"peak memory {gib(best.peak_memory_bytes):.2f} GiB: {verdict}"]
     for f in findings:

@@ -1,6 +1,6 @@
 """Plain-text pictures of a plan's pipeline: per-stage time and memory bars side by side, and the schedule
 as a stages x time chart, so the imbalance and the bubbles are visible (paper 4: the vocabulary layers make
-the end stages heavier). Pure functions returning lines; render.py puts them on the terminal."""
+the end stages heavier). Pure functions returning lines; render/estimate.py puts them on the terminal."""
 
 from __future__ import annotations
 

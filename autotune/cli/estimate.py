@@ -1,0 +1,67 @@
+"""`autotune estimate`: one plan (pins or --plan FILE), its step time and memory term by term."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from autotune.catalog import load_model
+from autotune.cli.inputs import coverage_warnings, load_cost_profile, read_plan, single_plan
+from autotune.cli.options import (BatchOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt, EpOpt, EtpOpt,
+                                  ForceProfileOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, JsonOpt, KernelsOpt,
+                                  LayersOpt, MbsOpt, MicroOpt, ModelOpt, NoFlashOpt, OverlapOpt, Pins, PlanFileOpt,
+                                  PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SpOpt,
+                                  TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt, ZeroOpt, build_job,
+                                  check_simulation_size, check_whole_nodes, load_cluster, show, show_warnings,
+                                  time_limited)
+from autotune.costmodel.estimate import CostModel
+from autotune.errors import SpecError
+from autotune.render.common import brief_line
+from autotune.render.estimate import estimate_json, estimate_report
+from autotune.search.planner import DEFAULT_TIME_LIMIT_S
+from autotune.specs.plan import check_plan
+
+
+def estimate(
+    model: ModelOpt, gpu: GpuOpt, gpus: GpusOpt, global_batch: BatchOpt, seq_len: SeqOpt,
+    gpus_per_node: GpusPerNodeOpt = None, dtype: DtypeOpt = "bf16", tp: TpOpt = None, pp: PpOpt = None,
+    dp: DpOpt = None, cp: CpOpt = None, mbs: MbsOpt = None, vpp: VppOpt = None, recompute: RecomputeOpt = None,
+    schedule: ScheduleOpt = None, zero: ZeroOpt = None, vocab: VocabOpt = None, tp_mode: TpModeOpt = None,
+    layers_per_stage: LayersOpt = None, num_microbatches: MicroOpt = None,
+    recompute_layers: RecomputeLayersOpt = None, bucket_size: BucketOpt = None,
+    sequence_parallel: SpOpt = None, no_flash_attention: NoFlashOpt = False, unfused: UnfusedOpt = False,
+    plan_file: PlanFileOpt = None, json_out: JsonOpt = False,
+    ops: Annotated[bool, typer.Option("--ops", help="Also show compute time by operator category.")] = False,
+    allow_cross_node_tp: CrossTpOpt = False, profile: ProfileOpt = None, tp_overlap: OverlapOpt = None,
+    grad_reduce: GradOpt = "fp32", kernels: KernelsOpt = None, brief: BriefOpt = False,
+    force_profile: ForceProfileOpt = False, ep: EpOpt = None, etp: EtpOpt = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock limit in seconds "
+                                              "(exit 3 when it strikes).")] = DEFAULT_TIME_LIMIT_S,
+) -> None:
+    """Evaluate one plan and explain its step time and memory term by term."""
+    if brief and json_out:
+        raise SpecError("--brief and --json each replace the tables; pick one")
+    spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
+    check_whole_nodes(gpus, hw)
+    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels)
+    pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
+                vocab=vocab, layers_per_stage=layers_per_stage, num_microbatches=num_microbatches,
+                recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel,
+                tp_mode=tp_mode, tp_overlap=tp_overlap, ep=ep, etp=etp)
+    plan = read_plan(plan_file, pins) if plan_file is not None else single_plan(pins, spec, job, gpus)
+    check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
+    check_simulation_size(plan, "estimate")
+    cm = CostModel(spec, hw, job, load_cost_profile(profile, gpu, spec, hw, job, force_profile))
+    with time_limited(time_limit, "estimate"):
+        est, coverage = cm.estimate(plan), cm.op_coverage(plan)
+        timeline = None if json_out or brief else cm.timeline(plan)
+    show_warnings(coverage_warnings(coverage, plan))
+    if brief:
+        typer.echo(brief_line(est))
+    elif json_out:
+        show({**estimate_json(est, spec, hw, job), "op_costs": coverage.as_dict()}, True)
+    else:
+        show(estimate_report(est, spec, hw, job, ops=ops, timeline=timeline), False)
+        typer.echo(coverage.line())
+

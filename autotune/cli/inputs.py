@@ -1,0 +1,135 @@
+"""Command-line input -> specs: the one plan `estimate` evaluates from its pins, plan files and documents (or
+stdin), and the measured cost profile a command uses (--profile, else the shipped one, else the roofline)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.catalog import PROFILES_DIR, parse_json, read_json
+from autotune.cli.options import Pins, one, parse_choice_list, parse_int_list, show_warnings
+from autotune.costmodel.measured import OpCoverage, check_profile_model, profile_warnings
+from autotune.errors import SpecError
+from autotune.fileio import slug
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import JobSpec
+from autotune.specs.limits import MAX_JSON_BYTES
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, even_split, plan_from_dict
+from autotune.specs.profile import Profile, load_profile
+from autotune.specs.tpgrid import MODES
+
+
+def _one_int(raw: str | None, flag: str, default: int, minimum: int = 1) -> int:
+    return default if raw is None else one(parse_int_list(raw, flag, minimum=minimum), flag)
+
+
+def _one_choice(raw: str | None, flag: str, options: Sequence[str], default: str) -> str:
+    return default if raw is None else one(parse_choice_list(raw, flag, options), flag)
+
+
+def _quotient(total: int, flag: str, parts: dict[str, int], fix: str) -> int:
+    """total / prod(parts), or an error giving the numbers and the fix."""
+    prod = 1
+    for value in parts.values():
+        prod *= value
+    if total % prod:
+        names, values = " x ".join(parts), " x ".join(map(str, parts.values()))
+        raise SpecError(f"{flag} {total} is not divisible by {names} = {values} = {prod}; {fix}")
+    return total // prod
+
+
+def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
+    """The one plan `estimate` evaluates: each pin one value; dp, micro-batches, schedule derived."""
+    if pins.tp is None or pins.pp is None:
+        raise SpecError("estimate needs --tp and --pp (or --plan FILE); the other dimensions have defaults")
+    tp, pp = _one_int(pins.tp, "--tp", 1), _one_int(pins.pp, "--pp", 1)
+    tp_mode = _one_choice(pins.tp_mode, "--tp-mode", MODES, "1d")
+    v_half = pins.schedule is not None and pins.schedule.strip() == "v-half"  # its V is two chunks per rank
+    cp, mbs = _one_int(pins.cp, "--cp", 1), _one_int(pins.mbs, "--mbs", 1)
+    vpp = _one_int(pins.vpp, "--vpp", 2 if v_half else 1)
+    dp = (_one_int(pins.dp, "--dp", 1) if pins.dp is not None
+          else _quotient(gpus, "--gpus", {"tp": tp, "pp": pp, "cp": cp}, "change --gpus or a degree"))
+    micro = (pins.num_microbatches if pins.num_microbatches is not None
+             else _quotient(job.global_batch, "--global-batch", {"dp": dp, "mbs": mbs},
+                            f"use a multiple of {dp * mbs}, or change --mbs or --dp"))
+    layers = (parse_int_list(pins.layers_per_stage, "--layers-per-stage", minimum=0)
+              if pins.layers_per_stage is not None else even_split(model.num_layers, pp))
+    return Plan(
+        tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, num_microbatches=micro, vpp=vpp,
+        schedule=_one_choice(pins.schedule, "--schedule", SCHEDULES, "interleaved" if vpp > 1 else "1f1b"),
+        recompute=_one_choice(pins.recompute, "--recompute", RECOMPUTES, "none"),
+        recompute_layers=pins.recompute_layers, zero=_one_int(pins.zero, "--zero", 0, minimum=0),
+        sequence_parallel=(tp > 1 and tp_mode == "1d") if pins.sequence_parallel is None else pins.sequence_parallel,
+        vocab=_one_choice(pins.vocab, "--vocab", VOCABS, "ends"), layers_per_stage=layers,
+        bucket_size=DEFAULT_BUCKET if pins.bucket_size is None else pins.bucket_size, tp_mode=tp_mode,
+        tp_overlap=bool(pins.tp_overlap), ep=_one_int(pins.ep, "--ep", 1), etp=_one_int(pins.etp, "--etp", 1))
+
+
+def read_plan(path: str, pins: Pins) -> Plan:
+    """A plan from a JSON file (or stdin for '-'); the command line may not pin anything beside it."""
+    given = pins.given()
+    if given:
+        raise SpecError(f"--plan {path} gives the whole plan; drop {', '.join(given)} or drop --plan")
+    return load_plan_file(path, "--plan")
+
+
+def load_plan_file(path: str, flag: str) -> Plan:
+    """A plan object (or a whole `plan --json` document) from a file, or stdin for '-'."""
+    return plan_from_dict(read_document(path, flag), path if path != "-" else f"{flag} -")
+
+
+def read_document(path: str, flag: str) -> Any:
+    """A JSON document from a file, or from stdin for '-'; I/O and syntax problems are one-line errors."""
+    if path != "-":
+        return read_json(Path(path), "plan file")
+    try:
+        raw = sys.stdin.buffer.read(MAX_JSON_BYTES + 1) if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    except OSError as exc:
+        raise SpecError(f"{flag} -: cannot read stdin ({exc})") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise SpecError(f"{flag} -: more than the maximum of {MAX_JSON_BYTES:,} bytes on stdin; give a plan document")
+    return parse_json(raw, f"{flag} -: stdin")
+
+
+def load_cost_profile(path: str | None, gpu: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec,
+                      force: bool = False) -> Profile | None:
+    """--profile FILE, else the shipped profiles/measured/<gpu>-<model>.json, else None (roofline); a profile
+    for another model is an error, one measured on another device or dtype a warning."""
+    if path is None:
+        shipped = PROFILES_DIR / "measured" / f"{slug(gpu)}-{slug(model.name)}.json"  # never a path from input
+        if not shipped.is_file():
+            return None
+        path = str(shipped)
+    profile = load_profile(path)
+    check_profile_model(profile, model)
+    check_comm_profile(profile, hw, force)
+    show_warnings(profile_warnings(profile, hw, job.dtype))
+    return profile
+
+
+def check_comm_profile(profile: Profile, hw: HardwareSpec, force: bool) -> None:
+    """Measured collectives replace the GPU's links (costmodel/measured.apply_comm): ones timed on a CPU, over
+    gloo or on another GPU would price the cluster's NVLink and network at that speed, so they are refused unless
+    --force-profile says so."""
+    if not profile.comm or force:
+        return
+    backends = sorted({tier.backend for tier in profile.comm.values()})
+    same_gpu = profile.device.kind == "cuda" and hw.name.split("-")[0].lower() in profile.device.name.lower()
+    if not same_gpu or backends != ["nccl"]:
+        raise SpecError(f"--profile {profile.path}: its collectives ({', '.join(sorted(profile.comm))}) were timed on "
+                        f"{profile.device.kind} {profile.device.name!r} over {', '.join(backends)}, not on {hw.name} "
+                        f"over nccl, and would replace {hw.name}'s links; measure them on the cluster (`autotune "
+                        "profile --comm --device cuda`), or add --force-profile to use them anyway")
+
+
+def coverage_warnings(coverage: OpCoverage, plan: Plan) -> list[str]:
+    """A warning when a profile is in use but the plan's shapes are outside it (those ops cost by roofline)."""
+    if coverage.source == "roofline" or not coverage.fallback:
+        return []
+    return [f"the plan's shapes (tp {plan.tp}, mbs {plan.mbs}, cp {plan.cp}) are outside --profile {coverage.source}: "
+            f"{coverage.total - coverage.measured} of {coverage.total} ops cost by the roofline instead; measure "
+            f"them with `autotune profile --tp {plan.tp} --mbs {plan.mbs}`"]
+

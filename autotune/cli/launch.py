@@ -1,0 +1,107 @@
+"""Plan documents -> launch configs: the trainer options, the files a trainer writes for a plan (with --strict),
+and where they go (`plan --out DIR`, `emit --out`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from autotune.catalog import load_hardware
+from autotune.cli.inputs import load_cost_profile
+from autotune.cli.options import TORCHTITAN_FORMATS, show_warnings
+from autotune.cli.searching import without_timings
+from autotune.costmodel.estimate import CostModel
+from autotune.emit import TRAINERS, EmitInput, EmitResult
+from autotune.emit import emit as emit_config
+from autotune.emit.document import PLAN_FILE, emit_input_from_document
+from autotune.errors import AutotuneError, SpecError
+from autotune.fileio import write_file, write_files
+from autotune.render.common import dump_json
+from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
+from autotune.search.trainers import reestimator
+from autotune.specs.trainers import TrainerCaps, caps_for
+
+
+# ------------------------------------------------------------------------------------- plan documents -> configs
+def document_reestimator(inp: EmitInput) -> Any:
+    """The cost model of a saved plan's job (its catalog GPU, the shipped measured profile if any), for the
+    headers of what a trainer really runs; None when the GPU is not in the catalog (headers then say so)."""
+    try:
+        hw = replace(load_hardware(inp.gpu), gpus_per_node=inp.gpus_per_node)
+        return reestimator(CostModel(inp.model, hw, inp.job, load_cost_profile(None, inp.gpu, inp.model, hw,
+                                                                                inp.job)))
+    except AutotuneError:
+        return None
+
+
+def trainer_caps(trainer: str | None, fork: str | None) -> TrainerCaps | None:
+    """--trainer (and --fork) as the capability row the search is restricted to; None: no restriction."""
+    if trainer is None:
+        if fork is not None:
+            raise SpecError(f"--fork {fork} names a fork of a trainer; add --trainer megatron")
+        return None
+    return caps_for(trainer, fork)
+
+
+def check_emit_options(trainer: str | None, torchtitan_format: str | None, strict: bool) -> None:
+    """The trainer and the options that only make sense with one."""
+    if trainer is None:
+        if strict or torchtitan_format is not None:
+            raise SpecError("--strict and --torchtitan-format apply to a launch config; add --trainer")
+        return
+    if trainer not in TRAINERS:
+        raise SpecError(f"--trainer {trainer!r}: unknown trainer; use one of {', '.join(TRAINERS)}")
+    if torchtitan_format not in (None, *TORCHTITAN_FORMATS):
+        raise SpecError(f"--torchtitan-format {torchtitan_format!r}: use one of {', '.join(TORCHTITAN_FORMATS)}")
+
+
+def launch_config(trainer: str, inp: EmitInput, *, torchtitan_format: str | None, strict: bool,
+                  reestimate: Any = None, mock_data: bool = False,
+                  train_tokens: float = DEFAULT_TRAIN_TOKENS) -> EmitResult:
+    """The trainer's files for a plan; under --strict any warning is an error (shown first, nothing written).
+    `reestimate` prices what the trainer really runs, for the files' headers (emit/common.py); `mock_data` and
+    `train_tokens` shape the run (emit/runfiles.py)."""
+    if not train_tokens > 0 or train_tokens == float("inf"):
+        raise SpecError(f"--train-tokens {train_tokens:g}: must be a number of tokens > 0, e.g. 1e12")
+    inp = replace(inp, reestimate=reestimate, mock_data=mock_data, train_tokens=train_tokens)
+    result = emit_config(trainer, inp, torchtitan_format=torchtitan_format or TORCHTITAN_FORMATS[0])
+    if strict and result.warnings:
+        show_warnings(result.warnings)
+        raise SpecError(f"--strict: {trainer} cannot express this plan exactly ({len(result.warnings)} warning(s) "
+                        "above); nothing was written")
+    return result
+
+
+def save_plan(out: str, doc: dict[str, Any], trainer: str | None, *, torchtitan_format: str | None,
+              strict: bool, reestimate: Any = None, mock_data: bool = False,
+              train_tokens: float = DEFAULT_TRAIN_TOKENS) -> list[Path]:
+    """`plan --out DIR`: plan.json and, with a trainer, its launch config, built from that same document (so
+    that `autotune emit --plan DIR/plan.json` gives the same bytes); all written atomically."""
+    files, warnings = [(PLAN_FILE, dump_json(without_timings(doc)) + "\n")], ()
+    if trainer is not None:
+        inp = emit_input_from_document(doc, PLAN_FILE)
+        result = launch_config(trainer, inp, torchtitan_format=torchtitan_format, strict=strict,
+                               reestimate=reestimate, mock_data=mock_data, train_tokens=train_tokens)
+        files, warnings = files + list(result.files), result.warnings
+    written = write_files(Path(out), files)
+    show_warnings(warnings)
+    return written
+
+
+def write_launch(out: str | None, trainer: str, result: EmitResult) -> list[Path]:
+    """`emit`'s output: a single file to stdout (no --out) or to --out FILE / into --out DIR; several files need
+    --out DIR. Writes are atomic; returns the paths written."""
+    files = list(result.files)
+    if out is None:
+        if len(files) != 1:
+            raise SpecError(f"{trainer} writes {len(files)} files ({', '.join(n for n, _ in files)}); give --out DIR")
+        typer.echo(files[0][1], nl=False)
+        return []
+    target = Path(out)
+    if len(files) == 1 and not (target.is_dir() or out.endswith(("/", os.sep))):
+        return [write_file(target, files[0][1])]
+    return write_files(target, files)

@@ -1,0 +1,119 @@
+"""Pins -> search space, the search under a progress bar, and what `plan` does with its result (--top, --compare,
+--no-timings). Named `searching` so it does not shadow the autotune.search package in readers' minds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from autotune.cli.inputs import load_plan_file
+from autotune.cli.options import Pins, check_simulation_size, parse_choice_list, parse_int_list
+from autotune.costmodel.estimate import CostModel
+from autotune.errors import InvalidPlanError, SolverLimitError, SpecError
+from autotune.render.common import plan_brief
+from autotune.render.plan import Comparison, search_progress
+from autotune.search.pins import check_space
+from autotune.search.planner import DEFAULT_WORK_LIMIT, PlanResult, search
+from autotune.search.space import SearchSpace, enumerate_candidates
+from autotune.search.validate import validate_plan
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import RECOMPUTES, SCHEDULES, VOCABS, check_plan
+from autotune.specs.profile import Profile
+from autotune.specs.tpgrid import MODES
+from autotune.specs.trainers import TrainerCaps
+
+
+# ------------------------------------------------------------------------------------------ pins -> search space
+def search_space(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int, *,
+                 allow_idle: bool, allow_cross_node_tp: bool, trainer: TrainerCaps | None = None) -> SearchSpace:
+    """The pins as a SearchSpace (restricted to what `trainer` runs), after checks that turn contradictory pins
+    into one-line errors (exit 1): the planner's own "empty space" error (exit 2) is left for spaces that are
+    empty without any pin."""
+    space = replace(pins_space(pins, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp), trainer=trainer)
+    check_space(space, model, job, gpus, gpus_per_node)
+    if pins.given() and next(enumerate_candidates(model, job, gpus, gpus_per_node, space), None) is None:
+        raise SpecError(f"no valid plan for {gpus} GPUs meets {pins.typed()} together (tp x pp x dp x cp must be "
+                        f"{gpus}, dp x mbs must divide --global-batch {job.global_batch}, interleaved needs "
+                        "micro-batches divisible by pp); relax a pin")
+    return space
+
+
+def pins_space(pins: Pins, *, allow_idle: bool, allow_cross_node_tp: bool) -> SearchSpace:
+    """The pins as a SearchSpace, each list parsed (a bad value is a one-line error); no check against a job."""
+    def ints(raw: str | None, flag: str, minimum: int = 1) -> tuple[int, ...] | None:
+        return None if raw is None else parse_int_list(raw, flag, minimum=minimum)
+
+    def choices(raw: str | None, flag: str, options: Sequence[str]) -> tuple[str, ...] | None:
+        return None if raw is None else parse_choice_list(raw, flag, options)
+
+    layers = ints(pins.layers_per_stage, "--layers-per-stage", minimum=0)
+    pp = ints(pins.pp, "--pp")
+    return SearchSpace(
+        tp=ints(pins.tp, "--tp"), pp=(len(layers),) if pp is None and layers is not None else pp,
+        dp=ints(pins.dp, "--dp"), cp=ints(pins.cp, "--cp"), mbs=ints(pins.mbs, "--mbs"), vpp=ints(pins.vpp, "--vpp"),
+        schedule=choices(pins.schedule, "--schedule", SCHEDULES),
+        recompute=choices(pins.recompute, "--recompute", RECOMPUTES), zero=ints(pins.zero, "--zero", minimum=0),
+        vocab=choices(pins.vocab, "--vocab", VOCABS),
+        sequence_parallel=None if pins.sequence_parallel is None else (pins.sequence_parallel,),
+        tp_overlap=None if pins.tp_overlap is None else (pins.tp_overlap,),
+        layers_per_stage=layers, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp,
+        tp_mode=choices(pins.tp_mode, "--tp-mode", MODES), ep=ints(pins.ep, "--ep"), etp=ints(pins.etp, "--etp"))
+
+
+def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
+                 space: SearchSpace, profile: Profile | None = None) -> Comparison:
+    """The user's plan, checked by the independent validator: rule breaks are errors, not fitting is reported."""
+    plan = load_plan_file(path, "--compare")
+    check_simulation_size(plan, f"--compare {path}")
+    cm = CostModel(model, hw, job, profile)
+    flags = {"allow_idle": space.allow_idle, "allow_cross_node_tp": space.allow_cross_node_tp}
+    try:
+        return Comparison(path, validate_plan(plan, cm, gpus, **flags), None)
+    except InvalidPlanError as exc:
+        try:
+            check_plan(plan, model, job, gpus, hw.gpus_per_node, **flags)
+        except InvalidPlanError as rule:
+            raise SpecError(f"--compare {path}: {rule}") from None
+        return Comparison(path, cm.estimate(plan), str(exc))
+
+
+def run_search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int,
+               time_limit_s: float, profile: Profile | None = None,
+               work_limit: float = DEFAULT_WORK_LIMIT) -> PlanResult:
+    """`search` under a progress bar; a limit hit with a plan in hand returns it (status FEASIBLE)."""
+    if not time_limit_s > 0:
+        raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit_s:g}")
+    with search_progress(True) as progress:  # on a terminal even with --json: the bar goes to stderr
+        try:
+            return search(model, hw, job, gpus, space, top_k=top_k, time_limit_s=time_limit_s, progress=progress,
+                          profile=profile, work_limit=work_limit)
+        except SolverLimitError as exc:
+            if isinstance(exc.result, PlanResult):
+                return exc.result
+            raise
+
+
+
+def distinct_fitting(result: PlanResult, top: int) -> PlanResult:
+    """`--top K`: the K fastest runners-up that fit, none shown alike (the same choices as the best plan or an
+    earlier row, differing only in layer split or bucket), without the candidates that do not fit in memory."""
+    seen = {plan_brief(result.best.plan)}
+    kept = []
+    for runner in result.runners_up:
+        key = plan_brief(runner.estimate.plan)
+        if runner.estimate.fits and key not in seen:
+            seen.add(key)
+            kept.append(runner)
+    return replace(result, runners_up=tuple(kept[:top]))
+
+
+def without_timings(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document without the solver's wall time (plan.json, --no-timings): the same bytes on every rerun."""
+    if isinstance(doc.get("solver"), dict):
+        doc = {**doc, "solver": {k: v for k, v in doc["solver"].items() if k != "wall_s"}}
+    if isinstance(doc.get("points"), list):
+        doc = {**doc, "points": [{k: v for k, v in p.items() if k != "wall_s"} for p in doc["points"]]}
+    return doc

@@ -1,0 +1,65 @@
+"""`autotune models` and `autotune hardware`: the catalog as tables and as --json."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from autotune.costmodel.memory import total_params
+from autotune.render.common import rounded
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.model import ModelSpec
+from autotune.units import GB, TERA, gib
+
+
+def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[str, Any]:
+    """`models --json`: each catalog model's shape, parameter count and source."""
+    return {"models": [{
+        "name": m.name, "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
+        "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim, "ffn_hidden_size": m.ffn_hidden_size,
+        "vocab_size": m.vocab_size, "activation": m.activation, "norm": m.norm, "tied_embeddings": m.tied_embeddings,
+        "params_B": rounded(total_params(m) / 1e9), "published_params_B": raw.get("published_params_B"),
+        "description": raw.get("description", ""), "source": m.source,
+    } for m, raw in models]}
+
+
+def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> Table:
+    table = Table(title="Models (--model NAME, or a path to a config.json)", title_justify="left")
+    for col in ("name", "layers", "hidden", "heads/kv", "ffn", "vocab", "act", "params B"):
+        table.add_column(col, justify="left" if col in ("name", "act") else "right", no_wrap=True)
+    table.add_column("source")  # the only column that shrinks to fit the width
+    for m, _ in models:
+        table.add_row(m.name, str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.num_kv_heads}",
+                      str(m.ffn_hidden_size), str(m.vocab_size), m.activation, f"{total_params(m) / 1e9:.2f}",
+                      # the first clause names the source (--json has all of it), cut to one line
+                      Text(m.source.split(";")[0], no_wrap=True, overflow="ellipsis"))
+    return table
+
+
+def hardware_json(gpus: Sequence[tuple[HardwareSpec, Mapping[str, Any]]]) -> dict[str, Any]:
+    """`hardware --json`: figures in the hardware files' own units."""
+    return {"hardware": [{
+        "name": hw.name, "memory_GiB": rounded(gib(hw.memory_bytes)),
+        "memory_reserve_GiB": rounded(gib(hw.memory_reserve_bytes)),
+        "hbm_bandwidth_GBps": rounded(hw.hbm_bandwidth / GB), "bf16_TFLOPs": rounded(hw.peak_flops_bf16 / TERA),
+        "fp16_TFLOPs": rounded(hw.peak_flops_fp16 / TERA), "fp8_TFLOPs": rounded(hw.peak_flops_fp8 / TERA),
+        "gpus_per_node": hw.gpus_per_node, "intra_node_GBps": rounded(hw.intra_node_bandwidth / GB),
+        "inter_node_GBps": rounded(hw.inter_node_bandwidth / GB), "description": raw.get("description", ""),
+        **({"sources": raw["sources"]} if isinstance(raw.get("sources"), Mapping) else {}),  # optional in a file
+    } for hw, raw in gpus]}
+
+
+def hardware_table(gpus: Sequence[tuple[HardwareSpec, Mapping[str, Any]]]) -> Table:
+    table = Table(title="Hardware (--gpu NAME, or a path to a hardware file)", title_justify="left")
+    for col in ("name", "memory GiB", "reserve", "HBM GB/s", "bf16 TFLOP/s", "fp8 TFLOP/s", "GPUs/node",
+                "intra GB/s", "inter GB/s"):
+        table.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
+    for hw, _ in gpus:
+        fp8 = f"{hw.peak_flops_fp8 / TERA:g}" if hw.peak_flops_fp8 > 0 else "-"
+        table.add_row(hw.name, f"{gib(hw.memory_bytes):g}", f"{gib(hw.memory_reserve_bytes):g}",
+                      f"{hw.hbm_bandwidth / GB:g}", f"{hw.peak_flops_bf16 / TERA:g}", fp8, str(hw.gpus_per_node),
+                      f"{hw.intra_node_bandwidth / GB:g}", f"{hw.inter_node_bandwidth / GB:g}")
+    return table

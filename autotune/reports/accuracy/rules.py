@@ -1,0 +1,314 @@
+"""``public``: a row of published-runs-public.csv as the cost model's inputs (a Case), by one written rule for
+every knob the row does not publish (RULES, printed in the report's header); RowSkipped where it cannot be."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from autotune.catalog import PROFILES_DIR, load_hardware, load_model
+from autotune.errors import InvalidPlanError, SpecError
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import Plan, check_plan, even_split, is_even_split
+from autotune.units import from_gib
+
+#: The rule for every knob a public row does not publish (or publishes as free text), in one place; the
+#: report prints them in its header.
+RULES: tuple[tuple[str, str], ...] = (
+    ("rows", "dense pretraining rows; MoE rows (is_moe yes) are listed as skipped here and evaluated in the MoE "
+             "section below (no figure is fitted to them); other tasks are listed as skipped with the reason"),
+    ("moe", "MoE rows (is_moe yes): the catalog model of the row's name (its config.json shape: head_dim, expert "
+            "width, biases, which the shape columns lack), checked against the row's layers, hidden size, experts "
+            "and top-k; balanced routing (moe_imbalance 1.0: the rows' source forces it, or drops tokens at "
+            "capacity); ep and etp as published, blank etp -> tp (Megatron's default)"),
+    ("model", "the row's shape columns as a Llama-family ModelSpec: SwiGLU, RMSNorm, RoPE, no bias, no dropout, "
+              "untied embeddings, head_dim = hidden/heads; a reduced-depth 405B proxy keeps its num_layers"),
+    ("hardware", "H100 -> h100-sxm (80 GB HBM3, 700 W); torchtitan's Grand Teton H100 (gpu_note '96GB HBM2e') -> "
+                 "catalog h100-hbm2e-96gb when it exists, else h100-sxm with 96 GiB and 2.4 TB/s HBM; H200 -> "
+                 "h200; gpus_per_node from the row"),
+    ("trainer", "NeMo, Megatron-Core, Megatron-LM and Megatron-Bridge rows -> megatron; torchtitan rows -> "
+                "torchtitan"),
+    ("dtype", "fp8 when precision is fp8 (TE hybrid/current scaling, torchao float8 tensorwise/rowwise alike: "
+              "the scaling recipe is not modelled), else bf16; flash attention on"),
+    ("fused_kernels", "megatron: on (Transformer Engine); torchtitan: on only when other_settings names "
+                      "torch.compile"),
+    ("degrees", "tp, pp, cp as published, blank -> 1; dp = dp_derived, which must equal num_gpus/(tp*pp*cp)"),
+    ("microbatches", "num_microbatches = global_batch/(dp*mbs) (the derived GA where the source prints another); "
+                     "torchtitan pp rows without mbs: torchtitan's default of one micro-batch per pipeline stage "
+                     "(pp x stages per rank), mbs = local batch / that; without mbs and pp 1, mbs = local batch"),
+    ("schedule", "vp > 1 -> interleaved with vpp = vp; torchtitan 'Interleaved 1F1B' without vp -> vpp 2 "
+                 "(torchtitan's default stages per rank for looped schedules); otherwise 1f1b"),
+    ("recompute", "activation_recompute text: none / selective (torchtitan's op-level SAC counted as selective) / "
+                  "full; blank -> the framework default: megatron none (Megatron-Core's default, and NeMo 2.0's "
+                  "Llama 3.1 recipes leave recompute unset), torchtitan its llama3 train config (selective for "
+                  "8B, full for 70B and 405B)"),
+    ("zero", "torchtitan with fsdp yes -> 3 (FSDP2 shards weights, gradients and optimizer state), without -> 0; "
+             "NeMo/Megatron -> 1: they use the distributed optimizer by default (NeMo 1.0 distributed_fused_adam, "
+             "NeMo 2.0 use_distributed_optimizer=True), unless the row says fsdp yes (-> 3); FSDP with pp > 1 "
+             "-> 1, as check_plan allows no more with pipelining (torchtitan keeps the gathered weights across "
+             "micro-batches under PP), with a note on the row"),
+    ("sequence_parallel", "on whenever tp > 1: NeMo/Megatron recipes set it with tp, and torchtitan's TP plan "
+                          "shards the norms over the sequence (sequence parallelism)"),
+    ("tp_overlap", "megatron with tp > 1: on when other_settings says tp_comm_overlap=true, and by the release "
+                   "default otherwise (NeMo 2.0 performance recipes, which the Megatron-LM examples follow, turn "
+                   "tp_comm_overlap on for tp > 1 on H100); off only where a row says tp_comm_overlap=false; "
+                   "torchtitan: on when other_settings names AsyncTP, off for vanilla TP"),
+    ("partition", "layers_per_stage = even_split(num_layers, pp), vocab 'ends'; where check_plan rejects the "
+                  "published layout, the nearest valid one (for an interleaved split: the vpp <= published "
+                  "and per-rank layer counts with the shortest ideal pipeline time, vocab 'balanced' when "
+                  "uneven) is evaluated and the row's note says what changed"),
+    ("grad_reduce", "dgxc (NeMo) rows -> bf16: NeMo's performance scripts (scripts/performance, "
+                    "set_primary_perf_configs) set grad_reduce_in_fp32 = False; Megatron-LM example rows -> fp32 "
+                    "(Megatron-LM's default); torchtitan rows -> fp32 (FSDP2 reduces in fp32: torchtitan's "
+                    "mixed-precision policy has reduce_dtype float32 by default)"),
+    ("lofo", "family = the model (Llama 3 and 3.1 of one size share a shape: Llama3-70B counts as Llama3.1-70B; "
+             "a 405B proxy counts as Llama3.1-405B)"),
+)
+RULE_KEYS = tuple(k for k, _ in RULES)
+#: torchtitan's default number of stages per rank for looped (interleaved) schedules (generate_split_points)
+TORCHTITAN_STAGES_PER_RANK = 2
+#: source_ids whose rows reduce gradients in bf16 (RULES 'grad_reduce')
+BF16_GRAD_REDUCE_SOURCES = ("dgxc",)
+#: torchtitan's Grand Teton H100: 96 GB HBM2e at 2.4 TB/s (../shared/HARDWARE.md)
+HBM2E_96GB = "h100-hbm2e-96gb"
+
+
+class RowSkipped(Exception):
+    """A public row the cost model cannot represent; the message is the reason the report prints."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One public row as the cost model's inputs, with the published step time it is judged against."""
+
+    row_id: int
+    source_id: str
+    gpu_type: str
+    family: str
+    model: ModelSpec
+    hw: HardwareSpec
+    job: JobSpec
+    plan: Plan
+    published_step_s: float
+    note: str
+    """What was changed to make the published layout valid ('' when nothing was)."""
+
+
+
+def row_family(model_name: str) -> str:
+    """The model family for LOFO (RULES 'lofo')."""
+    return re.sub(r"^Llama3-", "Llama3.1-", model_name.strip())
+
+
+def _int(row: dict[str, str], key: str, default: int | None = None) -> int:
+    text = row.get(key, "").strip()
+    if not text:
+        if default is None:
+            raise RowSkipped(f"{key} is not published")
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise RowSkipped(f"{key} {text!r} is not an integer") from None
+
+
+def row_trainer(row: dict[str, str]) -> str:
+    framework = row["framework"].lower()
+    if "torchtitan" in framework:
+        return "torchtitan"
+    if "nemo" in framework or "megatron" in framework:
+        return "megatron"
+    raise RowSkipped(f"framework {row['framework']!r} is not one the cost model knows")
+
+
+def row_model(row: dict[str, str]) -> ModelSpec:
+    """RULES 'model' (dense) and 'moe'."""
+    if row["is_moe"].strip().lower() == "yes":
+        return row_moe_model(row)
+    hidden, heads = _int(row, "hidden_size"), _int(row, "num_attention_heads")
+    kv = _int(row, "num_kv_heads", heads)
+    if hidden % heads or heads % kv:
+        raise RowSkipped(f"shape hidden {hidden}, heads {heads}, kv heads {kv} is not a Llama attention shape")
+    return ModelSpec(name=row["model"], num_layers=_int(row, "num_layers"), hidden_size=hidden, num_heads=heads,
+                     num_kv_heads=kv, head_dim=hidden // heads, ffn_hidden_size=_int(row, "ffn_hidden_size"),
+                     vocab_size=_int(row, "vocab_size"), activation="swiglu", norm="rmsnorm", tied_embeddings=False,
+                     bias="none", dropout=False, causal=True, position_embedding="rope",
+                     source="shape columns of published-runs-public.csv (Llama family)")
+
+
+def row_moe_model(row: dict[str, str]) -> ModelSpec:
+    """RULES 'moe': the catalog entry named like the row's model, if its shape agrees with the row's columns."""
+    name = row["model"].strip().lower()
+    try:
+        model = load_model(name)
+    except SpecError:
+        raise RowSkipped(f"MoE model {row['model']!r} has no catalog entry {name!r}") from None
+    for column, value in (("num_layers", model.num_layers), ("hidden_size", model.hidden_size),
+                          ("num_experts", model.num_experts), ("moe_top_k", model.moe_top_k)):
+        if _int(row, column, value) != value:
+            raise RowSkipped(f"{column} {row[column]} differs from catalog {name}'s {value}")
+    return model
+
+
+def row_hardware(row: dict[str, str]) -> HardwareSpec:
+    """RULES 'hardware'."""
+    gpu = row["gpu_type"].strip().upper()
+    if gpu == "H100" and re.search(r"96\s*GB\s*HBM2e", row["gpu_note"], re.IGNORECASE):
+        if (PROFILES_DIR / "hardware" / f"{HBM2E_96GB}.json").is_file():
+            hw = load_hardware(HBM2E_96GB)
+        else:
+            hw = replace(load_hardware("h100-sxm"), name="h100-sxm with 96 GiB HBM2e at 2.4 TB/s",
+                         memory_bytes=from_gib(96), hbm_bandwidth=2.4e12)
+    elif gpu == "H100":
+        hw = load_hardware("h100-sxm")
+    elif gpu == "H200":
+        hw = load_hardware("h200")
+    else:
+        raise RowSkipped(f"gpu_type {row['gpu_type']!r} has no catalog hardware file")
+    per_node = _int(row, "gpus_per_node", hw.gpus_per_node)
+    return hw if per_node == hw.gpus_per_node else replace(hw, gpus_per_node=per_node)
+
+
+def row_job(row: dict[str, str], trainer: str) -> JobSpec:
+    """RULES 'dtype', 'fused_kernels' and 'grad_reduce'."""
+    settings = row["other_settings"].lower()
+    fused = trainer == "megatron" or "compile" in settings
+    dtype = "fp8" if row["precision"].strip().lower() in ("fp8", "float8") else "bf16"
+    grad_reduce = "bf16" if row["source_id"].strip() in BF16_GRAD_REDUCE_SOURCES else "fp32"
+    return JobSpec(global_batch=_int(row, "global_batch_size"), seq_len=_int(row, "seq_len"), dtype=dtype,
+                   flash_attention=True, fused_kernels=fused, grad_reduce=grad_reduce,  # type: ignore[arg-type]
+                   trainer=trainer, moe_imbalance=1.0)  # type: ignore[arg-type]
+
+
+def row_recompute(row: dict[str, str], trainer: str, model: ModelSpec) -> str:
+    """RULES 'recompute'."""
+    text = row["activation_recompute"].strip().lower()
+    for mode in ("none", "selective", "full"):
+        if text.startswith(mode):
+            return mode
+    if text:
+        raise RowSkipped(f"activation_recompute {row['activation_recompute']!r} is not none/selective/full")
+    if trainer == "torchtitan":
+        return "selective" if row_family(model.name).endswith("-8B") else "full"
+    return "none"
+
+
+def published_plan(row: dict[str, str], model: ModelSpec, job: JobSpec, trainer: str) -> Plan:
+    """The row's layout as published, with RULES for what it leaves out (before check_plan)."""
+    tp, pp, cp = (_int(row, k, 1) for k in ("tp", "pp", "cp"))
+    gpus, dp = _int(row, "num_gpus"), _int(row, "dp_derived")
+    if dp * tp * pp * cp != gpus:
+        raise RowSkipped(f"dp_derived {dp} != num_gpus/(tp*pp*cp) = {gpus}/({tp}*{pp}*{cp})")
+    settings = row["other_settings"].lower()
+    vpp = _int(row, "vp", 1)
+    if trainer == "torchtitan" and vpp == 1 and pp > 1 and "interleaved" in settings:
+        vpp = TORCHTITAN_STAGES_PER_RANK
+    if job.global_batch % dp:
+        raise RowSkipped(f"global batch {job.global_batch} is not divisible by dp {dp}")
+    local = job.global_batch // dp
+    if row["micro_batch_size"].strip():
+        mbs = _int(row, "micro_batch_size")
+    elif trainer == "torchtitan" and pp > 1:
+        mbs = local // (pp * vpp) or 1
+    elif pp == 1:
+        mbs = local
+    else:
+        raise RowSkipped("micro_batch_size is not published and no default applies (pipeline, not torchtitan)")
+    if local % mbs:
+        raise RowSkipped(f"local batch {local} (global batch / dp) is not divisible by mbs {mbs}")
+    zero = 3 if row["fsdp"].strip().lower() == "yes" else (1 if trainer == "megatron" else 0)
+    sp = tp > 1
+    if trainer == "megatron":
+        overlap = sp and not re.search(r"tp_comm_overlap\s*=\s*false", settings)
+    else:
+        overlap = sp and bool(re.search(r"async\s*-?\s*tp", settings))
+    ep, etp = (_int(row, "ep", 1), _int(row, "etp", tp)) if model.is_moe else (1, 1)
+    return Plan(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, num_microbatches=local // mbs, ep=ep, etp=etp,
+                schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp,
+                recompute=row_recompute(row, trainer, model), zero=zero,  # type: ignore[arg-type]
+                sequence_parallel=sp, tp_overlap=overlap, vocab="ends",
+                layers_per_stage=even_split(model.num_layers, pp))
+
+
+def nearest_interleaved(plan: Plan, num_layers: int) -> Plan:
+    """The valid interleaved layout closest to the published one: vpp <= published and per-rank layer counts
+    divisible by it, with the shortest ideal pipeline time max(layers) * (m + (pp - 1) / vpp); 1F1B with an
+    even split competes as vpp 1."""
+    best: tuple[float, Plan] | None = None
+    for v in range(plan.vpp, 0, -1):
+        if num_layers % v:
+            continue
+        layers = tuple(v * n for n in even_split(num_layers // v, plan.pp))
+        if min(layers) == 0:
+            continue
+        cost = max(layers) * (plan.num_microbatches + (plan.pp - 1) / v)
+        if best is None or cost < best[0]:
+            best = (cost, replace(plan, vpp=v, schedule="interleaved" if v > 1 else "1f1b", layers_per_stage=layers,
+                                  vocab="ends" if is_even_split(layers) else "balanced"))
+    assert best is not None  # v = 1 always qualifies
+    return best[1]
+
+
+def representable(plan: Plan, model: ModelSpec, job: JobSpec, hw: HardwareSpec) -> tuple[Plan, str]:
+    """The published plan if check_plan accepts it, else the nearest valid plan and a note saying what changed."""
+    gpus = plan.num_gpus
+    try:
+        check_plan(plan, model, job, gpus, hw.gpus_per_node)
+        return plan, ""
+    except InvalidPlanError as exc:
+        first = str(exc)
+    notes, fixed = [], plan
+    if fixed.zero >= 2 and fixed.pp > 1:
+        fixed = replace(fixed, zero=1)
+        notes.append(f"FSDP (zero {plan.zero}) with pp {plan.pp}: check_plan allows zero <= 1 with pp > 1, so "
+                     "zero 1 is evaluated (torchtitan keeps FSDP's gathered weights across micro-batches under PP)")
+    if fixed.schedule == "interleaved" and any(n % fixed.vpp for n in fixed.layers_per_stage):
+        why = ("; NeMo counts the embedding and the loss as layers" if job.trainer == "megatron"
+               else "; torchtitan's own split points are not published")
+        notes.append(f"interleaved vpp {plan.vpp}: {model.num_layers} layers on pp {plan.pp} split "
+                     f"{list(fixed.layers_per_stage)} are not divisible by vpp{why}; evaluated as ")
+        fixed = nearest_interleaved(fixed, model.num_layers)
+        notes[-1] += (f"{fixed.schedule} vpp {fixed.vpp}, layers {list(fixed.layers_per_stage)}, vocab "
+                      f"{fixed.vocab} (the valid layout with the shortest ideal pipeline time)")
+    try:
+        check_plan(fixed, model, job, gpus, hw.gpus_per_node)
+    except InvalidPlanError as exc:
+        raise RowSkipped(f"check_plan rejects the published layout: {first}"
+                         + ("" if str(exc) == first else f"; nearest: {exc}")) from None
+    return fixed, "; ".join(notes)
+
+
+def row_case(row: dict[str, str]) -> Case:
+    """One public dense row as a Case, or RowSkipped with the reason (MoE rows: moe_case)."""
+    if is_moe_row(row):
+        raise RowSkipped(f"MoE ({row['num_experts'] or '?'} experts, top-{row['moe_top_k'] or '?'}): evaluated in "
+                         "the MoE section (RULES 'moe')")
+    return _case(row)
+
+
+def is_moe_row(row: dict[str, str]) -> bool:
+    return row["is_moe"].strip().lower() == "yes"
+
+
+def moe_case(row: dict[str, str]) -> Case:
+    """One public MoE row as a Case (RULES 'moe'), or RowSkipped with the reason."""
+    return _case(row)
+
+
+def _case(row: dict[str, str]) -> Case:
+    if row["task"].strip().lower() != "pretrain":
+        raise RowSkipped(f"task {row['task']!r} is not pretraining")
+    trainer = row_trainer(row)
+    try:
+        model = row_model(row)
+        hw = row_hardware(row)
+        job = row_job(row, trainer)
+        plan, note = representable(published_plan(row, model, job, trainer), model, job, hw)
+        step = float(row["step_time_s"])
+    except (SpecError, ValueError) as exc:
+        raise RowSkipped(str(exc)) from None
+    return Case(row_id=_int(row, "row_id"), source_id=row["source_id"].strip(),
+                gpu_type=row["gpu_type"].strip().upper(), family=row_family(row["model"]), model=model, hw=hw,
+                job=job, plan=plan, published_step_s=step, note=note)

@@ -1,0 +1,127 @@
+"""Pins that can never hold (--tp that splits no heads, --vocab parallel with tied embeddings, a pin the chosen
+trainer never runs, a --layers-per-stage that does not sum to the model) as one-line errors naming the flag and the
+fix, before the search starts. The generators in space.py obey the same rules silently; here each pin is checked
+on its own so the message can say which flag to change.
+"""
+
+from __future__ import annotations
+
+from autotune.errors import SpecError
+from autotune.search.space import MAX_CP, MAX_VPP, SearchSpace, grid_fits
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import is_even_split
+from autotune.specs.trainers import TrainerCaps
+
+
+def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int) -> None:
+    """Turn pins that can never hold into one-line errors naming the flag and the fix (exit 1); the planner's
+    own "empty space" error (exit 2) is left for spaces that are empty without a contradictory pin."""
+    _check_degrees(space, model, job, gpus, gpus_per_node)
+    _check_choices(space, model)
+    if space.trainer is not None:
+        _check_trainer(space, space.trainer)
+        if model.is_moe and not space.trainer.moe:
+            raise SpecError(f"--trainer {space.trainer.name}: autotune writes expert-parallel (MoE) configs for "
+                            f"megatron only; use --trainer megatron for {model.name}")
+    if space.layers_per_stage is not None:
+        _check_layers(space, space.layers_per_stage, model)
+
+
+def _check_degrees(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int) -> None:
+    """Each pinned degree on its own: heads, node size, GPU count, layers, batch, sequence."""
+    grids = [m for m in space.tp_mode or ("1d",) if m != "1d"]
+    for tp in space.tp or ():
+        if grids and (tp == 1 or any(grid_fits(m, tp, model) for m in grids)):
+            continue
+        if grids and "1d" not in (space.tp_mode or ()):
+            raise SpecError(f"--tp {tp} is not a {'/'.join(grids)} tensor-parallel grid that splits {model.name} "
+                            "(2-D: q^2, 2.5-D: d*q^2, 3-D: q^3, with q dividing the heads and widths)")
+        if model.num_heads % tp or model.num_kv_heads % tp:
+            ok = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0 and model.num_kv_heads % d == 0]
+            raise SpecError(f"--tp {tp} does not divide the {model.num_heads} attention heads and "
+                            f"{model.num_kv_heads} key/value heads of {model.name}; use one of {', '.join(map(str, ok))}")
+        if tp > gpus_per_node and not space.allow_cross_node_tp:
+            raise SpecError(f"tp {tp} exceeds the {gpus_per_node} GPUs of a node; pass --allow-cross-node-tp")
+    divide_gpus = [("--tp", space.tp), ("--pp", space.pp), ("--cp", space.cp)]
+    for flag, values in divide_gpus + ([] if space.allow_idle else [("--dp", space.dp)]):
+        for v in values or ():
+            if gpus % v:
+                raise SpecError(f"{flag} {v} does not divide --gpus {gpus}")
+    for pp in space.pp or ():
+        if pp > model.num_layers:
+            raise SpecError(f"--pp {pp} exceeds the {model.num_layers} layers of {model.name}")
+    for flag, values in (("--dp", space.dp), ("--mbs", space.mbs)):
+        for v in values or ():
+            if job.global_batch % v:
+                raise SpecError(f"{flag} {v} does not divide --global-batch {job.global_batch}")
+    for cp in space.cp or ():
+        if cp > 1 and job.seq_len % (2 * cp):
+            raise SpecError(f"--cp {cp} needs --seq-len divisible by 2 x cp = {2 * cp} (load-balanced ring "
+                            f"attention), got {job.seq_len}")
+
+
+def _check_choices(space: SearchSpace, model: ModelSpec) -> None:
+    """Pins that contradict each other: vpp vs schedule, ZeRO vs pp, sequence parallelism vs tp."""
+    if any(z > 3 for z in space.zero or ()):
+        raise SpecError(f"--zero {max(space.zero or ())}: ZeRO stages are 0, 1, 2 and 3")
+    for v in space.vpp or ():
+        if v > 1 and (v > MAX_VPP or model.num_layers % v):
+            raise SpecError(f"--vpp {v} must divide the {model.num_layers} layers of {model.name} and be <= {MAX_VPP}")
+    if space.schedule == ("1f1b",) and space.vpp is not None and 1 not in space.vpp:
+        raise SpecError("--schedule 1f1b has one model chunk per rank; drop --vpp or use --schedule interleaved")
+    if space.schedule == ("interleaved",) and space.vpp == (1,):
+        raise SpecError("--schedule interleaved needs --vpp >= 2")
+    if space.zero and min(space.zero) >= 2 and space.pp and min(space.pp) > 1:
+        raise SpecError(f"--zero {','.join(map(str, space.zero))} shards gradients, which pipeline parallelism "
+                        "forbids; use --zero 0,1 with --pp > 1")
+    if space.vocab == ("parallel",) and model.tied_embeddings:
+        raise SpecError(f"--vocab parallel needs untied input and output embeddings, and {model.name} ties them; "
+                        "use --vocab ends or balanced")
+    if space.vocab == ("parallel",) and space.pp == (1,):
+        raise SpecError("--vocab parallel splits the vocabulary layers over pipeline ranks: it needs --pp >= 2")
+    if space.sequence_parallel == (True,) and space.tp == (1,):
+        raise SpecError("--sequence-parallel needs tp > 1; drop it or pin --tp > 1")
+
+
+def _check_trainer(space: SearchSpace, caps: TrainerCaps) -> None:
+    """Pins the chosen trainer never runs: the flag, what the trainer runs instead, and the way out."""
+    name = caps.name.replace("+", " --fork ")
+    zeros = sorted(set(caps.zero_flat) | set(caps.zero_pipelined))
+    runs: list[tuple[str, tuple | None, tuple]] = [
+        ("--schedule", space.schedule, caps.schedules), ("--vocab", space.vocab, caps.vocabs),
+        ("--zero", space.zero, tuple(zeros)), ("--tp-mode", space.tp_mode, caps.tp_modes),
+        ("--cp", space.cp, (1,) if not caps.cp else tuple(range(1, MAX_CP + 1))),
+        ("--vpp", space.vpp, tuple(range(1, caps.max_vpp + 1))),
+        ("--recompute", space.recompute, ("none", "full") + (("selective",) if caps.selective_recompute else ())),
+        ("--sequence-parallel", space.sequence_parallel, caps.sequence_parallel),
+        ("--tp-overlap", space.tp_overlap, (True, False) if caps.tp_overlap else (False,)),
+    ]
+    for flag, pins, options in runs:
+        if pins is not None and not any(v in options for v in pins):
+            shown = lambda vs: ",".join(str(v).lower() for v in vs)  # noqa: E731
+            raise SpecError(f"{flag} {shown(pins)}: --trainer {name} runs {shown(options)}; drop {flag} or plan for "
+                            "another trainer (autotune plan without --trainer shows which trainers run what)")
+
+
+def _check_layers(space: SearchSpace, layers: tuple[int, ...], model: ModelSpec) -> None:
+    """A pinned partition: one pp, one entry per stage, summing to the model, compatible with vocab and vpp."""
+    text = ",".join(map(str, layers))
+    if space.pp is not None and len(space.pp) != 1:
+        raise SpecError(f"--layers-per-stage pins the partition, so --pp must be one value, got "
+                        f"{','.join(map(str, space.pp))}")
+    if space.pp != (len(layers),):
+        raise SpecError(f"--layers-per-stage {text} has {len(layers)} stages but --pp is {space.pp[0]}")
+    if sum(layers) != model.num_layers:
+        raise SpecError(f"--layers-per-stage {text} sums to {sum(layers)}, but {model.name} has "
+                        f"{model.num_layers} layers")
+    if 0 in layers[1:-1]:
+        raise SpecError(f"--layers-per-stage {text}: only the first and last stage may have no layers")
+    if space.vocab == ("ends",) and not is_even_split(layers):
+        raise SpecError(f"--layers-per-stage {text} is uneven, and --vocab ends means an even split; "
+                        "use --vocab balanced")
+    vpps = [v for v in space.vpp or range(1, MAX_VPP + 1)
+            if (v == 1) == (space.schedule != ("interleaved",)) or space.schedule is None]
+    if not any(v == 1 or (0 not in layers and all(n % v == 0 for n in layers)) for v in vpps):
+        raise SpecError(f"--layers-per-stage {text}: the interleaved schedule needs every stage's layer count "
+                        f"to be a positive multiple of vpp ({', '.join(map(str, vpps))} allowed)")
