@@ -55,20 +55,21 @@ def available_memory(kind: str) -> int | None:
     return None
 
 
-def check_profile_memory(spec, seq: int, tps: tuple[int, ...], mbss: tuple[int, ...], kind: str) -> None:
+def check_profile_memory(spec, seq: int, tps: tuple[int, ...], mbss: tuple[int, ...], kind: str,
+                         cps: tuple[int, ...] = (1,)) -> None:
     """Refuse, before any tensor exists, shapes whose largest op would not fit in the device's free memory (the
     allocator's RuntimeError, or the kernel's OOM killer, would come instead of a line)."""
     from autotune.profiling.optimer import enumerate_jobs
 
-    jobs = enumerate_jobs(spec, seq, tps, mbss)
+    jobs = enumerate_jobs(spec, seq, tps, mbss, cps)
     if not jobs:
         return
     big = max(jobs, key=lambda j: j.op.bytes)
     need, free = OP_MEMORY_FACTOR * big.op.bytes, available_memory(kind)
     if free is not None and need > free:
-        raise SpecError(f"profile: timing {big.op.name} of {spec.name} at tp {big.tp}, mbs {big.mbs}, seq {seq} needs "
-                        f"about {need / GiB:.1f} GiB, but {kind} has {free / GiB:.1f} GiB free; use a smaller --mbs "
-                        "or --seq-len, or only larger --tp degrees")
+        raise SpecError(f"profile: timing {big.op.name} of {spec.name} at tp {big.tp}, cp {big.cp}, mbs {big.mbs}, "
+                        f"seq {seq} needs about {need / GiB:.1f} GiB, but {kind} has {free / GiB:.1f} GiB free; use a "
+                        "smaller --mbs or --seq-len, or only larger --tp degrees")
 
 
 def _need_torch() -> None:
@@ -109,6 +110,8 @@ def profile_command(
     tp: Annotated[str, typer.Option("--tp", metavar="N,N,...", help="Tensor-parallel degrees whose per-GPU "
                                     "shapes to time.")] = "1,2,4,8",
     mbs: Annotated[str, typer.Option("--mbs", metavar="N,N,...", help="Micro-batch sizes to time.")] = "1,2,4",
+    cp: Annotated[str, typer.Option("--cp", metavar="N,N,...", help="Context-parallel degrees whose per-GPU shapes "
+                                    "to time (seq/cp tokens, ring attention's steps and corrections).")] = "1",
     dtype: Annotated[str, typer.Option("--dtype", metavar="bf16|fp16", help="Activation and matmul dtype.")] = "bf16",
     repeats: Annotated[int, typer.Option("--repeats", min=1, max=MAX_REPEATS, help="Timed runs per op (median "
                                          "kept).")] = 10,
@@ -151,7 +154,7 @@ def profile_command(
                                 backend=backend or ("nccl" if kind == "cuda" else "gloo"), tier=tier,
                                 repeats=repeats, warmup=warmup, show=not json_out)
     else:
-        summary = _profile_ops(kind, out, model=model, seq_len=seq_len, tp=tp, mbs=mbs, dtype=dtype,
+        summary = _profile_ops(kind, out, model=model, seq_len=seq_len, tp=tp, mbs=mbs, cp=cp, dtype=dtype,
                                repeats=repeats, warmup=warmup, show=not json_out)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     text = summary.pop("text")
@@ -163,8 +166,8 @@ def profile_command(
 
 
 def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int | None, tp: str, mbs: str,
-                 dtype: str, repeats: int, warmup: int, show: bool) -> dict:
-    from autotune.profiling.optimer import profile_model
+                 cp: str, dtype: str, repeats: int, warmup: int, show: bool) -> dict:
+    from autotune.profiling.optimer import check_cps, profile_model
 
     if model is None:
         raise SpecError("autotune profile needs --model M (or --comm to time collectives)")
@@ -176,24 +179,25 @@ def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int
                         f"maximum of {MAX_PROFILE_TOKENS:,} that profile times; use a smaller --mbs or --seq-len")
     target = out or Path(f"{kind}-{slug(spec.name)}.json")
     old = _existing(target)
-    tps = parse_int_list(tp, "--tp")
-    check_profile_memory(spec, seq, tps, mbss, kind)
+    tps, cps = parse_int_list(tp, "--tp"), parse_int_list(cp, "--cp")
+    check_cps(seq, cps)
+    check_profile_memory(spec, seq, tps, mbss, kind, cps)
     try:
         with _progress(show, f"timing {spec.name} ops on {kind}") as progress:
             prof = profile_model(spec, seq_len=seq, tps=tps, mbss=mbss, dtype=dtype, device=kind, repeats=repeats,
-                                 warmup=warmup, progress=progress)
+                                 warmup=warmup, progress=progress, cps=cps)
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         if "memory" not in str(exc).lower() and not isinstance(exc, MemoryError):
             raise
-        raise SpecError(f"profile: {kind} ran out of memory timing {spec.name} (seq {seq}, tp {tp}, mbs {mbs}); use a "
-                        "smaller --mbs or --seq-len, or only larger --tp degrees") from None
+        raise SpecError(f"profile: {kind} ran out of memory timing {spec.name} (seq {seq}, tp {tp}, cp {cp}, mbs "
+                        f"{mbs}); use a smaller --mbs or --seq-len, or only larger --tp degrees") from None
     if old is not None and old.comm:
         prof = dataclasses.replace(prof, comm=old.comm)
     written = write_profile(prof, target)
-    text = (f"timed {len(prof.ops)} ops of {spec.name} (seq {seq}, tp {tp}, mbs {mbs}, {dtype}) on "
+    text = (f"timed {len(prof.ops)} ops of {spec.name} (seq {seq}, tp {tp}, cp {cp}, mbs {mbs}, {dtype}) on "
             f"{prof.device.kind} {prof.device.name!r}, {prof.device.threads} thread(s)")
     return {"out": str(written), "model": spec.name, "device": dataclasses.asdict(prof.device), "seq_len": seq,
-            "dtype": dtype, "ops": len(prof.ops), "text": text}
+            "cp": list(cps), "dtype": dtype, "ops": len(prof.ops), "text": text}
 
 
 def _profile_comm(kind: str, out: Path | None, *, min_bytes: int, max_bytes: int, nproc: int, backend: str,

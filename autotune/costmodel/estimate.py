@@ -118,7 +118,7 @@ class CostModel:
             tp, mbs, sp = grid.q, mbs // grid.act_split, True
         shape = layer_shape(self.model, self.job, tp=tp, cp=plan.cp, mbs=mbs, sp=sp)
         ops = step_ops(self.model, shape)
-        return roofline_coverage(ops) if self.measured is None else self.measured.coverage(ops, tp)
+        return roofline_coverage(ops) if self.measured is None else self.measured.coverage(ops, tp, plan.cp)
 
     def stages(self, plan: Plan) -> tuple[StageCost, ...]:
         key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel)

@@ -180,7 +180,7 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
     bwd_ops = backward_ops(fwd_ops, model, shape)
     attn_fwd = tuple(op for op in fwd_ops if op.category == "attention")
     attn_bwd = tuple(op for op in bwd_ops if op.category == "attention")
-    lookup = None if measured is None else measured.lookup(tp)
+    lookup = None if measured is None else measured.lookup(tp, cp)
     kernel = attention_kernel(job)
     fwd, bwd = pass_time(fwd_ops, hw, job.dtype, lookup, kernel), pass_time(bwd_ops, hw, job.dtype, lookup, kernel)
     attn_fwd_s = pass_time(attn_fwd, hw, job.dtype, lookup, kernel).seconds
@@ -309,7 +309,7 @@ def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
                measured: MeasuredOps | None = None) -> VocabCost:
     """Costs of the vocabulary layers (vocab-parallel over tp, as in Megatron-LM)."""
     shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp)
-    lookup = None if measured is None else measured.lookup(tp)
+    lookup = None if measured is None else measured.lookup(tp, cp)
     link = comm.group_link(hw, tp, 1)
     act_bytes = shape.elem * shape.tokens * model.hidden_size
     if sp:  # reduce-scatter the embedding output; gather the head input, scatter its gradient

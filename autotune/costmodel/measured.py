@@ -1,10 +1,14 @@
 """Measured operator times from a profile, in place of the roofline where the profile covers the op.
 
-An op's time is read off the points measured for the same op name at the same tp, interpolated over the op's
-work (FLOPs for GEMM and attention kernels, bytes for memory-bound ones) linearly in log-log space, where
-kernel time is close to a power law of size. Outside the measured range, for an unmeasured name or tp, the
-answer is None and the caller charges the roofline: extrapolating a kernel's time past what was timed is what
-the roofline model is for. Lookups are memoized; the planner asks for the same few shapes thousands of times.
+An op's time is read off the points measured for the same op name at the same tp, interpolated over the op's work
+(FLOPs for GEMM and attention kernels, bytes for memory-bound ones) linearly in log-log space, where kernel time is
+close to a power law of size. Attention ops (category "attention": fused attention, its backward and ring
+attention's correction kernels) are read only from points measured at the plan's context-parallel degree, since
+under cp > 1 the same FLOPs run as cp ring steps of other shapes (`autotune profile --cp`); every other op depends
+only on its token count, so its points serve every cp (a profile without cp entries is cp 1). Outside the measured
+range, for an unmeasured name or tp, the answer is None and the caller charges the roofline: extrapolating a
+kernel's time past what was timed is what the roofline model is for. Lookups are memoized; the planner asks for the
+same few shapes thousands of times.
 """
 
 from __future__ import annotations
@@ -55,42 +59,49 @@ def _work(op: Op) -> float:
     return op.bytes if op.kernel == "memory" else op.flops
 
 
+def _cp_key(op: Op, cp: int) -> int:
+    """The cp whose points time `op`: its own for attention ops, 0 (any) for ops that see only tokens."""
+    return cp if op.category == "attention" else 0
+
+
 class MeasuredOps:
-    """Seconds of an Op at a tp, interpolated from a profile's points; None where the profile cannot say."""
+    """Seconds of an Op at a (tp, cp), interpolated from a profile's points; None where the profile cannot say."""
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
-        self._points: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        self._points: dict[tuple[str, int], list[tuple[int, float, float, float]]] = {}
         for p in profile.ops:
-            self._points.setdefault((p.op, p.tp), []).append((p.flops, p.bytes, p.seconds))
-        self._tables: dict[tuple[str, int, str], tuple[np.ndarray, np.ndarray] | None] = {}
-        self._memo: dict[tuple[str, int, str, float], float | None] = {}
+            self._points.setdefault((p.op, p.tp), []).append((p.cp, p.flops, p.bytes, p.seconds))
+        self._tables: dict[tuple[str, int, int, str], tuple[np.ndarray, np.ndarray] | None] = {}
+        self._memo: dict[tuple[str, int, int, str, float], float | None] = {}
         self.hits = 0
         """Lookups answered from the profile (memoized repeats not counted)."""
         self.misses = 0
         """Lookups left to the roofline."""
 
-    def lookup(self, tp: int) -> Lookup:
-        """The lookup for ops of one tp, as compute.pass_time takes it."""
-        return partial(self.seconds, tp=tp)
+    def lookup(self, tp: int, cp: int = 1) -> Lookup:
+        """The lookup for ops of one (tp, cp), as compute.pass_time takes it."""
+        return partial(self.seconds, tp=tp, cp=cp)
 
-    def seconds(self, op: Op, tp: int) -> float | None:
-        key = (op.name, tp, op.kernel, _work(op))
+    def seconds(self, op: Op, tp: int, cp: int = 1) -> float | None:
+        key = (op.name, tp, _cp_key(op, cp), op.kernel, _work(op))
         if key not in self._memo:
-            self._memo[key] = value = self._interpolate(op, tp)
+            self._memo[key] = value = self._interpolate(op, tp, key[2])
             if value is None:
                 self.misses += 1
             else:
                 self.hits += 1
         return self._memo[key]
 
-    def _table(self, name: str, tp: int, kernel: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """log(work) ascending and log(seconds); equal work measured twice (e.g. with and without sequence
-        parallelism) is averaged."""
-        key = (name, tp, kernel)
+    def _table(self, name: str, tp: int, cp: int, kernel: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """log(work) ascending and log(seconds) of the points at `cp` (0: at every cp); equal work measured
+        twice (e.g. with and without sequence parallelism) is averaged."""
+        key = (name, tp, cp, kernel)
         if key not in self._tables:
             by_work: dict[float, list[float]] = {}
-            for flops, nbytes, seconds in self._points.get((name, tp), ()):
+            for at_cp, flops, nbytes, seconds in self._points.get((name, tp), ()):
+                if cp and at_cp != cp:
+                    continue
                 work = nbytes if kernel == "memory" else flops
                 if work > 0:
                     by_work.setdefault(work, []).append(seconds)
@@ -99,8 +110,8 @@ class MeasuredOps:
                 np.log(np.array(works)), np.log(np.array([sum(by_work[w]) / len(by_work[w]) for w in works])))
         return self._tables[key]
 
-    def _interpolate(self, op: Op, tp: int) -> float | None:
-        table, work = self._table(op.name, tp, op.kernel), _work(op)
+    def _interpolate(self, op: Op, tp: int, cp: int) -> float | None:
+        table, work = self._table(op.name, tp, cp, op.kernel), _work(op)
         if table is None or work <= 0:
             return None
         xs, ys = table
@@ -110,9 +121,9 @@ class MeasuredOps:
             return None
         return float(math.exp(np.interp(x, xs, ys)))
 
-    def coverage(self, ops: tuple[Op, ...], tp: int) -> OpCoverage:
-        """Which of `ops` (all of one tp) this profile times."""
-        missed = [op.name for op in ops if self.seconds(op, tp) is None]
+    def coverage(self, ops: tuple[Op, ...], tp: int, cp: int = 1) -> OpCoverage:
+        """Which of `ops` (all of one tp and cp) this profile times."""
+        missed = [op.name for op in ops if self.seconds(op, tp, cp) is None]
         return OpCoverage(source=self.profile.path, device=self.profile.device.name, measured=len(ops) - len(missed),
                           total=len(ops), fallback=tuple(sorted(set(missed))))
 

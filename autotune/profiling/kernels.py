@@ -47,6 +47,8 @@ class Dims:
     dropout: bool
     dtype: Any
     device: str
+    cp: int = 1
+    """Context-parallel degree: `seq` is the whole sequence, `tokens` mbs * seq / cp (ring attention's shapes)."""
 
     @property
     def q(self) -> int:
@@ -107,6 +109,8 @@ def _forwards(d: Dims) -> dict[str, Callable[[bool], tuple[Callable[[], Any], li
         return (lambda: F.layer_norm(x, (h,), w, b)), [x, w, b]
 
     def flash(grad):
+        if d.cp > 1:
+            return _ring_attention(d, grad)
         q = _t(d, d.mbs, d.heads, d.seq, d.head_dim, grad=grad)
         k, v = (_t(d, d.mbs, d.kv_heads, d.seq, d.head_dim, grad=grad) for _ in range(2))
         gqa = d.kv_heads != d.heads
@@ -154,7 +158,7 @@ def _forwards(d: Dims) -> dict[str, Callable[[bool], tuple[Callable[[], Any], li
         return (lambda: F.cross_entropy(logits.float(), target)), [logits]
 
     def pos_add(grad):
-        x, pos = _t(d, d.mbs, d.seq, h, grad=grad), _t(d, d.seq, h, grad=grad)
+        x, pos = _t(d, d.mbs, d.seq // d.cp, h, grad=grad), _t(d, d.seq // d.cp, h, grad=grad)
         return (lambda: x + pos), [x, pos]
 
     def lookup(grad):
@@ -177,6 +181,58 @@ def _forwards(d: Dims) -> dict[str, Callable[[bool], tuple[Callable[[], Any], li
         out[f"{block}_bias"] = unary(tn, h, lambda x: x + 1.0)
         out[f"{block}_dropout"] = unary(tn, h, lambda x: F.dropout(x, DROPOUT))
     return out
+
+
+def _ring_attention(d: Dims, grad: bool) -> tuple[Callable[[], Any], list[torch.Tensor]]:
+    """One rank's attention kernels of a load-balanced ring (Transformer Engine's context_parallel.py): the rank
+    holds 2 of the 2*cp chunks (c = seq / (2cp) tokens each). Step 0 is causal attention of its 2c queries over
+    its own 2c keys; each of the other cp - 1 steps is unmasked attention of 2c queries over the first c keys
+    received (a rank before this one) or of the last c queries over all 2c keys (a rank after it), the same
+    FLOPs; the steps alternate between the two, as a middle rank's do. Every step has its own inputs (what the
+    ring passed), so the backward is the steps' kernels without gradient accumulation (cp_grad_accumulation
+    times that)."""
+    c, gqa = d.seq // (2 * d.cp), d.kv_heads != d.heads
+    lengths = [(2 * c, 2 * c, d.causal)] + [((c, 2 * c) if i % 2 else (2 * c, c)) + (False,) for i in range(1, d.cp)]
+    steps, inputs = [], []
+    for s_q, s_kv, causal in lengths:
+        q = _t(d, d.mbs, d.heads, s_q, d.head_dim, grad=grad)
+        k, v = (_t(d, d.mbs, d.kv_heads, s_kv, d.head_dim, grad=grad) for _ in range(2))
+        steps.append((q, k, v, causal))
+        inputs += [q, k, v]
+
+    def run():
+        return tuple(F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+                     for q, k, v, causal in steps)
+    return run, inputs
+
+
+def _cp_correction(d: Dims, name: str) -> Callable[[], Any]:
+    """Ring attention's per-step bookkeeping (costmodel/ops.py's _cp_corrections), cp steps each. Forward: the
+    step's output scaled by exp(lse_step - lse) added into the fp32 output (TE's flash_attn_fwd_out_correction;
+    the log-sum-exp update of the small [b, h, s] statistics is not timed). Backward: the step's dQ added into
+    an fp32 dQ, its dK and dV into fp32 dK, dV."""
+    t, cp = d.tokens, d.cp
+    if name == "cp_out_correction":
+        s = t // d.mbs
+        acc = torch.zeros(d.mbs, d.heads, s, d.head_dim, dtype=torch.float32, device=d.device)
+        outs = [_t(d, d.mbs, d.heads, s, d.head_dim) for _ in range(cp)]
+        lses = [_t(d, d.mbs, d.heads, s, dtype=torch.float32) for _ in range(cp)]
+        lse = torch.logsumexp(torch.stack(lses), dim=0)  # the statistics' update, done as the steps arrive
+
+        def merge():
+            for out, step_lse in zip(outs, lses):
+                acc.add_(out * torch.exp(step_lse - lse).unsqueeze(-1))
+            return acc
+        return merge
+    dq, dkv = (torch.zeros(t, w, dtype=torch.float32, device=d.device) for w in (d.q, 2 * d.kv))
+    steps = [(_t(d, t, d.q), _t(d, t, 2 * d.kv)) for _ in range(cp)]
+
+    def accumulate():
+        for step_dq, step_dkv in steps:
+            dq.add_(step_dq)
+            dkv.add_(step_dkv)
+        return dq, dkv
+    return accumulate
 
 
 def _unfused_add(d: Dims) -> Callable[[bool], tuple[Callable[[], Any], list[torch.Tensor]]]:
@@ -217,6 +273,8 @@ def kernel(name: str, d: Dims, *, unfused: bool = False) -> Callable[[], Any]:
         return _score_bmm(d, name, "fwd")
     if name == "embedding_grad":
         return _embedding_grad(d)
+    if name in ("cp_out_correction", "cp_grad_accumulation"):
+        return _cp_correction(d, name)
     forwards = _forwards(d)
     if unfused:
         forwards.update({"attn_residual_add": _unfused_add(d), "mlp_residual_add": _unfused_add(d)})

@@ -1,9 +1,10 @@
 """Timing the cost model's operators with torch on this machine's device (`autotune profile`).
 
-The ops are exactly those the cost model charges (costmodel/measured.py's step_ops: one layer forward and
-backward, embedding and head) at each requested tp and micro-batch size, with and without sequence
-parallelism for tp > 1; each distinct (name, tp, FLOPs, bytes) is timed once. Every op is run `warmup` times,
-then `repeats` times each timed alone: CUDA events around the kernel on a GPU, time.perf_counter on a CPU.
+The ops are exactly those the cost model charges (costmodel/measured.py's step_ops: one layer forward and backward,
+embedding and head) at each requested tp, context-parallel degree and micro-batch size, with and without sequence
+parallelism for tp > 1; each distinct (name, tp, FLOPs, bytes) is timed once, an attention op once per cp as well
+(under cp > 1 the same FLOPs run as ring steps of other shapes; costmodel/measured.py). Every op is run `warmup`
+times, then `repeats` times each timed alone: CUDA events around the kernel on a GPU, time.perf_counter on a CPU.
 The median is the op's time, the standard deviation says how noisy it was.
 """
 
@@ -41,6 +42,7 @@ class Job:
     tp: int
     mbs: int
     sp: bool
+    cp: int = 1
 
 
 def device_info(kind: str) -> Device:
@@ -72,29 +74,40 @@ def check_degrees(model: ModelSpec, seq_len: int, tps: tuple[int, ...]) -> None:
             raise SpecError(f"--tp {tp}: does not divide {', '.join(bad)} of {model.name}; drop it from --tp")
 
 
-def enumerate_jobs(model: ModelSpec, seq_len: int, tps: tuple[int, ...], mbss: tuple[int, ...]) -> list[Job]:
-    """The distinct ops the cost model charges at each (tp, mbs, sp), in a fixed order."""
+def check_cps(seq_len: int, cps: tuple[int, ...]) -> None:
+    """Ring attention's load balancing cuts the sequence into 2 * cp equal chunks."""
+    for cp in cps:
+        if cp > 1 and seq_len % (2 * cp):
+            raise SpecError(f"--cp {cp}: --seq-len {seq_len} does not split into 2 x cp = {2 * cp} equal chunks "
+                            f"(ring attention's load balancing); use a --seq-len divisible by {2 * cp} or drop {cp} "
+                            "from --cp")
+
+
+def enumerate_jobs(model: ModelSpec, seq_len: int, tps: tuple[int, ...], mbss: tuple[int, ...],
+                   cps: tuple[int, ...] = (1,)) -> list[Job]:
+    """The distinct ops the cost model charges at each (tp, cp, mbs, sp), in a fixed order."""
     job = JobSpec(global_batch=1, seq_len=seq_len)
     seen, jobs = set(), []
     for tp in tps:
-        for mbs in mbss:
-            for sp in ((False, True) if tp > 1 else (False,)):
-                shape = layer_shape(model, job, tp=tp, cp=1, mbs=mbs, sp=sp)
-                for op in step_ops(model, shape):
-                    key = (op.name, tp, op.flops, op.bytes)
-                    if key not in seen:
-                        seen.add(key)
-                        jobs.append(Job(op, tp, mbs, sp))
+        for cp in cps:
+            for mbs in mbss:
+                for sp in ((False, True) if tp > 1 else (False,)):
+                    shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp)
+                    for op in step_ops(model, shape):
+                        key = (op.name, tp, cp if op.category == "attention" else 0, op.flops, op.bytes)
+                        if key not in seen:
+                            seen.add(key)
+                            jobs.append(Job(op, tp, mbs, sp, cp))
     return jobs
 
 
 def dims(model: ModelSpec, seq_len: int, j: Job, dtype, device: str) -> Dims:
-    t = j.mbs * seq_len
+    t = j.mbs * seq_len // j.cp
     return Dims(mbs=j.mbs, seq=seq_len, tokens=t, norm_tokens=t // j.tp if j.sp else t, hidden=model.hidden_size,
                 heads=model.num_heads // j.tp, kv_heads=model.num_kv_heads // j.tp, head_dim=model.head_dim,
                 ffn=model.ffn_hidden_size // j.tp, vocab=model.vocab_size // j.tp, gated=model.gated,
                 act=model.activation, norm=model.norm, causal=model.causal, bias=model.bias == "all",
-                dropout=model.dropout, dtype=dtype, device=device)
+                dropout=model.dropout, dtype=dtype, device=device, cp=j.cp)
 
 
 def time_call(fn: Callable[[], object], *, warmup: int, repeats: int, cuda: bool) -> tuple[float, float]:
@@ -120,23 +133,25 @@ def time_call(fn: Callable[[], object], *, warmup: int, repeats: int, cuda: bool
 
 
 def measure_ops(model: ModelSpec, *, seq_len: int, tps: tuple[int, ...], mbss: tuple[int, ...], dtype: str,
-                device: str, repeats: int, warmup: int, progress: Progress | None = None) -> tuple[OpPoint, ...]:
-    """Time every op of `model` at each tp and mbs; returns the points in enumeration order."""
+                device: str, repeats: int, warmup: int, progress: Progress | None = None,
+                cps: tuple[int, ...] = (1,)) -> tuple[OpPoint, ...]:
+    """Time every op of `model` at each tp, cp and mbs; returns the points in enumeration order."""
     check_degrees(model, seq_len, tps)
+    check_cps(seq_len, cps)
     if dtype not in DTYPES:
         raise SpecError(f"--dtype {dtype}: autotune profile times bf16 or fp16 (fp8 needs Transformer Engine)")
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecError("--device cuda: torch sees no CUDA device here; use --device cpu")
-    jobs = enumerate_jobs(model, seq_len, tps, mbss)
+    jobs = enumerate_jobs(model, seq_len, tps, mbss, cps)
     points = []
     with torch.enable_grad():  # the backward kernels replay autograd graphs
         for i, j in enumerate(jobs):
             if progress is not None:
-                progress(i, len(jobs), f"{j.op.name} tp={j.tp} mbs={j.mbs}{' sp' if j.sp else ''}")
+                progress(i, len(jobs), f"{j.op.name} tp={j.tp} cp={j.cp} mbs={j.mbs}{' sp' if j.sp else ''}")
             fn = kernel(j.op.name, dims(model, seq_len, j, DTYPES[dtype], device))
             seconds, stdev = time_call(fn, warmup=warmup, repeats=repeats, cuda=device == "cuda")
-            points.append(OpPoint(op=j.op.name, tp=j.tp, mbs=j.mbs, sp=j.sp, flops=j.op.flops, bytes=j.op.bytes,
-                                  seconds=seconds, stdev_seconds=stdev, repeats=repeats))
+            points.append(OpPoint(op=j.op.name, tp=j.tp, cp=j.cp, mbs=j.mbs, sp=j.sp, flops=j.op.flops,
+                                  bytes=j.op.bytes, seconds=seconds, stdev_seconds=stdev, repeats=repeats))
             del fn
     if progress is not None:
         progress(len(jobs), len(jobs), "done")
@@ -144,11 +159,12 @@ def measure_ops(model: ModelSpec, *, seq_len: int, tps: tuple[int, ...], mbss: t
 
 
 def profile_model(model: ModelSpec, *, seq_len: int, tps: tuple[int, ...], mbss: tuple[int, ...], dtype: str,
-                  device: str, repeats: int, warmup: int, progress: Progress | None = None) -> Profile:
+                  device: str, repeats: int, warmup: int, progress: Progress | None = None,
+                  cps: tuple[int, ...] = (1,)) -> Profile:
     """A whole profile of `model` on this machine's `device` (cpu or cuda)."""
     torch.manual_seed(0)
     ops = measure_ops(model, seq_len=seq_len, tps=tps, mbss=mbss, dtype=dtype, device=device, repeats=repeats,
-                      warmup=warmup, progress=progress)
+                      warmup=warmup, progress=progress, cps=cps)
     return Profile(path="", created=utc_date(), device=device_info(device), libraries=libraries(),
                    model=model.name, seq_len=seq_len, dtype=dtype, ops=ops, comm={})
 

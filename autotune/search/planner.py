@@ -142,6 +142,10 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     return run.result(top_k, time.perf_counter() - start, time_limit_s)
 
 
+#: Candidates bounded between two looks at the wall clock.
+CLOCK_EVERY = 64
+
+
 class _Search:
     """The state of one search: the heap of candidates, the plans found, what is left unproven."""
 
@@ -149,9 +153,16 @@ class _Search:
         self.cm, self.cands, self.space, self.gpus, self.budget = cm, cands, space, gpus, budget
         self.L = cm.model.num_layers
         self.memo: dict = {}  # sync bounds shared between candidates of this search
-        coarse_memo: dict = {}
-        coarse = [coarse_bound(cm, c, coarse_memo) for c in cands]
-        self.may_fit = [fits for _, fits in coarse]
+        self.coarse_memo: dict = {}
+        coarse: list[tuple[float, bool | None]] = []
+        for i, c in enumerate(cands):
+            # bounding a large space takes seconds; once the wall clock strikes, the rest get the trivial bound 0
+            # and are bounded when first visited (_sharpen), so a plan still comes back soon
+            if i % CLOCK_EVERY == 0 and budget.clock_struck():
+                coarse += [(0.0, None)] * (len(cands) - i)
+                break
+            coarse.append(coarse_bound(cm, c, self.coarse_memo))
+        self.may_fit: list[bool | None] = [fits for _, fits in coarse]
         # (bound, index, level, costs): the index breaks ties, so the order never reaches the costs
         self.heap: list[tuple[float, int, int, CandidateCosts | None]] = [
             (lb, idx, COARSE, None) for idx, (lb, _) in enumerate(coarse)]
@@ -198,6 +209,9 @@ class _Search:
 
     def _sharpen(self, lb: float, idx: int) -> None:
         """First visit: the memory check of the coarse bound, then quick_bound."""
+        if self.may_fit[idx] is None:  # not bounded before the clock struck
+            coarse, self.may_fit[idx] = coarse_bound(self.cm, self.cands[idx], self.coarse_memo)
+            lb = max(lb, coarse)
         if not self.may_fit[idx]:
             self.too_big.append((lb, idx))
             return

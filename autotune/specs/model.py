@@ -148,7 +148,7 @@ _OPTIONAL = ("schema", "num_kv_heads", "head_dim", "bias", "dropout", "causal", 
              "max_position_embeddings", "source", "published_params_B", "description", "rope_theta", "rope_scaling",
              "rope_scaling_factor", "norm_eps", "init_std")
 ROPE_SCALINGS = ("none", "llama3")
-# Mixture-of-experts and MLA keys (issue 14), kept apart from the list above so concurrent edits do not collide
+# Mixture-of-experts and MLA keys, kept apart from the list above
 _OPTIONAL += ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts",
               "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_freq", "router", "expert_bias",
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",

@@ -62,6 +62,9 @@ class OpPoint:
     """Micro-batch size in sequences."""
     sp: bool
     """Sequence parallelism (norms and element-wise ops see tokens / tp)."""
+    cp: int = 1
+    """Context-parallel degree whose per-GPU shape was timed (seq / cp tokens, ring attention's steps); optional
+    in the file, 1 when absent (profiles written before `--cp`)."""
     flops: float
     """FLOPs the cost model counts for this op."""
     bytes: float
@@ -174,9 +177,10 @@ def profile_from_dict(data: Any, r: _Reader) -> Profile:
 
 
 def _op_point(r: _Reader, p: Any, at: tuple) -> OpPoint:
-    r.keys(p, at, ("op", "tp", "mbs", "sp", "flops", "bytes", "seconds", "stdev_seconds", "repeats"))
+    r.keys(p, at, ("op", "tp", "mbs", "sp", "flops", "bytes", "seconds", "stdev_seconds", "repeats"), ("cp",))
     return OpPoint(op=r.text(p, at + ("op",)), tp=r.int(p, at + ("tp",)), mbs=r.int(p, at + ("mbs",)),
-                   sp=r.bool(p, at + ("sp",)), flops=r.nonneg(p, at + ("flops",)), bytes=r.nonneg(p, at + ("bytes",)),
+                   sp=r.bool(p, at + ("sp",)), cp=r.int(p, at + ("cp",)) if "cp" in p else 1,
+                   flops=r.nonneg(p, at + ("flops",)), bytes=r.nonneg(p, at + ("bytes",)),
                    seconds=r.positive(p, at + ("seconds",)), stdev_seconds=r.nonneg(p, at + ("stdev_seconds",)),
                    repeats=r.int(p, at + ("repeats",)))
 
@@ -330,13 +334,18 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
         "device": {"kind": p.device.kind, "name": p.device.name, "threads": p.device.threads},
         "libraries": {"torch": p.libraries.torch, "python": p.libraries.python, "autotune": p.libraries.autotune},
         "model": p.model, "seq_len": p.seq_len, "dtype": p.dtype,
-        "ops": [{"op": o.op, "tp": o.tp, "mbs": o.mbs, "sp": o.sp, "flops": _num(o.flops), "bytes": _num(o.bytes),
-                 "seconds": _num(o.seconds), "stdev_seconds": _num(o.stdev_seconds), "repeats": o.repeats}
-                for o in p.ops],
+        "ops": [_op_dict(o) for o in p.ops],
     }
     if p.comm:
         doc["comm"] = {tier: _tier_dict(p.comm[tier]) for tier in TIERS if tier in p.comm}
     return doc
+
+
+def _op_dict(o: OpPoint) -> dict[str, Any]:
+    """One point; `cp` only where it is not 1, so a profile without context parallelism reads as before."""
+    cp = {"cp": o.cp} if o.cp != 1 else {}
+    return {"op": o.op, "tp": o.tp, **cp, "mbs": o.mbs, "sp": o.sp, "flops": _num(o.flops), "bytes": _num(o.bytes),
+            "seconds": _num(o.seconds), "stdev_seconds": _num(o.stdev_seconds), "repeats": o.repeats}
 
 
 def _tier_dict(t: CommTier) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""`autotune profile` end to end on this CPU: ops -> profile file -> `autotune plan --profile`, and --comm."""
+"""`autotune profile` end to end on this CPU: ops (at cp 1 and 2) -> profile file -> `autotune plan --profile`,
+and --comm."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.catalog import PROFILES_DIR, load_model
+from autotune.catalog import PROFILES_DIR, load_hardware, load_model
 from autotune.costmodel import comm
 from autotune.cli import main
-from autotune.costmodel.measured import step_ops
+from autotune.costmodel.estimate import CostModel
+from autotune.costmodel.measured import MeasuredOps, step_ops
 from autotune.costmodel.layer import layer_shape
 from autotune.specs.job import JobSpec
 from autotune.specs.profile import load_profile
@@ -31,11 +33,11 @@ def _main(capsys, *args: str) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory) -> Path:
-    """tiny-gpt timed at seq 256, tp 1,2,4, mbs 1,2,4 with few repeats (a few seconds on one core)."""
+    """tiny-gpt timed at seq 256, tp 1,2,4, cp 1,2, mbs 1,2,4 with few repeats (a few seconds on one core)."""
     out = tmp_path_factory.mktemp("prof") / "cpu-tiny-gpt.json"
     with pytest.raises(SystemExit) as exc:
         main(["profile", "--model", "tiny-gpt", "--device", "cpu", "--seq-len", "256", "--tp", "1,2,4", "--mbs",
-              "1,2,4", "--repeats", "3", "--warmup", "1", "--out", str(out), "--json"])
+              "1,2,4", "--cp", "1,2", "--repeats", "3", "--warmup", "1", "--out", str(out), "--json"])
     assert exc.value.code == 0
     return out
 
@@ -43,10 +45,17 @@ def tiny_profile(tmp_path_factory) -> Path:
 def test_profile_times_exactly_the_cost_models_ops(tiny_profile):
     prof = load_profile(tiny_profile)
     model, job = load_model("tiny-gpt"), JobSpec(global_batch=1, seq_len=256)
-    expected = {(op.name, tp, op.flops, op.bytes) for tp in (1, 2, 4) for mbs in (1, 2, 4)
+    # an attention op is timed at each cp (the same FLOPs are other kernels under ring attention); the others
+    # once per shape, whichever cp reached it first
+    expected = {(op.name, tp, cp if op.category == "attention" else 0, op.flops, op.bytes)
+                for tp in (1, 2, 4) for cp in (1, 2) for mbs in (1, 2, 4)
                 for sp in ((False, True) if tp > 1 else (False,))
-                for op in step_ops(model, layer_shape(model, job, tp=tp, cp=1, mbs=mbs, sp=sp))}
-    assert {(p.op, p.tp, p.flops, p.bytes) for p in prof.ops} == expected
+                for op in step_ops(model, layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp))}
+    attention = {op.name for op in step_ops(model, layer_shape(model, job, tp=1, cp=2, mbs=1, sp=False))
+                 if op.category == "attention"}
+    assert attention == {"flash_attention", "flash_attention_bwd", "cp_out_correction", "cp_grad_accumulation"}
+    got = [(p.op, p.tp, p.cp if p.op in attention else 0, p.flops, p.bytes) for p in prof.ops]
+    assert len(got) == len(set(got)) and set(got) == expected
     assert prof.device.kind == "cpu" and prof.model == "tiny-gpt" and prof.seq_len == 256 and prof.dtype == "bf16"
     assert prof.libraries.torch == torch.__version__ and all(p.seconds > 0 and p.repeats == 3 for p in prof.ops)
 
@@ -82,6 +91,28 @@ def test_plan_with_the_profile_differs_from_the_roofline_plan(tiny_profile, caps
     assert best_measured["step_time_s"] < roof_measured["step_time_s"]
 
 
+def test_estimate_with_cp_2_uses_the_ring_attention_points(tiny_profile, capsys):
+    """A cp 2 plan: every op measured, the ring's attention kernels and corrections from the cp 2 points (not the
+    cp 1 ones of equal FLOPs), and the layer's attention time is exactly those points."""
+    pins = ("--tp", "2", "--pp", "1", "--dp", "2", "--cp", "2", "--mbs", "2", "--sequence-parallel")
+    code, out, _ = _main(capsys, "estimate", *PLAN[:10], *pins, "--json", "--profile", str(tiny_profile))
+    assert code == 0
+    assert json.loads(out)["op_costs"] == {"source": str(tiny_profile), "device": load_profile(tiny_profile).device.name,
+                                           "measured_ops": 36, "roofline_ops": 0, "fallback": []}
+    code, out, _ = _main(capsys, "estimate", *PLAN[:10], *pins, "--profile", str(tiny_profile))
+    assert code == 0 and "op times: 36 of 36 measured" in out
+    prof, model = load_profile(tiny_profile), load_model("tiny-gpt")
+    job = JobSpec(global_batch=64, seq_len=256)
+    at = {(p.op, p.tp, p.cp, p.mbs): p.seconds for p in prof.ops}
+    measured = MeasuredOps(prof)
+    for op in step_ops(model, layer_shape(model, job, tp=2, cp=2, mbs=2, sp=True)):
+        if op.category == "attention":
+            assert measured.seconds(op, 2, 2) == pytest.approx(at[(op.name, 2, 2, 2)], rel=1e-12)
+            assert at[(op.name, 2, 2, 2)] != at.get((op.name, 2, 1, 1))  # cp 1, mbs 1: the same FLOPs, not used
+    layer = CostModel(model, load_hardware("h100-sxm"), job, prof).layer(2, 2, 2, True)
+    assert layer.attn_fwd_s == pytest.approx(at[("flash_attention", 2, 2, 2)] + at[("cp_out_correction", 2, 2, 2)])
+
+
 def test_estimate_says_which_op_times_were_measured(tiny_profile, capsys):
     code, out, _ = _main(capsys, "estimate", *PLAN[:10], "--tp", "1", "--pp", "1", "--mbs", "8",  # past mbs 4
                          "--profile", str(tiny_profile))
@@ -90,8 +121,10 @@ def test_estimate_says_which_op_times_were_measured(tiny_profile, capsys):
 
 
 def test_shipped_cpu_profile_loads():
+    """Written before --cp: its points carry no cp and read as cp 1."""
     prof = load_profile(PROFILES_DIR / "measured" / "cpu-tiny-gpt.json")
     assert prof.model == "tiny-gpt" and prof.device.kind == "cpu" and len(prof.ops) > 100
+    assert all(p.cp == 1 for p in prof.ops)
 
 
 def test_profile_without_torch_is_a_one_line_error(monkeypatch, capsys):
@@ -106,6 +139,11 @@ def test_profile_errors(capsys, tmp_path):
     assert code == 1 and "--tp 8: does not divide num_heads 4" in err
     code, _, err = _main(capsys, "profile")
     assert code == 1 and "needs --model" in err
+    for bad, says in (("0", "--cp '0': every value must be >= 1"), ("1,3", "--cp 3: --seq-len 64 does not split")):
+        code, out, err = _main(capsys, "profile", "--model", "tiny-gpt", "--device", "cpu", "--seq-len", "64", "--cp",
+                               bad, "--out", str(tmp_path / "cp.json"))
+        assert code == 1 and not out and err.count("\n") == 1 and err.startswith("error: ") and says in err
+    assert not (tmp_path / "cp.json").exists()
     code, out, _ = _main(capsys, "profile", "--help")
     assert code == 0 and "--comm" in out and "--profile" not in out
 

@@ -225,7 +225,7 @@ def format_public(report: PublicReport) -> str:
               "columns are the cost model's step-time terms, s):", head, "-" * len(head)]
     lines += [_row_line(r) for r in report.rows]
     if report.moe is not None:
-        lines += ["", "MoE rows (issue 14; RULES 'moe'; nothing fitted to them, so LOFO = in-sample):", summary_head(),
+        lines += ["", "MoE rows (RULES 'moe'; nothing fitted to them, so LOFO = in-sample):", summary_head(),
                   summary_line(report.moe), head, "-" * len(head)]
         lines += [_row_line(r) for r in report.moe_rows]
     return "\n".join(lines)
