@@ -41,9 +41,10 @@ plan: install
 		--seq-len $(SEQ_LEN)
 
 # Two pytest-xdist workers: the suite is CPU-bound (CP-SAT solves, brute-force enumerations, CPU training runs).
+# Each test file stays on one worker (loadfile): the fuzz module counts its cases across its tests.
 TEST_WORKERS ?= 2
 test: install trainers
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: install
 	$(PY) -m autotune.reports.bench

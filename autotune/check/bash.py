@@ -246,7 +246,7 @@ class Shell:
         cur: str | None = None
         for kind, text in word.parts:
             if kind == "lit":
-                pieces, split = [text], False
+                pieces = [text]
             else:
                 pieces = self.expand_text(text)
                 if kind == "uq":

@@ -76,7 +76,7 @@ def _need_torch() -> None:
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise SpecError("autotune profile needs PyTorch: pip install 'autotune[profile]'") from None
+        raise SpecError("autotune profile needs PyTorch: pip install 'autotune-parallel[profile]'") from None
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import numpy as np
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.schedules import pipeline_lower_bound
 from autotune.costmodel.stages import (layer_state_bytes, p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params,
-                                       state_bytes, vocab_parallel_comm, vocab_placement, zero3_exposed)
+                                       vocab_parallel_comm, vocab_placement, zero3_exposed)
 from autotune.search.experts import expert_dp
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunks, shell_plan, smallest_stage_params,

@@ -9,7 +9,7 @@ from autotune.errors import SpecError
 from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_max
 
 DTYPES = ("bf16", "fp16", "fp8")
-#: Trainers whose kernels and overlap the cost model knows (costmodel/trainer_traits.py)
+#: Trainers whose kernels and overlap the cost model knows (their differences: costmodel/layer.py, ops.py)
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
 

@@ -131,7 +131,7 @@ def test_profile_without_torch_is_a_one_line_error(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     code, out, err = _main(capsys, "profile", "--model", "tiny-gpt")
     assert code == 1 and err.count("\n") == 1
-    assert "pip install 'autotune[profile]'" in err
+    assert "pip install 'autotune-parallel[profile]'" in err
 
 
 def test_profile_errors(capsys, tmp_path):
