@@ -11,7 +11,8 @@ from __future__ import annotations
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import python_str
-from autotune.emit.runfiles import launch_shape, nccl_env_block, required_env_block, sbatch_script, schedule
+from autotune.emit.runfiles import (launch_shape, nccl_env_block, nodes_block, required_env_block, sbatch_script,
+                                     schedule)
 from autotune.specs.tpgrid import tp_mode_degrees
 
 TARGET = "legacy config schema of Colossal-AI <= 0.3 (colossalai.legacy)"
@@ -120,11 +121,8 @@ def _launch(inp: EmitInput, nodes: int, per_node: int) -> str:
         + "# Run on each node with NODE_RANK and MASTER_ADDR set (sbatch_colossalai.sh does); TRAIN_SCRIPT is your\n"
         "# Colossal-AI training script, which calls colossalai.legacy.launch_from_torch(config='colossalai_config.py').\n"
         "set -euo pipefail\n"
-        f'NNODES="${{NNODES:-{nodes}}}"\nNODE_RANK="${{NODE_RANK:-0}}"\n'
-        'MASTER_ADDR="${MASTER_ADDR:-localhost}"\nMASTER_PORT="${MASTER_PORT:-29500}"\n'
-        f'if (( NNODES != {nodes} )); then\n    echo "this plan needs {nodes} node(s) of {per_node} GPUs: '
-        f'set NNODES={nodes}" >&2\n    exit 1\nfi\n'
-        'TRAIN_SCRIPT="${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your Colossal-AI training script}"\n'
+        + nodes_block(nodes, per_node, 29500)
+        + 'TRAIN_SCRIPT="${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your Colossal-AI training script}"\n'
         + required_env_block(inp.mock_data)
         + ("" if inp.mock_data else "export DATA_PATH TOKENIZER_MODEL CHECKPOINT_DIR\n") + "\n" + nccl_env_block()
         + 'SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n\n'

@@ -19,8 +19,8 @@ from typing import Any
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import json_text
-from autotune.emit.runfiles import (REQUIRED_ENV, launch_shape, nccl_env_block, required_env_block, sbatch_script,
-                                     schedule)
+from autotune.emit.runfiles import (REQUIRED_ENV, launch_shape, nccl_env_block, nodes_block, required_env_block,
+                                     sbatch_script, schedule)
 from autotune.errors import InvalidPlanError
 from autotune.specs.plan import Plan
 from autotune.specs.trainers import TRAINER_CAPS, refusal
@@ -287,11 +287,8 @@ def _launch(inp: EmitInput, nodes: int, per_node: int) -> str:
     return (
         "#!/usr/bin/env bash\n" + commented(header_lines(inp, "deepspeed", TARGET)) + "#\n" + commented(notes)
         + "set -euo pipefail\n\n"
-        f'NNODES="${{NNODES:-{nodes}}}"\nNODE_RANK="${{NODE_RANK:-0}}"\n'
-        f'MASTER_ADDR="${{MASTER_ADDR:-localhost}}"\nMASTER_PORT="${{MASTER_PORT:-{MASTER_PORT}}}"\n'
-        f'if (( NNODES != {nodes} )); then\n    echo "this plan needs {nodes} node(s) of {per_node} GPUs: '
-        f'set NNODES={nodes}" >&2\n    exit 1\nfi\n'
-        ': "${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your DeepSpeed training script}"\n'
+        + nodes_block(nodes, per_node, MASTER_PORT)
+        + ': "${TRAIN_SCRIPT:?set TRAIN_SCRIPT to your DeepSpeed training script}"\n'
         + required_env_block(inp.mock_data)
         + ("" if inp.mock_data else "export DATA_PATH TOKENIZER_MODEL CHECKPOINT_DIR\n")
         + "\n" + nccl_env_block() + 'SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n\n'

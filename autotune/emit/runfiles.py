@@ -75,6 +75,17 @@ def float_text(x: float) -> str:
     return format(x, ".6g")
 
 
+def nodes_block(nodes: int, per_node: int, master_port: int | None = None) -> str:
+    """The launch script's node count (NNODES, overridable but checked against the plan) and, for launchers that
+    rendezvous themselves, NODE_RANK, MASTER_ADDR and MASTER_PORT defaults."""
+    out = f'NNODES="${{NNODES:-{nodes}}}"\n'
+    if master_port is not None:
+        out += ('NODE_RANK="${NODE_RANK:-0}"\nMASTER_ADDR="${MASTER_ADDR:-localhost}"\n'
+                f'MASTER_PORT="${{MASTER_PORT:-{master_port}}}"\n')
+    return out + (f'if (( NNODES != {nodes} )); then\n    echo "this plan needs {nodes} node(s) of {per_node} GPUs: '
+                  f'set NNODES={nodes}" >&2\n    exit 1\nfi\n')
+
+
 def required_env_block(mock_data: bool, *, skip: tuple[str, ...] = ()) -> str:
     """Bash lines that stop the script at once when a required variable is unset; with mock data only the
     checkpoint directory stays (optional, defaulted) since nothing is read."""

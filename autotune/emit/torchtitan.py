@@ -12,7 +12,8 @@ from __future__ import annotations
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word, toml_str
-from autotune.emit.runfiles import launch_shape, nccl_env_block, required_env_block, sbatch_script, schedule
+from autotune.emit.runfiles import (launch_shape, nccl_env_block, nodes_block, required_env_block, sbatch_script,
+                                     schedule)
 from autotune.emit.torchtitan_mapping import REGISTRY, Mapping, map_plan, model_shape
 from autotune.errors import SpecError
 
@@ -119,10 +120,7 @@ def _script(inp: EmitInput, m: Mapping, overrides: list[str]) -> str:
                   'export PYTHONPATH="$SCRIPT_DIR${PYTHONPATH:+:$PYTHONPATH}"  # for ' + module + ".py\n"
                   if module != "llama3" else "")
     return ("#!/usr/bin/env bash\n" + commented(head) + commented(list(m.notes)) + "set -euo pipefail\n\n"
-            f'NNODES="${{NNODES:-{nodes}}}"\n'
-            f'if (( NNODES != {nodes} )); then\n    echo "this plan needs {nodes} node(s) of {per_node} GPUs: '
-            f'set NNODES={nodes}" >&2\n    exit 1\nfi\n'
-            + required_env_block(inp.mock_data) + "\n" + nccl_env_block() + pythonpath + "\n"
+            + nodes_block(nodes, per_node) + required_env_block(inp.mock_data) + "\n" + nccl_env_block() + pythonpath + "\n"
             "OVERRIDES=(\n" + "".join(f"  {_words(o)}\n" for o in flags) + ")\n"
             "# A real run (not the plan): schedule from --train-tokens, checkpoints, logging, paths.\n"
             "RUN_ARGS=(\n" + "".join(f"  {_words(o)}\n" for o in run_overrides(inp)) + ")\n" + paths + "\n"
