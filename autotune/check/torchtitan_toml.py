@@ -23,7 +23,7 @@ from typing import Any
 from autotune.check.bash import Shell, tokenize
 from autotune.check.reading import Reading, check_sizes
 from autotune.check.script import launch_words
-from autotune.emit.torchtitan_mapping import REGISTRY
+from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY
 from autotune.errors import SpecError
 
 #: Sections that never change the plan (logging, checkpoints, optimizer, data...).
@@ -42,7 +42,8 @@ KNOWN = {
                     "pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
                     "pipeline_parallel_last_stage_less_layers", "module_fqns_per_model_part",
                     "enable_async_tensor_parallel", "disable_loss_parallel", "enable_compiled_autograd",
-                    "pipeline_parallel_split_points", "context_parallel_rotate_method"},
+                    "pipeline_parallel_split_points", "context_parallel_rotate_method", "expert_parallel_degree",
+                    "expert_tensor_parallel_degree"},
     "compile": {"enable", "enable_async_tensor_parallel", "components", "backend"},
     "activation_checkpoint": {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns"},
     "model": {"name", "flavor", "converters", "tokenizer_path", "hf_assets_path", "norm_type"},
@@ -51,6 +52,8 @@ SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": 
 #: torchtitan's flavor names (0.2.x) and config functions (0.3.x) -> the first catalog model of that shape.
 FLAVORS = {flavor: name for name, (_, flavor) in reversed(REGISTRY.items())}
 CONFIGS = {config: name for name, (config, _) in reversed(REGISTRY.items())}
+# torchtitan's MoE config functions name their catalog model too
+CONFIGS.update((m.config, name) for name, m in MOE_REGISTRY.items() if m.config)
 
 
 def read_toml(text: str) -> Reading:
@@ -145,7 +148,12 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     cp = _get(tree, "parallelism", "context_parallel_degree", int, 1)
     replicate = _get(tree, "parallelism", "data_parallel_replicate_degree", int, 1)
     shard = _get(tree, "parallelism", "data_parallel_shard_degree", int, -1)
+    ep = _get(tree, "parallelism", "expert_parallel_degree", int, 1)
+    # torchtitan splits experts over ep alone once ep > 1 (0.3.x), over tp like attention with ep 1; 0.2.x's TOML
+    # may say expert_tensor_parallel_degree (1 or tp)
+    etp = _get(tree, "parallelism", "expert_tensor_parallel_degree", int, 1 if ep > 1 else tp)
     check_sizes("torchtitan config", degrees=(tp, pp, cp, replicate, shard))
+    check_sizes("torchtitan config", degrees=(ep, etp))  # folded inside the others, not a product with them
     reshard = _get(tree, "parallelism", "fsdp_reshard_after_forward", str, "default")
     if reshard not in ("default", "always", "never"):
         raise SpecError(f"parallelism.fsdp_reshard_after_forward {reshard!r}: use default, always or never")
@@ -187,7 +195,7 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     if precision != "bfloat16":
         notes.append(f"training.mixed_precision_param {precision}: costed as bf16")
     return Reading(
-        trainer="torchtitan", tp=tp, pp=pp, cp=cp, dp=None if shard == -1 else replicate * shard,
+        trainer="torchtitan", tp=tp, pp=pp, cp=cp, dp=None if shard == -1 else replicate * shard, ep=ep, etp=etp,
         mbs=mbs, num_microbatches=lbs // mbs if pp > 1 else None, global_batch=None if gbs == -1 else gbs,
         seq_len=seq, vpp=vpp, schedule=schedule, recompute=recompute,
         recompute_every=recompute_every, zero=zero, sequence_parallel=sp,

@@ -81,6 +81,13 @@ GradOpt = Annotated[str, typer.Option("--grad-reduce", metavar="fp32|bf16",
 KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
                                                 help="Whose kernels and overlap to cost (default: the --trainer, "
                                                      "else megatron).")]
+#: JobSpec's default load imbalance of learned routing (costmodel/moe.py ROUTED_IMBALANCE).
+DEFAULT_MOE_IMBALANCE = next(f.default for f in fields(JobSpec) if f.name == "moe_imbalance")
+MAX_MOE_IMBALANCE = 64.0
+MoeImbalanceOpt = Annotated[float | None, typer.Option(
+    "--moe-imbalance", metavar="X", help="MoE models: tokens of the busiest expert over the mean, the step waits "
+    f"for it; >= 1.0 (1.0 = balanced routing, as published benchmarks force; default {DEFAULT_MOE_IMBALANCE:g}, "
+    "learned routing).")]
 EpOpt = _pin("--ep", "Expert-parallel degree, MoE models (default: 1).")
 EtpOpt = _pin("--etp", "Expert-tensor-parallel degree, MoE models (default: 1).")
 SEpOpt = _pin("--ep", "Expert-parallel degree, MoE models; one value or a comma list (default: searched).")
@@ -246,9 +253,13 @@ def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
 
 
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
-              grad_reduce: str = "fp32", kernels: str | None = None) -> JobSpec:
+              grad_reduce: str = "fp32", kernels: str | None = None, moe_imbalance: float | None = None) -> JobSpec:
+    imbalance = DEFAULT_MOE_IMBALANCE if moe_imbalance is None else moe_imbalance
+    if not 1.0 <= imbalance <= MAX_MOE_IMBALANCE:  # also NaN
+        raise SpecError(f"--moe-imbalance {imbalance:g}: the busiest expert's tokens over the mean must be >= 1.0 "
+                        f"(1.0 = balanced routing) and <= {MAX_MOE_IMBALANCE:g}")
     return JobSpec(global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
-                   flash_attention=not no_flash, fused_kernels=not unfused,
+                   flash_attention=not no_flash, fused_kernels=not unfused, moe_imbalance=imbalance,
                    grad_reduce=grad_reduce, trainer=kernels or "megatron")  # type: ignore[arg-type]
 
 

@@ -14,7 +14,8 @@ from autotune.cli.inputs import coverage_warnings, load_cost_profile
 from autotune.cli.launch import check_emit_options, save_plan, trainer_caps
 from autotune.cli.options import (BatchOpt, BriefOpt, CompareOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt,
                                   FormatOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, IdleOpt, JsonOpt, KernelsOpt,
-                                  MockDataOpt, ModelOpt, NoFlashOpt, NoTimingsOpt, Pins, PlanOutOpt, ProfileOpt,
+                                  MockDataOpt, ModelOpt, MoeImbalanceOpt, NoFlashOpt, NoTimingsOpt, Pins, PlanOutOpt,
+                                  ProfileOpt,
                                   RunTokensOpt, SCpOpt, SDpOpt, SEpOpt, SEtpOpt, SeqOpt, SLayersOpt, SMbsOpt,
                                   SOverlapOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt,
                                   StrictOpt, SVocabOpt, SVppOpt, SZeroOpt, TimeLimitOpt, TopOpt, TrainerOpt,
@@ -46,7 +47,7 @@ def plan(
     kernels: KernelsOpt = None, fork: ForkOpt = None, brief: BriefOpt = False,
     force_profile: ForceProfileOpt = False, no_timings: NoTimingsOpt = False,
     mock_data: MockDataOpt = False, train_tokens: RunTokensOpt = DEFAULT_TRAIN_TOKENS, ep: SEpOpt = None,
-    etp: SEtpOpt = None,
+    etp: SEtpOpt = None, moe_imbalance: MoeImbalanceOpt = None,
 ) -> None:
     """Search for the fastest plan that fits; show it, the runners-up and why they lost (exit 3: not proven).
     With --trainer T, only plans T runs; with --out DIR, also write DIR/plan.json and T's launch config(s)."""
@@ -63,7 +64,8 @@ def plan(
         check_target(Path(out), directory=True)
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
     check_whole_nodes(gpus, hw)
-    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels or trainer)
+    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels or trainer,
+                    moe_imbalance)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode,
                 tp_overlap=tp_overlap, ep=ep, etp=etp)

@@ -175,9 +175,12 @@ def _attention_forward(model: ModelSpec, shape: LayerShape, q: float, kv: float)
     if shape.flash:
         causal = 0.5 if model.causal else 1.0
         io = e * (t * (q + 2 * kv) + t * q)
-        # context parallelism runs the kernel on the 2*cp load-balanced chunks: queries seq/(2cp) long
-        chunk = s_q / 2 if shape.kv_tokens > shape.tokens else s_q
-        return [Op("flash_attention", "attention", 2 * score_flops * causal, io, "attention", (chunk, 0.0))]
+        # context parallelism (Transformer Engine's load-balanced ring): the first step is a causal kernel over the
+        # local seq/cp queries and keys, 1/cp of the work; every later step an unmasked block whose shorter side is
+        # one of the 2*cp chunks, seq/(2cp)
+        cp = cp_degree(shape)
+        return [Op("flash_attention", "attention", 2 * score_flops * causal, io, "attention",
+                   (s_q, 0.0, model.head_dim, 1.0 / cp, s_q / 2) if cp > 1 else (s_q, 0.0, model.head_dim))]
     scores = b * heads * s_q * s_kv
     ops = [Op("qk_scores", "attention", score_flops, e * (t * q + shape.kv_tokens * kv + scores), "gemm")]
     if shape.fused:
@@ -264,7 +267,7 @@ def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -
             out.append(Op(op.name + "_wgrad", op.category, op.flops, op.bytes, "gemm", (k, n, m) if op.dims else (),
                           op.groups))
         elif op.kernel == "attention":
-            dims = (op.dims[0], 1.0) if op.dims else ()
+            dims = (op.dims[0], 1.0, *op.dims[2:]) if op.dims else ()  # the same kernels' backward
             out.append(Op(op.name + "_bwd", op.category, 2.5 * op.flops, 2.0 * op.bytes, "attention", dims))
         elif op.name == "cp_out_correction":
             out.extend(_cp_corrections(shape, model.q_width / shape.tp, model.kv_width / shape.tp, "bwd"))

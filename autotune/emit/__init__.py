@@ -55,11 +55,11 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
     """Dispatch to the trainer's emitter (imported on demand: each module is independent). Only Colossal-AI
     runs 2-D/2.5-D/3-D tensor parallelism; for the others such a plan is emitted as 1-D, with a warning."""
     caps = TRAINER_CAPS.get(trainer)
-    if inp.model.is_moe and trainer != "megatron":
-        # torchtitan's EP, DeepSpeed-MoE's ep_size and Colossal-AI's MoE plugin are not emitted yet: a dense
-        # config of an MoE model would silently train something else
+    if inp.model.is_moe and trainer not in ("megatron", "torchtitan", "deepspeed"):
+        # Colossal-AI's MoE plugin is not emitted: a dense config of an MoE model would silently train something
+        # else. torchtitan emits its own MoE models and refuses others; deepspeed.py says why it refuses them.
         raise SpecError(f"--trainer {trainer}: autotune emits mixture-of-experts models ({inp.model.name}) for "
-                        "Megatron-LM only; use --trainer megatron")
+                        "Megatron-LM and torchtitan only; use --trainer megatron")
     if caps is not None and inp.plan.tp_mode not in caps.tp_modes:
         flat = replace(inp.plan, tp_mode="1d")
         figures = inp.reestimate(flat) if inp.reestimate is not None else None

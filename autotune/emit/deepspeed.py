@@ -21,9 +21,10 @@ from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import json_text
 from autotune.emit.runfiles import (REQUIRED_ENV, launch_shape, nccl_env_block, nodes_block, required_env_block,
                                      sbatch_script, schedule)
-from autotune.errors import InvalidPlanError
+from autotune.errors import InvalidPlanError, SpecError
+from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
-from autotune.specs.trainers import TRAINER_CAPS, refusal
+from autotune.specs.trainers import DEEPSPEED_MOE, TRAINER_CAPS, refusal
 
 TARGET = "DeepSpeed 0.19.8"
 CONFIG_FILE = "ds_config.json"
@@ -61,6 +62,7 @@ def emit_deepspeed(inp: EmitInput) -> EmitResult:
     """The plan as DeepSpeed's JSON config plus the PipelineModule arguments; warnings for what DeepSpeed
     cannot express (the closest configuration is emitted instead)."""
     plan = inp.plan
+    refuse_moe(inp.model)
     refuse(plan)
     warnings: list[str] = []
     if plan.tp_overlap:
@@ -74,6 +76,18 @@ def emit_deepspeed(inp: EmitInput) -> EmitResult:
              ("sbatch_deepspeed.sh", sbatch_script(inp, "deepspeed", TARGET, LAUNCH_FILE, nodes, per_node,
                                                    MASTER_PORT)))
     return EmitResult(files=tuple(sorted(files)), warnings=tuple(warnings))
+
+
+def refuse_moe(model: ModelSpec) -> None:
+    """A mixture of experts is refused: no ds_config key makes the launch's model use DeepSpeed-MoE (and a dense
+    config would train something else). DeepSpeed 0.19.8's AutoEP (`expert_parallel` in ds_config) rewrites the
+    MoE blocks of a Hugging Face model in deepspeed.initialize, but rejects tensor parallelism from an mpu
+    (engine.py _configure_expert_parallel) and expert_tensor_parallel_size > 1 (auto_ep_folding.py), and the
+    launch here is a PipelineModule + mpu script, not a Hugging Face model."""
+    if model.is_moe:
+        raise SpecError(f"--trainer deepspeed: {model.name} is a mixture of experts; {DEEPSPEED_MOE} (AutoEP's "
+                        "ds_config 'expert_parallel' rewrites only Hugging Face models, without mpu TP or etp > 1); "
+                        "use --trainer megatron")
 
 
 def refuse(plan: Plan) -> None:

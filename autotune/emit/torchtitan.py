@@ -14,7 +14,7 @@ from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word, toml_str
 from autotune.emit.runfiles import (launch_shape, nccl_env_block, nodes_block, required_env_block, sbatch_script,
                                      schedule)
-from autotune.emit.torchtitan_mapping import REGISTRY, Mapping, map_plan, model_shape
+from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY, Mapping, MoeModel, map_plan, model_shape
 from autotune.errors import SpecError
 
 FORMATS = ("cli", "toml")
@@ -54,6 +54,8 @@ def cli_overrides(m: Mapping) -> list[str]:
         flag = f"--{section}.{key}"
         if isinstance(value, bool):
             out.append(flag if value else f"--{section}.no_{key}")
+        elif isinstance(value, list) and all(isinstance(part, str) for part in value):
+            out.append(f"{flag} {','.join(value)}")  # torchtitan's list syntax: a,b (compile.components)
         elif isinstance(value, list):
             out.append(f"{flag} {' '.join(','.join(part) for part in value)}")
         else:
@@ -63,6 +65,9 @@ def cli_overrides(m: Mapping) -> list[str]:
 
 def _config_function(inp: EmitInput) -> tuple[str, str, tuple[tuple[str, str], ...]]:
     """(TT_MODULE default, TT_CONFIG default or "" when the user must give one, extra files)."""
+    moe = MOE_REGISTRY.get(inp.model.name)
+    if moe is not None:
+        return _moe_config_function(inp, moe)
     registry = REGISTRY.get(inp.model.name)
     if registry is None:
         return "llama3", "", ()
@@ -81,6 +86,23 @@ def _config_function(inp: EmitInput) -> tuple[str, str, tuple[tuple[str, str], .
         f"def {name}():\n"
         f'    return dataclasses.replace(llama3_70b(), model_spec=model_registry("{flavor}"), '
         f"optimizer=default_adamw(lr={lr!r}))\n")
+    return CONFIG_MODULE, name, ((f"{CONFIG_MODULE}.py", module),)
+
+
+def _moe_config_function(inp: EmitInput, moe: MoeModel) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """torchtitan's own config function of an MoE model, or (no such function, e.g. Qwen3-235B-A22B) one of
+    ours: its model_registry flavor on the recipe of `moe.base` (data, optimizer, loss, checkpointing)."""
+    if moe.config:
+        return moe.module, moe.config, ()
+    name = f"{moe.module}_{moe.flavor.lower().replace('-', '_').replace('.', '_')}"
+    module = (commented(header_lines(inp, "torchtitan", TARGET["cli"]) + [
+        f"torchtitan's {moe.module} has the {moe.flavor} model but no config function; this one trains it on the",
+        f"{moe.base} recipe (data, optimizer, loss, checkpointing); the launch script's flags set the plan."])
+        + "import dataclasses\n\n"
+        f"from torchtitan.models.{moe.module} import model_registry\n"
+        f"from torchtitan.models.{moe.module}.config_registry import {moe.base}\n\n\n"
+        f"def {name}():\n"
+        f'    return dataclasses.replace({moe.base}(), model_spec=model_registry("{moe.flavor}"))\n')
     return CONFIG_MODULE, name, ((f"{CONFIG_MODULE}.py", module),)
 
 
@@ -118,7 +140,7 @@ def _script(inp: EmitInput, m: Mapping, overrides: list[str]) -> str:
         '--dump_folder "$CHECKPOINT_DIR")\n')
     pythonpath = ('SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
                   'export PYTHONPATH="$SCRIPT_DIR${PYTHONPATH:+:$PYTHONPATH}"  # for ' + module + ".py\n"
-                  if module != "llama3" else "")
+                  if module == CONFIG_MODULE else "")
     return ("#!/usr/bin/env bash\n" + commented(head) + commented(list(m.notes)) + "set -euo pipefail\n\n"
             + nodes_block(nodes, per_node) + required_env_block(inp.mock_data) + "\n" + nccl_env_block() + pythonpath + "\n"
             "OVERRIDES=(\n" + "".join(f"  {_words(o)}\n" for o in flags) + ")\n"
@@ -174,11 +196,15 @@ def _toml(inp: EmitInput, m: Mapping) -> str:
     sections["metrics"].append(_toml_line("log_freq", s.log_interval))
     sections["job"].append(_toml_line("description", f"autotune plan for {inp.model.name}: tp {plan.tp}, pp "
                                       f"{plan.pp}, dp {plan.dp}, cp {plan.cp}"))
-    if not registry:
-        shape = model_shape(inp, "toml")
-        sections["model"].append(commented([f"not a torchtitan flavor: add one to llama3_args with {shape}"])[:-1])
-    sections["model"] += [_toml_line("name", "llama3"), _toml_line("flavor", registry[1] if registry else
-                                                                    inp.model.name)]
+    moe = MOE_REGISTRY.get(inp.model.name)
+    if moe is not None:  # torchtitan's own MoE model (0.2.x: the same module names and flavors)
+        sections["model"] += [_toml_line("name", moe.module), _toml_line("flavor", moe.flavor)]
+    else:
+        if not registry:
+            shape = model_shape(inp, "toml")
+            sections["model"].append(commented([f"not a torchtitan flavor: add one to llama3_args with {shape}"])[:-1])
+        sections["model"] += [_toml_line("name", "llama3"), _toml_line("flavor", registry[1] if registry else
+                                                                        inp.model.name)]
     if inp.job.dtype == "fp8":
         sections["model"].append(_toml_line("converters", ["quantize.linear.float8"]))
     sections["parallelism"] += [commented([n])[:-1] for n in m.notes]

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.emit import EmitInput
+from autotune.errors import SpecError
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, normalized
 
 #: autotune catalog models with a torchtitan llama3 twin: (0.3.0 config_registry function, 0.2.x flavor).
@@ -30,6 +31,27 @@ REGISTRY = {
     "llama3-8b": ("llama3_8b", "8B"), "llama3.1-8b": ("llama3_8b", "8B"),
     "llama3-70b": ("llama3_70b", "70B"), "llama3.1-70b": ("llama3_70b", "70B"),
     "llama3-405b": ("llama3_405b", "405B"), "llama3.1-405b": ("llama3_405b", "405B"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MoeModel:
+    """A catalog MoE model that torchtitan ships: its module (0.3.0 --module, 0.2.x [model] name), the 0.3.0
+    config_registry function ("" where torchtitan has none and the launch writes one on `base`'s recipe) and
+    the model_registry flavor (the same name in 0.2.x)."""
+
+    module: str
+    config: str
+    flavor: str
+    base: str = ""
+
+
+#: Catalog MoE models with a torchtitan twin (specs/trainers.py TORCHTITAN_MOE_MODELS lists the same names).
+MOE_REGISTRY = {
+    "qwen3-30b-a3b": MoeModel("qwen3", "qwen3_30b_a3b", "30B-A3B"),
+    "qwen3-235b-a22b": MoeModel("qwen3", "", "235B-A22B", base="qwen3_30b_a3b"),
+    "deepseek-v3": MoeModel("deepseek_v3", "deepseek_v3_671b", "671B"),
+    "gpt-oss-120b": MoeModel("gpt_oss", "gpt_oss_120b", "120b"),
 }
 #: torchtitan's names for autotune's schedules (torch.distributed.pipelining.schedules.get_schedule_class).
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B", "v-half": "ZBVZeroBubble"}
@@ -84,6 +106,7 @@ def map_plan(inp: EmitInput, fmt: str) -> Mapping:
     plan, job = normalized(inp.plan), inp.job
     keys: list[tuple[str, str, object]] = []
     notes: list[str] = []
+    refuse_missing_moe(inp)
     warnings = _model_warnings(inp, fmt)
     local_batch = plan.mbs * plan.num_microbatches if plan.pp > 1 else plan.mbs
     keys += [("training", "local_batch_size", local_batch), ("training", "global_batch_size", job.global_batch),
@@ -97,12 +120,19 @@ def map_plan(inp: EmitInput, fmt: str) -> Mapping:
     if plan.pp > 1 and fmt == "cli":
         keys.append(("training", "disable_cuda_graphs", True))
         notes.append("CUDA graphs do not support pipeline parallelism yet (Trainer.Config): disabled")
+    elif inp.model.is_moe and plan.ep > 1 and fmt == "cli":
+        keys.append(("training", "disable_cuda_graphs", True))
+        notes.append("CUDA graphs do not support the all-to-all token dispatcher (Trainer.Config): disabled")
     warnings += _schedule_warnings(plan)
-    keys += _data_parallel(plan, fmt, notes, warnings)
+    keys += _data_parallel(plan, fmt, notes, warnings, inp.model.is_moe)
     keys.append(("parallelism", "tensor_parallel_degree", plan.tp))
+    if inp.model.is_moe:
+        keys += _experts(plan, fmt, notes, warnings)
     # torch.compile fuses the norms, RoPE, SwiGLU and residual adds the cost model's fused kernels assume;
     # without it (--unfused) they run as PyTorch's eager chains
     keys.append(("compile", "enable", job.fused_kernels))
+    if inp.model.is_moe and job.fused_kernels and fmt == "cli":  # deepseek_v3_671b compiles only the loss
+        keys.append(("compile", "components", ["model", "loss"]))
     if plan.tp_overlap and not job.fused_kernels:
         warnings.append("tp_overlap: torchtitan's async TP needs torch.compile, which --unfused turns off; emitted "
                         "without async TP")
@@ -130,9 +160,47 @@ def map_plan(inp: EmitInput, fmt: str) -> Mapping:
     return Mapping(keys=tuple(keys), ac_mode=mode, ac_option=option, notes=tuple(notes), warnings=tuple(warnings))
 
 
+def refuse_missing_moe(inp: EmitInput) -> None:
+    """An MoE model torchtitan lacks is refused: a dense llama3 config of it would train something else."""
+    m = inp.model
+    if m.is_moe and m.name not in MOE_REGISTRY:
+        ships = ", ".join(f"{name} ({t.module} {t.flavor})" for name, t in MOE_REGISTRY.items())
+        raise SpecError(f"--trainer torchtitan: torchtitan 0.3.0 has no model for the mixture of experts {m.name} "
+                        f"(its MoE models: {ships}); use --trainer megatron")
+
+
+def _experts(plan: Plan, fmt: str, notes: list[str], warnings: list[str]) -> list[tuple[str, str, object]]:
+    """expert_parallel_degree (both) and 0.2.x expert_tensor_parallel_degree. 0.3.0 has no expert TP once
+    ep > 1 (models/common/moe_sharding.py: experts sharded on ep alone, the tp axis splits tokens) and splits
+    the experts over tp without ep; 0.2.x takes etp 1 or tp with ep > 1 and ignores it with ep 1."""
+    ep, etp, tp = plan.ep, plan.etp, plan.tp
+    if ep > 1 and etp not in (1, tp):
+        warnings.append(f"etp {etp} with ep {ep}: torchtitan splits experts by ep alone or by ep x tp; emitted "
+                        "etp 1 (each GPU holds whole experts: more expert memory than predicted)")
+        etp = 1
+    elif ep > 1 and etp > 1 and fmt == "cli":
+        warnings.append(f"etp {etp} with ep {ep}: torchtitan 0.3.x has no expert tensor parallelism with ep > 1 "
+                        "(its experts are split by ep alone); emitted ep alone, etp 1 (more expert memory than "
+                        "predicted); the 0.2.x TOML (--torchtitan-format toml) has expert_tensor_parallel_degree")
+        etp = 1
+    elif ep == 1 and etp != tp:
+        warnings.append(f"etp {etp} with ep 1: torchtitan splits the experts over the tp {tp} ranks like the "
+                        "attention (etp = tp); emitted that")
+    notes.append(f"experts: ep {ep} drawn from dp_shard x cp x tp, FSDP2 over the rest (efsdp); " + (
+        f"expert tp {etp}" if ep > 1 else f"experts split over tp {tp} like the attention"))
+    keys: list[tuple[str, str, object]] = [("parallelism", "expert_parallel_degree", ep)]
+    if fmt == "toml":
+        keys.append(("parallelism", "expert_tensor_parallel_degree", etp if ep > 1 else 1))
+    return keys
+
+
 def _model_warnings(inp: EmitInput, fmt: str) -> list[str]:
     m, plan = inp.model, inp.plan
-    out = []
+    out: list[str] = []
+    if m.is_moe:  # torchtitan's own model of it (MOE_REGISTRY): no llama3 shape to compare
+        if m.tied_embeddings and plan.pp > 1:
+            out.append("tied embeddings: torchtitan does not support weight tying with pipeline parallelism")
+        return out
     if m.name not in REGISTRY:
         where = "a config_registry function (TT_CONFIG)" if fmt == "cli" else "a llama3 flavor"
         out.append(f"model {m.name}: not in torchtitan's registry; the launch needs {where} with "
@@ -182,10 +250,20 @@ def model_shape(inp: EmitInput, fmt: str) -> str:
             f"{m.ffn_hidden_size}, vocab {m.vocab_size}, {tied} embeddings")
 
 
-def _data_parallel(plan: Plan, fmt: str, notes: list[str], warnings: list[str]) -> list[tuple[str, str, object]]:
+def _data_parallel(plan: Plan, fmt: str, notes: list[str], warnings: list[str],
+                   moe: bool = False) -> list[tuple[str, str, object]]:
     """ZeRO 0 -> replicate (DDP); 3 -> FSDP2 resharding after forward; 1/2 -> FSDP2 without (ZeRO-2-like)."""
     dp, zero = plan.dp, plan.zero
     ddp_ok = fmt == "cli" or plan.cp > 1 or plan.tp * plan.pp == 1  # 0.2.x: "DDP has not supported > 1D parallelism"
+    if moe and zero == 0 and dp > 1 and (plan.tp * plan.cp) % plan.ep:
+        # the expert-parallel ranks come from dp_shard x cp x tp; replicas (dp_replicate) lie outside it
+        warnings.append(f"ZeRO-0 with ep {plan.ep}: torchtitan takes expert-parallel ranks from dp_shard x cp x tp "
+                        f"only, and cp x tp = {plan.tp * plan.cp} is not a multiple of ep; emitted FSDP2 over the "
+                        f"{dp} data-parallel ranks with fsdp_reshard_after_forward never (ZeRO-2-like)")
+        notes.append(f"dp {dp}, ZeRO-0 with ep {plan.ep}: FSDP2 without resharding after forward")
+        return [("parallelism", "data_parallel_replicate_degree", 1),
+                ("parallelism", "data_parallel_shard_degree", dp),
+                ("parallelism", "fsdp_reshard_after_forward", "never")]
     if dp == 1 or zero == 3 or (zero == 0 and ddp_ok):
         replicate, shard = (dp, 1) if zero == 0 else (1, dp)
         reshard = "always" if zero == 3 and dp > 1 else None

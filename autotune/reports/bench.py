@@ -28,6 +28,7 @@ from autotune.search.space import SearchSpace, enumerate_candidates
 from autotune.search.tables import to_plan
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import even_split
+from autotune.reports import run_main
 
 #: The planner's speed bars (issue 13, on an idle machine): model, GPU, GPUs, global batch, sequence length,
 #: target seconds.
@@ -167,4 +168,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_main(main))

@@ -23,6 +23,7 @@ from autotune.costmodel.tpmodes import layer_tp_comm_s, layer_tp_memory, tp_mode
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
+from autotune.reports import run_main
 
 PAPER_SPEEDUP = {"1d": 2.32, "2d": 1.57}
 """Bian et al. 2021, abstract: 3-D over 1-D and over 2-D on 64 V100 GPUs."""
@@ -110,4 +111,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_main(main))

@@ -28,6 +28,7 @@ from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan, even_split
 from autotune.units import gib
+from autotune.reports import run_main
 
 PP, MICROBATCHES = 8, 128
 VOCABS = (32_000, 64_000, 128_000, 256_000)
@@ -100,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_main(main))

@@ -11,7 +11,7 @@ from autotune.search.space import MAX_CP, MAX_VPP, SearchSpace, grid_fits
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import is_even_split
-from autotune.specs.trainers import TrainerCaps
+from autotune.specs.trainers import DEEPSPEED_MOE, TrainerCaps
 
 
 def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int) -> None:
@@ -21,9 +21,7 @@ def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, g
     _check_choices(space, model)
     if space.trainer is not None:
         _check_trainer(space, space.trainer)
-        if model.is_moe and not space.trainer.moe:
-            raise SpecError(f"--trainer {space.trainer.name}: autotune writes expert-parallel (MoE) configs for "
-                            f"megatron only; use --trainer megatron for {model.name}")
+        _check_moe(space.trainer, model)
     if space.layers_per_stage is not None:
         _check_layers(space, space.layers_per_stage, model)
 
@@ -82,6 +80,18 @@ def _check_choices(space: SearchSpace, model: ModelSpec) -> None:
         raise SpecError("--vocab parallel splits the vocabulary layers over pipeline ranks: it needs --pp >= 2")
     if space.sequence_parallel == (True,) and space.tp == (1,):
         raise SpecError("--sequence-parallel needs tp > 1; drop it or pin --tp > 1")
+
+
+def _check_moe(caps: TrainerCaps, model: ModelSpec) -> None:
+    """An MoE model the chosen trainer cannot build (specs/trainers.py's row says which it can)."""
+    if not model.is_moe or (caps.moe and (caps.moe_models is None or model.name in caps.moe_models)):
+        return
+    if caps.moe:
+        raise SpecError(f"--trainer {caps.name}: it has no model {model.name} (its MoE models: "
+                        f"{', '.join(caps.moe_models or ())}); use --trainer megatron")
+    raise SpecError(f"--trainer {caps.name}: autotune writes no expert-parallel (MoE) config for it"
+                    + (f" ({DEEPSPEED_MOE})" if caps.name == "deepspeed" else "")
+                    + f"; use --trainer megatron for {model.name}")
 
 
 def _check_trainer(space: SearchSpace, caps: TrainerCaps) -> None:

@@ -14,7 +14,7 @@ from autotune.errors import InvalidPlanError, SpecError
 from autotune.search.experts import expert_options, moe_sequence_parallel
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.trainers import TrainerCaps, deepspeed_split
+from autotune.specs.trainers import TrainerCaps, deepspeed_split, expert_layout_issue
 from autotune.specs.tpgrid import check_tp_shapes, tp_mode_degrees
 
 #: Gradient bucket sizes the planner chooses from, in parameters (Megatron's default is 40M).
@@ -247,6 +247,9 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
                             for overlap in _allowed(_overlap_options(space.trainer, job, sp), space.tp_overlap):
                                 for vocab in _vocab_options(space, model, pp, schedule):
                                     for ep, etp in expert_options(model, tp, cp, dp, space.ep, space.etp):
+                                        if model.is_moe and space.trainer is not None and expert_layout_issue(
+                                                space.trainer, tp, cp, zero, ep, etp):
+                                            continue  # an expert layout the trainer does not build
                                         yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin, fmax,
                                                         zero, sp, vocab, mode, overlap, ep, etp)
 

@@ -32,6 +32,20 @@ class Efficiency:
     0 = same as `attention` (which is Transformer Engine's cuDNN fused attention, Megatron's)."""
     attention_bwd_ratio: float = 1.0
     """Backward attention speed over forward speed (FLOP/s), both kernels."""
+    gemm_torch: float = 0.0
+    """bf16/fp16 GEMMs through PyTorch's default BLAS (cuBLAS; torchtitan, DeepSpeed), fraction of the dense peak;
+    0 = same as `gemm` (which is cuBLASLt, what Transformer Engine calls)."""
+    memory_torch: float = 0.0
+    """Memory-bound kernels written by PyTorch (eager ATen, or Triton from torch.compile), fraction of HBM
+    bandwidth; 0 = same as `memory` (which is Transformer Engine's fused kernels)."""
+    gemm_k0: float = 0.0
+    """A GEMM's fixed cost per output tile, in elements of its inner dimension k: it runs at k/(k + gemm_k0)
+    of its ceiling (each tile fills and drains its k-loop pipeline and writes its output once); 0 = none."""
+    gemm_fill: float = 0.0
+    """Parallel work, in multiples of the SM count, at which a GEMM reaches half its ceiling (costmodel/compute.py
+    gemm_shape_efficiency: split-K/stream-K kernels); 0 = fixed-tile wave quantization instead."""
+    gemm_fp8_k0: float = 0.0
+    """The same for FP8 GEMMs (their k-loop is twice as fast, so a fixed cost spans more k); 0 = gemm_k0."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +107,9 @@ _FIGURES = ("memory_GiB", "memory_reserve_GiB", "hbm_bandwidth_GBps", "bf16_TFLO
             "gpus_per_node", "intra_node_GBps", "intra_node_latency_us", "inter_node_GBps", "inter_node_latency_us",
             "efficiency")
 _EFFICIENCY_KEYS = ("gemm", "attention", "memory", "intra_node_comm", "inter_node_comm")
-_EFFICIENCY_OPTIONAL = ("gemm_fp8", "attention_sdpa", "attention_bwd_ratio")
+_EFFICIENCY_OPTIONAL = ("gemm_fp8", "attention_sdpa", "attention_bwd_ratio", "memory_torch",
+                        "gemm_torch")
+_EFFICIENCY_ELEMENTS = ("gemm_k0", "gemm_fp8_k0", "gemm_fill")
 
 
 def hardware_from_dict(data: dict[str, Any], where: str) -> HardwareSpec:
@@ -106,7 +122,8 @@ def hardware_from_dict(data: dict[str, Any], where: str) -> HardwareSpec:
         _check_sources(data, where)
     eff_where = f"{where}: efficiency"
     eff = data["efficiency"]
-    check_keys(eff, required=_EFFICIENCY_KEYS, optional=_EFFICIENCY_OPTIONAL, where=eff_where)
+    check_keys(eff, required=_EFFICIENCY_KEYS, optional=_EFFICIENCY_OPTIONAL + _EFFICIENCY_ELEMENTS,
+               where=eff_where)
     reserve = nonneg_float(data, "memory_reserve_GiB", where)
     memory = positive_float(data, "memory_GiB", where)
     if reserve >= memory:
@@ -125,7 +142,8 @@ def hardware_from_dict(data: dict[str, Any], where: str) -> HardwareSpec:
         inter_node_bandwidth=from_gbps(positive_float(data, "inter_node_GBps", where)),
         inter_node_latency=from_us(positive_float(data, "inter_node_latency_us", where)),
         efficiency=Efficiency(**{k: fraction(eff, k, eff_where) for k in _EFFICIENCY_KEYS + _EFFICIENCY_OPTIONAL
-                                 if k in eff}),
+                                 if k in eff},
+                              **{k: nonneg_float(eff, k, eff_where) for k in _EFFICIENCY_ELEMENTS if k in eff}),
         nics_per_node=positive_int(data, "nics_per_node", where) if "nics_per_node" in data else 0,
         sm_count=positive_int(data, "sm_count", where) if "sm_count" in data else 0,
         kernel_overhead_s=from_us(nonneg_float(data, "kernel_overhead_us", where)) if "kernel_overhead_us" in data

@@ -66,6 +66,14 @@ class TrainerCaps:
     """seq_len must be divisible by tp (with sequence parallelism) x 2cp (torchtitan's seq_len_divisor)."""
     moe: bool = False
     """Mixture-of-experts models with expert parallelism, as autotune emits them (emit/megatron_moe.py)."""
+    moe_models: tuple[str, ...] | None = None
+    """The MoE models it builds, by catalog name (None: any; Megatron builds them from flags)."""
+    etp_with_ep: bool = True
+    """Expert tensor parallelism together with ep > 1. False (torchtitan 0.3: models/common/moe_sharding.py): once
+    ep > 1 the experts are split by ep alone (etp 1); with ep 1 they follow the attention's tp (etp = tp)."""
+    ep_over_replicas: bool = True
+    """Expert-parallel ranks may come from replicated (ZeRO-0) data parallelism. False (torchtitan: the EP region
+    is dp_shard x cp x tp, and ZeRO-0 puts dp in dp_replicate, outside it)."""
     source: str = ""
     """Where the row comes from."""
 
@@ -74,6 +82,12 @@ class TrainerCaps:
         return self.zero_pipelined if pp > 1 else self.zero_flat
 
 
+#: Catalog MoE models torchtitan 0.3.0 ships as its own flavors (qwen3 30B-A3B / 235B-A22B, deepseek_v3 671B,
+#: gpt_oss 120b); other MoE models (Mixtral, Llama 4) have no torchtitan model.
+TORCHTITAN_MOE_MODELS = ("deepseek-v3", "gpt-oss-120b", "qwen3-235b-a22b", "qwen3-30b-a3b")
+#: Why DeepSpeed gets no MoE config (emit/deepspeed.py says the same when asked to emit one).
+DEEPSPEED_MOE = ("DeepSpeed-MoE's expert parallelism is deepspeed.moe.layer.MoE(ep_size=...) in model code, and "
+                 "autotune's DeepSpeed launch (a PipelineModule + mpu training script) builds no MoE layers")
 _MEGATRON = TrainerCaps(
     name="megatron", schedules=("1f1b", "interleaved"), vocabs=("ends", "balanced"),
     # --use-distributed-optimizer (1); Megatron FSDP --data-parallel-sharding-strategy optim_grads(_params) (2, 3),
@@ -93,8 +107,11 @@ TRAINER_CAPS: dict[str, TrainerCaps] = {
         zero_flat=(0, 3), zero_pipelined=(0, 1), cp=False, tp_overlap=True, tp_overlap_needs_fused=True, max_vpp=8,
         # activation-checkpoint:full covers every layer; its selective AC is per-op, not Megatron's attention-only
         selective_recompute=False, partial_recompute=False, tied_with_pp=False, sp_seq_divisor=True,
+        # expert_parallel_degree for the MoE models it ships (emit/torchtitan_mapping.py MOE_REGISTRY)
+        moe=True, moe_models=TORCHTITAN_MOE_MODELS, etp_with_ep=False, ep_over_replicas=False,
         source="torchtitan 0.3.0: 1F1B and Interleaved1F1B (ZBVZeroBubble keeps 1F1B's memory, not V-Half's); "
-               "module_fqns_per_model_part for any split; no vocabulary parallelism"),
+               "module_fqns_per_model_part for any split; no vocabulary parallelism; expert_parallel_degree "
+               "(no expert TP with ep > 1) for its qwen3, deepseek_v3 and gpt_oss MoE models"),
     "deepspeed": TrainerCaps(
         name="deepspeed", schedules=("1f1b",), vocabs=("ends",),
         # runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
@@ -169,10 +186,36 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
     if p.tp_overlap and not (caps.tp_overlap and (job.fused_kernels or not caps.tp_overlap_needs_fused)):
         out.append(f"tp_overlap: {n} has no TP communication overlap" + (" without torch.compile (--unfused)"
                                                                           if caps.tp_overlap else ""))
-    if model.is_moe and not caps.moe:
-        out.append(f"MoE model: autotune writes no expert-parallel config for {n} yet (megatron only)")
+    if model.is_moe:
+        out += _moe_rules(caps, plan, model)
     out += _layer_rules(caps, plan, model, job)
     return out
+
+
+def _moe_rules(caps: TrainerCaps, p: Plan, model: ModelSpec) -> list[str]:
+    """A mixture-of-experts model: the trainer has it, and its expert layout is one the trainer builds."""
+    n = caps.name
+    if not caps.moe:
+        why = DEEPSPEED_MOE if n == "deepspeed" else f"autotune writes no expert-parallel config for {n}"
+        return [f"MoE model: {why}; megatron (and torchtitan for {', '.join(TORCHTITAN_MOE_MODELS)}) run it"]
+    if caps.moe_models is not None and model.name not in caps.moe_models:
+        return [f"MoE model {model.name}: {n} has no such model (its MoE models: {', '.join(caps.moe_models)})"]
+    issue = expert_layout_issue(caps, p.tp, p.cp, p.zero, p.ep, p.etp)
+    return [issue] if issue else []
+
+
+def expert_layout_issue(caps: TrainerCaps, tp: int, cp: int, zero: int, ep: int, etp: int) -> str | None:
+    """Why the trainer cannot lay the experts out as (ep, etp) beside these degrees; None if it can (Megatron's
+    own rules, ep dividing the experts and ep*etp the stage, are the plan's and hold for every trainer)."""
+    n = caps.name
+    if not caps.etp_with_ep and ep > 1 and etp != 1:
+        return f"etp {etp} with ep {ep}: {n} splits the experts by ep alone once ep > 1 (etp 1)"
+    if not caps.etp_with_ep and ep == 1 and etp != tp:
+        return f"etp {etp} with ep 1: {n} splits the experts like the attention without ep (etp = tp = {tp})"
+    if not caps.ep_over_replicas and zero == 0 and (tp * cp) % ep:
+        return (f"ep {ep} with ZeRO-0: {n} takes expert-parallel ranks from dp_shard x cp x tp, and ZeRO-0 "
+                f"replicates over dp, leaving cp x tp = {tp * cp}; use ZeRO-1/3 or an ep dividing {tp * cp}")
+    return None
 
 
 def _layer_rules(caps: TrainerCaps, p: Plan, model: ModelSpec, job: JobSpec) -> list[str]:

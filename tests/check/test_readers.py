@@ -119,3 +119,29 @@ def test_hostile_sizes_are_one_line_errors() -> None:
     shell = Shell()
     assert shell.arith("9**9**9**9") is None and shell.arith("1<<100000000") is None
     assert shell.arith("2 * 8 != 16") == 0
+
+
+@pytest.mark.parametrize("fmt,name", [("cli", "launch_torchtitan.sh"), ("cli", "torchtitan_overrides.txt"),
+                                      ("toml", "torchtitan.toml")])
+def test_torchtitan_expert_parallel_degree_is_read_back(tmp_path, fmt, name):
+    """An emitted torchtitan MoE launch (qwen3-30b-a3b, ep 8 over FSDP) reads back with its ep, and etp 1
+    (torchtitan splits experts over ep alone once ep > 1), so check sizes the experts as the trainer does."""
+    from autotune.catalog import load_model
+    from autotune.check.understood import read_config
+    from autotune.emit import EmitInput, emit
+    from autotune.specs.job import JobSpec
+    from autotune.specs.plan import Plan
+
+    plan = Plan(tp=1, pp=1, dp=16, ep=8, mbs=1, num_microbatches=16, zero=3, recompute="full",
+                layers_per_stage=(48,))
+    inp = EmitInput(plan=plan, model=load_model("qwen3-30b-a3b"), job=JobSpec(global_batch=256, seq_len=4096,
+                    trainer="torchtitan"), gpu="h100-sxm", gpus_per_node=8, step_time_s=2.5, peak_memory_gib=40.0,
+                    mfu=0.4, mock_data=True)
+    files = dict(emit("torchtitan", inp, torchtitan_format=fmt).files)
+    path = tmp_path / name
+    path.write_text(files[name])
+    _, reading, _ = read_config(path, "torchtitan", 16)
+    assert (reading.ep, reading.etp) == (8, 1)
+    assert not any("expert_parallel_degree ignored" in n for n in reading.notes)
+    if name == "launch_torchtitan.sh":  # its --config names torchtitan's config function
+        assert reading.model_name == "qwen3-30b-a3b"

@@ -15,6 +15,7 @@ from autotune.errors import SpecError
 from autotune.reports.accuracy.common import DEFAULT_DATA, PUBLIC_DATA, SETS
 from autotune.reports.accuracy.megatron2021 import accuracy_report, format_report
 from autotune.reports.accuracy.public import format_public, public_report
+from autotune.reports import run_main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,4 +49,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_main(main))

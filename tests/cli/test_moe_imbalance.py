@@ -1,0 +1,61 @@
+"""--moe-imbalance (issue 14): the busiest expert's tokens over the mean reach the cost model from plan, estimate
+and scale; below 1.0 (or not a number) it is a one-line error naming the flag; --help documents it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.cli.options import DEFAULT_MOE_IMBALANCE, build_job
+from autotune.errors import SpecError
+from autotune.specs.job import JobSpec
+
+JOB = ("--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096")
+PLAN = ("--tp", "1", "--pp", "1", "--zero", "3", "--recompute", "full")
+
+
+def _json(cli, *args: str) -> dict:
+    result = cli(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_default_is_the_jobspec_default() -> None:
+    assert DEFAULT_MOE_IMBALANCE == JobSpec(global_batch=1, seq_len=1).moe_imbalance
+    assert build_job(8, 128, "bf16", False, False).moe_imbalance == DEFAULT_MOE_IMBALANCE
+    assert build_job(8, 128, "bf16", False, False, moe_imbalance=1.0).moe_imbalance == 1.0
+
+
+def test_estimate_step_time_grows_with_the_imbalance(cli) -> None:
+    times = [_json(cli, "estimate", *JOB, *PLAN, "--ep", "8", "--moe-imbalance", x)["step_time_s"]
+             for x in ("1.0", "1.25", "2")]
+    assert times[0] < times[1] < times[2]
+    default = _json(cli, "estimate", *JOB, *PLAN, "--ep", "8")["step_time_s"]
+    assert default == times[1]  # 1.25 is the default
+
+
+def test_plan_and_scale_take_it(cli) -> None:
+    balanced = _json(cli, "plan", *JOB, *PLAN, "--ep", "8", "--moe-imbalance", "1.0")
+    routed = _json(cli, "plan", *JOB, *PLAN, "--ep", "8")
+    assert balanced["step_time_s"] < routed["step_time_s"]
+    scaled = _json(cli, "scale", *JOB, *PLAN, "--mbs", "1", "--moe-imbalance", "1.0")
+    assert scaled["points"][0]["status"] == "OPTIMAL"
+
+
+@pytest.mark.parametrize("value", ["0.5", "0.999", "nan", "65"])
+def test_out_of_range_is_a_one_line_error(value: str, autotune_proc) -> None:
+    proc = autotune_proc("estimate", *JOB, *PLAN, "--ep", "8", "--moe-imbalance", value)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--moe-imbalance" in lines[0] and ">= 1.0" in lines[0], proc.stderr
+    with pytest.raises(SpecError, match="--moe-imbalance"):
+        build_job(8, 128, "bf16", False, False, moe_imbalance=float(value))
+
+
+@pytest.mark.parametrize("command", ["plan", "estimate", "scale"])
+def test_help_documents_it(command: str, cli) -> None:
+    result = cli(command, "--help")
+    assert result.exit_code == 0
+    text = " ".join(result.output.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
+    assert "--moe-imbalance" in text and "busiest expert" in text
