@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autotune.costmodel import comm
 from autotune.costmodel.flops import model_flops_per_step
@@ -11,7 +12,8 @@ from autotune.costmodel.measured import (MeasuredOps, OpCoverage, apply_comm, ch
                                          roofline_coverage, step_ops)
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, Timeline, makespan, simulate
-from autotune.costmodel.stages import StageCost, build_stages, p2p_time, schedule_ticks, vocab_parallel_comm
+from autotune.costmodel.stages import (StageCost, base_recompute, build_stages, p2p_time, schedule_ticks,
+                                      vocab_parallel_comm)
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES, JobSpec
 from autotune.specs.model import ModelSpec
@@ -22,6 +24,9 @@ from autotune.specs.tpgrid import tp_mode_degrees
 #: Bytes Adam touches per parameter in its step: read the fp32 gradient, read and write the fp32 master
 #: weight, m and v, write the 16-bit weight (a memory-bound kernel, paper 5).
 ADAM_STEP_BYTES = 4 + 2 * 4 * 3 + 2
+
+#: Distinct pipeline simulations a CostModel remembers (each holds its durations: pp * chunks * 3 floats).
+MAKESPAN_CACHE = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,11 @@ class CostModel:
         self.model, self.hw, self.job = model, hw, job
         self._layer: dict[tuple[int, int, int, bool, str, bool, int, int], LayerCost] = {}
         self._vocab: dict[tuple[int, int, int, bool], VocabCost] = {}
+        self._ticks: dict[tuple, Ticks] = {}
+        self._pipe_comm: dict[tuple, tuple[float, tuple[float, float]]] = {}  # p2p and vocab-parallel, by degrees
+        # Plans that differ only in what the pipeline does not see (ZeRO-0 vs 1, buckets, ...) run the same
+        # schedule on the same pass times: simulate each distinct one once (bounded: a search meets many).
+        self._makespan = lru_cache(maxsize=MAKESPAN_CACHE)(makespan)
         self.model_flops = model_flops_per_step(model, job)
 
     def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d", tp_overlap: bool = False,
@@ -121,15 +131,22 @@ class CostModel:
         return roofline_coverage(ops) if self.measured is None else self.measured.coverage(ops, tp, plan.cp)
 
     def stages(self, plan: Plan) -> tuple[StageCost, ...]:
+        return self._stages(plan, self.ticks(plan))
+
+    def _stages(self, plan: Plan, ticks: Ticks) -> tuple[StageCost, ...]:
         key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel)
         layer, vocab = self.layer(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp), self.vocab(*key)
-        tokens = plan.mbs * self.job.seq_len // plan.cp
-        p2p_s = p2p_time(plan, self.hw, tokens, self.model.hidden_size)
-        vp_comm = (0.0, 0.0)
-        if plan.vocab == "parallel":
-            vp_comm = vocab_parallel_comm(self.model, self.hw, pp=plan.pp, tp=plan.tp, cp=plan.cp, dp=plan.dp,
-                                          tokens=tokens)
-        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.job.grad_bytes)
+        comm_key = (plan.pp, plan.vpp, plan.tp, plan.cp, plan.dp, plan.sequence_parallel, plan.mbs,
+                    plan.vocab == "parallel")
+        if comm_key not in self._pipe_comm:
+            tokens = plan.mbs * self.job.seq_len // plan.cp
+            vp_comm = (0.0, 0.0)
+            if plan.vocab == "parallel":
+                vp_comm = vocab_parallel_comm(self.model, self.hw, pp=plan.pp, tp=plan.tp, cp=plan.cp, dp=plan.dp,
+                                              tokens=tokens)
+            self._pipe_comm[comm_key] = p2p_time(plan, self.hw, tokens, self.model.hidden_size), vp_comm
+        p2p_s, vp_comm = self._pipe_comm[comm_key]
+        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.job.grad_bytes, ticks)
 
     def timeline(self, plan: Plan) -> Timeline:
         """Every pass of every rank in one step, as the schedule runs them (for the text timeline)."""
@@ -138,20 +155,25 @@ class CostModel:
                         self.ticks(plan))
 
     def ticks(self, plan: Plan) -> Ticks:
-        """The proportions the plan's v-half order is built for (stages.schedule_ticks)."""
-        return schedule_ticks(plan, self.layer(plan.tp, plan.cp, plan.mbs, plan.sequence_parallel, plan.tp_mode,
-                                               plan.tp_overlap, plan.ep, plan.etp))
+        """The proportions the plan's v-half order is built for (stages.schedule_ticks: they depend on the
+        layer and the base recomputation only)."""
+        key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel, plan.tp_mode, plan.tp_overlap, plan.ep,
+               plan.etp, base_recompute(plan))
+        if key not in self._ticks:
+            self._ticks[key] = schedule_ticks(plan, self.layer(*key[:-1]))
+        return self._ticks[key]
 
     def estimate(self, plan: Plan) -> Estimate:
         """Predict step time, throughput and per-stage memory of a plan (assumed valid: see check_plan)."""
-        stages = self.stages(plan)
+        ticks = self.ticks(plan)
+        stages = self._stages(plan, ticks)
         m = plan.num_microbatches
         times = [s.time_s for s in stages]
-        pipe = makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(s.chunks for s in stages), self.ticks(plan))
+        pipe = self._makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(s.chunks for s in stages), ticks)
         dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes)
         opt = optimizer_time(plan, self.hw, stages)
         step = pipe + dp_exposed + opt
-        b = max(range(len(stages)), key=lambda i: (times[i], -i))
+        b = times.index(max(times))  # the first of the slowest
         bs = stages[b]
         breakdown = Breakdown(
             compute_s=m * bs.compute_s, recompute_s=m * bs.recompute_s, tp_comm_s=m * bs.tp_comm_s,
@@ -203,11 +225,14 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
             times[size] = collective(size)
         return times[size]
 
+    exposures: dict[tuple[int, float], float] = {}  # stages alike (most of them) expose alike
     worst = slack = 0.0
     for s in stages:
         w = s.bwd_s if window == "bwd" else s.fwd_s
-        worst = max(worst, comm.bucketed_exposure(s.params * bytes_per_param, bucket * bytes_per_param, w,
-                                                  per_bucket) - slack)
+        if (s.params, w) not in exposures:
+            exposures[s.params, w] = comm.bucketed_exposure(s.params * bytes_per_param, bucket * bytes_per_param,
+                                                            w, per_bucket)
+        worst = max(worst, exposures[s.params, w] - slack)
         slack += w
     return worst
 

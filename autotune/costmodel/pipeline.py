@@ -29,8 +29,10 @@ Orders:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cache
+from itertools import islice
 from typing import Literal
 
 Kind = Literal["F", "B", "W"]
@@ -103,47 +105,58 @@ def _ticks(schedule: str, durations: "Durations", ticks: Ticks | None) -> Ticks:
 
 @cache
 def _orders(schedule: str, pp: int, v: int, m: int, ticks: Ticks) -> tuple[tuple[Pass, ...], ...]:
-    if schedule == "interleaved":
-        return tuple(_interleaved(i, pp, v, m) for i in range(pp))
-    if schedule == "zb-h1":
-        return tuple(_zb_h1(i, pp, m) for i in range(pp))
     if schedule == "v-half":
         return _v_half(pp, m, ticks)
-    return tuple(_one_f_one_b(i, pp, m) for i in range(pp))
+    passes = _pass_table(v, m)
+    if schedule == "interleaved":
+        return tuple(_interleaved(i, pp, v, m, passes) for i in range(pp))
+    if schedule == "zb-h1":
+        return tuple(_zb_h1(i, pp, m, passes) for i in range(pp))
+    return tuple(_one_f_one_b(i, pp, m, passes) for i in range(pp))
 
 
-def _one_f_one_b(rank: int, pp: int, m: int) -> tuple[Pass, ...]:
+PassTable = dict[str, list[list[Pass]]]
+"""table[kind][chunk][micro-batch]: the passes the orders of all ranks share (made once: they are immutable)."""
+
+
+def _pass_table(v: int, m: int) -> PassTable:
+    return {kind: [[Pass(kind, c, j) for j in range(m)] for c in range(v)] for kind in "FBW"}
+
+
+def _one_f_one_b(rank: int, pp: int, m: int, passes: PassTable) -> tuple[Pass, ...]:
+    f, b = passes["F"][0], passes["B"][0]
     warmup = min(pp - rank - 1, m)
-    ops = [Pass("F", 0, j) for j in range(warmup)]
+    ops = f[:warmup]
     for j in range(m):
         if warmup + j < m:
-            ops.append(Pass("F", 0, warmup + j))
-        ops.append(Pass("B", 0, j))
+            ops.append(f[warmup + j])
+        ops.append(b[j])
     return tuple(ops)
 
 
-def _zb_h1(rank: int, pp: int, m: int) -> tuple[Pass, ...]:
+def _zb_h1(rank: int, pp: int, m: int, passes: PassTable) -> tuple[Pass, ...]:
+    f, b, w = passes["F"][0], passes["B"][0], passes["W"][0]
     warmup = min(pp - rank - 1, m)
-    ops = [Pass("F", 0, j) for j in range(warmup)]
+    ops = f[:warmup]
     done_w = 0
     for j in range(m):
         if warmup + j < m:
-            ops.append(Pass("F", 0, warmup + j))
-        ops.append(Pass("B", 0, j))
+            ops.append(f[warmup + j])
+        ops.append(b[j])
         if j - done_w >= rank:  # keep `rank` weight gradients pending: they fill the drain's bubbles
-            ops.append(Pass("W", 0, done_w))
+            ops.append(w[done_w])
             done_w += 1
-    ops.extend(Pass("W", 0, j) for j in range(done_w, m))
+    ops.extend(w[done_w:])
     return tuple(ops)
 
 
-def _interleaved(rank: int, pp: int, v: int, m: int) -> tuple[Pass, ...]:
+def _interleaved(rank: int, pp: int, v: int, m: int, passes: PassTable) -> tuple[Pass, ...]:
     total = m * v
     warmup = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
 
     def chunk_pass(kind: Kind, k: int) -> Pass:
         group = (k // pp) % v
-        return Pass(kind, group if kind == "F" else v - 1 - group, (k // (pp * v)) * pp + k % pp)
+        return passes[kind][group if kind == "F" else v - 1 - group][(k // (pp * v)) * pp + k % pp]
 
     ops = [chunk_pass("F", k) for k in range(warmup)]
     for k in range(total):
@@ -228,48 +241,72 @@ class _Graph:
     ops: tuple[Pass, ...]
     prev: tuple[int, ...]
     dep: tuple[int, ...]
+    chunks: int  # model chunks per rank
+    slots: tuple[int, ...]  # each pass's place in makespan's flat table, (rank * chunks + chunk) * 3 + F/B/W
+    prev_at: tuple[int, ...]  # prev in makespan's list of end times: entry 0 is the step's start (0.0),
+    dep_at: tuple[int, ...]  # entry 1 -inf (no dependency), pass k is entry k + 2
 
 
 @cache
 def _graph(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> _Graph:
     orders = rank_orders(schedule, pp, vpp, m, ticks)
     v = chunks_per_rank(schedule, vpp)
-    last = pp * v - 1
-    where = {}
-    for r in range(pp):
-        for op in orders[r]:
-            where[(op.kind, virtual_stage(schedule, r, op.chunk, pp), op.microbatch)] = r
-
-    def dependency(r: int, op: Pass) -> tuple[str, int, int] | None:
-        s = virtual_stage(schedule, r, op.chunk, pp)
-        if op.kind == "F":
-            return ("F", s - 1, op.microbatch) if s > 0 else None
-        if op.kind == "B":
-            return ("B", s + 1, op.microbatch) if s < last else ("F", s, op.microbatch)
-        return ("B", s, op.microbatch)
-
-    index: dict[tuple[str, int, int], int] = {}
-    ranks, ops, prev, dep = [], [], [], []
+    owns, needs, rank_slots = _pass_ids(schedule, pp, v, m, orders)
+    index = [-1] * (3 * pp * v * m)
+    ranks: list[int] = []
+    ops: list[Pass] = []
+    prev: list[int] = []
+    dep: list[int] = []
+    slots: list[int] = []
     ptr, last_on = [0] * pp, [-1] * pp
-    while len(ops) < len(where):
-        progressed = False
+    n, total = 0, sum(len(o) for o in orders)
+    while n < total:  # round robin over the ranks, each as far as its dependencies allow
+        start = n
         for r in range(pp):
-            while ptr[r] < len(orders[r]):
-                op = orders[r][ptr[r]]
-                d = dependency(r, op)
-                if d is not None and d not in index:
+            own, need, k = owns[r], needs[r], ptr[r]
+            first, stop = n, len(own)
+            while k < stop:
+                d = need[k]
+                at = index[d] if d >= 0 else -1
+                if d >= 0 > at:  # what it needs is not placed yet
                     break
-                index[(op.kind, virtual_stage(schedule, r, op.chunk, pp), op.microbatch)] = len(ops)
-                ranks.append(r)
-                ops.append(op)
+                index[own[k]] = n
+                dep.append(at)
+                n, k = n + 1, k + 1
+            if n > first:  # a run of passes on rank r, each after the one before
+                ranks.extend([r] * (n - first))
+                ops.extend(orders[r][ptr[r]:k])
+                slots.extend(rank_slots[r][ptr[r]:k])
                 prev.append(last_on[r])
-                dep.append(-1 if d is None else index[d])
-                last_on[r] = len(ops) - 1
-                ptr[r] += 1
-                progressed = True
-        if not progressed:
+                prev.extend(range(first, n - 1))
+                ptr[r], last_on[r] = k, n - 1
+        if n == start:
             raise AssertionError(f"{schedule} order deadlocks for pp={pp}, vpp={vpp}, m={m}")
-    return _Graph(tuple(ranks), tuple(ops), tuple(prev), tuple(dep))
+    return _Graph(tuple(ranks), tuple(ops), tuple(prev), tuple(dep), v, tuple(slots),
+                  tuple([p + 2 if p >= 0 else 0 for p in prev]), tuple([d + 2 if d >= 0 else 1 for d in dep]))
+
+
+def _pass_ids(schedule: str, pp: int, v: int, m: int, orders: tuple[tuple[Pass, ...], ...]
+              ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """Per rank: each pass and the one it depends on (-1: none) as integers, (kind * stages + virtual stage)
+    * m + micro-batch, for _graph to order with list lookups; and each pass's _Graph.slots entry."""
+    stages = pp * v
+    owns: list[list[int]] = []
+    needs: list[list[int]] = []
+    slots: list[list[int]] = []
+    for r in range(pp):
+        base = {}
+        for c in range(v):
+            s = virtual_stage(schedule, r, c, pp)
+            base["F", c] = (s * m, (s - 1) * m if s > 0 else None, (r * v + c) * 3)
+            base["B", c] = ((stages + s) * m, (stages + s + 1) * m if s < stages - 1 else s * m, (r * v + c) * 3 + 1)
+            base["W", c] = ((2 * stages + s) * m, (stages + s) * m, (r * v + c) * 3 + 2)
+        kinds = [base[op.kind, op.chunk] for op in orders[r]]
+        js = [op.microbatch for op in orders[r]]
+        owns.append([o + j for (o, _, _), j in zip(kinds, js)])
+        needs.append([-1 if d is None else d + j for (_, d, _), j in zip(kinds, js)])
+        slots.append([at for _, _, at in kinds])
+    return owns, needs, slots
 
 
 Durations = tuple[tuple[tuple[float, float, float], ...], ...]
@@ -295,27 +332,30 @@ def simulate(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
 
 
 def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, ticks: Ticks | None = None) -> float:
-    """simulate(...).makespan without building the intervals (estimates call this thousands of times)."""
+    """simulate(...).makespan without building the intervals (estimates call this thousands of times): the
+    same additions in the same order, each pass a few list lookups on the precompiled graph."""
     g = _graph(schedule, pp, vpp, m, _ticks(schedule, durations, ticks))
+    if any(len(row) != g.chunks for row in durations):
+        raise ValueError(f"durations need {g.chunks} (F, B, W) per rank for {schedule} with vpp={vpp}")
     split = schedule in SPLIT_BACKWARD
-    table = [[(f, b if split else b + w, w) for f, b, w in row] for row in durations]
-    code = {"F": 0, "B": 1, "W": 2}
-    end = [0.0] * len(g.ops)
-    for k in range(len(g.ops)):
-        op = g.ops[k]
-        p, d = g.prev[k], g.dep[k]
-        start = end[p] if p >= 0 else 0.0
-        if d >= 0 and end[d] > start:
-            start = end[d]
-        end[k] = start + table[g.ranks[k]][op.chunk][code[op.kind]]
-    return max(end)
+    flat = [x for row in durations for f, b, w in row for x in (f, b if split else b + w, w)]
+    end = [0.0, -math.inf]  # then one entry per pass, in g's order (see _Graph.prev_at, dep_at)
+    push = end.append
+    for p, d, x in zip(g.prev_at, g.dep_at, map(flat.__getitem__, g.slots)):
+        a, b = end[p], end[d]
+        push((b if b > a else a) + x)
+    return max(islice(end, 2, None))
 
 
-@cache
 def peak_in_flight(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> tuple[int, ...]:
     """Most chunk activations each rank holds at once: a chunk's activations live from its F until its
     backward is complete (B, or W when the backward is split). Counted from the order, so it holds for any
     stage times."""
+    return _peaks(schedule, pp, vpp, m, ticks if schedule == "v-half" else UNIT_TICKS)  # as rank_orders
+
+
+@cache
+def _peaks(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> tuple[int, ...]:
     release = "W" if schedule in SPLIT_BACKWARD else "B"
     peaks = []
     for order in rank_orders(schedule, pp, vpp, m, ticks):

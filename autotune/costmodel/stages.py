@@ -143,6 +143,15 @@ def vocab_placement(schedule: str, vocab: str, pp: int, vpp: int, rank: int) -> 
     return VocabPlacement(embed, head, 0, last_chunk, bool(embed and head))
 
 
+@cache
+def rank_placements(schedule: str, vocab: str, pp: int, vpp: int) -> tuple[tuple[VocabPlacement, int], ...]:
+    """Every rank's vocab_placement and a small integer naming each distinct one (a cheap key to share work
+    between ranks placed alike)."""
+    ids: dict[VocabPlacement, int] = {}
+    return tuple((place, ids.setdefault(place, len(ids)))
+                 for place in (vocab_placement(schedule, vocab, pp, vpp, rank) for rank in range(pp)))
+
+
 def stage_params(n: int, layer: LayerCost, vocab: VocabCost, *, first: float, last: float, pp: int,
                  shared: bool | None = None) -> int:
     """Parameters on one GPU of a stage with n layers and `first`/`last` shares of the embedding/head."""
@@ -187,10 +196,15 @@ VOCAB_PARALLEL_EXTRA_IN_FLIGHT = 2
 
 def in_flight_chunks(plan: Plan, rank: int, ticks: Ticks) -> int:
     """Chunk activations the rank holds at its peak: the schedule's count, plus vocabulary parallelism's."""
-    chunks = peak_in_flight(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, ticks)[rank]
+    peak = peak_in_flight(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, ticks)[rank]
+    return peak + vocab_parallel_in_flight(plan)
+
+
+def vocab_parallel_in_flight(plan: Plan) -> int:
+    """Chunk activations vocabulary parallelism keeps in flight beyond the schedule's own (0 without it)."""
     if plan.vocab == "parallel" and plan.pp > 1:
-        chunks += VOCAB_PARALLEL_EXTRA_IN_FLIGHT * chunks_per_rank(plan.schedule, plan.vpp)
-    return chunks
+        return VOCAB_PARALLEL_EXTRA_IN_FLIGHT * chunks_per_rank(plan.schedule, plan.vpp)
+    return 0
 
 
 def chunk_durations(plan: Plan, n: int, layer: LayerCost, vocab: VocabCost, place: VocabPlacement,
@@ -239,9 +253,11 @@ def schedule_ticks(plan: Plan, layer: LayerCost) -> Ticks:
 
 
 def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float,
-                 vp_comm: tuple[float, float] = (0.0, 0.0), grad_bytes: int = GRAD_BYTES) -> tuple[StageCost, ...]:
+                 vp_comm: tuple[float, float] = (0.0, 0.0), grad_bytes: int = GRAD_BYTES,
+                 ticks: Ticks | None = None) -> tuple[StageCost, ...]:
     """Assemble every stage of `plan` from per-layer and vocabulary costs (what does not depend on the stage
-    is computed once: estimates are called thousands of times per second)."""
+    is computed once: estimates are called thousands of times per second). `ticks`: schedule_ticks(plan,
+    layer), if the caller has it."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
@@ -253,17 +269,21 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     vocab_cat = CATEGORIES.index("vocab")
     act_base = layer.act.get(base)
     transient_zero3 = zero3_transient(plan, layer)
-    ticks = schedule_ticks(plan, layer)
-    shared: dict[tuple, tuple] = {}  # middle stages with equal layer counts cost the same
+    ticks = schedule_ticks(plan, layer) if ticks is None else ticks
+    peaks = peak_in_flight(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, ticks)
+    extra_in_flight = vocab_parallel_in_flight(plan)
+    placements = rank_placements(plan.schedule, plan.vocab, plan.pp, plan.vpp)
+    shared: dict[tuple[int, int], tuple] = {}  # middle stages with equal layer counts cost the same
+    memories: dict[tuple[int, int, int], StageMemory] = {}
     out = []
     for index, n in enumerate(plan.layers_per_stage):
-        place = vocab_placement(plan.schedule, plan.vocab, plan.pp, plan.vpp, index)
-        first, last = place.embed, place.head
-        biggest = -(-n // v)  # chunks may differ by one layer; memory is counted at the largest
-        rc = recomputed_per_chunk(plan, biggest)
-        rc_layers = sum(min(rc, c) for c in chunk_layers(n, v))
-        key = (n, place, rc)
+        place, pid = placements[index]
+        key = (n, pid)
         if key not in shared:
+            first, last = place.embed, place.head
+            biggest = -(-n // v)  # chunks may differ by one layer; memory is counted at the largest
+            rc = recomputed_per_chunk(plan, biggest)
+            rc_layers = sum(min(rc, c) for c in chunk_layers(n, v))
             vocab_compute = (first * (vocab.embed_fwd.seconds + vocab.embed_bwd.seconds)
                              + last * (vocab.head_fwd.seconds + vocab.head_bwd.seconds))
             by_category = [n * x for x in cats]
@@ -272,24 +292,27 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
             bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
             zero3 = zero3_exposed(plan, hw, params, fwd, bwd, grad_bytes, n + (first > 0) + (last > 0))
+            fixed = state_bytes(params - n * layer.params, plan.zero, plan.dp * plan.cp, grad_bytes)
             shared[key] = (
                 params, fwd, bwd, tuple(by_category), n * layer_compute + vocab_compute,
                 n * layer_tp + first * vocab.embed_comm_s + last * vocab.head_comm_s + sum(vp_comm),
-                state_bytes(params - n * layer.params, plan.zero, plan.dp * plan.cp, grad_bytes), zero3,
-                chunk_durations(plan, n, layer, vocab, place, rc, p2p_s, vp_comm, zero3))
-        params, fwd, bwd, by_category, compute, tp_comm, fixed, zero3, chunks = shared[key]
-        num = in_flight_chunks(plan, index, ticks)
-        memory = StageMemory(
-            weights=n * per_state[0] + fixed[0], gradients=n * per_state[1] + fixed[1],
-            optimizer=n * per_state[2] + fixed[2],
-            activations=num * (rc * layer.act.full + (biggest - rc) * act_base),
-            vocab_activations=stage_vocab_activations(plan, index, vocab, ticks),
-            transient=(layer.act.none if rc else 0) + transient_zero3)
+                (n * per_state[0] + fixed[0], n * per_state[1] + fixed[1], n * per_state[2] + fixed[2]), zero3,
+                chunk_durations(plan, n, layer, vocab, place, rc, p2p_s, vp_comm, zero3),
+                rc_layers, rc * layer.act.full + (biggest - rc) * act_base,
+                (layer.act.none if rc else 0) + transient_zero3, n * rec_base + rc_layers * (rec_full - rec_base))
+        (params, fwd, bwd, by_category, compute, tp_comm, state, zero3, chunks, rc_layers, act_chunk, transient,
+         recompute) = shared[key]
+        peak = peaks[index]
+        if (n, pid, peak) not in memories:  # ranks alike in layers, placement and peak hold alike
+            memories[n, pid, peak] = StageMemory(
+                weights=state[0], gradients=state[1], optimizer=state[2],
+                activations=(peak + extra_in_flight) * act_chunk,
+                vocab_activations=vocab_activations(plan, place, peak, vocab), transient=transient)
         out.append(StageCost(
-            index=index, layers=n, recomputed_layers=rc_layers, has_embedding=first > 0, has_head=last > 0,
-            compute_s=compute, recompute_s=n * rec_base + rc_layers * (rec_full - rec_base), tp_comm_s=tp_comm,
+            index=index, layers=n, recomputed_layers=rc_layers, has_embedding=place.embed > 0,
+            has_head=place.head > 0, compute_s=compute, recompute_s=recompute, tp_comm_s=tp_comm,
             cp_comm_s=n * layer_cp, pp_comm_s=p2p_s, zero3_comm_s=zero3, fwd_s=fwd, bwd_s=bwd,
-            by_category=by_category, params=params, memory=memory, chunks=chunks,
+            by_category=by_category, params=params, memory=memories[n, pid, peak], chunks=chunks,
             expert_params=n * layer.expert_params))
     return tuple(out)
 
@@ -315,11 +338,16 @@ def state_bytes(params: int, zero: int, shards: int, grad_bytes: int = GRAD_BYTE
 def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost, ticks: Ticks) -> int:
     """The rank's share of the embedding activations of every micro-batch it holds in flight, and of the
     LM head's fp32 softmax and loss scratch for the one micro-batch between its head forward and backward."""
-    place = vocab_placement(plan.schedule, plan.vocab, plan.pp, plan.vpp, index)
+    return vocab_activations(plan, vocab_placement(plan.schedule, plan.vocab, plan.pp, plan.vpp, index),
+                             peak_in_flight(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, ticks)[index],
+                             vocab)
+
+
+def vocab_activations(plan: Plan, place: VocabPlacement, peak: int, vocab: VocabCost) -> int:
+    """stage_vocab_activations of a rank placed at `place` whose schedule holds `peak` chunks at once."""
     total = 0
     if place.embed:
-        v = chunks_per_rank(plan.schedule, plan.vpp)
-        micro = -(-peak_in_flight(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, ticks)[index] // v)
+        micro = -(-peak // chunks_per_rank(plan.schedule, plan.vpp))
         if plan.vocab == "parallel":
             micro += VOCAB_PARALLEL_EXTRA_IN_FLIGHT
         total += math.ceil(place.embed * micro * vocab.embed_act)
