@@ -308,7 +308,7 @@ def test_public_report_structure(public):
 def test_public_report_columns_use_shipped_files_and_fit_nothing(public, public_rows):
     """In-sample = the shipped hardware files, whose figures are measured: nothing is fitted, so LOFO = in-sample;
     the attention_bwd_ratio refit is reported as a diagnostic only."""
-    assert public.shipped == {"attention_bwd_ratio": {"h100-sxm": 0.87, "h200": 0.87, "h100-hbm2e-96gb": 0.87}}
+    assert public.shipped == {"attention_bwd_ratio": {"h100-sxm": 0.87, "h200": 0.86, "h100-hbm2e-96gb": 0.87}}
     assert set(public.fitted_lofo) == {"Llama3.1-8B", "Llama3.1-70B", "Llama3.1-405B"}
     assert all(params == {} for params in public.fitted_lofo.values())
     assert set(public.fitted_all) == {"attention_bwd_ratio"} and public.fitted_all["attention_bwd_ratio"] in \

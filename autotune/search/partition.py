@@ -95,6 +95,7 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
         _add_hint(model, cc, hint, chunks, r, choice)
     best: PartitionResult | None = None
     proven = False
+    paths: list[dict] = []
     while not budget.exhausted:
         found = _solve(model, objective, pipe, cc, chunks, r, choice, budget)
         if found is None or found.status == "INFEASIBLE":  # nothing (else) beats the cutoff or the best so far
@@ -111,6 +112,10 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
         if not exact:  # the planner decides whether this candidate deserves the exact loop
             return replace(best, status="RELAXED", bound=found.objective if found.status == "OPTIMAL" else 0)
         _add_path(model, pipe, path, durations, chunks, rc)
+        paths.append(path)
+        for extra in _neighbour_paths(cc, durations, k_vals, rc_vals, paths):
+            _add_path(model, pipe, extra, durations, chunks, rc)
+            paths.append(extra)
         model.Add(objective < best.objective)
         model.ClearHints()
         for var, value in zip(chunks, k_vals):  # the next solve starts from this partition
@@ -181,6 +186,40 @@ def _critical_path(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals)
         table = tuple(tuple((F, B, 0) for F, B, _ in row) for row in table)
     total, path = critical_path(c.schedule, c.pp, c.vpp, c.num_microbatches, table, cc.ticks)
     return int(round(total)), path
+
+
+def _path_length(path: dict, table) -> int:
+    """A path's length (solver units) on the pass durations of one partition (_durations_at)."""
+    return sum(count * table[rank][chunk]["FBW".index(kind)] for (rank, chunk, kind), count in path.items())
+
+
+def _neighbour_paths(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals, paths: list[dict]) -> list[dict]:
+    """The critical paths of the partitions next to a solution (one chunk moved to an adjacent stage, or one
+    stage a chunk larger or smaller) that no path in `paths` already bounds there.
+
+    Any path of the schedule bounds the pipeline time of every partition, so these are valid cuts too. Without
+    them each round of the loop cuts off one partition and the solver moves to its neighbour, whose critical path
+    differs by a stage: dozens of full solves for a 16-stage ZB-H1 pipeline; with them a handful. The neighbours
+    need not sum to the model (a path is a path whatever the durations), which keeps them 4p per round."""
+    out = []
+    r = max(rc_vals) if rc_vals else 0
+    n = len(k_vals)
+    moves = [(a, b) for a in range(n) for b in (a - 1, a + 1) if 0 <= b < n]
+    moves += [(a, None) for a in range(n)] + [(None, b) for b in range(n)]
+    for a, b in moves:
+        k = list(k_vals)
+        if a is not None:
+            k[a] -= 1
+        if b is not None:
+            k[b] += 1
+        if min(k) < 0:
+            continue
+        rc = tuple(min(r, x) for x in k)
+        length, path = _critical_path(cc, durations, k, rc)
+        table = _durations_at(durations, k, rc)
+        if all(_path_length(q, table) < length for q in paths + out):
+            out.append(path)
+    return out
 
 
 def _add_path(model: cp_model.CpModel, pipe, path: dict, durations: Coefficients, chunks, rc) -> None:

@@ -11,10 +11,12 @@ visit sharpens the candidate's bound and puts it back, so work goes only to the 
    step add (bounds.pivot_path_floor with_step: the pipeline and the sync bounded together);
 5. next visit: its even and balanced splits are timed by the cost model (search/baseline.py). The faster
    is the candidate's incumbent: when it reaches the bound the candidate is solved without CP-SAT; otherwise
-   CP-SAT solves the relaxation of its partition problem (pivot paths only) from that hint, with the best
-   step time known so far (never above the incumbent) as a cutoff, so the solver only has to prove "nothing
-   better here"; a candidate whose relaxed plan is not exact goes back with the relaxation's bound and, if it
-   is still the most promising, gets the exact loop (search/partition.py).
+   it goes back with the pipeline and the syncs bounded as a sum (search/joint.py: what CP-SAT's relaxation
+   would prove, in milliseconds; most candidates stop here once a good plan is known);
+6. next visit: CP-SAT solves the relaxation of its partition problem (pivot paths only) from that hint, with
+   the best step time known so far (never above the incumbent) as a cutoff, so the solver only has to prove
+   "nothing better here"; a candidate whose relaxed plan is not exact goes back with the relaxation's bound
+   and, if it is still the most promising, gets the exact loop (search/partition.py).
 When the smallest bound left reaches the best plan known, every remaining candidate is pruned. If every solve
 ended OPTIMAL or INFEASIBLE, the best plan is optimal over the whole space under the cost model.
 
@@ -39,6 +41,7 @@ from autotune.search.baseline import baseline_plans
 from autotune.search.bounds import (coarse_bound, forced_recompute_s, memory_possible, pivot_path_floor,
                                     quick_bound, stage_time_floor)
 from autotune.search.budget import Budget
+from autotune.search.joint import pipe_sync_floor
 from autotune.search.losers import RunnerUp, empty_space_message, infeasible_message, memory_losers
 from autotune.search.partition import Hint, solve_partition
 from autotune.search.space import Candidate, SearchSpace, enumerate_candidates, pinned_layers
@@ -58,7 +61,7 @@ DEFAULT_WORK_LIMIT = 30.0
 #: so that the work limit, not the machine, decides what is returned.
 DEFAULT_TIME_LIMIT_S = 600.0
 
-COARSE, QUICK, REFINED, JOINT, EXACT = range(5)
+COARSE, QUICK, REFINED, JOINT, SUMMED, EXACT = range(6)
 """How far a heap entry's bound has been sharpened (see the module docstring)."""
 
 
@@ -117,10 +120,12 @@ def candidate_key(c: Candidate) -> tuple:
 
 def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int = 3,
            time_limit_s: float = DEFAULT_TIME_LIMIT_S, work_limit: float = DEFAULT_WORK_LIMIT,
-           progress: Progress | None = None, profile: Profile | None = None) -> PlanResult:
+           progress: Progress | None = None, profile: Profile | None = None,
+           cost_model: CostModel | None = None) -> PlanResult:
     """Find the fastest plan that fits, and prove it optimal (raises InfeasibleError / SolverLimitError).
     `work_limit`: CP-SAT deterministic time for the whole search; `time_limit_s`: the wall-clock safety net;
-    `profile`: measured op and link costs for the cost model (costmodel/measured.py)."""
+    `profile`: measured op and link costs for the cost model (costmodel/measured.py); `cost_model`: one built
+    from the same model, hardware, job and profile (a sweep shares it between sizes: it knows no GPU count)."""
     if not time_limit_s > 0:  # also rejects NaN
         raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
     if not work_limit > 0:
@@ -131,7 +136,7 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
         raise SpecError(f"--top must be >= 0, got {top_k}")
     start = time.perf_counter()
     budget = Budget.from_limits(work_limit, time_limit_s)
-    cm = CostModel(model, hw, job, profile)
+    cm = CostModel(model, hw, job, profile) if cost_model is None else cost_model
     cands = list(enumerate_candidates(model, job, gpus, hw.gpus_per_node, space))
     if not cands:
         raise InfeasibleError(empty_space_message(gpus, space, hw))
@@ -202,9 +207,11 @@ class _Search:
             elif level == REFINED and cc.syncs:
                 joint = pivot_path_floor(cc, self.L, with_step=True)
                 heapq.heappush(self.heap, (max(lb, joint), idx, JOINT, cc))
+            elif level < SUMMED and self._baseline(lb, idx, cc):
+                continue
+            elif level < SUMMED and (summed := pipe_sync_floor(cc, self.L, self.threshold())) > lb:
+                heapq.heappush(self.heap, (summed, idx, SUMMED, cc))
             else:
-                if level < EXACT and self._baseline(lb, idx, cc):
-                    continue
                 self._solve(lb, idx, cc, exact=level == EXACT)
 
     def _sharpen(self, lb: float, idx: int) -> None:
@@ -288,7 +295,7 @@ class _Search:
                 if not (self.may_fit[idx] and memory_possible(cc, self.L)):
                     self.too_big.append((lb, idx))
                     continue
-            if level < EXACT:
+            if level < SUMMED:
                 pinned = pinned_layers(self.space, c.pp, self.L)
                 for est, hint in baseline_plans(self.cm, cc, self.gpus, pinned=pinned,
                                                 allow_idle=self.space.allow_idle,

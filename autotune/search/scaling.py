@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from multiprocessing import get_context
 
-from autotune.costmodel.estimate import Estimate
+from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.search.pins import check_space
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, PlanResult, search
@@ -152,7 +152,9 @@ def scale(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpu_counts: Sequence
             found[gpus] = (gpus, *search_one(gpus))
     else:
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(search_one, gpus): gpus for gpus in todo}
+            # the largest sizes first: their searches take longest (fewest micro-batches per pipeline), and the
+            # small ones then fill the other processes instead of one large search running alone at the end
+            futures = {pool.submit(search_one, gpus): gpus for gpus in sorted(todo, reverse=True)}
             for i, done in enumerate(as_completed(futures), start=1):
                 found[futures[done]] = (futures[done], *done.result())
                 if progress:
@@ -170,7 +172,8 @@ def _best_at(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, *, spa
         return "INFEASIBLE", reason, None, 0.0
     try:
         result: PlanResult = search(model, hw, job, gpus, space, top_k=0, time_limit_s=time_limit_s,
-                                    work_limit=work_limit, profile=profile)
+                                    work_limit=work_limit, profile=profile,
+                                    cost_model=_sweep_cost_model(model, hw, job, profile))
     except InfeasibleError as exc:
         return "INFEASIBLE", str(exc), None, 0.0
     except SolverLimitError as exc:
@@ -179,6 +182,19 @@ def _best_at(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, *, spa
         else:
             return "TIME_LIMIT", str(exc), None, time_limit_s
     return result.status, "", result.best, result.stats.wall_s
+
+
+_SWEEP_COST_MODEL: list[tuple[tuple, CostModel]] = []
+"""The cost model of the sweep this process works on, with its inputs."""
+
+
+def _sweep_cost_model(model: ModelSpec, hw: HardwareSpec, job: JobSpec, profile: Profile | None) -> CostModel:
+    """One cost model for every size a process searches: it knows no GPU count, so the layer costs, pass
+    orders and simulated schedules it keeps serve the next size too (estimates are the same either way)."""
+    inputs = (model, hw, job, profile)
+    if not _SWEEP_COST_MODEL or _SWEEP_COST_MODEL[0][0] != inputs:
+        _SWEEP_COST_MODEL[:] = [(inputs, CostModel(model, hw, job, profile))]
+    return _SWEEP_COST_MODEL[0][1]
 
 
 def _derive(found: list[tuple[int, str, str, Estimate | None, float]], *, train_tokens: float,

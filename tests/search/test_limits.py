@@ -113,7 +113,9 @@ def test_scale_is_the_same_beside_a_busy_cpu(autotune_proc) -> None:
 def test_scale_under_a_tiny_time_limit_has_a_plan_per_size_no_worse_than_the_even_split(autotune_proc) -> None:
     _, calm = _run(autotune_proc, *SCALE)
     code, hurried = _run(autotune_proc, *SCALE, *TINY)
-    assert code == 3
+    assert code in (0, 3)
+    if code == 0:  # every size proven before the limit (these need no CP-SAT solve): the unhurried answer
+        assert [p["plan"] for p in hurried["points"]] == [p["plan"] for p in calm["points"]]
     for fast, point in zip(calm["points"], hurried["points"]):
         assert point["status"] in ("OPTIMAL", "FEASIBLE") and point["plan"] is not None
         assert point["step_time_s"] >= fast["step_time_s"] * (1 - 1e-6)

@@ -1,0 +1,109 @@
+"""The pipeline and the data-parallel sync bounded together, as the CP-SAT relaxation sees them.
+
+The relaxation's objective is max_k(pivot path_k) + the exposed syncs (each a maximum over the stages, for one
+bucket shared by all) + the largest Adam step: a sum of maxima over the stages. A pipeline balances its stages
+while the sync wants the first stages small (they have no earlier backward to hide behind), so the two pull
+apart and max_k(path_k + sync_k) (bounds.pivot_path_floor with_step) falls well short of the sum. This bound
+gets the sum: for a pipeline threshold T, a dynamic program over the ranks and the chunks used finds the least
+sync (+ Adam) of any partition whose pivot paths all stay within T, for each bucket. Any partition has its
+longest pivot path P in some interval (T_j, T_j+1] of a grid from the pivot floor to the best plan known, so
+its step time is at least T_j + sync*(T_j+1); above the grid it cannot beat the best plan anyway. The planner
+uses it before CP-SAT: candidates it lifts past the best plan need no solve.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autotune.search.bounds import _pivot_share, pivot_path_floor
+from autotune.search.tables import CandidateCosts, chunk_range, window_s
+
+#: Pipeline thresholds between the pivot floor and the best plan known: the bound is within (best - floor) / GRID
+#: of what the grid would give with every threshold.
+GRID = 12
+
+
+def pipe_sync_floor(cc: CandidateCosts, num_layers: int, best_s: float) -> float:
+    """A step time no partition of cc beats, or at least `best_s` when none can beat that (see the module)."""
+    c = cc.cand
+    floor = pivot_path_floor(cc, num_layers)
+    if not math.isfinite(best_s) or floor >= best_s or not math.isfinite(floor):
+        return floor
+    ranges = [chunk_range(cc, k, num_layers) for k in range(c.pp)]
+    if any(lo > hi for lo, hi in ranges):
+        return math.inf
+    levels = np.append(floor + (best_s - floor) * np.arange(1, GRID + 1) / GRID, math.inf)  # the T_j+1
+    least = _least_sync(cc, num_layers, ranges, levels)  # [j]: least sync + Adam with every path <= levels[j]
+    below = np.append(floor + (best_s - floor) * np.arange(GRID) / GRID, best_s)  # the T_j
+    return float(np.min(below + least)) + cc.tied_sync_s
+
+
+def _least_sync(cc: CandidateCosts, num_layers: int, ranges: list[tuple[int, int]], levels: np.ndarray
+                ) -> np.ndarray:
+    """[j]: over every bucket and every partition whose pivot paths are all at most levels[j], the least
+    max over stages of (exposed syncs + Adam step)."""
+    c = cc.cand
+    v, m = c.vpp, c.num_microbatches
+    f_l, b_l, w_l = cc.layer_fbw
+    a = v * (f_l + b_l + w_l)
+    r = _pivot_share(cc)
+    total = num_layers // v
+    rest = np.cumsum([lo for lo, _ in ranges][::-1])[::-1]
+    used = np.arange(total + 1)
+    nb = max(len(cc.buckets) if cc.syncs else 1, 1)
+    best = np.full((nb, len(levels), total + 1), np.inf)
+    best[:, :, 0] = 0.0
+    prefix = prefix_fb = w_first = 0.0
+    windows = {"bwd": 0.0, "fwd": 0.0}
+    for k, s in enumerate(cc.stages):
+        lo, hi = ranges[k]
+        n = np.arange(lo, hi + 1)
+        pivot = m * (n[None, :] * a + s.time_s) + r * (used[:, None] * a + prefix)
+        if c.schedule == "zb-h1":
+            f_fix, b_fix, w_fix = s.chunk_fixed[0]
+            drain = m * (n * a + s.time_s) - min(k + 1, m) * (n * v * w_l + w_fix)
+            pivot = np.maximum(pivot, drain[None, :] + used[:, None] * v * (f_l + b_l) + prefix_fb + w_first)
+            prefix_fb += f_fix + b_fix
+            w_first = lo * v * w_l + w_fix if k == 0 else w_first
+        sync = _stage_sync(cc, k, n, used, windows)  # [bucket, u, j]
+        allowed = pivot[None, :, :] <= levels[:, None, None]  # [level, u, j]
+        value = np.maximum(best[:, :, :, None], sync[:, None, :, :])  # [bucket, level, u, j]
+        value = np.where(allowed[None], value, np.inf)
+        cap = total - (rest[k + 1] if k + 1 < c.pp else 0)  # leave the later ranks their fewest
+        nxt = np.full_like(best, np.inf)
+        for j, nj in enumerate(n):
+            if nj <= cap:
+                np.minimum(nxt[:, :, nj:cap + 1], value[:, :, :cap - nj + 1, j], out=nxt[:, :, nj:cap + 1])
+        best = nxt
+        prefix += s.time_s
+    return best[:, :, total].min(axis=0)
+
+
+def _stage_sync(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, windows: dict[str, float]
+                ) -> np.ndarray:
+    """[bucket, u, j]: stage k's exposed syncs (partition_terms.dp_sync: the fluid term and the last bucket,
+    less the windows of the stages before it) plus its Adam step, holding n[j] chunks after used[u] on the ranks
+    before it. `windows` holds the fixed windows of the ranks before k and takes stage k's."""
+    c, s = cc.cand, cc.stages[k]
+    v, lp = c.vpp, cc.layer.params
+    params = n * v * lp + s.vocab_params
+    adam = (params * cc.adam_s_per_param)[None, :]
+    out = []
+    for b, bucket in enumerate(cc.buckets if cc.syncs else ()):
+        total = 0.0
+        for sync in cc.syncs:
+            cost = sync.per_bucket[b]
+            window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
+            own = n * v * (lp * cost / bucket - window) + s.vocab_params * cost / bucket - window_s(cc, k, 0, sync.window)
+            whole = np.min([pa + slope * sync.bytes_per_param * params for pa, slope in sync.pieces], axis=0)
+            last = np.where(params >= bucket, cost, whole)
+            slack = used * v * window + windows[sync.window]
+            total = total + np.maximum(0.0, np.maximum(own, last)[None, :] - slack[:, None])
+        out.append(total + adam)
+    if not out:
+        out.append(np.zeros((len(used), 1)) + adam)
+    for name in windows:
+        windows[name] += window_s(cc, k, 0, name)
+    return np.stack(out)
