@@ -196,6 +196,7 @@ def test_torchtitan_405b_does_not_inherit_float8_compile_or_async_tp(tmp_path):
         (tmp_path / name).write_text(content)
     overrides = [t for line in files["torchtitan_overrides.txt"].splitlines() for t in line.split()]
     sys.path.insert(0, str(tmp_path))
+    sys.modules.pop(CONFIG_MODULE, None)  # another test's config module of the same name may be imported already
     try:
         cfg = ConfigManager().parse_args(["--module", CONFIG_MODULE, "--config", "llama3_405b_bf16", *overrides])
     finally:
