@@ -198,8 +198,8 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
         cp_bwd_s=max(0.0, cp_bwd - (cp - 1) / cp * pass_time(attn_bwd, hw, job.dtype, lookup, kernel).seconds),
         params=moe_layer_params(model, tp, ep, etp) if moe else dense_layer_params(model, tp),
         act=_activations(model, shape, job, moe),
-        selective_s=_sac_seconds(fwd_ops, hw, job, lookup) if job.trainer == "torchtitan" else -1.0,
-        wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup),
+        selective_s=_sac_seconds(fwd_ops, hw, job, lookup, kernel) if job.trainer == "torchtitan" else -1.0,
+        wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup, kernel),
         expert_params=moe_expert_share(model, tp, ep, etp) if moe else 0)
 
 
@@ -216,19 +216,19 @@ def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec, moe: bool = 
     return act
 
 
-def _sac_seconds(fwd_ops, hw: HardwareSpec, job: JobSpec, lookup) -> float:
+def _sac_seconds(fwd_ops, hw: HardwareSpec, job: JobSpec, lookup, kernel: str = "fused") -> float:
     """torchtitan's selective activation checkpointing (op mode, activation_checkpoint.py's _custom_policy):
     it saves the outputs of the compute ops (matmuls, SDPA) "except every second mm" and recomputes the rest,
     so the backward re-runs half the linear GEMMs and every memory-bound op of the forward."""
     gemms = pass_time(tuple(op for op in fwd_ops if op.kernel == "gemm" and op.category == "gemm"), hw, job.dtype,
-                      lookup).seconds
-    memory = pass_time(tuple(op for op in fwd_ops if op.kernel == "memory"), hw, job.dtype, lookup).seconds
+                      lookup, kernel).seconds
+    memory = pass_time(tuple(op for op in fwd_ops if op.kernel == "memory"), hw, job.dtype, lookup, kernel).seconds
     return gemms / 2 + memory
 
 
-def _wgrad_seconds(bwd_ops, hw: HardwareSpec, dtype: str, lookup=None) -> float:
+def _wgrad_seconds(bwd_ops, hw: HardwareSpec, dtype: str, lookup=None, kernel: str = "fused") -> float:
     """Time of the weight-gradient GEMMs of a backward op list."""
-    return pass_time(tuple(op for op in bwd_ops if op.name.endswith("_wgrad")), hw, dtype, lookup).seconds
+    return pass_time(tuple(op for op in bwd_ops if op.name.endswith("_wgrad")), hw, dtype, lookup, kernel).seconds
 
 
 #: The column-parallel linears (input all-gathered under sequence parallelism, input gradient reduced) and the
@@ -239,7 +239,7 @@ ROW_PARALLEL = ("out_proj", "mlp_down", "shared_down")
 
 def _gemm_seconds(ops, names: tuple[str, ...], suffix: str, hw: HardwareSpec, job: JobSpec, lookup) -> float:
     return pass_time(tuple(op for op in ops if op.kernel == "gemm" and op.name in {n + suffix for n in names}),
-                     hw, job.dtype, lookup).seconds
+                     hw, job.dtype, lookup, attention_kernel(job)).seconds
 
 
 def _tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: LayerShape, fwd_ops, bwd_ops,
@@ -283,13 +283,13 @@ def _tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Laye
 
 def _chunking_cost(ops, tp: int, hw: HardwareSpec, job: JobSpec) -> float:
     """Extra time of running each linear GEMM as tp GEMMs of m/tp rows (tile and wave quantization)."""
-    extra = 0.0
+    extra, kernel = 0.0, attention_kernel(job)
     for op in ops:
         if op.kernel != "gemm" or op.category != "gemm" or not op.dims or op.name.startswith("expert_"):
             continue  # the expert GEMMs wait for the all-to-all, not a tensor-parallel collective
         m, n, k = op.dims
         part = Op(op.name, op.category, op.flops / tp, op.bytes / tp, "gemm", (m / tp, n, k))
-        extra += max(0.0, tp * op_time(part, hw, job.dtype) - op_time(op, hw, job.dtype))
+        extra += max(0.0, tp * op_time(part, hw, job.dtype, kernel) - op_time(op, hw, job.dtype, kernel))
     return extra
 
 
@@ -310,6 +310,7 @@ def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
     """Costs of the vocabulary layers (vocab-parallel over tp, as in Megatron-LM)."""
     shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp)
     lookup = None if measured is None else measured.lookup(tp, cp)
+    kernel = attention_kernel(job)  # torchtitan's embedding, head and loss run PyTorch's kernels, not TE's
     link = comm.group_link(hw, tp, 1)
     act_bytes = shape.elem * shape.tokens * model.hidden_size
     if sp:  # reduce-scatter the embedding output; gather the head input, scatter its gradient
@@ -321,11 +322,11 @@ def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
     # vocab-parallel cross-entropy: all-reduce of the max, the sum of exponentials and the target logit
     head_comm += 3 * comm.all_reduce(FP32_BYTES * shape.tokens, tp, link)
     return VocabCost(
-        embed_fwd=pass_time(embedding_forward_ops(model, shape), hw, job.dtype, lookup),
-        embed_bwd=pass_time(embedding_backward_ops(model, shape), hw, job.dtype, lookup),
+        embed_fwd=pass_time(embedding_forward_ops(model, shape), hw, job.dtype, lookup, kernel),
+        embed_bwd=pass_time(embedding_backward_ops(model, shape), hw, job.dtype, lookup, kernel),
         embed_comm_s=embed_comm,
-        head_fwd=pass_time(head_forward_ops(model, shape), hw, job.dtype, lookup),
-        head_bwd=pass_time(head_backward_ops(model, shape), hw, job.dtype, lookup),
+        head_fwd=pass_time(head_forward_ops(model, shape), hw, job.dtype, lookup, kernel),
+        head_bwd=pass_time(head_backward_ops(model, shape), hw, job.dtype, lookup, kernel),
         head_comm_s=head_comm,
         embed_params=embedding_params(model, tp),
         head_params=head_params(model, tp, separate_stage=True),
@@ -333,7 +334,7 @@ def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
         embed_act=embedding_activations(model, shape),
         head_act=head_activations(model, shape),
         head_transient=head_transient(model, shape),
-        head_wgrad_s=_wgrad_seconds(head_backward_ops(model, shape), hw, job.dtype, lookup),
+        head_wgrad_s=_wgrad_seconds(head_backward_ops(model, shape), hw, job.dtype, lookup, kernel),
     )
 
 

@@ -40,8 +40,10 @@ def header_lines(inp: EmitInput, trainer: str, target: str) -> list[str]:
 
 def _plan_line(p: Plan) -> str:
     recompute = p.recompute if p.recompute_layers is None else f"full on {p.recompute_layers} layer(s) per chunk"
-    return (f"plan: tp {p.tp}, pp {p.pp}, dp {p.dp}, cp {p.cp}, mbs {p.mbs} x {p.num_microbatches}, {p.schedule}"
-            f" (vpp {p.vpp}), recompute {recompute}, zero {p.zero}, layers {','.join(map(str, p.layers_per_stage))}")
+    experts = f", ep {p.ep}, etp {p.etp} (expert dp {p.expert_dp})" if (p.ep, p.etp) != (1, 1) else ""
+    return (f"plan: tp {p.tp}, pp {p.pp}, dp {p.dp}, cp {p.cp}{experts}, mbs {p.mbs} x {p.num_microbatches}, "
+            f"{p.schedule} (vpp {p.vpp}), recompute {recompute}, zero {p.zero}, "
+            f"layers {','.join(map(str, p.layers_per_stage))}")
 
 
 def _predicted(step_s: float, peak_gib: float, mfu: float) -> str:

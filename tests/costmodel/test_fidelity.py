@@ -254,3 +254,23 @@ def test_context_parallel_attention_op_is_one_causal_step_and_unmasked_blocks():
         assert [op.dims for op in flash] == [dims]
         bwd = [op for op in backward_ops(tuple(flash), LLAMA, shape) if op.name == "flash_attention_bwd"]
         assert bwd[0].dims == (dims[0], 1.0, *dims[2:])
+
+
+def test_torchtitan_vocab_layers_and_sac_recompute_run_pytorch_kernels():
+    """torchtitan's embedding, LM head, cross-entropy and SAC recompute run PyTorch's kernels (cuBLAS, ATen),
+    so each is the sum of its ops at the "sdpa" figures; Megatron's the same ops at Transformer Engine's. Hand
+    check on the embedding forward (memory-bound): bytes / (HBM x memory_torch) + one launch per op."""
+    from autotune.costmodel.layer import vocab_cost
+    from autotune.costmodel.ops import embedding_forward_ops
+
+    hw = replace(HW, efficiency=replace(HW.efficiency, memory_torch=0.4, gemm_torch=0.3))
+    titan_job = JobSpec(global_batch=8, seq_len=1024, trainer="torchtitan")
+    titan = vocab_cost(LLAMA, hw, titan_job, tp=1, cp=1, mbs=1, sp=False)
+    megatron = vocab_cost(LLAMA, hw, JobSpec(global_batch=8, seq_len=1024), tp=1, cp=1, mbs=1, sp=False)
+    ops = embedding_forward_ops(LLAMA, layer_shape(LLAMA, titan_job, tp=1, cp=1, mbs=1, sp=False))
+    by_hand = sum(op.bytes / (hw.hbm_bandwidth * 0.4) + hw.kernel_overhead_s for op in ops)
+    assert titan.embed_fwd.seconds == pytest.approx(by_hand)
+    assert titan.head_fwd.seconds > megatron.head_fwd.seconds  # gemm 0.3 < 0.5, memory 0.4 < 0.8
+    titan_layer = layer_cost(LLAMA, hw, titan_job, tp=1, cp=1, mbs=1, sp=False)
+    te_figures = layer_cost(LLAMA, HW, titan_job, tp=1, cp=1, mbs=1, sp=False)
+    assert titan_layer.selective_s > te_figures.selective_s

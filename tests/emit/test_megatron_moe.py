@@ -81,3 +81,14 @@ def test_layer_pattern() -> None:
     from autotune.catalog import load_model
     assert moe_layer_pattern(load_model("deepseek-v3")) == "([0]*3+[1]*58)"
     assert moe_layer_pattern(load_model("mixtral-8x7b")) == "([1]*32)"
+
+
+def test_header_names_the_expert_layout() -> None:
+    """The header's plan line carries ep, etp and Megatron's expert-data-parallel degree, tp*cp*dp/(ep*etp):
+    qwen3_235b_etp has 4*1*128/(16*4) = 8; a dense plan's line has no expert fields."""
+    model, plan = CASES["qwen3_235b_etp"]
+    script = dict(emit_megatron(_inp(model, "h100-sxm", JOB, plan)).files)["launch_megatron.sh"]
+    assert "# plan: tp 4, pp 2, dp 128, cp 1, ep 16, etp 4 (expert dp 8), mbs 1 x 32," in script
+    dense = dict(emit_megatron(_inp("llama3-8b", "h100-sxm", JOB, Plan(tp=2, pp=1, dp=4, mbs=1,
+                                     num_microbatches=1024, layers_per_stage=(32,)))).files)["launch_megatron.sh"]
+    assert "# plan: tp 2, pp 1, dp 4, cp 1, mbs 1 x 1024," in dense
