@@ -243,32 +243,22 @@ def pivot_path_floor(cc: CandidateCosts, num_layers: int, *, with_step: bool = F
     sync bounded together, as the CP-SAT relaxation sees them (a balanced pipeline leaves stage 0 most of its
     gradients to reduce with no earlier stage's window to hide them)."""
     c = cc.cand
-    v = c.vpp
-    m = c.num_microbatches
-    f_l, b_l, w_l = cc.layer_fbw
-    a = v * (f_l + b_l + w_l)  # one chunk's worth of layers on a rank, every pass
     r = _pivot_share(cc)
-    total = num_layers // v
+    total = num_layers // c.vpp
     best = np.full(total + 1, np.inf)
     best[0] = 0.0
-    prefix = prefix_fb = w_first = 0.0  # fixed time (all passes; F and B) of the ranks before k; rank 0's W
+    before = {"all": 0.0, "fb": 0.0, "w0": 0.0}  # for stage_pivot_paths
     ranges = [chunk_range(cc, k, num_layers) for k in range(c.pp)]
     if any(lo > hi for lo, hi in ranges):
         return math.inf
     rest = np.cumsum([lo for lo, _ in ranges][::-1])[::-1]  # fewest chunks the ranks from k on need
     windows = {"bwd": 0.0, "fwd": 0.0}  # fixed windows of the ranks before k, for with_step
-    for k, s in enumerate(cc.stages):
+    for k in range(len(cc.stages)):
         lo, hi = ranges[k]
         n = np.arange(lo, hi + 1)
         used = np.flatnonzero(np.isfinite(best))  # the chunk counts the ranks before k can have used
         # value[u, j]: the largest pivot so far after giving n[j] chunks to rank k having used u before it
-        pivot = m * (n[None, :] * a + s.time_s) + r * (used[:, None] * a + prefix)
-        if c.schedule == "zb-h1":
-            f_fix, b_fix, w_fix = s.chunk_fixed[0]
-            drain = m * (n * a + s.time_s) - min(k + 1, m) * (n * v * w_l + w_fix)
-            pivot = np.maximum(pivot, drain[None, :] + used[:, None] * v * (f_l + b_l) + prefix_fb + w_first)
-            prefix_fb += f_fix + b_fix
-            w_first = lo * v * w_l + w_fix if k == 0 else w_first
+        pivot = stage_pivot_paths(cc, k, n, used, r, before)
         if with_step:
             pivot = pivot + _sync_and_adam(cc, k, n, used, windows)
         value = np.maximum(best[used][:, None], pivot)
@@ -277,8 +267,28 @@ def pivot_path_floor(cc: CandidateCosts, num_layers: int, *, with_step: bool = F
         ok = target <= total - (rest[k + 1] if k + 1 < c.pp else 0)  # leave the later ranks their fewest
         np.minimum.at(nxt, target[ok], value[ok])
         best = nxt
-        prefix += s.time_s
     return float(best[total]) + (cc.tied_sync_s if with_step else 0.0)
+
+
+def stage_pivot_paths(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, r: float,
+                      before: dict[str, float]) -> np.ndarray:
+    """[u, j]: the longest pivot path of rank k (pivot_path_floor) holding n[j] chunks after used[u] on the ranks
+    before it, r = _pivot_share(cc) (passed in: it reads every stage). `before` holds the fixed time of the ranks
+    before k ("all": every pass; "fb": F and B) and rank 0's W ("w0"), all 0.0 for k = 0, and takes stage k's."""
+    c, s = cc.cand, cc.stages[k]
+    v, m = c.vpp, c.num_microbatches
+    f_l, b_l, w_l = cc.layer_fbw
+    a = v * (f_l + b_l + w_l)  # one chunk's worth of layers on a rank, every pass
+    pivot = m * (n[None, :] * a + s.time_s) + r * (used[:, None] * a + before["all"])
+    if c.schedule == "zb-h1":
+        f_fix, b_fix, w_fix = s.chunk_fixed[0]
+        drain = m * (n * a + s.time_s) - min(k + 1, m) * (n * v * w_l + w_fix)
+        pivot = np.maximum(pivot, drain[None, :] + used[:, None] * v * (f_l + b_l) + before["fb"] + before["w0"])
+        before["fb"] += f_fix + b_fix
+        if k == 0:
+            before["w0"] = int(n[0]) * v * w_l + w_fix  # at rank 0's fewest chunks
+    before["all"] += s.time_s
+    return pivot
 
 
 def _sync_and_adam(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, windows: dict[str, float]

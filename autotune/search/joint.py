@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from autotune.search.bounds import _pivot_share, pivot_path_floor
+from autotune.search.bounds import _pivot_share, pivot_path_floor, stage_pivot_paths
 from autotune.search.tables import CandidateCosts, chunk_range, window_s
 
 #: Pipeline thresholds between the pivot floor and the best plan known: the bound is within (best - floor) / GRID
@@ -45,28 +45,19 @@ def _least_sync(cc: CandidateCosts, num_layers: int, ranges: list[tuple[int, int
     """[j]: over every bucket and every partition whose pivot paths are all at most levels[j], the least
     max over stages of (exposed syncs + Adam step)."""
     c = cc.cand
-    v, m = c.vpp, c.num_microbatches
-    f_l, b_l, w_l = cc.layer_fbw
-    a = v * (f_l + b_l + w_l)
     r = _pivot_share(cc)
-    total = num_layers // v
+    total = num_layers // c.vpp
     rest = np.cumsum([lo for lo, _ in ranges][::-1])[::-1]
     used = np.arange(total + 1)
     nb = max(len(cc.buckets) if cc.syncs else 1, 1)
     best = np.full((nb, len(levels), total + 1), np.inf)
     best[:, :, 0] = 0.0
-    prefix = prefix_fb = w_first = 0.0
+    before = {"all": 0.0, "fb": 0.0, "w0": 0.0}  # for stage_pivot_paths
     windows = {"bwd": 0.0, "fwd": 0.0}
-    for k, s in enumerate(cc.stages):
+    for k in range(len(cc.stages)):
         lo, hi = ranges[k]
         n = np.arange(lo, hi + 1)
-        pivot = m * (n[None, :] * a + s.time_s) + r * (used[:, None] * a + prefix)
-        if c.schedule == "zb-h1":
-            f_fix, b_fix, w_fix = s.chunk_fixed[0]
-            drain = m * (n * a + s.time_s) - min(k + 1, m) * (n * v * w_l + w_fix)
-            pivot = np.maximum(pivot, drain[None, :] + used[:, None] * v * (f_l + b_l) + prefix_fb + w_first)
-            prefix_fb += f_fix + b_fix
-            w_first = lo * v * w_l + w_fix if k == 0 else w_first
+        pivot = stage_pivot_paths(cc, k, n, used, r, before)
         sync = _stage_sync(cc, k, n, used, windows)  # [bucket, u, j]
         allowed = pivot[None, :, :] <= levels[:, None, None]  # [level, u, j]
         value = np.maximum(best[:, :, :, None], sync[:, None, :, :])  # [bucket, level, u, j]
@@ -77,7 +68,6 @@ def _least_sync(cc: CandidateCosts, num_layers: int, ranges: list[tuple[int, int
             if nj <= cap:
                 np.minimum(nxt[:, :, nj:cap + 1], value[:, :, :cap - nj + 1, j], out=nxt[:, :, nj:cap + 1])
         best = nxt
-        prefix += s.time_s
     return best[:, :, total].min(axis=0)
 
 

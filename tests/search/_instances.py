@@ -3,19 +3,21 @@ is scaled to the model so that it binds in some draws and not in others."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from hypothesis import event
 from hypothesis import strategies as st
 
 from autotune.catalog import load_hardware
-from autotune.costmodel.estimate import CostModel
-from autotune.search.space import SearchSpace, enumerate_candidates
+from autotune.costmodel.estimate import CostModel, Estimate
+from autotune.search.space import Candidate, SearchSpace, enumerate_candidates
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
-from .bruteforce import smallest_stage_params
+from .bruteforce import candidate_optimum, smallest_stage_params
 
 GPUS = ("h100-sxm", "a100-80gb", "mi300x")
 #: Usable memory as a fraction of the single-GPU plan's peak (no parallelism, no recompute, mbs 1): below
@@ -57,6 +59,21 @@ def fitting_bucket(inst: Instance, space: SearchSpace) -> int:
     planner never falls back to a bucket outside space.buckets."""
     cm = CostModel(inst.model, inst.hw, inst.job)
     return max(1, min(smallest_stage_params(cm, c) for c in inst.candidates(space)))
+
+
+def fitting_candidates(inst: Instance) -> Iterator[tuple[CostModel, SearchSpace, Candidate, Estimate]]:
+    """(cost model, space, candidate, its brute-force best plan) for every candidate of the default space that
+    has a fitting plan, the space's buckets being ones that fit every stage and one that does not."""
+    space = SearchSpace()
+    s = fitting_bucket(inst, space)
+    space = replace(space, buckets=tuple(sorted({max(1, s // 2), s, 4 * s + 1})))
+    cm = CostModel(inst.model, inst.hw, inst.job)
+    for c in inst.candidates(space):
+        best = candidate_optimum(cm, c, space, inst.gpus).best
+        if best is None:
+            continue
+        event("a candidate fits")
+        yield cm, space, c, best
 
 
 @lru_cache(maxsize=None)

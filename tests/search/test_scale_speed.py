@@ -6,12 +6,10 @@ search/partition.py, is checked against brute force by test_optimality.py.)"""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 
 from autotune.catalog import load_hardware
-from autotune.costmodel.estimate import CostModel
 from autotune.search.joint import pipe_sync_floor
 from autotune.search.planner import search
 from autotune.search.scaling import scale
@@ -19,8 +17,7 @@ from autotune.search.space import SearchSpace
 from autotune.search.tables import candidate_costs
 from autotune.specs.job import JobSpec
 
-from ._instances import Instance, fitting_bucket, instances, tiny_model
-from .bruteforce import candidate_optimum
+from ._instances import Instance, fitting_candidates, instances, tiny_model
 
 RANDOM = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 SLACK = 1 + 1e-9
@@ -32,16 +29,8 @@ def test_summed_bound_never_exceeds_a_candidates_optimum(inst: Instance) -> None
     """For every candidate with a fitting plan, with buckets that fit every stage and one that does not: the
     summed bound is <= its brute-force optimum whatever plan the search holds (the optimum itself, a slower
     one, none), and >= the pivot-path floor it starts from."""
-    space = SearchSpace()
-    s = fitting_bucket(inst, space)
-    space = replace(space, buckets=tuple(sorted({max(1, s // 2), s, 4 * s + 1})))
-    cm = CostModel(inst.model, inst.hw, inst.job)
     L = inst.model.num_layers
-    for c in inst.candidates(space):
-        best = candidate_optimum(cm, c, space, inst.gpus).best
-        if best is None:
-            continue
-        event("a candidate fits")
+    for cm, space, c, best in fitting_candidates(inst):
         opt = best.step_time_s
         cc = candidate_costs(cm, c, space.buckets)
         for held in (opt, 1.5 * opt, 1.01 * opt, math.inf):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autotune.catalog import load_hardware
@@ -21,7 +21,7 @@ from autotune.search.bounds import (coarse_bound, forced_recompute_s, memory_pos
 from autotune.search.tables import candidate_costs
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import is_even_split
-from ._instances import Instance, fitting_bucket, instances, tiny_model, with_memory
+from ._instances import Instance, fitting_candidates, instances, tiny_model, with_memory
 from .bruteforce import candidate_optimum, partitions
 
 RANDOM = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -116,16 +116,8 @@ def test_bounds_never_exceed_a_candidates_optimum(inst: Instance) -> None:
     brute-force optimum, with buckets that fit every stage and one that does not; so are the pivot-path floor
     (the dynamic program over partitions of the schedule's pivot paths), the same with each stage's sync and
     Adam step (with_step), and the coarse bound every candidate starts with, whose memory check lets it through."""
-    space = SearchSpace()
-    s = fitting_bucket(inst, space)
-    space = replace(space, buckets=tuple(sorted({max(1, s // 2), s, 4 * s + 1})))
-    cm = CostModel(inst.model, inst.hw, inst.job)
     L = inst.model.num_layers
-    for c in inst.candidates(space):
-        best = candidate_optimum(cm, c, space, inst.gpus).best
-        if best is None:
-            continue
-        event("a candidate fits")
+    for cm, space, c, best in fitting_candidates(inst):
         opt = best.step_time_s * SLACK
         cc = candidate_costs(cm, c, space.buckets)
         assert memory_possible(cc, L), c
