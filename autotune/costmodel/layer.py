@@ -198,7 +198,7 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
         cp_bwd_s=max(0.0, cp_bwd - (cp - 1) / cp * pass_time(attn_bwd, hw, job.dtype, lookup, kernel).seconds),
         params=moe_layer_params(model, tp, ep, etp) if moe else dense_layer_params(model, tp),
         act=_activations(model, shape, job, moe),
-        selective_s=_sac_seconds(fwd_ops, hw, job, lookup, kernel) if job.trainer == "torchtitan" else -1.0,
+        selective_s=_sac_seconds(fwd_ops, hw, job, lookup) if job.trainer == "torchtitan" else -1.0,
         wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup, kernel),
         expert_params=moe_expert_share(model, tp, ep, etp) if moe else 0)
 
@@ -216,17 +216,18 @@ def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec, moe: bool = 
     return act
 
 
-def _sac_seconds(fwd_ops, hw: HardwareSpec, job: JobSpec, lookup, kernel: str = "fused") -> float:
+def _sac_seconds(fwd_ops, hw: HardwareSpec, job: JobSpec, lookup) -> float:
     """torchtitan's selective activation checkpointing (op mode, activation_checkpoint.py's _custom_policy):
     it saves the outputs of the compute ops (matmuls, SDPA) "except every second mm" and recomputes the rest,
     so the backward re-runs half the linear GEMMs and every memory-bound op of the forward."""
+    kernel = attention_kernel(job)
     gemms = pass_time(tuple(op for op in fwd_ops if op.kernel == "gemm" and op.category == "gemm"), hw, job.dtype,
                       lookup, kernel).seconds
     memory = pass_time(tuple(op for op in fwd_ops if op.kernel == "memory"), hw, job.dtype, lookup, kernel).seconds
     return gemms / 2 + memory
 
 
-def _wgrad_seconds(bwd_ops, hw: HardwareSpec, dtype: str, lookup=None, kernel: str = "fused") -> float:
+def _wgrad_seconds(bwd_ops, hw: HardwareSpec, dtype: str, lookup, kernel: str) -> float:
     """Time of the weight-gradient GEMMs of a backward op list."""
     return pass_time(tuple(op for op in bwd_ops if op.name.endswith("_wgrad")), hw, dtype, lookup, kernel).seconds
 
