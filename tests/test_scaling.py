@@ -11,10 +11,13 @@ import csv
 import io
 import itertools
 import json
+import os
+import typing
 from dataclasses import replace
 
 import pytest
 
+import autotune.cli.scale
 import autotune.search.scaling
 from autotune.catalog import load_hardware, load_model
 from autotune.errors import SolverLimitError, SpecError
@@ -22,6 +25,7 @@ from autotune.render.scale import SCALING_CSV_COLUMNS
 from autotune.search.scaling import (
     DEFAULT_TRAIN_TOKENS,
     ScalingResult,
+    available_cores,
     global_batch_for_tokens,
     scale,
     strategy_family,
@@ -210,6 +214,39 @@ def test_help(cli):
     for flag in ("--gpus", "--tokens-per-step", "--train-tokens", "--price-per-gpu-hour", "--efficiency-threshold",
                  "--csv", "--json", "--time-limit"):
         assert flag in result.output
+
+
+TINY_SWEEP = ("--model", "tiny-gpt", "--gpu", "h100-sxm", "--gpus", "1,2,4", "--global-batch", "8", "--seq-len",
+              "512", "--json", "--no-timings")
+
+
+def test_json_is_the_same_bytes_for_one_and_two_jobs(cli):
+    """Sizes searched in one process or in two give the same document, byte for byte (wall times left out)."""
+    serial, parallel = cli("scale", *TINY_SWEEP, "--jobs", "1"), cli("scale", *TINY_SWEEP, "--jobs", "2")
+    assert serial.exit_code == 0 and parallel.exit_code == 0, serial.output + parallel.output
+    assert [p["status"] for p in json.loads(serial.output)["points"]] == ["OPTIMAL"] * 3
+    assert serial.stdout_bytes == parallel.stdout_bytes
+
+
+def test_available_cores_is_the_affinity_set():
+    expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    assert available_cores() == expected >= 1
+
+
+def test_jobs_default_to_the_available_cores(cli, monkeypatch):
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["jobs"])
+        return real_scale(*args, **kwargs)
+
+    real_scale = autotune.cli.scale.scale
+    monkeypatch.setattr(autotune.cli.scale, "scale", recording)
+    assert cli("scale", *TINY_SWEEP[:4], "--gpus", "1", "--global-batch", "8", "--seq-len", "512").exit_code == 0
+    assert cli("scale", *TINY_SWEEP, "--jobs", "3").exit_code == 0
+    assert seen == [available_cores(), 3]
+    jobs = typing.get_type_hints(autotune.cli.scale.scale_command, include_extras=True)["jobs"].__metadata__[0]
+    assert "default: the cores this process may use" in jobs.help and "--jobs" in cli("scale", "--help").output
 
 
 def test_a_size_stopped_by_the_time_limit_is_shown_and_exits_3(cli, monkeypatch):

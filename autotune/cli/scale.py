@@ -21,8 +21,8 @@ from autotune.emit import TRAINERS
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.render.scale import scale_progress, scaling_brief, scaling_csv, scaling_json, scaling_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
-from autotune.search.scaling import (DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, global_batch_for_tokens,
-                                     scale)
+from autotune.search.scaling import (DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, available_cores,
+                                     global_batch_for_tokens, scale)
 
 
 def scale_command(
@@ -51,8 +51,10 @@ def scale_command(
                                               "in seconds (a size it stops is marked, exit 3).")
                           ] = DEFAULT_TIME_LIMIT_S,
     work_limit: WorkLimitOpt = DEFAULT_WORK_LIMIT,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, metavar="N", help="Sizes searched at once, in separate "
-                                      "processes (the answer is the same for any N).")] = 1,
+    jobs: Annotated[int | None, typer.Option("--jobs", min=1, metavar="N", show_default=False,
+                                             help="Sizes searched at once, in separate processes (the answer is "
+                                             "the same for any N; default: the cores this process may use).")
+                    ] = None,
     json_out: JsonOpt = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print CSV (one row per size) instead of tables.")] = False,
     profile: ProfileOpt = None,
@@ -86,7 +88,7 @@ def scale_command(
         result = scale(spec, hw, job, sizes, space, train_tokens=train_tokens,
                        price_per_gpu_hour=price_per_gpu_hour, efficiency_threshold=efficiency_threshold,
                        time_limit_s=time_limit, progress=progress, profile=measured, work_limit=work_limit,
-                       jobs=jobs)
+                       jobs=available_cores() if jobs is None else jobs)
     if csv_out:
         typer.echo(scaling_csv(result), nl=False)
     elif brief:

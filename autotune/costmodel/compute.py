@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from autotune.costmodel.ops import CATEGORIES, Op
 from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import JobSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,12 @@ class PassTime:
     seconds: float
     by_category: tuple[float, ...]
     flops: float
+
+
+def attention_kernel(job: JobSpec) -> str:
+    """Megatron runs Transformer Engine's cuDNN fused attention on Hopper; torchtitan and DeepSpeed run
+    PyTorch's SDPA, whose flash backend is FlashAttention-2."""
+    return "fused" if job.trainer == "megatron" else "sdpa"
 
 
 #: Output tile of a large Hopper/Ampere bf16 GEMM (CUTLASS's 128x256 warp-specialized tile, cuBLAS's usual

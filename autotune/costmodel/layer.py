@@ -10,13 +10,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from autotune.costmodel import comm
-from autotune.costmodel.compute import PassTime, op_time, pass_time
+from autotune.costmodel.compute import PassTime, attention_kernel, pass_time
 from autotune.costmodel.memory import (LayerActivations, dense_layer_params, embedding_activations,
                                        embedding_params, head_activations, head_params, head_transient,
                                        layer_activations, moe_expert_share, moe_layer_params, sac_activations)
-from autotune.costmodel.moe import moe_activation_bytes, moe_comm
-from autotune.costmodel.ops import (LayerShape, Op, backward_ops, embedding_backward_ops, embedding_forward_ops,
+from autotune.costmodel.moe import clamp_backward, moe_activation_bytes, moe_comm
+from autotune.costmodel.ops import (LayerShape, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
+from autotune.costmodel.tpcomm import tp_layer_comm
 from autotune.costmodel.tpmodes import layer_tp_comm_s, layer_tp_memory
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -114,12 +115,6 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
                       imbalance=job.moe_imbalance if model.is_moe else 1.0)
 
 
-def attention_kernel(job: JobSpec) -> str:
-    """Megatron runs Transformer Engine's cuDNN fused attention on Hopper; torchtitan and DeepSpeed run
-    PyTorch's SDPA, whose flash backend is FlashAttention-2."""
-    return "fused" if job.trainer == "megatron" else "sdpa"
-
-
 def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
                tp_mode: str = "1d", measured: MeasuredOps | None = None, tp_overlap: bool = False, ep: int = 1,
                etp: int = 1, dense: LayerCost | None = None) -> LayerCost:
@@ -178,6 +173,8 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
     shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp, ep=ep, etp=etp)
     fwd_ops = layer_forward_ops(model, shape, moe)
     bwd_ops = backward_ops(fwd_ops, model, shape)
+    if moe:  # a clamped expert activation's backward moves less than the generic rule says
+        bwd_ops = clamp_backward(bwd_ops)
     attn_fwd = tuple(op for op in fwd_ops if op.category == "attention")
     attn_bwd = tuple(op for op in bwd_ops if op.category == "attention")
     lookup = None if measured is None else measured.lookup(tp, cp)
@@ -186,7 +183,7 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
     attn_fwd_s = pass_time(attn_fwd, hw, job.dtype, lookup, kernel).seconds
     blocks = 2 if not moe or model.num_shared_experts else 1  # an MoE block without shared experts needs no
     # tensor-parallel collective around its MLP: each rank routes its own sequence-parallel tokens
-    tp_fwd, tp_bwd = _tp_layer_comm(model, hw, job, shape, fwd_ops, bwd_ops, lookup, tp_overlap, blocks)
+    tp_fwd, tp_bwd = tp_layer_comm(model, hw, job, shape, fwd_ops, bwd_ops, lookup, tp_overlap, blocks)
     if moe:  # the token exchange counts with the tensor-parallel collectives: both sit on the compute stream
         ep_fwd, ep_bwd = moe_comm(model, hw, shape)
         tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd
@@ -230,68 +227,6 @@ def _sac_seconds(fwd_ops, hw: HardwareSpec, job: JobSpec, lookup) -> float:
 def _wgrad_seconds(bwd_ops, hw: HardwareSpec, dtype: str, lookup, kernel: str) -> float:
     """Time of the weight-gradient GEMMs of a backward op list."""
     return pass_time(tuple(op for op in bwd_ops if op.name.endswith("_wgrad")), hw, dtype, lookup, kernel).seconds
-
-
-#: The column-parallel linears (input all-gathered under sequence parallelism, input gradient reduced) and the
-#: row-parallel ones (output reduce-scattered or all-reduced) of a Megatron block.
-COLUMN_PARALLEL = ("qkv_proj", "mlp_up", "shared_up")
-ROW_PARALLEL = ("out_proj", "mlp_down", "shared_down")
-
-
-def _gemm_seconds(ops, names: tuple[str, ...], suffix: str, hw: HardwareSpec, job: JobSpec, lookup) -> float:
-    return pass_time(tuple(op for op in ops if op.kernel == "gemm" and op.name in {n + suffix for n in names}),
-                     hw, job.dtype, lookup, attention_kernel(job)).seconds
-
-
-def _tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: LayerShape, fwd_ops, bwd_ops,
-                   lookup, overlap: bool, blocks: int = 2) -> tuple[float, float]:
-    """Exposed tensor-parallel communication of one layer, (forward, backward) seconds.
-
-    Megatron's two collectives per pass (Shoeybi et al. 2019); with sequence parallelism each all-reduce is
-    an all-gather before and a reduce-scatter after the block, and the backward all-gathers each
-    column-parallel input again for its weight gradient (Korthikanti et al. 2022, Sec. 4.2.2). Megatron
-    issues the backward's input-gradient collectives asynchronously, hidden behind the weight-gradient
-    GEMMs (and the re-gather behind the input-gradient GEMMs); torchtitan and DeepSpeed run them in line.
-    With `overlap` (TE userbuffers, async TP) every collective is split into tp chunks pipelined with the
-    GEMM beside it (Wang et al., ASPLOS 2023): one chunk stays exposed, and the rest shows only where the
-    collective outlasts the GEMM; the chunked GEMMs' extra time (smaller tiles) is charged too.
-    """
-    tp = shape.tp
-    if tp == 1:
-        return 0.0, 0.0
-    nbytes = shape.elem * shape.tokens * model.hidden_size
-    link = comm.group_link(hw, tp, 1)
-    if shape.sp:
-        ag, rs = comm.all_gather(nbytes, tp, link), comm.reduce_scatter(nbytes, tp, link)
-        fwd_c, bwd_inline, bwd_async = blocks * (ag + rs), blocks * ag, blocks * (ag + rs)
-    else:
-        ar = comm.all_reduce(nbytes, tp, link)
-        fwd_c, bwd_inline, bwd_async = blocks * ar, 0.0, blocks * ar
-    fwd_g = _gemm_seconds(fwd_ops, COLUMN_PARALLEL + ROW_PARALLEL, "", hw, job, lookup)
-    bwd_g = _gemm_seconds(bwd_ops, COLUMN_PARALLEL + ROW_PARALLEL, "_dgrad", hw, job, lookup)
-    if overlap:
-        fwd = fwd_c / tp + max(0.0, fwd_c * (tp - 1) / tp - fwd_g)
-        bwd_c = bwd_inline + bwd_async
-        bwd = bwd_c / tp + max(0.0, bwd_c * (tp - 1) / tp - bwd_g)
-        return fwd + _chunking_cost(fwd_ops, tp, hw, job), bwd + _chunking_cost(
-            tuple(op for op in bwd_ops if op.name.endswith("_dgrad")), tp, hw, job)
-    if job.trainer != "megatron" or not job.async_tp_backward:
-        return fwd_c, bwd_inline + bwd_async
-    hidden = _gemm_seconds(bwd_ops, COLUMN_PARALLEL, "_wgrad", hw, job, lookup) + _gemm_seconds(
-        bwd_ops, COLUMN_PARALLEL, "_dgrad", hw, job, lookup)
-    return fwd_c, bwd_inline + max(0.0, bwd_async - hidden)
-
-
-def _chunking_cost(ops, tp: int, hw: HardwareSpec, job: JobSpec) -> float:
-    """Extra time of running each linear GEMM as tp GEMMs of m/tp rows (tile and wave quantization)."""
-    extra, kernel = 0.0, attention_kernel(job)
-    for op in ops:
-        if op.kernel != "gemm" or op.category != "gemm" or not op.dims or op.name.startswith("expert_"):
-            continue  # the expert GEMMs wait for the all-to-all, not a tensor-parallel collective
-        m, n, k = op.dims
-        part = Op(op.name, op.category, op.flops / tp, op.bytes / tp, "gemm", (m / tp, n, k))
-        extra += max(0.0, tp * op_time(part, hw, job.dtype, kernel) - op_time(op, hw, job.dtype, kernel))
-    return extra
 
 
 def _cp_exchange(model: ModelSpec, hw: HardwareSpec, shape: LayerShape, cp: int) -> tuple[float, float]:

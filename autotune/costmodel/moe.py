@@ -5,12 +5,15 @@ Layout (Megatron-Core's MoE layer with the alltoall token dispatcher, moe/token_
 with tp and sequence parallelism, so each GPU routes its tn = T/tp tokens; each token goes to top_k of the E
 experts; the GPU sends those tn*k token copies to the ep ranks holding the experts (all-to-all), the etp ranks
 of an expert all-gather them (expert tensor parallelism), re-sort them from source-rank order into expert
-order, run the E/ep local experts as one grouped GEMM on 1/etp of the expert width, and the reverse path (reduce-scatter, all-to-all, un-permute weighted by the router
-probabilities) combines the results. With balanced routing every GPU receives R = etp*tn*k token copies; the
+order, run the E/ep local experts as one grouped GEMM on 1/etp of the expert width (the router probabilities
+multiplied in by the activation), and the reverse path (reduce-scatter, all-to-all, un-permute) combines the
+results. With balanced routing every GPU receives R = etp*tn*k token copies; the
 busiest GPU receives `imbalance` times that and the all-to-all waits for it.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from autotune.costmodel import comm
 from autotune.costmodel.ops import LayerShape, Op, _activation, _gemm, _memory_op
@@ -63,20 +66,62 @@ def moe_forward_ops(model: ModelSpec, shape: LayerShape) -> list[Op]:
     ops.extend(sort_by_expert_ops("sort_by_expert", shape, r, h, local, with_probs=True))
     ops.append(Op("expert_up", "gemm", 2.0 * r * h * up, e * (r * h + local * h * up + r * up), "gemm",
                   (r / local, up, h), local))
+    ops.extend(clamp_ops(model, shape, r, f))
+    # the router probabilities are applied here, inside the (fused) activation, not at the un-permute
     ops.extend(_activation(model, shape, r, f))
     ops.append(Op("expert_down", "gemm", 2.0 * r * f * h, e * (r * f + local * f * h + r * h), "gemm",
                   (r / local, h, f), local))
     if model.expert_bias:
         ops.extend(expert_bias_ops(shape, r, h, local))
     ops.extend(sort_by_expert_ops("unsort_by_expert", shape, r, h, local, with_probs=False))
-    # un-permute: scale each copy by its router probability and sum the k copies back into token order
-    ops.append(_memory_op("unpermute", "elementwise", 2.0 * tn * k * h, 2.0 * e * tn * k * h + e * tn * h))
+    ops.extend(expert_tp_cast_ops(shape, r, h))
+    # un-permute: sum the k copies back into token order. No probability weighting here: megatron-core 0.16
+    # moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher.combine_postprocess calls unpermute without probs,
+    # as TEGroupedMLP.forward (moe/experts.py) has already multiplied them into the activation output
+    ops.append(_memory_op("unpermute", "elementwise", tn * k * h, 2.0 * e * tn * k * h + e * tn * h))
     if model.num_shared_experts:
         width = model.num_shared_experts * model.shared_expert_ffn_hidden_size / shape.tp
         ops.append(_gemm("shared_up", shape.tokens, h, 2 * width if model.gated else width, e))
         ops.extend(_activation(model, shape, shape.tokens, width))
         ops.append(_gemm("shared_down", shape.tokens, width, h, e))
     return ops
+
+
+def clamps_glu(model: ModelSpec) -> bool:
+    """GPT-OSS's experts clamp their gated unit (activation_func_clamp_value 7 in Megatron's GPT-OSS config).
+    It is the only catalog family with expert biases (specs/model.py sets expert_bias for model_type gpt_oss
+    alone), so that flag identifies it; ModelSpec has no field of its own for the clamp."""
+    return model.expert_bias and model.gated
+
+
+def clamp_ops(model: ModelSpec, shape: LayerShape, r: float, f: float) -> list[Op]:
+    """The clamp before a clamped gated unit, which runs outside the fused activation kernel (megatron-core
+    0.16 fusions/fused_bias_geglu.py, weighted_bias_quick_geglu_impl with clamp_value): fc1's output is
+    chunked in two, each half clamped (x_glu to max, x_linear to [-max, max]; each reads and writes r x f) and
+    the halves concatenated again (reads and writes r x 2f): three memory-bound kernels on the r received
+    token copies. Without a clamp, nothing."""
+    if not clamps_glu(model):
+        return []
+    e, n = shape.elem, r * f
+    return [_memory_op("expert_clamp_glu", "elementwise", n, 2.0 * e * n),
+            _memory_op("expert_clamp_linear", "elementwise", 2.0 * n, 2.0 * e * n),
+            _memory_op("expert_clamp_cat", "elementwise", 0.0, 4.0 * e * n)]
+
+
+#: The clamp ops' backward traffic as a share of ops.backward_ops' generic rule (twice the forward): a clamp's
+#: backward reads the gradient and its saved input and writes one gradient (3 planes against the forward's 2,
+#: so 3/4 of the rule); the cat's backward is the chunk's (split_backward: one copy of the gradient halves into
+#: one tensor, the forward's traffic, so 1/2 of the rule).
+CLAMP_BACKWARD_SHARE = {"expert_clamp_glu_bwd": 0.75, "expert_clamp_linear_bwd": 0.75, "expert_clamp_cat_bwd": 0.5}
+
+
+def clamp_backward(bwd_ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """The backward op list with the clamp ops' traffic and FLOPs set to what their backward kernels move."""
+    out = []
+    for op in bwd_ops:
+        share = CLAMP_BACKWARD_SHARE.get(op.name)
+        out.append(op if share is None else replace(op, flops=share * op.flops, bytes=share * op.bytes))
+    return tuple(out)
 
 
 def sort_by_expert_ops(name: str, shape: LayerShape, r: float, h: int, local: int, with_probs: bool) -> list[Op]:
@@ -89,6 +134,19 @@ def sort_by_expert_ops(name: str, shape: LayerShape, r: float, h: int, local: in
         return []
     nbytes = 2.0 * shape.elem * r * h + (2.0 * FP32_BYTES * r if with_probs else 0.0)
     return [_memory_op(name, "elementwise", 0.0, nbytes)]
+
+
+def expert_tp_cast_ops(shape: LayerShape, r: float, h: int) -> list[Op]:
+    """With etp > 1 the combine reduce-scatters the expert outputs in the probabilities' dtype (fp32) and
+    casts the result back (megatron-core 0.16 moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher.
+    combine_preprocess: `reduce_scatter_to_sequence_parallel_region(hidden_states.to(self.probs.dtype))
+    .to(hidden_states.dtype)`): a cast of the r rows up to fp32 and of the r/etp reduced rows back. With
+    etp 1 the casts are skipped."""
+    if shape.etp <= 1:
+        return []
+    e = shape.elem
+    return [_memory_op("combine_cast_fp32", "elementwise", 0.0, (e + FP32_BYTES) * r * h),
+            _memory_op("combine_cast_back", "elementwise", 0.0, (e + FP32_BYTES) * r / shape.etp * h)]
 
 
 def expert_bias_ops(shape: LayerShape, r: float, h: int, local: int) -> list[Op]:
@@ -110,19 +168,29 @@ def expert_bias_ops(shape: LayerShape, r: float, h: int, local: int) -> list[Op]
 def moe_comm(model: ModelSpec, hw: HardwareSpec, shape: LayerShape) -> tuple[float, float]:
     """(forward, backward) seconds of the token exchange, exposed (Megatron runs it on the compute stream):
     dispatch and combine all-to-alls over the ep group (expert ranks are numbered etp-fastest, so the group's
-    stride is etp) and, with etp > 1, an all-gather after dispatch and a reduce-scatter before combine. The
+    stride is etp) and, with etp > 1, an all-gather after dispatch and a reduce-scatter before combine
+    (megatron-core 0.16 moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher.token_dispatch, dispatch_postprocess,
+    combine_preprocess, token_combine; the probabilities are taken as fp32, as sort_by_expert_ops does). The
     backward sends the gradients the same way back. Before the dispatch the forward all-gathers every rank's
     tokens-per-expert counts (int64, E per rank) over the etp*ep group so each rank knows its receive splits
     (megatron-core 0.16 token_dispatcher.py, preprocess, ep > 1): a small, latency-bound collective."""
-    d = shape.elem * routed_tokens(shape) * model.moe_top_k * model.hidden_size
-    sent = shape.imbalance * d  # the busiest GPU receives (and later returns) imbalance x the mean
-    a2a = comm.all_to_all(sent, shape.ep, comm.group_link(hw, shape.ep, shape.etp)) if shape.ep > 1 else 0.0
+    copies = shape.imbalance * routed_tokens(shape) * model.moe_top_k  # the busiest GPU's (imbalance x the mean)
+    sent = shape.elem * copies * model.hidden_size
+    probs = FP32_BYTES * copies
+    a2a = 0.0
+    if shape.ep > 1:
+        # token_dispatch runs two all-to-alls, the tokens and then their probabilities (a collective of its
+        # own: one more latency); token_combine one, for the expert outputs. Their backward mirrors them.
+        link = comm.group_link(hw, shape.ep, shape.etp)
+        a2a = 2 * comm.all_to_all(sent, shape.ep, link) + comm.all_to_all(probs, shape.ep, link)
     etp = 0.0
     if shape.etp > 1:
+        # dispatch_postprocess all-gathers the tokens and the probabilities; combine_preprocess reduce-scatters
+        # the expert outputs cast to the probabilities' dtype (`hidden_states.to(self.probs.dtype)`: fp32)
         link = comm.group_link(hw, shape.etp, 1)
-        etp = comm.all_gather(shape.etp * sent, shape.etp, link) + comm.reduce_scatter(shape.etp * sent, shape.etp,
-                                                                                      link)
-    one_pass = 2 * a2a + etp
+        etp = (comm.all_gather(shape.etp * sent, shape.etp, link) + comm.all_gather(shape.etp * probs, shape.etp, link)
+               + comm.reduce_scatter(shape.etp * sent * FP32_BYTES / shape.elem, shape.etp, link))
+    one_pass = a2a + etp
     counts = 0.0
     if shape.ep > 1:
         group = shape.ep * shape.etp
@@ -132,15 +200,24 @@ def moe_comm(model: ModelSpec, hw: HardwareSpec, shape: LayerShape) -> tuple[flo
 
 def moe_activation_bytes(model: ModelSpec, shape: LayerShape) -> float:
     """What an MoE block keeps for its backward beyond the block input and norm outputs: the router's fp32
-    probabilities, the permuted expert inputs, the expert activation's input, the down-projection's input and
-    the expert outputs the probability weighting needs (all on the R token copies the busiest GPU received),
-    plus the shared experts' intermediate tensors."""
+    probabilities, the permuted expert inputs, the expert activation's input and the down-projection's input
+    (all on the R token copies the busiest GPU received), plus the shared experts' intermediate tensors.
+
+    Not the expert outputs: megatron-core 0.16 applies the router probabilities inside the activation
+    (moe/experts.py, TEGroupedMLP.forward, bias_act_func: weighted_bias_swiglu_impl /
+    weighted_bias_quick_geglu_impl save their input and the probabilities), and the combine's un-permute
+    takes no probabilities (moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher.combine_postprocess), so
+    nothing of the fc2 output is saved (the per-expert bias `t + b * p` of _apply_bias keeps only b and p).
+    A clamped gated unit (GPT-OSS, clamp_ops) also keeps fc1's unclamped output: torch.clamp's backward
+    needs its input, and the two clamped halves are views of that one tensor."""
     e, h = shape.elem, model.hidden_size
     g = 1 if shape.fp8 else e
     tn, r = routed_tokens(shape), received_tokens(model, shape)
     f = model.moe_ffn_hidden_size / shape.etp
     up = 2 * f if model.gated else f
-    out = FP32_BYTES * tn * model.num_experts + g * r * h + e * r * up + g * r * f + e * r * h
+    out = FP32_BYTES * tn * model.num_experts + g * r * h + e * r * up + g * r * f
+    if clamps_glu(model):
+        out += e * r * up
     if model.num_shared_experts:
         width = model.num_shared_experts * model.shared_expert_ffn_hidden_size / shape.tp
         out += e * shape.tokens * (2 * width if model.gated else width) + g * shape.tokens * width

@@ -300,17 +300,28 @@ def _sync_and_adam(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, 
     c, s = cc.cand, cc.stages[k]
     v, lp = c.vpp, cc.layer.params
     exposed: np.ndarray | float = 0.0
-    for b, bucket in enumerate(cc.buckets if cc.syncs else ()):
+    for b in range(len(cc.buckets) if cc.syncs else 0):
         total: np.ndarray | float = 0.0
         for sync in cc.syncs:
-            per_param = sync.per_bucket[b] / bucket
-            window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
-            own = n * v * (lp * per_param - window) + s.vocab_params * per_param - window_s(cc, k, 0, sync.window)
-            total = total + np.maximum(0.0, own[None, :] - (used * v * window + windows[sync.window])[:, None])
+            own, slack = fluid_sync(cc, k, sync, b, n, used, windows)
+            total = total + np.maximum(0.0, own[None, :] - slack[:, None])
         exposed = total if b == 0 else np.minimum(exposed, total)
     for name in windows:
         windows[name] += window_s(cc, k, 0, name)
     return exposed + ((n * v * lp + s.vocab_params) * cc.adam_s_per_param)[None, :]
+
+
+def fluid_sync(cc: CandidateCosts, k: int, sync: Sync, b: int, n: np.ndarray, used: np.ndarray,
+               windows: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(own[j], slack[u]) of one sync at bucket cc.buckets[b]: the fluid term of partition_terms.dp_sync for
+    stage k holding n[j] chunks (the communication of its parameters less its own window) and the windows of the
+    stages before it holding used[u] chunks (`windows`: their fixed windows). Seconds per parameter are taken
+    first, as partition_terms.dp_sync takes them, so every bound rounds the same way."""
+    v, lp = cc.cand.vpp, cc.layer.params
+    per_param = sync.per_bucket[b] / cc.buckets[b]
+    window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
+    own = n * v * (lp * per_param - window) + cc.stages[k].vocab_params * per_param - window_s(cc, k, 0, sync.window)
+    return own, used * v * window + windows[sync.window]
 
 
 def _pivot_share(cc: CandidateCosts) -> float:

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from autotune.search.bounds import _pivot_share, pivot_path_floor, stage_pivot_paths
+from autotune.search.bounds import _pivot_share, fluid_sync, pivot_path_floor, stage_pivot_paths
 from autotune.search.tables import CandidateCosts, chunk_range, window_s
 
 #: Pipeline thresholds between the pivot floor and the best plan known: the bound is within (best - floor) / GRID
@@ -84,12 +84,9 @@ def _stage_sync(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, win
     for b, bucket in enumerate(cc.buckets if cc.syncs else ()):
         total = 0.0
         for sync in cc.syncs:
-            cost = sync.per_bucket[b]
-            window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
-            own = n * v * (lp * cost / bucket - window) + s.vocab_params * cost / bucket - window_s(cc, k, 0, sync.window)
+            own, slack = fluid_sync(cc, k, sync, b, n, used, windows)
             whole = np.min([pa + slope * sync.bytes_per_param * params for pa, slope in sync.pieces], axis=0)
-            last = np.where(params >= bucket, cost, whole)
-            slack = used * v * window + windows[sync.window]
+            last = np.where(params >= bucket, sync.per_bucket[b], whole)
             total = total + np.maximum(0.0, np.maximum(own, last)[None, :] - slack[:, None])
         out.append(total + adam)
     if not out:

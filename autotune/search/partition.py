@@ -167,7 +167,8 @@ def _pass_coefficients(cc: CandidateCosts) -> Coefficients:
     split = cc.cand.schedule in SPLIT_BACKWARD
     f, b, w = (to_solver_time(x) for x in cc.layer_fbw)
     d = to_solver_time(cc.full_extra_s)
-    fixed = tuple(tuple((to_solver_time(x), to_solver_time(y + (0.0 if split else z)), to_solver_time(z) if split else 0)
+    fixed = tuple(tuple((to_solver_time(x), to_solver_time(y + (0.0 if split else z)),
+                         to_solver_time(z) if split else 0)
                         for x, y, z in s.chunk_fixed) for s in cc.stages)
     return fixed, (f, b + (0 if split else w), w if split else 0, d)
 

@@ -38,7 +38,8 @@ def _check_degrees(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int
         if model.num_heads % tp or model.num_kv_heads % tp:
             ok = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0 and model.num_kv_heads % d == 0]
             raise SpecError(f"--tp {tp} does not divide the {model.num_heads} attention heads and "
-                            f"{model.num_kv_heads} key/value heads of {model.name}; use one of {', '.join(map(str, ok))}")
+                            f"{model.num_kv_heads} key/value heads of {model.name}; "
+                            f"use one of {', '.join(map(str, ok))}")
         if tp > gpus_per_node and not space.allow_cross_node_tp:
             raise SpecError(f"tp {tp} exceeds the {gpus_per_node} GPUs of a node; pass --allow-cross-node-tp")
     divide_gpus = [("--tp", space.tp), ("--pp", space.pp), ("--cp", space.cp)]

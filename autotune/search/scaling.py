@@ -8,11 +8,13 @@ be split over the GPUs, is a row with its reason, not an error. Scaling efficien
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import partial
-from multiprocessing import get_context
+from multiprocessing import get_context, resource_tracker
 
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
@@ -79,6 +81,14 @@ class ScalingResult:
 Progress = Callable[[int, int, int], None]
 """Called before each size is searched (after, when sizes run at once) with (index from 1, number of sizes,
 GPUs)."""
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or `taskset` may narrow below the
+    machine's count), else the machine's, else 1: the default number of sizes searched at once."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(len(os.sched_getaffinity(0)), 1)
+    return os.cpu_count() or 1
 
 
 def global_batch_for_tokens(tokens_per_step: int, seq_len: int) -> int:
@@ -151,7 +161,9 @@ def scale(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpu_counts: Sequence
                 progress(i, len(todo), gpus)
             found[gpus] = (gpus, *search_one(gpus))
     else:
-        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
+        _start_resource_tracker()
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=get_context("spawn"),
+                                 initializer=_own_process_group) as pool:
             # the largest sizes first: their searches take longest (fewest micro-batches per pipeline), and the
             # small ones then fill the other processes instead of one large search running alone at the end
             futures = {pool.submit(search_one, gpus): gpus for gpus in sorted(todo, reverse=True)}
@@ -161,6 +173,33 @@ def scale(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpu_counts: Sequence
                     progress(i, len(todo), futures[done])
     return _derive([found[g] for g in gpu_counts], train_tokens=train_tokens, price=price_per_gpu_hour,
                    threshold=efficiency_threshold)
+
+
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (which the pool needs) with this thread's signal mask kept:
+    starting it unblocks SIGINT in the thread that does (resource_tracker.ensure_running), and the autotune
+    command keeps SIGINT blocked so that its own thread answers Ctrl-C at once (autotune/interrupts.py). The
+    command's Ctrl-C ends it without releasing the pool's semaphores, which the tracker then removes: without
+    the warning it would print for them, the one line stays the only one."""
+    warnings = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (warnings, "ignore:resource_tracker:UserWarning")))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ()) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if warnings is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = warnings
+
+
+def _own_process_group() -> None:
+    """In each worker: a process group of its own, so a Ctrl-C at the terminal reaches only the command, which
+    stops its workers and prints one line (autotune/interrupts.py), not one more line per worker."""
+    if hasattr(os, "setpgrp"):
+        os.setpgrp()
 
 
 def _best_at(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, *, space: SearchSpace, time_limit_s: float,

@@ -274,3 +274,77 @@ def test_torchtitan_vocab_layers_and_sac_recompute_run_pytorch_kernels():
     titan_layer = layer_cost(LLAMA, hw, titan_job, tp=1, cp=1, mbs=1, sp=False)
     te_figures = layer_cost(LLAMA, HW, titan_job, tp=1, cp=1, mbs=1, sp=False)
     assert titan_layer.selective_s > te_figures.selective_s
+
+
+def test_torchtitan_async_tp_pipelines_only_the_collectives_inductor_fuses():
+    """torchtitan's async TP is Inductor's micro_pipeline_tp pass (torch/_inductor/fx_passes/micro_pipeline_tp.py):
+    an all-gather fuses with the matmuls that take the gathered tensor as their LEFT operand, a reduce-scatter
+    with the one matmul that produces its input. Per block of a gated Llama layer, tp = 4, sequence parallel:
+    forward: gather -> wqkv / w1,w3 and wo / w2 -> scatter, all four fused, each over its own GEMMs;
+    backward: the gather of dY fuses with the row-parallel input-gradient GEMM dY @ W; the attention's input
+    gradient is one GEMM (fused wqkv) and its scatter fuses; the MLP's is dX1 + dX3 (an add), so its scatter
+    runs in line; the re-gather of each block input feeds only weight-gradient GEMMs (dW = dY^T X, the gathered
+    tensor on the right) and runs in line. Hand calculation of every term from op times and collective times."""
+    tp = 4
+    job = JobSpec(global_batch=8, seq_len=8192, trainer="torchtitan")
+    shape = layer_shape(LLAMA, job, tp=tp, cp=1, mbs=1, sp=True)
+    fwd_ops = layer_forward_ops(LLAMA, shape)
+    bwd_ops = backward_ops(fwd_ops, LLAMA, shape)
+    by_name = {op.name: op for op in fwd_ops + bwd_ops if op.kernel == "gemm"}
+
+    def t(name):
+        return op_time(by_name[name], HW, "bf16", "sdpa")
+
+    def pipelined(c, g):  # tp chunks: one exposed, the rest behind the GEMM
+        return c / tp + max(0.0, c * (tp - 1) / tp - g)
+
+    def chunked_extra(name):  # the GEMM run as tp GEMMs of m/tp rows
+        op = by_name[name]
+        m, n, k = op.dims
+        part = Op(op.name, op.category, op.flops / tp, op.bytes / tp, "gemm", (m / tp, n, k))
+        return max(0.0, tp * op_time(part, HW, "bf16", "sdpa") - t(name))
+
+    link = comm.group_link(HW, tp, 1)
+    nbytes = 2 * 8192 * LLAMA.hidden_size
+    ag, rs = comm.all_gather(nbytes, tp, link), comm.reduce_scatter(nbytes, tp, link)
+    fwd = (pipelined(ag, t("qkv_proj")) + pipelined(rs, t("out_proj")) + pipelined(ag, t("mlp_up"))
+           + pipelined(rs, t("mlp_down")) + sum(chunked_extra(n) for n in ("qkv_proj", "out_proj", "mlp_up",
+                                                                           "mlp_down")))
+    bwd = (pipelined(ag, t("out_proj_dgrad")) + pipelined(rs, t("qkv_proj_dgrad")) + ag  # attention
+           + pipelined(ag, t("mlp_down_dgrad")) + rs + ag  # MLP: scatter of dX1 + dX3 and the re-gather in line
+           + sum(chunked_extra(n) for n in ("out_proj_dgrad", "qkv_proj_dgrad", "mlp_down_dgrad")))
+    layer = _tp_layer(job, True)
+    assert layer.tp_fwd_s == pytest.approx(fwd)
+    assert layer.tp_bwd_s == pytest.approx(bwd)
+    assert layer.tp_bwd_s > 2 * ag + rs  # what no fusion hides stays exposed
+    # without sequence parallelism the all-reduces match no pattern: async TP changes nothing
+    plain = layer_cost(LLAMA, HW, job, tp=tp, cp=1, mbs=1, sp=False)
+    async_ar = layer_cost(LLAMA, HW, job, tp=tp, cp=1, mbs=1, sp=False, tp_overlap=True)
+    assert (async_ar.tp_fwd_s, async_ar.tp_bwd_s) == (plain.tp_fwd_s, plain.tp_bwd_s)
+
+
+def test_torchtitan_async_tp_in_fp8_fuses_no_gather():
+    """torchtitan's sharding is dtype-agnostic: the gathers move bf16 activations and torchao's Float8Linear casts
+    them to fp8 before its _scaled_mm, so the gathered tensor feeds a cast, not a matmul, and micro_pipeline_tp
+    fuses no all-gather; the reduce-scatters of the _scaled_mm outputs still fuse. So fp8 exposes, per layer,
+    every gather in full: the forward's two, dY's two and the two re-gathers."""
+    tp = 4
+    hw = replace(HW, peak_flops_fp8=2 * HW.peak_flops_bf16)
+    job = JobSpec(global_batch=8, seq_len=8192, trainer="torchtitan", dtype="fp8")
+    fp8 = layer_cost(LLAMA, hw, job, tp=tp, cp=1, mbs=1, sp=True, tp_overlap=True)
+    shape = layer_shape(LLAMA, job, tp=tp, cp=1, mbs=1, sp=True)
+    fwd_ops = layer_forward_ops(LLAMA, shape)
+    by_name = {op.name: op for op in fwd_ops + backward_ops(fwd_ops, LLAMA, shape) if op.kernel == "gemm"}
+
+    def fused(c, name):  # one chunk exposed + the rest beyond the GEMM + the GEMM's m/tp-row chunking
+        op = by_name[name]
+        m, n, k = op.dims
+        g = op_time(op, hw, "fp8", "sdpa")
+        part = Op(op.name, op.category, op.flops / tp, op.bytes / tp, "gemm", (m / tp, n, k))
+        return c / tp + max(0.0, c * (tp - 1) / tp - g) + max(0.0, tp * op_time(part, hw, "fp8", "sdpa") - g)
+
+    link = comm.group_link(hw, tp, 1)
+    nbytes = 2 * 8192 * LLAMA.hidden_size
+    ag, rs = comm.all_gather(nbytes, tp, link), comm.reduce_scatter(nbytes, tp, link)
+    assert fp8.tp_fwd_s == pytest.approx(2 * ag + fused(rs, "out_proj") + fused(rs, "mlp_down"))
+    assert fp8.tp_bwd_s == pytest.approx(4 * ag + fused(rs, "qkv_proj_dgrad") + rs)

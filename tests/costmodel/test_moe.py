@@ -199,17 +199,42 @@ def test_all_to_all_by_hand() -> None:
 
 
 def test_token_exchange_by_hand() -> None:
-    """Forward: dispatch + combine all-to-all of tn*k*h*2 bytes over ep 8 inside a node; the same backward."""
+    """Forward: dispatch + combine all-to-all of tn*k*h*2 bytes over ep 8 inside a node, plus the dispatch's
+    separate all-to-all of the tn*k fp32 probabilities (megatron-core 0.16 token_dispatcher.py,
+    MoEAlltoAllTokenDispatcher.token_dispatch); the same backward."""
     m = load_model("mixtral-8x7b")
     job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0)
     shape = layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
     sent = 2 * 4096 * 2 * 4096
     one = 3e-6 + 7 / 8 * sent / (450e9 * 0.8)
+    probs = 3e-6 + 7 / 8 * (4 * 4096 * 2) / (450e9 * 0.8)
     # the forward's token-count all-gather: 8 ranks x 8 experts x 8 B over a ring of 8 in the node
     counts = 7 * 3e-6 + 7 / 8 * (8 * 8 * 8) / (450e9 * 0.8)
-    assert moe_comm(m, H100, shape) == pytest.approx((2 * one + counts, 2 * one))
+    assert moe_comm(m, H100, shape) == pytest.approx((2 * one + probs + counts, 2 * one + probs))
     heavy = layer_shape(m, replace(job, moe_imbalance=1.5), tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
-    assert moe_comm(m, H100, heavy)[1] == pytest.approx(2 * (3e-6 + 7 / 8 * 1.5 * sent / (450e9 * 0.8)))
+    assert moe_comm(m, H100, heavy)[1] == pytest.approx(2 * (3e-6 + 7 / 8 * 1.5 * sent / (450e9 * 0.8))
+                                                        + 3e-6 + 7 / 8 * 1.5 * 4 * 4096 * 2 / (450e9 * 0.8))
+
+
+def test_expert_tensor_parallel_exchange_reduces_in_fp32_by_hand() -> None:
+    """etp 2, ep 4 (tp 2, sp): combine_preprocess reduce-scatters the expert outputs cast to the probabilities'
+    dtype (fp32), dispatch_postprocess all-gathers tokens and probabilities. Mixtral, 4096 tokens / tp 2 = 2048
+    routed per GPU x top-2 = 4096 copies: tokens 4096 x 4096 x 2 B, probabilities 4096 x 4 B; the etp pair
+    gathers 2x that and reduce-scatters 2 x 4096 x 4096 x 4 B, on NVLink (2 ranks: one ring step). The ep group
+    (4 ranks, stride 2) stays in the node. The casts: r = 8192 rows up to fp32 and 4096 back."""
+    m = load_model("mixtral-8x7b")
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0)
+    shape = layer_shape(m, job, tp=2, cp=1, mbs=1, sp=True, ep=4, etp=2)
+    bw = 450e9 * 0.8
+    tokens, probs = 4096 * 4096 * 2, 4096 * 4
+    a2a = 2 * (3e-6 + 3 / 4 * tokens / bw) + 3e-6 + 3 / 4 * probs / bw
+    etp = (3e-6 + 1 / 2 * 2 * tokens / bw) + (3e-6 + 1 / 2 * 2 * probs / bw) + (3e-6 + 1 / 2 * 2 * 2 * tokens / bw)
+    assert moe_comm(m, H100, shape)[1] == pytest.approx(a2a + etp)
+    ops = {op.name: op for op in layer_forward_ops(m, shape, True)}
+    assert ops["combine_cast_fp32"].bytes == pytest.approx(6 * 8192 * 4096)
+    assert ops["combine_cast_back"].bytes == pytest.approx(6 * 4096 * 4096)
+    names = list(ops)
+    assert names.index("unsort_by_expert") < names.index("combine_cast_fp32") < names.index("unpermute")
 
 
 @pytest.mark.parametrize(("tp", "ep", "etp"), [(1, 1, 1), (1, 8, 1), (2, 4, 2), (2, 2, 1)])
@@ -345,3 +370,52 @@ def test_permutation_backward_moves_the_gradient_back_with_the_forward_traffic()
     assert bwd["sort_by_expert_bwd"].bytes == pytest.approx(fwd["sort_by_expert"].bytes)
     assert bwd["unsort_by_expert_bwd"].bytes == pytest.approx(fwd["unsort_by_expert"].bytes)
     assert bwd["router_topk_bwd"].bytes == pytest.approx(2 * fwd["router_topk"].bytes)
+
+
+def test_router_probabilities_apply_in_the_activation_so_expert_outputs_are_not_kept_by_hand() -> None:
+    """megatron-core 0.16 multiplies the router probabilities into the expert activation (moe/experts.py,
+    TEGroupedMLP.forward: weighted_bias_swiglu_impl) and un-permutes without them (moe/token_dispatcher.py,
+    MoEAlltoAllTokenDispatcher.combine_postprocess), so the fc2 output is not saved. Qwen3-30B-A3B, ep 8,
+    4096 tokens x top-8 = 32768 copies, h 2048, expert width 768 (SwiGLU: fc1 out 1536), bf16: kept are the
+    fp32 router scores (4096 x 128 x 4 B), fc1's input (r x h), the activation's input (r x 2f) and fc2's
+    input (r x f), 2 B each; the un-permute only sums the k copies (tn * k * h adds)."""
+    from autotune.costmodel.moe import moe_activation_bytes
+
+    m = load_model("qwen3-30b-a3b")
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0)
+    shape = layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=8)
+    r = 32768
+    assert moe_activation_bytes(m, shape) == pytest.approx(4096 * 128 * 4 + 2 * r * 2048 + 2 * r * 1536
+                                                           + 2 * r * 768)
+    ops = {op.name: op for op in layer_forward_ops(m, shape, True)}
+    assert ops["unpermute"].flops == pytest.approx(4096 * 8 * 2048)
+    assert ops["unpermute"].bytes == pytest.approx(2 * 2 * 4096 * 8 * 2048 + 2 * 4096 * 2048)
+    assert not [name for name in ops if name.startswith("expert_clamp")]  # Qwen3 does not clamp
+
+
+def test_gpt_oss_clamp_runs_outside_the_fused_activation_by_hand() -> None:
+    """GPT-OSS's clamped gated unit (megatron-core 0.16 fusions/fused_bias_geglu.py,
+    weighted_bias_quick_geglu_impl with clamp_value): chunk fc1's output, clamp each half (read + write r x f
+    each), cat them (read + write r x 2f) before the fused kernel. ep 8, 4096 tokens x top-4 = 16384 copies,
+    f 2880, bf16. Backward: each clamp reads the gradient and its input and writes one (3 planes of r x f), the
+    chunk's backward copies the two gradient halves into one tensor (r x 2f read and written). Memory: the
+    clamp keeps fc1's unclamped output (r x 2f) besides the activation's clamped input."""
+    from autotune.costmodel.moe import clamp_backward, moe_activation_bytes
+
+    m = load_model("gpt-oss-120b")
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0)
+    shape = layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=8)
+    plane = 2 * 16384 * 2880  # r x f in bf16
+    forward = layer_forward_ops(m, shape, True)
+    fwd = {op.name: op for op in forward}
+    assert [fwd[n].bytes for n in ("expert_clamp_glu", "expert_clamp_linear", "expert_clamp_cat")] == \
+        pytest.approx([2 * plane, 2 * plane, 4 * plane])
+    names = list(fwd)
+    assert names.index("expert_up") < names.index("expert_clamp_cat") < names.index("gated_act")
+    bwd = {op.name: op for op in clamp_backward(backward_ops(forward, m, shape))}
+    assert [bwd[n + "_bwd"].bytes for n in ("expert_clamp_glu", "expert_clamp_linear", "expert_clamp_cat")] == \
+        pytest.approx([3 * plane, 3 * plane, 4 * plane])
+    assert bwd["gated_act_bwd"].bytes == pytest.approx(2 * fwd["gated_act"].bytes)  # others untouched
+    r, h, up, f = 16384, 2880, 5760, 2880
+    assert moe_activation_bytes(m, shape) == pytest.approx(4096 * 128 * 4 + 2 * r * h + 2 * 2 * r * up
+                                                           + 2 * r * f)

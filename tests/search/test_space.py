@@ -10,15 +10,17 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autotune.catalog import load_hardware
 from autotune.costmodel.estimate import CostModel
 from autotune.search.space import MAX_MICROBATCH_TOKENS, Candidate, SearchSpace, divisors
-from autotune.search.bounds import (coarse_bound, forced_recompute_s, memory_possible, pivot_path_floor,
-                                    quick_bound, stage_time_floor)
-from autotune.search.tables import candidate_costs
+from autotune.search.bounds import (coarse_bound, fluid_sync, forced_recompute_s, memory_possible,
+                                    pivot_path_floor, quick_bound, stage_time_floor)
+from autotune.search.tables import candidate_costs, window_s
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import is_even_split
 from ._instances import Instance, fitting_candidates, instances, tiny_model, with_memory
@@ -154,3 +156,26 @@ def test_quick_bound_holds_when_no_bucket_fits() -> None:
     buckets = (10_000_000,)
     best = candidate_optimum(cm, c, SearchSpace(buckets=buckets), 4).best
     assert quick_bound(cm, c, buckets) <= best.step_time_s
+
+
+def test_fluid_sync_by_hand() -> None:
+    """The fluid sync term of a stage (bytes/B * c less its whole window) and the slack of the stages before it
+    (their whole windows), from the stage windows at the given chunk counts rather than per-layer slopes."""
+    model = tiny_model(layers=4, hidden=256, heads=4, vocab=1000, activation="gelu")
+    cm = CostModel(model, load_hardware("h100-sxm"), JobSpec(global_batch=8, seq_len=256))
+    c = Candidate(tp=1, pp=2, dp=4, cp=1, mbs=1, num_microbatches=2, schedule="1f1b", vpp=1, base="none",
+                  full_min=0, full_max=0, zero=1, sp=False, vocab="ends")
+    buckets = (100_000, 1_000_000)
+    cc = candidate_costs(cm, c, buckets)
+    assert {sync.window for sync in cc.syncs} == {"bwd", "fwd"}
+    n, used = np.array([1, 2, 3]), np.array([0, 1, 2])
+    for sync, b in itertools.product(cc.syncs, range(len(buckets))):
+        fixed = {"bwd": window_s(cc, 0, 0, "bwd"), "fwd": window_s(cc, 0, 0, "fwd")}  # rank 0's layer-free part
+        own, slack = fluid_sync(cc, 1, sync, b, n, used, fixed)
+        for j, nj in enumerate(n):
+            params = nj * cc.layer.params + cc.stages[1].vocab_params
+            hand = params * sync.per_bucket[b] / buckets[b] - window_s(cc, 1, int(nj), sync.window)
+            assert own[j] == pytest.approx(hand, rel=1e-12, abs=1e-15)
+        for u, nu in enumerate(used):  # rank 0 holding the used chunks
+            hand = window_s(cc, 0, int(nu), sync.window)
+            assert slack[u] == pytest.approx(hand, rel=1e-12, abs=1e-15)
