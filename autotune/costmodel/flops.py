@@ -3,12 +3,23 @@
 Narayanan et al., SC'21 (arXiv 2104.04473), appendix: every matmul counts 3 x 2mnk (forward, input
 gradient, weight gradient), attention scores and values in full (no causal halving), the LM head included,
 recomputation excluded. For a GPT block with FFN 4h this is 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)).
+
+Sliding-window layers (GPT-OSS, Gemma 2) count the same way: each query's whole window, min(w, s) keys, with
+no masking discount (the band's first-w triangle is not subtracted, as the causal triangle is not for full
+layers); attended_keys blends them with the full layers' s.
 """
 
 from __future__ import annotations
 
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
+
+
+def attended_keys(model: ModelSpec, seq_len: int) -> float:
+    """Keys per query the attention FLOPs count, averaged over the layers: s for a full layer (the convention
+    above), min(w, s) for a windowed one."""
+    share = model.sliding_share
+    return (1.0 - share) * seq_len + share * min(model.sliding_window, seq_len) if share else seq_len
 
 
 def forward_matmul_flops_per_token(model: ModelSpec, seq_len: int) -> float:
@@ -19,7 +30,7 @@ def forward_matmul_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     h, q, kv, f = model.hidden_size, model.q_width, model.kv_width, model.ffn_hidden_size
     up = 2 * f if model.gated else f
     linear = 2 * (h * (q + 2 * kv) + q * h + h * up + f * h)
-    attention = 2 * 2 * seq_len * q  # QK^T and PV over the whole sequence
+    attention = 2 * 2 * attended_keys(model, seq_len) * q  # QK^T and PV over the attended keys
     return model.num_layers * (linear + attention) + 2 * h * model.vocab_size
 
 
@@ -31,8 +42,9 @@ def model_flops_per_step(model: ModelSpec, job: JobSpec) -> float:
 def moe_forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """2 FLOPs per active weight of every linear layer (attention projections, MLA's down and up projections,
     the router, the shared experts and the top_k routed experts of an MoE layer, the dense MLP of a dense
-    layer) plus attention's QK^T and PV over the whole sequence, plus the LM head: the 6*N_active*tokens +
-    attention convention of DeepSeek-V3's and Megatron-Core's MoE MFU figures (3x for the backward)."""
+    layer) plus attention's QK^T and PV over the attended keys (attended_keys), plus the LM head: the
+    6*N_active*tokens + attention convention of DeepSeek-V3's and Megatron-Core's MoE MFU figures (3x for the
+    backward)."""
     h = model.hidden_size
     gated = 3 if model.gated else 2
 
@@ -46,10 +58,10 @@ def moe_forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
         kv = h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank * heads * (
             model.qk_nope_head_dim + model.v_head_dim)
         attn_linear = q + kv + heads * model.v_head_dim * h
-        scores = seq_len * heads * (qk + model.v_head_dim)
+        scores = attended_keys(model, seq_len) * heads * (qk + model.v_head_dim)
     else:
         attn_linear = h * (model.q_width + 2 * model.kv_width) + model.q_width * h
-        scores = 2 * seq_len * model.q_width
+        scores = 2 * attended_keys(model, seq_len) * model.q_width
     moe = (h * model.num_experts + mlp(model.moe_top_k * model.moe_ffn_hidden_size)
            + mlp(model.num_shared_experts * model.shared_expert_ffn_hidden_size))
     dense = mlp(model.ffn_hidden_size)

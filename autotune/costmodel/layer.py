@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 from autotune.costmodel import comm
 from autotune.costmodel.compute import PassTime, attention_kernel, pass_time
 from autotune.costmodel.memory import (LayerActivations, dense_layer_params, embedding_activations,
-                                       embedding_params, head_activations, head_params, head_transient,
-                                       layer_activations, moe_expert_share, moe_layer_params, sac_activations)
+                                       embedding_params, gathered_input_bytes, head_activations, head_params,
+                                       head_transient, layer_activations, moe_expert_share, moe_layer_params,
+                                       sac_activations)
 from autotune.costmodel.moe import clamp_backward, moe_activation_bytes, moe_comm
 from autotune.costmodel.ops import (LayerShape, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
-from autotune.costmodel.tpcomm import tp_layer_comm
+from autotune.costmodel.tpcomm import recomputed_gathers_s, regathers_inputs, tp_layer_comm
 from autotune.costmodel.tpmodes import layer_tp_comm_s, layer_tp_memory
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -54,6 +55,9 @@ class LayerCost:
     expert_params: int = 0
     """The routed-expert parameters inside `params` (MoE): reduced and sharded over the expert-data-parallel
     group rather than the data-parallel one."""
+    sac_gather_s: float = 0.0
+    """torchtitan's backward re-gather of the block inputs, which only its selective checkpointing runs
+    (tpcomm.recomputed_gathers_s): charged with that recomputation, not in tp_bwd_s."""
 
     def time(self, recompute: str) -> float:
         """Forward + backward + recomputation + exposed communication, seconds."""
@@ -68,9 +72,10 @@ class LayerCost:
         return self.tp_fwd_s + self.tp_bwd_s + self.cp_fwd_s + self.cp_bwd_s
 
     def recompute_time(self, recompute: str) -> float:
-        """Extra forward work the backward pays: core attention (selective) or the whole layer (full)."""
+        """Extra forward work the backward pays: core attention (selective; torchtitan's SAC with the gathers it
+        re-runs) or the whole layer (full, its forward collectives included)."""
         if recompute == "selective":
-            return self.attn_fwd_s if self.selective_s < 0 else self.selective_s
+            return self.attn_fwd_s if self.selective_s < 0 else self.selective_s + self.sac_gather_s
         if recompute == "full":
             return self.fwd.seconds + self.tp_fwd_s + self.cp_fwd_s
         return 0.0
@@ -163,7 +168,7 @@ def blend_layers(moe: LayerCost, dense: LayerCost, w: float) -> LayerCost:
                      tp_bwd_s=mix(moe.tp_bwd_s, dense.tp_bwd_s), cp_fwd_s=mix(moe.cp_fwd_s, dense.cp_fwd_s),
                      cp_bwd_s=mix(moe.cp_bwd_s, dense.cp_bwd_s), params=max(moe.params, dense.params),
                      wgrad_s=mix(moe.wgrad_s, dense.wgrad_s), act=act, selective_s=selective,
-                     expert_params=moe.expert_params)
+                     expert_params=moe.expert_params, sac_gather_s=mix(moe.sac_gather_s, dense.sac_gather_s))
 
 
 def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
@@ -195,6 +200,7 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
         cp_bwd_s=max(0.0, cp_bwd - (cp - 1) / cp * pass_time(attn_bwd, hw, job.dtype, lookup, kernel).seconds),
         params=moe_layer_params(model, tp, ep, etp) if moe else dense_layer_params(model, tp),
         act=_activations(model, shape, job, moe),
+        sac_gather_s=recomputed_gathers_s(model, hw, job, shape, blocks),
         selective_s=_sac_seconds(fwd_ops, hw, job, lookup) if job.trainer == "torchtitan" else -1.0,
         wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup, kernel),
         expert_params=moe_expert_share(model, tp, ep, etp) if moe else 0)
@@ -208,6 +214,8 @@ def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec, moe: bool = 
         extra = whole_bytes(moe_activation_bytes(model, shape))
         return replace(act, none=act.none + extra, selective=act.selective + extra)
     act = layer_activations(model, shape)
+    if not regathers_inputs(job):  # without checkpointing the gathered QKV and MLP inputs are what is saved
+        act = replace(act, none=act.none + gathered_input_bytes(model, shape))
     if job.trainer == "torchtitan" and model.gated:
         return replace(act, selective=min(act.selective, sac_activations(model, shape)))
     return act
@@ -289,4 +297,5 @@ def _grid_layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: in
     gathered = mem.gathered_act_bytes + mem.saved_weight_bytes  # 3-D keeps gathered inputs and weights
     act = LayerActivations(none=local.act.none + gathered, selective=local.act.selective + gathered,
                            full=local.act.full)
-    return replace(local, tp_fwd_s=comm_s.fwd_s, tp_bwd_s=comm_s.bwd_s, params=mem.params, act=act)
+    return replace(local, tp_fwd_s=comm_s.fwd_s, tp_bwd_s=comm_s.bwd_s, params=mem.params, act=act,
+                   sac_gather_s=0.0)

@@ -174,6 +174,17 @@ def layer_activations(model: ModelSpec, shape: LayerShape) -> LayerActivations:
     )
 
 
+def gathered_input_bytes(model: ModelSpec, shape: LayerShape, blocks: int = 2) -> int:
+    """What a layer keeps beyond layer_activations' 'none' when its column-parallel GEMM inputs are saved
+    all-gathered rather than as sequence-parallel shards (torchtitan: the matmul after the gather saves the
+    full-sequence tensor, tpcomm.regathers_inputs): per block (QKV, MLP up) the input is t*h instead of t*h/tp
+    elements, at the saved-input width layer_activations uses (1 byte under FP8)."""
+    if not shape.sp or shape.tp == 1:
+        return 0
+    g = 1 if shape.fp8 else shape.elem
+    return whole_bytes(blocks * g * shape.tokens * model.hidden_size * (1 - 1 / shape.tp))
+
+
 def sac_activations(model: ModelSpec, shape: LayerShape) -> int:
     """What torchtitan's op-level selective checkpointing keeps per layer (activation_checkpoint.py): the block
     input, the outputs of every other linear (Q, V, the MLP's first up-projection and its down-projection, in

@@ -88,10 +88,9 @@ def moe_forward_ops(model: ModelSpec, shape: LayerShape) -> list[Op]:
 
 
 def clamps_glu(model: ModelSpec) -> bool:
-    """GPT-OSS's experts clamp their gated unit (activation_func_clamp_value 7 in Megatron's GPT-OSS config).
-    It is the only catalog family with expert biases (specs/model.py sets expert_bias for model_type gpt_oss
-    alone), so that flag identifies it; ModelSpec has no field of its own for the clamp."""
-    return model.expert_bias and model.gated
+    """Whether the experts clamp their gated unit: ModelSpec.glu_clamp > 0 (GPT-OSS: Hugging Face
+    swiglu_limit 7.0, Megatron activation_func_clamp_value 7). The limit's value changes no cost."""
+    return model.glu_clamp > 0 and model.gated
 
 
 def clamp_ops(model: ModelSpec, shape: LayerShape, r: float, f: float) -> list[Op]:

@@ -167,7 +167,13 @@ def _norm(name: str, model: ModelSpec, tokens: float, h: int, e: int, fused: boo
 
 def _attention_forward(model: ModelSpec, shape: LayerShape, q: float, kv: float) -> list[Op]:
     """Core attention. Flash: one kernel reading Q, K, V and writing O; causal masking skips half the tiles.
-    Unfused: two batched GEMMs around a softmax that round-trips the s x s score matrix through HBM."""
+    Unfused: two batched GEMMs around a softmax that round-trips the s x s score matrix through HBM (a
+    sliding window is only a mask there: every score is still computed and stored).
+
+    Sliding-window layers (model.sliding_window shorter than the sequence) run flash attention over the band
+    of windowed_key_pairs instead of the causal triangle. All layers are costed as one mean layer, so the
+    attention is split by the windowed share of the layers: (1 - share) of a full causal kernel's work and
+    traffic plus share of a windowed kernel's (window_attention_op); a full-attention model gets the one op."""
     t, e, b = shape.tokens, shape.elem, shape.mbs
     heads = q / model.head_dim
     s_q, s_kv = t / b, shape.kv_tokens / b
@@ -179,8 +185,16 @@ def _attention_forward(model: ModelSpec, shape: LayerShape, q: float, kv: float)
         # local seq/cp queries and keys, 1/cp of the work; every later step an unmasked block whose shorter side is
         # one of the 2*cp chunks, seq/(2cp)
         cp = cp_degree(shape)
-        return [Op("flash_attention", "attention", 2 * score_flops * causal, io, "attention",
-                   (s_q, 0.0, model.head_dim, 1.0 / cp, s_q / 2) if cp > 1 else (s_q, 0.0, model.head_dim))]
+        full = Op("flash_attention", "attention", 2 * score_flops * causal, io, "attention",
+                  (s_q, 0.0, model.head_dim, 1.0 / cp, s_q / 2) if cp > 1 else (s_q, 0.0, model.head_dim))
+        share = windowed_share(model, s_kv)
+        if not share:
+            return [full]
+        window = window_attention_op(model, b * heads, s_kv, cp, io)
+        ops = [] if share == 1.0 else [Op(full.name, full.category, (1.0 - share) * full.flops,
+                                          (1.0 - share) * full.bytes, full.kernel, full.dims)]
+        return ops + [Op(window.name, window.category, share * window.flops, share * window.bytes, window.kernel,
+                         window.dims)]
     scores = b * heads * s_q * s_kv
     ops = [Op("qk_scores", "attention", score_flops, e * (t * q + shape.kv_tokens * kv + scores), "gemm")]
     if shape.fused:
@@ -192,6 +206,35 @@ def _attention_forward(model: ModelSpec, shape: LayerShape, q: float, kv: float)
         ops.append(_memory_op("attn_dropout", "attention", scores, 2.0 * e * scores + scores))
     ops.append(Op("pv", "attention", score_flops, e * (scores + shape.kv_tokens * kv + t * q), "gemm"))
     return ops
+
+
+def windowed_key_pairs(seq: float, window: int) -> float:
+    """Query-key pairs one sequence's causal sliding-window attention computes: query i (1-based) sees the
+    min(i, w) keys ending at itself, so the first w queries form the causal triangle w(w+1)/2 and each of the
+    s - w later ones a full window: s*w - w(w-1)/2 (s(s+1)/2 when s <= w)."""
+    if seq <= window:
+        return seq * (seq + 1) / 2
+    return seq * window - window * (window - 1) / 2
+
+
+def windowed_share(model: ModelSpec, seq: float) -> float:
+    """Share of the layers whose attention the window shortens: the windowed layers' share when the window is
+    shorter than the sequence, else 0 (every query's causal prefix fits in the window: nothing changes)."""
+    return model.sliding_share if 0 < model.sliding_window < seq else 0.0
+
+
+def window_attention_op(model: ModelSpec, heads: float, seq: float, cp: int, io: float) -> Op:
+    """One windowed layer's flash attention: QK^T and PV over windowed_key_pairs (2 matmuls x 2 FLOPs x d per
+    pair and head; `heads` = micro-batch sequences x this GPU's heads), split evenly over the cp ranks, and the
+    same Q, K, V, O traffic as the full kernel. Its speed is the causal kernel's at query length w: with tiles
+    of B keys, each query tile computes the w/B + 1 key tiles its window spans, so w/(w + B) of the computed
+    scores are unmasked, the same share as in a causal kernel over w queries (n/(n+1) with n = w/B): the
+    measured short-sequence speed carries the same masking waste. With cp > 1 the op is this rank's even share
+    of the work; the ring's exchange and corrections stay charged as for full attention (not modelled: a
+    windowed layer needs only its neighbour's keys)."""
+    flops = 4.0 * heads * model.head_dim * windowed_key_pairs(seq, model.sliding_window) / cp
+    return Op("flash_attention_window", "attention", flops, io, "attention",
+              (float(model.sliding_window), 0.0, model.head_dim))
 
 
 def cp_degree(shape: LayerShape) -> int:

@@ -30,9 +30,11 @@ def tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
 
     Megatron's two collectives per pass (Shoeybi et al. 2019); with sequence parallelism each all-reduce is
     an all-gather before and a reduce-scatter after the block, and the backward all-gathers each
-    column-parallel input again for its weight gradient (Korthikanti et al. 2022, Sec. 4.2.2). Megatron
-    issues the backward's input-gradient collectives asynchronously, hidden behind the weight-gradient
-    GEMMs (and the re-gather behind the input-gradient GEMMs); torchtitan and DeepSpeed run them in line.
+    column-parallel input again for its weight gradient (Korthikanti et al. 2022, Sec. 4.2.2) where the trainer
+    saves the input shard (regathers_inputs; torchtitan saves the gathered input, and gathers again only when
+    it recomputes: recomputed_gathers_s). Megatron issues the backward's input-gradient collectives
+    asynchronously, hidden behind the weight-gradient GEMMs (and the re-gather behind the input-gradient
+    GEMMs); torchtitan and DeepSpeed run them in line.
     With `overlap` (TE userbuffers, async TP) every collective is split into tp chunks pipelined with the
     GEMM beside it (Wang et al., ASPLOS 2023): one chunk stays exposed, and the rest shows only where the
     collective outlasts the GEMM; the chunked GEMMs' extra time (smaller tiles) is charged too. That is
@@ -48,7 +50,8 @@ def tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
     link = comm.group_link(hw, tp, 1)
     if shape.sp:
         ag, rs = comm.all_gather(nbytes, tp, link), comm.reduce_scatter(nbytes, tp, link)
-        fwd_c, bwd_inline, bwd_async = blocks * (ag + rs), blocks * ag, blocks * (ag + rs)
+        regather = blocks * ag if regathers_inputs(job) else 0.0
+        fwd_c, bwd_inline, bwd_async = blocks * (ag + rs), regather, blocks * (ag + rs)
     else:
         ar = comm.all_reduce(nbytes, tp, link)
         fwd_c, bwd_inline, bwd_async = blocks * ar, 0.0, blocks * ar
@@ -65,6 +68,32 @@ def tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
     hidden = gemm_seconds(bwd_ops, COLUMN_PARALLEL, "_wgrad", hw, job, lookup) + gemm_seconds(
         bwd_ops, COLUMN_PARALLEL, "_dgrad", hw, job, lookup)
     return fwd_c, bwd_inline + max(0.0, bwd_async - hidden)
+
+
+def regathers_inputs(job: JobSpec) -> bool:
+    """Whether the backward all-gathers each column-parallel input again for its weight gradient whatever the
+    recompute setting. Megatron's linears save the input shard and gather it again in backward (megatron/core/
+    tensor_parallel/layers.py, LinearWithGradAccumulationAndAsyncCommunication), and DeepSpeed runs Megatron-
+    DeepSpeed's copies of them (its own AutoTP, deepspeed/module_inject/layers.py, has no sequence parallelism).
+    torchtitan's gather is an autograd op in front of the linear, whose matmul saves the gathered tensor (eager;
+    compiled, the partitioner force-saves collective outputs: torch/_functorch/partitioners.py,
+    force_save_collectives), so its backward gathers again only where a recomputation re-runs the gather."""
+    return job.trainer != "torchtitan"
+
+
+def recomputed_gathers_s(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: LayerShape,
+                         blocks: int = 2) -> float:
+    """torchtitan's backward re-gather of the block inputs, seconds: only its selective checkpointing runs it.
+    Its op-level SAC saves reduce-scatter outputs, not gathers (distributed/activation_checkpoint.py,
+    _get_default_save_ops: every other op is PREFER_RECOMPUTE), so the backward re-runs each block's gather to
+    feed the weight-gradient GEMMs, in line. Without checkpointing the gathered inputs are saved (their memory:
+    memory.gathered_input_bytes); full checkpointing (FullAC, early_stop=False) re-runs the whole forward, its
+    gathers included, which recompute_time('full') already charges with tp_fwd_s, and autograd then saves the
+    recomputed gathered tensors, so no further gather runs. Megatron's re-gather sits in tp_bwd_s (0 here)."""
+    if shape.tp == 1 or not shape.sp or regathers_inputs(job):
+        return 0.0
+    nbytes = shape.elem * shape.tokens * model.hidden_size
+    return blocks * comm.all_gather(nbytes, shape.tp, comm.group_link(hw, shape.tp, 1))
 
 
 #: torchtitan's blocks under sequence parallelism: (column-parallel GEMMs fed by the block's all-gather,
@@ -91,12 +120,12 @@ def async_tp_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
         the forward gather of each block's input (feeding wqkv, or w1 and w3 together), and the backward gather
         of a row-parallel output's gradient dY (feeding the input-gradient GEMM dY @ W). Missed: the weight-
         gradient GEMMs, which read the gathered tensor transposed (dW = dY^T X). The backward re-gather of a
-        block's input exists only because activation checkpointing recomputes the gather (the partitioner saves
-        collectives unless an AC region marks them for recompute: torch/_functorch/partitioners.py,
+        block's input exists only under selective checkpointing, which recomputes the gather (the partitioner
+        saves collectives unless an AC region marks them for recompute: torch/_functorch/partitioners.py,
         force_save_collectives; torchtitan's SAC saves reduce-scatter outputs, not gathers: distributed/
-        activation_checkpoint.py); it is kept in line as without overlap. (Under SAC the MLP's re-gather also
-        feeds the recomputed w3, every second mm, and could fuse with it; a layer cost that does not know the
-        recompute mode does not take that.)
+        activation_checkpoint.py); it is not in this backward but in the selective recomputation
+        (recomputed_gathers_s), in line as without overlap. (Under SAC the MLP's re-gather also feeds the
+        recomputed w3, every second mm, and could fuse with it; that is not taken.)
       - fuse_matmul_reduce_scatter: a reduce-scatter whose input is produced by one mm (_find_producer_matmul:
         mm or reshape -> mm -> reshape) -> symm_mem.fused_matmul_reduce_scatter. Hit: the forward reduce-scatter
         after wo and w2; the backward reduce-scatter of a block's input gradient only where that gradient is ONE
@@ -138,7 +167,6 @@ def async_tp_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
             chunked_bwd += [n + "_dgrad" for n in column]
         else:
             bwd += rs
-        bwd += ag  # the re-gather of the block input for its weight gradient, in line
     fwd += chunking_cost(tuple(op for op in fwd_ops if op.name in chunked_fwd), tp, hw, job)
     bwd += chunking_cost(tuple(op for op in bwd_ops if op.name in chunked_bwd), tp, hw, job)
     return fwd, bwd

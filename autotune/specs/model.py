@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from autotune.errors import SpecError
-from autotune.specs._strict import boolean, check_keys, choice, positive_float, positive_int
+from autotune.specs._strict import boolean, check_keys, choice, nonneg_float, positive_float, positive_int
 from autotune.specs.limits import MAX_LAYERS, check_max, check_name
 
 Activation = Literal["gelu", "swiglu", "geglu"]
@@ -82,6 +82,15 @@ class ModelSpec:
     """Per-head width of the non-rotary part of queries and keys."""
     v_head_dim: int = 0
     """Per-head width of the values."""
+    # ---- attention window and activation clamp (0 = absent: nothing below changes a model without them)
+    sliding_window: int = 0
+    """Keys a windowed layer's query attends to, itself included (Hugging Face sliding_window; GPT-OSS 128,
+    Gemma 2 4096); 0 = every layer attends over the whole causal prefix."""
+    sliding_window_layers: int = 0
+    """Layers that use the window (GPT-OSS: 18 of 36, alternating; Mistral: all); the others attend in full."""
+    glu_clamp: float = 0.0
+    """Clamp limit of the gated unit's two halves (GPT-OSS swiglu_limit 7.0; Megatron
+    activation_func_clamp_value); 0 = no clamp."""
     source: str = ""
     """Where the shape comes from."""
     # Training hyperparameters the launch files need (not the cost model): defaults are the RoPE paper's base,
@@ -132,6 +141,11 @@ class ModelSpec:
         return (index - self.first_dense_layers) % self.moe_layer_freq == self.moe_layer_freq - 1
 
     @property
+    def sliding_share(self) -> float:
+        """Fraction of the layers that attend through the sliding window (0 without one)."""
+        return self.sliding_window_layers / self.num_layers if self.sliding_window else 0.0
+
+    @property
     def q_width(self) -> int:
         """Width of all query heads together (a * d)."""
         return self.num_heads * self.head_dim
@@ -153,6 +167,8 @@ _OPTIONAL += ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_exp
               "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_freq", "router", "expert_bias",
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
               "published_active_params_B")
+# Attention window and gated-unit clamp
+_OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp")
 ROUTERS = ("softmax", "sigmoid")
 _MOE_INTS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size",
              "first_dense_layers", "moe_layer_freq")
@@ -200,6 +216,32 @@ def _moe_fields(data: dict[str, Any], num_layers: int, where: str) -> dict[str, 
     return out
 
 
+def _window_and_clamp(data: dict[str, Any], num_layers: int, gated: bool, causal: bool,
+                      where: str) -> dict[str, Any]:
+    """sliding_window, sliding_window_layers (default: every layer, as Mistral's window applies) and glu_clamp,
+    checked: the layers lie in [0, num_layers] and need a window; the window needs causal attention (a query
+    sees the window behind it); the clamp needs a gated unit."""
+    out: dict[str, Any] = {}
+    window = _count(data, "sliding_window", where) if "sliding_window" in data else 0
+    layers = _count(data, "sliding_window_layers", where) if "sliding_window_layers" in data else (
+        num_layers if window else 0)
+    if layers and not window:
+        raise SpecError(f"{where}: sliding_window_layers {layers} needs sliding_window > 0; set the window")
+    if layers > num_layers:
+        raise SpecError(f"{where}: sliding_window_layers {layers} exceeds num_layers {num_layers}; lower it")
+    if window and not causal:
+        raise SpecError(f"{where}: sliding_window needs causal attention (a query sees the keys behind it); "
+                        "drop it or set causal true")
+    if window and layers:
+        out.update(sliding_window=window, sliding_window_layers=layers)
+    if "glu_clamp" in data:
+        clamp = nonneg_float(data, "glu_clamp", where)
+        if clamp and not gated:
+            raise SpecError(f"{where}: glu_clamp {clamp:g} needs a gated activation (swiglu or geglu); drop it")
+        out["glu_clamp"] = clamp
+    return out
+
+
 def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
     """Build a ModelSpec from autotune's own model file format (strict: unknown keys are errors)."""
     check_keys(data, required=_REQUIRED, optional=_OPTIONAL, where=where)
@@ -216,6 +258,10 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
     if position == "learned" and not max_pos:
         raise SpecError(f"{where}: position_embedding 'learned' needs max_position_embeddings")
     moe = _moe_fields(data, positive_int(data, "num_layers", where), where)
+    activation = choice(data, "activation", ACTIVATIONS, where)
+    causal = boolean(data, "causal", where) if "causal" in data else True
+    extra = _window_and_clamp(data, positive_int(data, "num_layers", where), activation in ("swiglu", "geglu"),
+                              causal, where)
     if moe.get("kv_lora_rank"):  # MLA: every head has its own key and value; head_dim is the query/key width
         kv, head_dim = heads, moe["qk_nope_head_dim"] + moe["qk_rope_head_dim"]
     return ModelSpec(
@@ -227,12 +273,12 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
         head_dim=head_dim,
         ffn_hidden_size=positive_int(data, "ffn_hidden_size", where),
         vocab_size=positive_int(data, "vocab_size", where),
-        activation=choice(data, "activation", ACTIVATIONS, where),  # type: ignore[arg-type]
+        activation=activation,  # type: ignore[arg-type]
         norm=choice(data, "norm", NORMS, where),  # type: ignore[arg-type]
         tied_embeddings=boolean(data, "tied_embeddings", where),
         bias=choice(data, "bias", BIASES, where) if "bias" in data else "none",  # type: ignore[arg-type]
         dropout=boolean(data, "dropout", where) if "dropout" in data else False,
-        causal=boolean(data, "causal", where) if "causal" in data else True,
+        causal=causal,
         position_embedding=position,  # type: ignore[arg-type]
         max_position_embeddings=max_pos,
         source=data.get("source", ""),
@@ -244,149 +290,13 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
         norm_eps=positive_float(data, "norm_eps", where) if "norm_eps" in data else 1e-5,
         init_std=positive_float(data, "init_std", where) if "init_std" in data else 0.02,
         **moe,
+        **extra,
     )
 
 
-# Hugging Face `hidden_act` values and the MLP they imply: Llama/Qwen/Mistral use a gated SiLU (SwiGLU),
-# Gemma a gated GeLU (GeGLU); GPT-2/BERT a plain GeLU.
-_HF_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu": "gelu", "gelu_new": "gelu",
-           "gelu_fast": "gelu", "relu": "gelu"}
-_UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
-_GATED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "mixtral", "phi3")
-
-
 def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
-    """Read a Hugging Face ``config.json`` (Llama-style or GPT-2-style keys); other keys are ignored."""
-    if not isinstance(data, dict):
-        raise SpecError(f"{where}: expected a JSON object")
-    if isinstance(data.get("text_config"), dict) and "num_hidden_layers" not in data:
-        data = data["text_config"]  # Llama 4 and other multimodal configs: the language model's shape
-    if "n_layer" in data:
-        return _model_from_gpt2_config(data, where)
-    need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
-    missing = [k for k in need if k not in data]
-    if missing:
-        raise SpecError(f"{where}: Hugging Face config is missing {', '.join(missing)}; "
-                        "a Llama-style config.json needs num_hidden_layers, hidden_size, num_attention_heads, "
-                        "intermediate_size and vocab_size")
-    act = data.get("hidden_act", data.get("hidden_activation", "silu"))
-    if not isinstance(act, str) or act not in _HF_ACT:  # a list or object would not even hash
-        raise SpecError(f"{where}: hidden_act {act!r} is not supported; use one of {', '.join(sorted(_HF_ACT))}")
-    model_type = str(data.get("model_type", ""))
-    moe = _hf_moe_keys(data, model_type, where)
-    activation = _HF_ACT[act]
-    if activation == "gelu" and model_type in _GATED_MODEL_TYPES:
-        activation = "geglu"
-    spec = {
-        "name": where,
-        "num_layers": data["num_hidden_layers"],
-        "hidden_size": data["hidden_size"],
-        "num_heads": data["num_attention_heads"],
-        "num_kv_heads": data.get("num_key_value_heads") or data["num_attention_heads"],
-        "ffn_hidden_size": data["intermediate_size"],
-        "vocab_size": data["vocab_size"],
-        "activation": activation,
-        "norm": "layernorm" if model_type in ("bert", "gpt2", "opt", "falcon") else "rmsnorm",
-        # transformers' default is tied, but Llama-family configs default to untied
-        "tied_embeddings": bool(data.get("tie_word_embeddings", model_type not in _UNTIED_BY_DEFAULT)),
-        "bias": "qkv" if data.get("attention_bias") is None and model_type.startswith("qwen2")
-        else ("all" if data.get("attention_bias") else "none"),
-        "source": f"Hugging Face config {where}",
-    }
-    if data.get("head_dim"):
-        spec["head_dim"] = data["head_dim"]
-    spec.update(_hf_training_keys(data))
-    spec.update(moe)
-    if model_type == "bert":
-        spec.update(causal=False, dropout=True, bias="all", position_embedding="learned",
-                    max_position_embeddings=data.get("max_position_embeddings", 512))
-    return model_from_dict(spec, where)
+    """Read a Hugging Face ``config.json`` (Llama-style or GPT-2-style keys); other keys are ignored
+    (specs/hf_config.py)."""
+    from autotune.specs.hf_config import model_from_hf_config as parse  # it builds on model_from_dict above
 
-
-#: Where each family's config.json keeps the expert count (the first key present wins)
-_HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-
-
-def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
-    """autotune's MoE and MLA keys from a Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, GPT-OSS or Llama 4 (text)
-    config.json; {} for a dense model. A missing field an MoE model needs is an error naming it."""
-    experts = next((data[k] for k in _HF_EXPERT_KEYS if data.get(k)), 0)
-    out: dict[str, Any] = {}
-    if data.get("kv_lora_rank"):  # DeepSeek-V2/V3 multi-head latent attention
-        for key in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
-            if not data.get(key):
-                raise SpecError(f"{where}: a multi-head latent attention config needs {key}; add it")
-            out[key] = data[key]
-        out["q_lora_rank"] = data.get("q_lora_rank") or 0
-    if not isinstance(experts, int) or isinstance(experts, bool) or experts <= 1:
-        return out
-    top_k = data.get("num_experts_per_tok", data.get("experts_per_token"))
-    if not top_k:
-        raise SpecError(f"{where}: a mixture-of-experts config ({experts} experts) needs num_experts_per_tok; "
-                        "add it")
-    # Mixtral, GPT-OSS and Llama 4 give the expert width as intermediate_size; Qwen-MoE and DeepSeek as
-    # moe_intermediate_size (their intermediate_size is the dense MLP's)
-    width = data.get("moe_intermediate_size") or data.get("intermediate_size")
-    out.update(num_experts=experts, moe_top_k=top_k, moe_ffn_hidden_size=width)
-    if data.get("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one
-        out.update(num_shared_experts=data["n_shared_experts"], shared_expert_ffn_hidden_size=width)
-    elif data.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of its own width
-        out.update(num_shared_experts=1, shared_expert_ffn_hidden_size=data["shared_expert_intermediate_size"])
-    elif model_type.startswith("llama4"):  # one shared expert of the routed width; dense layers use _mlp
-        out.update(num_shared_experts=1, shared_expert_ffn_hidden_size=width)
-    if data.get("intermediate_size_mlp"):
-        out["ffn_hidden_size"] = data["intermediate_size_mlp"]
-    if data.get("first_k_dense_replace"):
-        out["first_dense_layers"] = data["first_k_dense_replace"]
-    step = data.get("interleave_moe_layer_step") or data.get("decoder_sparse_step") or data.get("moe_layer_freq")
-    if isinstance(step, int) and step > 1:
-        out["moe_layer_freq"] = step
-    if data.get("mlp_only_layers"):
-        raise SpecError(f"{where}: mlp_only_layers {data['mlp_only_layers']} (dense layers among the MoE ones) "
-                        "is not modelled; only dense layers before the first MoE layer are")
-    if data.get("scoring_func") == "sigmoid":
-        out["router"] = "sigmoid"
-    if model_type == "gpt_oss":
-        out["expert_bias"] = True
-    return out
-
-
-def _hf_training_keys(data: dict[str, Any]) -> dict[str, Any]:
-    """RoPE base and scaling, norm epsilon and init std of a Llama-style config.json, where given (Llama 3.1's
-    rope_scaling is {"rope_type": "llama3", "factor": 8.0, ...}; other scaling types are not carried)."""
-    out: dict[str, Any] = {}
-    for key, ours in (("rope_theta", "rope_theta"), ("rms_norm_eps", "norm_eps"), ("layer_norm_eps", "norm_eps"),
-                      ("initializer_range", "init_std")):
-        if isinstance(data.get(key), (int, float)) and not isinstance(data.get(key), bool) and data[key] > 0:
-            out[ours] = float(data[key])
-    scaling = data.get("rope_scaling")
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "llama3":
-        out["rope_scaling"] = "llama3"
-        if isinstance(scaling.get("factor"), (int, float)) and scaling["factor"] > 0:
-            out["rope_scaling_factor"] = float(scaling["factor"])
-    return out
-
-
-def _model_from_gpt2_config(data: dict[str, Any], where: str) -> ModelSpec:
-    """GPT-2/GPT-3 style keys (n_layer, n_embd, n_head, n_inner)."""
-    missing = [k for k in ("n_layer", "n_embd", "n_head", "vocab_size") if k not in data]
-    if missing:
-        raise SpecError(f"{where}: GPT-2 style config is missing {', '.join(missing)}")
-    hidden = data["n_embd"]
-    spec = {
-        "name": where,
-        "num_layers": data["n_layer"],
-        "hidden_size": hidden,
-        "num_heads": data["n_head"],
-        "ffn_hidden_size": data.get("n_inner") or 4 * hidden,
-        "vocab_size": data["vocab_size"],
-        "activation": "gelu",
-        "norm": "layernorm",
-        "tied_embeddings": bool(data.get("tie_word_embeddings", True)),
-        "bias": "all",
-        "dropout": True,
-        "position_embedding": "learned",
-        "max_position_embeddings": data.get("n_positions") or data.get("n_ctx") or 1024,
-        "source": f"GPT-2 style config {where}",
-    }
-    return model_from_dict(spec, where)
+    return parse(data, where)

@@ -153,11 +153,13 @@ def test_tp_overlap_leaves_one_chunk_exposed_when_the_gemms_are_longer():
 def test_megatron_hides_the_backward_input_gradient_collectives_torchtitan_does_not():
     mega = _tp_layer(JobSpec(global_batch=8, seq_len=8192), False)
     titan = _tp_layer(JobSpec(global_batch=8, seq_len=8192, trainer="torchtitan"), False)
-    # the backward has the forward's 2 AG + 2 RS plus the 2 re-gathers of the saved input shards
+    # the backward has the forward's 2 AG + 2 RS; Megatron adds the 2 re-gathers of the saved input shards,
+    # torchtitan (which saves the gathered inputs) runs them only when its selective checkpointing recomputes them
     link = comm.group_link(HW, 4, 1)
     nbytes = 2 * 8192 * LLAMA.hidden_size
     ag, rs = comm.all_gather(nbytes, 4, link), comm.reduce_scatter(nbytes, 4, link)
-    assert titan.tp_bwd_s == pytest.approx(4 * ag + 2 * rs)
+    assert titan.tp_bwd_s == pytest.approx(2 * ag + 2 * rs)
+    assert titan.sac_gather_s == pytest.approx(2 * ag)
     assert 2 * ag <= mega.tp_bwd_s < titan.tp_bwd_s
 
 
@@ -283,8 +285,9 @@ def test_torchtitan_async_tp_pipelines_only_the_collectives_inductor_fuses():
     forward: gather -> wqkv / w1,w3 and wo / w2 -> scatter, all four fused, each over its own GEMMs;
     backward: the gather of dY fuses with the row-parallel input-gradient GEMM dY @ W; the attention's input
     gradient is one GEMM (fused wqkv) and its scatter fuses; the MLP's is dX1 + dX3 (an add), so its scatter
-    runs in line; the re-gather of each block input feeds only weight-gradient GEMMs (dW = dY^T X, the gathered
-    tensor on the right) and runs in line. Hand calculation of every term from op times and collective times."""
+    runs in line; the re-gather of each block input (selective checkpointing only) feeds only weight-gradient GEMMs
+    (dW = dY^T X, the gathered tensor on the right) and runs in line. Hand calculation of every term from op times
+    and collective times."""
     tp = 4
     job = JobSpec(global_batch=8, seq_len=8192, trainer="torchtitan")
     shape = layer_shape(LLAMA, job, tp=tp, cp=1, mbs=1, sp=True)
@@ -310,12 +313,13 @@ def test_torchtitan_async_tp_pipelines_only_the_collectives_inductor_fuses():
     fwd = (pipelined(ag, t("qkv_proj")) + pipelined(rs, t("out_proj")) + pipelined(ag, t("mlp_up"))
            + pipelined(rs, t("mlp_down")) + sum(chunked_extra(n) for n in ("qkv_proj", "out_proj", "mlp_up",
                                                                            "mlp_down")))
-    bwd = (pipelined(ag, t("out_proj_dgrad")) + pipelined(rs, t("qkv_proj_dgrad")) + ag  # attention
-           + pipelined(ag, t("mlp_down_dgrad")) + rs + ag  # MLP: scatter of dX1 + dX3 and the re-gather in line
+    bwd = (pipelined(ag, t("out_proj_dgrad")) + pipelined(rs, t("qkv_proj_dgrad"))  # attention
+           + pipelined(ag, t("mlp_down_dgrad")) + rs  # MLP: scatter of dX1 + dX3 in line
            + sum(chunked_extra(n) for n in ("out_proj_dgrad", "qkv_proj_dgrad", "mlp_down_dgrad")))
     layer = _tp_layer(job, True)
     assert layer.tp_fwd_s == pytest.approx(fwd)
     assert layer.tp_bwd_s == pytest.approx(bwd)
+    assert layer.sac_gather_s == pytest.approx(2 * ag)  # the two re-gathers, in line, under SAC only
     assert layer.tp_bwd_s > 2 * ag + rs  # what no fusion hides stays exposed
     # without sequence parallelism the all-reduces match no pattern: async TP changes nothing
     plain = layer_cost(LLAMA, HW, job, tp=tp, cp=1, mbs=1, sp=False)
@@ -327,7 +331,7 @@ def test_torchtitan_async_tp_in_fp8_fuses_no_gather():
     """torchtitan's sharding is dtype-agnostic: the gathers move bf16 activations and torchao's Float8Linear casts
     them to fp8 before its _scaled_mm, so the gathered tensor feeds a cast, not a matmul, and micro_pipeline_tp
     fuses no all-gather; the reduce-scatters of the _scaled_mm outputs still fuse. So fp8 exposes, per layer,
-    every gather in full: the forward's two, dY's two and the two re-gathers."""
+    every gather in full: the forward's two, dY's two (and under SAC the two re-gathers)."""
     tp = 4
     hw = replace(HW, peak_flops_fp8=2 * HW.peak_flops_bf16)
     job = JobSpec(global_batch=8, seq_len=8192, trainer="torchtitan", dtype="fp8")
@@ -347,4 +351,54 @@ def test_torchtitan_async_tp_in_fp8_fuses_no_gather():
     nbytes = 2 * 8192 * LLAMA.hidden_size
     ag, rs = comm.all_gather(nbytes, tp, link), comm.reduce_scatter(nbytes, tp, link)
     assert fp8.tp_fwd_s == pytest.approx(2 * ag + fused(rs, "out_proj") + fused(rs, "mlp_down"))
-    assert fp8.tp_bwd_s == pytest.approx(4 * ag + fused(rs, "qkv_proj_dgrad") + rs)
+    assert fp8.tp_bwd_s == pytest.approx(2 * ag + fused(rs, "qkv_proj_dgrad") + rs)
+    assert fp8.sac_gather_s == pytest.approx(2 * ag)
+
+
+# ------------------------------------------------------------------ torchtitan: the input re-gather per recompute mode
+def test_torchtitan_runs_the_input_regather_only_under_selective_checkpointing():
+    """tp = 4, sequence parallel, no overlap; every collective moves the T x h activation (T = 8192 tokens, 2 bytes).
+    Megatron's linears save the input shard and gather it again in backward (megatron/core/tensor_parallel/
+    layers.py), so its backward has the 2 dY gathers, the 2 input-gradient scatters and 2 re-gathers, and full
+    recompute adds the forward's 2 gathers + 2 scatters again: 8 gathers. torchtitan's matmul saves the gathered
+    input: none = 2 forward + 2 dY gathers (4); selective (SAC saves reduce-scatter outputs, not gathers) re-runs
+    the 2 input gathers (6); full re-runs the forward, gathers included, and saves their outputs (6, not 8)."""
+    job = JobSpec(global_batch=8, seq_len=8192, trainer="torchtitan")
+    titan, mega = _tp_layer(job, False), _tp_layer(replace(job, trainer="megatron", async_tp_backward=False), False)
+    link = comm.group_link(HW, 4, 1)
+    nbytes = 2 * 8192 * LLAMA.hidden_size
+    ag, rs = comm.all_gather(nbytes, 4, link), comm.reduce_scatter(nbytes, 4, link)
+
+    def comm_in(layer, mode):  # the step's TP communication under a recompute mode (compute taken out)
+        compute = layer.fwd.seconds + layer.bwd.seconds
+        extra = {"none": 0.0, "selective": layer.selective_s if layer.selective_s >= 0 else layer.attn_fwd_s,
+                 "full": layer.fwd.seconds}[mode]
+        return layer.time(mode) - compute - extra
+
+    assert comm_in(titan, "none") == pytest.approx(4 * ag + 4 * rs)
+    assert comm_in(titan, "selective") == pytest.approx(6 * ag + 4 * rs)
+    assert comm_in(titan, "full") == pytest.approx(6 * ag + 6 * rs)
+    assert comm_in(mega, "none") == pytest.approx(6 * ag + 4 * rs)
+    assert comm_in(mega, "full") == pytest.approx(8 * ag + 6 * rs)
+    assert mega.sac_gather_s == 0.0
+    # no sequence parallelism (all-reduces, nothing gathered) or no tp: nothing to re-gather
+    assert layer_cost(LLAMA, HW, job, tp=4, cp=1, mbs=1, sp=False).sac_gather_s == 0.0
+    assert layer_cost(LLAMA, HW, job, tp=1, cp=1, mbs=1, sp=False).sac_gather_s == 0.0
+
+
+@pytest.mark.parametrize("dtype,saved_bytes", [("bf16", 2), ("fp8", 1)])
+def test_torchtitan_without_checkpointing_keeps_the_gathered_gemm_inputs(dtype, saved_bytes):
+    """Without activation checkpointing torchtitan's QKV and MLP-up matmuls save their all-gathered inputs: per
+    block T x h elements instead of Megatron's T x h / tp shard (T = 8192 tokens, h = 1024, tp = 4), at the width
+    the saved GEMM inputs have (2 bytes; 1 under FP8): 2 * bytes * 8192 * 1024 * 3/4 more than Megatron's layer.
+    Checkpointed layers keep the same (full: the block input; selective: SAC recomputes the gathers)."""
+    hw = replace(HW, peak_flops_fp8=2 * HW.peak_flops_bf16)
+    job = JobSpec(global_batch=8, seq_len=8192, trainer="torchtitan", dtype=dtype)
+    titan = layer_cost(LLAMA, hw, job, tp=4, cp=1, mbs=1, sp=True)
+    mega = layer_cost(LLAMA, hw, replace(job, trainer="megatron"), tp=4, cp=1, mbs=1, sp=True)
+    assert titan.act.none - mega.act.none == 2 * saved_bytes * 8192 * 1024 * 3 // 4
+    assert titan.act.full == mega.act.full
+    # not sequence parallel: the input is already whole on every rank, nothing differs
+    plain = layer_cost(LLAMA, hw, job, tp=4, cp=1, mbs=1, sp=False)
+    assert plain.act.none == layer_cost(LLAMA, hw, replace(job, trainer="megatron"), tp=4, cp=1, mbs=1,
+                                        sp=False).act.none

@@ -45,3 +45,19 @@ def test_llama3_8b_model_flops_by_hand():
     approx = 6 * 8.03e9 * tokens + attention
     assert got == pytest.approx(approx, rel=0.07)
     assert got < approx
+
+
+def test_sliding_window_layers_count_their_window_by_hand():
+    """GPT-OSS-120B at s 4096: 18 of 36 layers see w = 128 keys per query, the others s (both un-halved, the
+    convention above), so the mean is (4096 + 128)/2 = 2112 keys; against a model without the window each
+    token's forward loses 36 layers x 2*2*(4096 - 2112) x q_width 4096 FLOPs, and the step 3x that per token."""
+    from dataclasses import replace
+
+    model = load_model("gpt-oss-120b")
+    assert flops.attended_keys(model, 4096) == 2112
+    assert flops.attended_keys(model, 100) == 100  # the window is longer than the sequence
+    plain = replace(model, sliding_window=0, sliding_window_layers=0)
+    assert flops.attended_keys(plain, 4096) == 4096
+    job = JobSpec(global_batch=8, seq_len=4096)
+    saved = flops.model_flops_per_step(plain, job) - flops.model_flops_per_step(model, job)
+    assert saved == pytest.approx(3 * 36 * 2 * 2 * (4096 - 2112) * 4096 * 8 * 4096, rel=1e-12)

@@ -68,3 +68,71 @@ def test_sequence_parallel_splits_norm_traffic_over_tp():
     sp = {op.name: op for op in ops.layer_forward_ops(model, _shape(tp=4, sp=True))}
     assert sp["input_norm"].flops == pytest.approx(plain["input_norm"].flops / 4)
     assert sp["qkv_proj"].flops == plain["qkv_proj"].flops
+
+
+# ----------------------------------------------------------------------------- sliding-window attention
+def _windowed(window=128, layers=2, **overrides):
+    """Four layers of 8 heads of 64, `layers` of them windowed."""
+    return gpt_model(hidden=512, heads=8, layers=4, sliding_window=window, sliding_window_layers=layers,
+                     **overrides)
+
+
+@pytest.mark.parametrize(("s", "w"), [(1, 1), (5, 3), (128, 128), (100, 128), (4096, 128), (1000, 1)])
+def test_windowed_key_pairs_match_a_brute_force_count(s, w):
+    """Query i (0-based) of a causal window of w keys attends to keys max(0, i - w + 1) .. i."""
+    brute = sum(i - max(0, i - w + 1) + 1 for i in range(s))
+    assert ops.windowed_key_pairs(s, w) == brute
+
+
+def test_half_windowed_layers_split_the_attention_by_hand():
+    """GPT-OSS's pattern (half the layers windowed, w 128) at s 4096, b 2, 8 heads of 64, tp 1. A full layer:
+    QK^T + PV over the causal half, 2 * 2*b*heads*s*s*d / 2 = 2*2*8*4096^2*64 = 34,359,738,368 FLOPs. A
+    windowed layer: 4*b*heads*d x (s*w - w(w-1)/2 = 524,288 - 8,128 = 516,160 pairs) = 4*2*8*64*516,160 =
+    2,114,191,360. The mean layer carries half of each, both with the full kernel's Q, K, V, O traffic halved."""
+    b, s = 2, 4096
+    shape = _shape(flash=True, b=b, s=s)
+    fwd = {op.name: op for op in ops.layer_forward_ops(_windowed(), shape)}
+    full = {op.name: op for op in ops.layer_forward_ops(gpt_model(hidden=512, heads=8, layers=4), shape)}
+    assert fwd["flash_attention"].flops == pytest.approx(0.5 * 34_359_738_368)
+    assert full["flash_attention"].flops == pytest.approx(34_359_738_368)
+    assert fwd["flash_attention_window"].flops == pytest.approx(0.5 * 2_114_191_360)
+    io = 2 * (b * s * (512 + 2 * 512) + b * s * 512)
+    assert fwd["flash_attention"].bytes == fwd["flash_attention_window"].bytes == pytest.approx(0.5 * io)
+    assert fwd["flash_attention_window"].dims == (128.0, 0.0, 64)
+    bwd = {op.name: op for op in ops.backward_ops(tuple(fwd.values()), _windowed(), shape)}
+    assert bwd["flash_attention_window_bwd"].flops == pytest.approx(2.5 * 0.5 * 2_114_191_360)
+    assert bwd["flash_attention_window_bwd"].dims == (128.0, 1.0, 64)
+
+
+def test_every_layer_windowed_leaves_only_the_window_kernel():
+    """Mistral-style: all layers windowed, w 256 < s 1024: one windowed kernel, 4*b*heads*d*(s*w - w(w-1)/2)."""
+    shape = _shape(flash=True, b=2, s=1024)
+    fwd = [op for op in ops.layer_forward_ops(_windowed(window=256, layers=4), shape) if op.kernel == "attention"]
+    assert [op.name for op in fwd] == ["flash_attention_window"]
+    assert fwd[0].flops == pytest.approx(4 * 2 * 8 * 64 * (1024 * 256 - 256 * 255 / 2))
+
+
+@pytest.mark.parametrize("window", [1024, 4096])
+def test_a_window_no_shorter_than_the_sequence_changes_nothing(window):
+    """Mistral 7B's 4096-token window at s <= 4096: every query's causal prefix fits, the ops are the full
+    model's exactly."""
+    shape = _shape(flash=True, b=2, s=1024)
+    plain = gpt_model(hidden=512, heads=8, layers=4)
+    assert ops.layer_forward_ops(_windowed(window=window, layers=4), shape) == ops.layer_forward_ops(plain, shape)
+
+
+def test_windowed_attention_with_context_parallelism_splits_the_band_over_the_ranks():
+    """cp 2: queries s/2 per rank, keys s; the window kernel does 1/cp of the band's pairs on each rank."""
+    b, s, cp = 1, 4096, 2
+    shape = ops.LayerShape(tokens=b * s // cp, kv_tokens=b * s, mbs=b, tp=1, sp=False, elem=2, flash=True,
+                           fused=True)
+    fwd = {op.name: op for op in ops.layer_forward_ops(_windowed(), shape)}
+    assert fwd["flash_attention_window"].flops == pytest.approx(0.5 * 4 * 8 * 64 * 516_160 / cp)
+    assert fwd["flash_attention"].flops == pytest.approx(0.5 * 2 * 8 * 64 * s * s / cp)
+
+
+def test_unfused_attention_computes_every_score_of_a_windowed_layer():
+    """Without flash attention the window is a mask over the full s x s scores: nothing changes."""
+    shape = _shape(flash=False, b=2, s=1024)
+    plain = gpt_model(hidden=512, heads=8, layers=4)
+    assert ops.layer_forward_ops(_windowed(), shape) == ops.layer_forward_ops(plain, shape)

@@ -100,3 +100,72 @@ def test_every_catalog_model_loads():
     assert {"gpt3-175b", "llama3-8b", "llama3-70b", "llama3-405b"} <= set(names)
     for name in names:
         assert load_model(name).num_layers > 0
+
+
+# ----------------------------------------------------------------------------- sliding window, gated clamp
+_HF_SMALL = {"num_hidden_layers": 6, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 512,
+             "vocab_size": 1000, "hidden_act": "silu"}
+
+
+def test_gpt_oss_config_gives_the_window_layers_and_clamp_of_the_catalog():
+    """GPT-OSS-120B's config.json: sliding_window 128, layer_types alternating from sliding, swiglu_limit 7."""
+    cfg = {"model_type": "gpt_oss", "num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
+           "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 128,
+           "num_experts_per_tok": 4, "vocab_size": 201088, "hidden_act": "silu", "attention_bias": True,
+           "tie_word_embeddings": False, "sliding_window": 128, "swiglu_limit": 7.0,
+           "layer_types": ["sliding_attention", "full_attention"] * 18}
+    parsed, ours = model_from_hf_config(cfg, "config.json"), load_model("gpt-oss-120b")
+    assert (parsed.sliding_window, parsed.sliding_window_layers, parsed.glu_clamp) == (128, 18, 7.0)
+    assert (ours.sliding_window, ours.sliding_window_layers, ours.glu_clamp) == (128, 18, 7.0)
+    assert ours.sliding_share == 0.5
+
+
+@pytest.mark.parametrize(("extra", "want"), [
+    ({"model_type": "mistral", "sliding_window": 4096}, (4096, 6)),  # every layer
+    ({"model_type": "mistral", "sliding_window": None}, (0, 0)),
+    ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False, "max_window_layers": 2}, (0, 0)),
+    ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 2}, (4096, 4)),
+    ({"model_type": "gemma2", "sliding_window": 4096, "hidden_act": "gelu_pytorch_tanh"}, (4096, 3)),
+    ({"model_type": "gemma3_text", "sliding_window": 512, "sliding_window_pattern": 3,
+      "hidden_act": "gelu_pytorch_tanh"}, (512, 4)),  # layers 2 and 5 full
+    ({"model_type": "gemma3_text", "sliding_window": 512, "hidden_act": "gelu_pytorch_tanh"}, (512, 5)),  # 1 in 6
+    ({"model_type": "qwen3", "sliding_window": None, "layer_types": ["full_attention"] * 6}, (0, 0)),
+    ({"model_type": "llama"}, (0, 0)),
+])
+def test_hf_window_layers_follow_each_familys_rule(extra, want):
+    m = model_from_hf_config({**_HF_SMALL, **extra}, "config.json")
+    assert (m.sliding_window, m.sliding_window_layers) == want
+    assert m.glu_clamp == 0.0
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"glu_clamp": -1.0}, "glu_clamp must be a number >= 0"),
+    ({"glu_clamp": "7"}, "glu_clamp must be a number >= 0"),
+    ({"glu_clamp": 7.0, "activation": "gelu"}, "glu_clamp 7 needs a gated activation"),
+    ({"sliding_window": -4}, "sliding_window must be a whole number >= 0"),
+    ({"sliding_window": 128, "sliding_window_layers": 3}, "sliding_window_layers 3 exceeds num_layers 2"),
+    ({"sliding_window_layers": 1}, "sliding_window_layers 1 needs sliding_window > 0"),
+    ({"sliding_window": 128, "causal": False}, "sliding_window needs causal attention"),
+])
+def test_bad_window_and_clamp_values_name_the_field(change, message):
+    with pytest.raises(SpecError, match=message) as err:
+        model_from_dict({**BASE, "activation": "swiglu", **change}, "m.json")
+    assert "\n" not in str(err.value)
+
+
+def test_window_without_layers_applies_to_every_layer_and_clamp_defaults_off():
+    m = model_from_dict({**BASE, "sliding_window": 64}, "m.json")
+    assert (m.sliding_window, m.sliding_window_layers, m.sliding_share, m.glu_clamp) == (64, 2, 1.0, 0.0)
+    assert model_from_dict(dict(BASE), "m.json").sliding_share == 0.0
+
+
+def test_the_clamp_is_the_field_not_the_expert_biases():
+    """costmodel/moe.py clamps_glu reads glu_clamp: expert biases alone no longer imply the clamp."""
+    from dataclasses import replace
+
+    from autotune.costmodel.moe import clamps_glu
+
+    oss = load_model("gpt-oss-120b")
+    assert clamps_glu(oss)
+    assert not clamps_glu(replace(oss, glu_clamp=0.0))
+    assert clamps_glu(replace(oss, expert_bias=False))

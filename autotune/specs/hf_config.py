@@ -1,0 +1,193 @@
+"""Hugging Face ``config.json`` files (Llama-, Mistral-, Gemma-, Qwen-, MoE- and GPT-2-style keys) as autotune's
+own model format, which specs/model.py checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.specs.model import ModelSpec, model_from_dict
+
+
+# Hugging Face `hidden_act` values and the MLP they imply: Llama/Qwen/Mistral use a gated SiLU (SwiGLU),
+# Gemma a gated GeLU (GeGLU); GPT-2/BERT a plain GeLU.
+_HF_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu": "gelu", "gelu_new": "gelu",
+           "gelu_fast": "gelu", "relu": "gelu"}
+_UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+_GATED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "mixtral", "phi3")
+
+
+def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
+    """Read a Hugging Face ``config.json`` (Llama-style or GPT-2-style keys); other keys are ignored."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a JSON object")
+    if isinstance(data.get("text_config"), dict) and "num_hidden_layers" not in data:
+        data = data["text_config"]  # Llama 4 and other multimodal configs: the language model's shape
+    if "n_layer" in data:
+        return _model_from_gpt2_config(data, where)
+    need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in need if k not in data]
+    if missing:
+        raise SpecError(f"{where}: Hugging Face config is missing {', '.join(missing)}; "
+                        "a Llama-style config.json needs num_hidden_layers, hidden_size, num_attention_heads, "
+                        "intermediate_size and vocab_size")
+    act = data.get("hidden_act", data.get("hidden_activation", "silu"))
+    if not isinstance(act, str) or act not in _HF_ACT:  # a list or object would not even hash
+        raise SpecError(f"{where}: hidden_act {act!r} is not supported; use one of {', '.join(sorted(_HF_ACT))}")
+    model_type = str(data.get("model_type", ""))
+    moe = _hf_moe_keys(data, model_type, where)
+    activation = _HF_ACT[act]
+    if activation == "gelu" and model_type in _GATED_MODEL_TYPES:
+        activation = "geglu"
+    spec = {
+        "name": where,
+        "num_layers": data["num_hidden_layers"],
+        "hidden_size": data["hidden_size"],
+        "num_heads": data["num_attention_heads"],
+        "num_kv_heads": data.get("num_key_value_heads") or data["num_attention_heads"],
+        "ffn_hidden_size": data["intermediate_size"],
+        "vocab_size": data["vocab_size"],
+        "activation": activation,
+        "norm": "layernorm" if model_type in ("bert", "gpt2", "opt", "falcon") else "rmsnorm",
+        # transformers' default is tied, but Llama-family configs default to untied
+        "tied_embeddings": bool(data.get("tie_word_embeddings", model_type not in _UNTIED_BY_DEFAULT)),
+        "bias": "qkv" if data.get("attention_bias") is None and model_type.startswith("qwen2")
+        else ("all" if data.get("attention_bias") else "none"),
+        "source": f"Hugging Face config {where}",
+    }
+    if data.get("head_dim"):
+        spec["head_dim"] = data["head_dim"]
+    spec.update(_hf_training_keys(data))
+    spec.update(moe)
+    spec.update(_hf_window_and_clamp(data, model_type))
+    if model_type == "bert":
+        spec.update(causal=False, dropout=True, bias="all", position_embedding="learned",
+                    max_position_embeddings=data.get("max_position_embeddings", 512))
+    return model_from_dict(spec, where)
+
+
+#: Where each family's config.json keeps the expert count (the first key present wins)
+_HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
+    """autotune's MoE and MLA keys from a Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, GPT-OSS or Llama 4 (text)
+    config.json; {} for a dense model. A missing field an MoE model needs is an error naming it."""
+    experts = next((data[k] for k in _HF_EXPERT_KEYS if data.get(k)), 0)
+    out: dict[str, Any] = {}
+    if data.get("kv_lora_rank"):  # DeepSeek-V2/V3 multi-head latent attention
+        for key in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+            if not data.get(key):
+                raise SpecError(f"{where}: a multi-head latent attention config needs {key}; add it")
+            out[key] = data[key]
+        out["q_lora_rank"] = data.get("q_lora_rank") or 0
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts <= 1:
+        return out
+    top_k = data.get("num_experts_per_tok", data.get("experts_per_token"))
+    if not top_k:
+        raise SpecError(f"{where}: a mixture-of-experts config ({experts} experts) needs num_experts_per_tok; "
+                        "add it")
+    # Mixtral, GPT-OSS and Llama 4 give the expert width as intermediate_size; Qwen-MoE and DeepSeek as
+    # moe_intermediate_size (their intermediate_size is the dense MLP's)
+    width = data.get("moe_intermediate_size") or data.get("intermediate_size")
+    out.update(num_experts=experts, moe_top_k=top_k, moe_ffn_hidden_size=width)
+    if data.get("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one
+        out.update(num_shared_experts=data["n_shared_experts"], shared_expert_ffn_hidden_size=width)
+    elif data.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of its own width
+        out.update(num_shared_experts=1, shared_expert_ffn_hidden_size=data["shared_expert_intermediate_size"])
+    elif model_type.startswith("llama4"):  # one shared expert of the routed width; dense layers use _mlp
+        out.update(num_shared_experts=1, shared_expert_ffn_hidden_size=width)
+    if data.get("intermediate_size_mlp"):
+        out["ffn_hidden_size"] = data["intermediate_size_mlp"]
+    if data.get("first_k_dense_replace"):
+        out["first_dense_layers"] = data["first_k_dense_replace"]
+    step = data.get("interleave_moe_layer_step") or data.get("decoder_sparse_step") or data.get("moe_layer_freq")
+    if isinstance(step, int) and step > 1:
+        out["moe_layer_freq"] = step
+    if data.get("mlp_only_layers"):
+        raise SpecError(f"{where}: mlp_only_layers {data['mlp_only_layers']} (dense layers among the MoE ones) "
+                        "is not modelled; only dense layers before the first MoE layer are")
+    if data.get("scoring_func") == "sigmoid":
+        out["router"] = "sigmoid"
+    if model_type == "gpt_oss":
+        out["expert_bias"] = True
+    return out
+
+
+#: Gemma 3's default local:global pattern (transformers Gemma3TextConfig.sliding_window_pattern): 5 windowed
+#: layers, then one full.
+_GEMMA3_PATTERN = 6
+
+
+def _hf_window_and_clamp(data: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """sliding_window, sliding_window_layers and glu_clamp from a config.json, where given. The windowed layers
+    are counted from `layer_types` ("sliding_attention" entries: GPT-OSS, recent Gemma/Qwen configs); without
+    it, from Gemma 3's sliding_window_pattern (every p-th layer full), Gemma 2's alternation (even layers
+    windowed), Qwen2's max_window_layers (layers from it on windowed), else every layer (Mistral, Phi-3).
+    use_sliding_window false (Qwen2/3) or a null window means none. A window no shorter than the training
+    sequence changes no cost (costmodel/ops.py), so Mistral 7B's 4096 is carried but inert at seq <= 4096."""
+    out: dict[str, Any] = {}
+    limit = data.get("swiglu_limit")
+    if isinstance(limit, (int, float)) and not isinstance(limit, bool):
+        out["glu_clamp"] = limit  # model_from_dict checks it
+    window, layers = data.get("sliding_window"), data.get("num_hidden_layers")
+    if data.get("use_sliding_window") is False or not window or not isinstance(layers, int):
+        return out
+    types = data.get("layer_types")
+    pattern = data.get("sliding_window_pattern")
+    if isinstance(types, list):
+        count = sum(1 for t in types if t == "sliding_attention")
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        count = layers - layers // pattern
+    elif model_type == "gemma3_text" or model_type == "gemma3":
+        count = layers - layers // _GEMMA3_PATTERN
+    elif model_type == "gemma2":
+        count = (layers + 1) // 2
+    elif isinstance(data.get("max_window_layers"), int) and "use_sliding_window" in data:
+        count = max(0, layers - data["max_window_layers"])
+    else:
+        count = layers
+    if count:
+        out.update(sliding_window=window, sliding_window_layers=count)
+    return out
+
+
+def _hf_training_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """RoPE base and scaling, norm epsilon and init std of a Llama-style config.json, where given (Llama 3.1's
+    rope_scaling is {"rope_type": "llama3", "factor": 8.0, ...}; other scaling types are not carried)."""
+    out: dict[str, Any] = {}
+    for key, ours in (("rope_theta", "rope_theta"), ("rms_norm_eps", "norm_eps"), ("layer_norm_eps", "norm_eps"),
+                      ("initializer_range", "init_std")):
+        if isinstance(data.get(key), (int, float)) and not isinstance(data.get(key), bool) and data[key] > 0:
+            out[ours] = float(data[key])
+    scaling = data.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        out["rope_scaling"] = "llama3"
+        if isinstance(scaling.get("factor"), (int, float)) and scaling["factor"] > 0:
+            out["rope_scaling_factor"] = float(scaling["factor"])
+    return out
+
+
+def _model_from_gpt2_config(data: dict[str, Any], where: str) -> ModelSpec:
+    """GPT-2/GPT-3 style keys (n_layer, n_embd, n_head, n_inner)."""
+    missing = [k for k in ("n_layer", "n_embd", "n_head", "vocab_size") if k not in data]
+    if missing:
+        raise SpecError(f"{where}: GPT-2 style config is missing {', '.join(missing)}")
+    hidden = data["n_embd"]
+    spec = {
+        "name": where,
+        "num_layers": data["n_layer"],
+        "hidden_size": hidden,
+        "num_heads": data["n_head"],
+        "ffn_hidden_size": data.get("n_inner") or 4 * hidden,
+        "vocab_size": data["vocab_size"],
+        "activation": "gelu",
+        "norm": "layernorm",
+        "tied_embeddings": bool(data.get("tie_word_embeddings", True)),
+        "bias": "all",
+        "dropout": True,
+        "position_embedding": "learned",
+        "max_position_embeddings": data.get("n_positions") or data.get("n_ctx") or 1024,
+        "source": f"GPT-2 style config {where}",
+    }
+    return model_from_dict(spec, where)
