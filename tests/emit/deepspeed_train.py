@@ -77,7 +77,11 @@ def batch(mbs: int, step: int, rank: int):
 
 def main(steps: int, directories: list[str]) -> None:
     import deepspeed
+    import deepspeed.ops
 
+    # DeepSpeed JIT-compiles its shared-memory all-reduce (an inference kernel training never calls) before the
+    # process group exists: on a fresh machine the ranks queue minutes on the compile lock, past the caller's timeout
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo")
     for directory in directories:
         run(directory, steps)

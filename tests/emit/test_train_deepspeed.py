@@ -60,13 +60,13 @@ def train(inputs: dict[str, EmitInput], workdir: Path, world: int) -> dict[str, 
     argv = [sys.executable, str(WORKER), str(STEPS), *(str(workdir / name) for name in order)]
     procs = [subprocess.Popen(argv, cwd=workdir, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    outs = []
     try:
         outs = [proc.communicate(timeout=400)[0] for proc in procs]
-    finally:
+    except subprocess.TimeoutExpired:
         for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+            proc.kill()
+        outs = [proc.communicate()[0] for proc in procs]
+        pytest.fail("DeepSpeed ranks still running after 400 s:\n" + "\n".join(o[-3000:] for o in outs))
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
     results = [json.loads(line[len("RESULT "):]) for line in outs[0].splitlines() if line.startswith("RESULT ")]
     return {Path(r["dir"]).name: r for r in results}
