@@ -42,9 +42,12 @@ plan: install
 
 # Two pytest-xdist workers: the suite is CPU-bound (CP-SAT solves, brute-force enumerations, CPU training runs).
 # Each test file stays on one worker (loadfile): the fuzz module counts its cases across its tests.
+# The checks marked slow (the largest brute-force optimality enumerations, CPU training, profiling and
+# calibration runs) run where CI is set (CI runs `make test` with CI=true) or with SLOW=1; without, the rest.
 TEST_WORKERS ?= 2
+SLOW_TESTS := $(if $(CI)$(SLOW),,-m "not slow")
 test: install trainers
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(SLOW_TESTS)
 
 bench: install
 	$(PY) -m autotune.reports.bench

@@ -106,10 +106,25 @@ def _at_exit() -> None:
 def _exit_interrupted() -> None:
     """Whoever gets here first (the waiting thread, the end of a write, the exit hook) ends the process."""
     with _write_lock:  # a write in progress finishes first; none starts after this
+        err = _silence_stderr()
         _stop_children()
         _remove_temporary_directories()
-        _write_line()
+        _write_line(err)
         os._exit(EXIT_CODE)
+
+
+def _silence_stderr() -> int:
+    """A descriptor for the line, with stderr itself pointed at the null device: the main thread runs on while
+    this one cleans up, and whatever it prints from now on (a traceback from a file the cleanup removed under
+    it) must not follow the one line."""
+    try:
+        saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        return saved
+    except OSError:
+        return 2
 
 
 def _remove_temporary_directories() -> None:
@@ -121,16 +136,17 @@ def _remove_temporary_directories() -> None:
         pass
 
 
-def _write_line() -> None:
-    """The one line on stderr (red on a terminal, with the cursor a progress display hid shown again)."""
-    tty = _isatty(2)
+def _write_line(err: int = 2) -> None:
+    """The one line on stderr (`err`: its descriptor; red on a terminal, with the cursor a progress display hid
+    shown again)."""
+    tty = _isatty(err)
     line = f"{MESSAGE}\n"
     if tty:  # clear the progress line, show the cursor again, and red as the CLI's other errors
         line = "\r\x1b[K\x1b[?25h" + (line if "NO_COLOR" in os.environ else f"\x1b[31m{MESSAGE}\x1b[0m\n")
     try:
         if _isatty(1) and not tty:
             os.write(1, b"\x1b[?25h")
-        os.write(2, line.encode())
+        os.write(err, line.encode())
     except OSError:
         pass
 

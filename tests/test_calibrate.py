@@ -48,6 +48,7 @@ def test_runs_file_matches_the_accuracy_report():
         assert (run.plan.tp, run.plan.pp, run.plan.num_gpus) == (int(row["tp"]), int(row["pp"]), int(row["gpus"]))
 
 
+@pytest.mark.slow
 def test_megatron_fit_reports_before_after_and_loo(megatron):
     """Before = the accuracy report's MAPE (same plans, uncalibrated file); measured: 9.0%, 1.0% after, 1.5% LOO."""
     from autotune.reports.accuracy.megatron2021 import accuracy_report
@@ -62,17 +63,20 @@ def test_megatron_fit_reports_before_after_and_loo(megatron):
         assert 0 < getattr(megatron.after, key) <= 1
 
 
+@pytest.mark.slow
 def test_megatron_loo_mape_under_8_percent(megatron):
     """The issue's acceptance target."""
     assert megatron.mape_loo_pct < 8.0
 
 
+@pytest.mark.slow
 def test_fit_is_deterministic(megatron):
     again = calibrate(RUNS)
     assert again.after == megatron.after and again.mape_loo_pct == megatron.mape_loo_pct
 
 
 # ------------------------------------------------------------------------------------------ calibrated file
+@pytest.mark.slow
 def test_calibrated_file_round_trip(tmp_path, capsys, megatron):
     out = tmp_path / "cal.json"
     code, stdout, _ = _run_main(str(RUNS), "--out", str(out), "--json", capsys=capsys)
@@ -100,6 +104,7 @@ def _run_main_estimate(gpu: Path, capsys) -> tuple[int, str, str]:
     return exc.value.code, out, err
 
 
+@pytest.mark.slow
 def test_human_output_and_default_out(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, stdout, _ = _run_main(str(RUNS), capsys=capsys)
@@ -108,6 +113,7 @@ def test_human_output_and_default_out(tmp_path, capsys, monkeypatch):
     hardware_from_dict(json.loads((tmp_path / "a100-80gb-calibrated.json").read_text()), "default out")
 
 
+@pytest.mark.slow
 def test_calibrated_profile_is_a_valid_hardware_file(megatron):
     hardware_from_dict(calibrated_profile(megatron), "calibrated")
 

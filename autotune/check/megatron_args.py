@@ -69,6 +69,7 @@ VALUE = frozenset("""
 --data-parallel-sharding-strategy
 --fp8-format --attention-backend --expert-model-parallel-size --num-experts --expert-tensor-parallel-size
 --moe-router-topk --moe-ffn-hidden-size --moe-router-score-function --moe-shared-expert-intermediate-size
+--moe-token-dispatcher-type --moe-flex-dispatcher-backend
 """.split())
 #: Switches this reader uses.
 SWITCH = frozenset("""
@@ -198,7 +199,8 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         layers_per_stage=layers, split=split, split_extra=extra, bucket_size=_int(args, "--ddp-bucket-size"),
         dtype=dtype, flash_attention=backend != "unfused",
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
-        grad_reduce="bf16" if args.get("--grad-reduce-in-bf16") else "fp32", model_fields=model,
+        grad_reduce="bf16" if args.get("--grad-reduce-in-bf16") else "fp32", moe_dispatcher=_dispatcher(args, notes),
+        model_fields=model,
         model_soft=_soft(args),
         notes=tuple(notes))
 
@@ -348,3 +350,16 @@ def _recompute(granularity: str | None, args: dict[str, Any], notes: list[str]) 
 def vocab_padded(vocab: int, tp: int, divisor: int) -> int:
     """Megatron's padded vocabulary: a multiple of make_vocab_size_divisible_by x tp."""
     return math.ceil(vocab / (divisor * tp)) * divisor * tp
+
+
+def _dispatcher(args: dict[str, Any], notes: list[str]) -> str:
+    """The MoE token dispatcher as the cost model prices it: flex with the DeepEP backend (Megatron's default
+    backend for flex) -> deepep; alltoall -> alltoall; anything else is read as alltoall, with a note."""
+    kind = args.get("--moe-token-dispatcher-type", "allgather" if "--num-experts" in args else "alltoall")
+    backend = args.get("--moe-flex-dispatcher-backend", "deepep")
+    if kind == "flex" and backend == "deepep":
+        return "deepep"
+    if kind != "alltoall" and "--num-experts" in args:
+        notes.append(f"--moe-token-dispatcher-type {kind}" + (f" ({backend})" if kind == "flex" else "")
+                     + ": costed as the alltoall dispatcher (autotune prices alltoall and DeepEP)")
+    return "alltoall"

@@ -53,6 +53,8 @@ class Reading:
     flash_attention: bool = True
     fused_kernels: bool = True
     grad_reduce: str = "fp32"
+    moe_dispatcher: str = "alltoall"
+    """MoE token dispatcher (JobSpec.moe_dispatcher)."""
     model_fields: dict[str, Any] | None = None
     """The model's shape where the config defines it (ModelSpec field names; vocab_size may be missing)."""
     model_soft: dict[str, Any] | None = None

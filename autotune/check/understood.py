@@ -232,7 +232,8 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
     plan = build_plan(r, model, gpus)
     job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=seq_len,
                   dtype=r.dtype, flash_attention=r.flash_attention,  # type: ignore[arg-type]
-                  fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, trainer=trainer)  # type: ignore[arg-type]
+                  fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, trainer=trainer,  # type: ignore[arg-type]
+                  moe_dispatcher=r.moe_dispatcher)  # type: ignore[arg-type]
     note = header_note(r.header_plan, plan)
     if note is not None:
         notes.append(note)

@@ -10,7 +10,7 @@ from autotune.catalog import load_model
 from autotune.cli.inputs import coverage_warnings, load_cost_profile, read_plan, single_plan
 from autotune.cli.options import (BatchOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt, EpOpt, EtpOpt,
                                   ForceProfileOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, JsonOpt, KernelsOpt,
-                                  LayersOpt, MbsOpt, MicroOpt, ModelOpt, MoeImbalanceOpt, NoFlashOpt, OverlapOpt, Pins,
+                                  LayersOpt, MbsOpt, MicroOpt, ModelOpt, MoeDispatcherOpt, MoeImbalanceOpt, NoFlashOpt, OverlapOpt, Pins,
                                   PlanFileOpt,
                                   PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SpOpt,
                                   TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt, ZeroOpt, build_job,
@@ -37,7 +37,7 @@ def estimate(
     allow_cross_node_tp: CrossTpOpt = False, profile: ProfileOpt = None, tp_overlap: OverlapOpt = None,
     grad_reduce: GradOpt = "fp32", kernels: KernelsOpt = None, brief: BriefOpt = False,
     force_profile: ForceProfileOpt = False, ep: EpOpt = None, etp: EtpOpt = None,
-    moe_imbalance: MoeImbalanceOpt = None,
+    moe_imbalance: MoeImbalanceOpt = None, moe_dispatcher: MoeDispatcherOpt = "alltoall",
     time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock limit in seconds "
                                               "(exit 3 when it strikes).")] = DEFAULT_TIME_LIMIT_S,
 ) -> None:
@@ -46,7 +46,8 @@ def estimate(
         raise SpecError("--brief and --json each replace the tables; pick one")
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
     check_whole_nodes(gpus, hw)
-    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels, moe_imbalance)
+    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels, moe_imbalance,
+                    moe_dispatcher)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, num_microbatches=num_microbatches,
                 recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel,

@@ -88,6 +88,10 @@ MoeImbalanceOpt = Annotated[float | None, typer.Option(
     "--moe-imbalance", metavar="X", help="MoE models: tokens of the busiest expert over the mean, the step waits "
     f"for it; >= 1.0 (1.0 = balanced routing, as published benchmarks force; default {DEFAULT_MOE_IMBALANCE:g}, "
     "learned routing).")]
+MoeDispatcherOpt = Annotated[str, typer.Option(
+    "--moe-dispatcher", metavar="alltoall|deepep", help="MoE models: the token dispatcher the cluster runs: "
+    "alltoall (NCCL, Megatron's default) or deepep (DeepEP's kernels, Megatron's flex dispatcher; Megatron only, "
+    "DeepEP must be installed).")]
 EpOpt = _pin("--ep", "Expert-parallel degree, MoE models (default: 1).")
 EtpOpt = _pin("--etp", "Expert-tensor-parallel degree, MoE models (default: 1).")
 SEpOpt = _pin("--ep", "Expert-parallel degree, MoE models; one value or a comma list (default: searched).")
@@ -253,13 +257,18 @@ def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
 
 
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
-              grad_reduce: str = "fp32", kernels: str | None = None, moe_imbalance: float | None = None) -> JobSpec:
+              grad_reduce: str = "fp32", kernels: str | None = None, moe_imbalance: float | None = None,
+              moe_dispatcher: str = "alltoall") -> JobSpec:
     imbalance = DEFAULT_MOE_IMBALANCE if moe_imbalance is None else moe_imbalance
     if not 1.0 <= imbalance <= MAX_MOE_IMBALANCE:  # also NaN
         raise SpecError(f"--moe-imbalance {imbalance:g}: the busiest expert's tokens over the mean must be >= 1.0 "
                         f"(1.0 = balanced routing) and <= {MAX_MOE_IMBALANCE:g}")
+    if moe_dispatcher == "deepep" and (kernels or "megatron") != "megatron":
+        raise SpecError(f"--moe-dispatcher deepep: autotune emits DeepEP for Megatron only (its flex dispatcher); "
+                        f"use --moe-dispatcher alltoall with {kernels}")
     return JobSpec(global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
                    flash_attention=not no_flash, fused_kernels=not unfused, moe_imbalance=imbalance,
+                   moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
                    grad_reduce=grad_reduce, trainer=kernels or "megatron")  # type: ignore[arg-type]
 
 

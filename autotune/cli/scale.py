@@ -11,7 +11,7 @@ from autotune.catalog import load_model
 from autotune.cli.inputs import load_cost_profile
 from autotune.cli.launch import trainer_caps
 from autotune.cli.options import (BriefOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt, GpuOpt, GpusPerNodeOpt,
-                                  JsonOpt, ModelOpt, MoeImbalanceOpt, NoFlashOpt, NoTimingsOpt, Pins, ProfileOpt,
+                                  JsonOpt, ModelOpt, MoeDispatcherOpt, MoeImbalanceOpt, NoFlashOpt, NoTimingsOpt, Pins, ProfileOpt,
                                   SCpOpt, SeqOpt,
                                   SMbsOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt,
                                   SVocabOpt, SVppOpt, SZeroOpt, UnfusedOpt, WorkLimitOpt, build_job,
@@ -23,6 +23,7 @@ from autotune.render.scale import scale_progress, scaling_brief, scaling_csv, sc
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.scaling import (DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, available_cores,
                                      global_batch_for_tokens, scale)
+from autotune.specs.trainers import check_dispatcher
 
 
 def scale_command(
@@ -62,6 +63,7 @@ def scale_command(
                                                 "this trainer runs (and cost its kernels).")] = None,
     fork: ForkOpt = None, brief: BriefOpt = False, force_profile: ForceProfileOpt = False,
     no_timings: NoTimingsOpt = False, moe_imbalance: MoeImbalanceOpt = None,
+    moe_dispatcher: MoeDispatcherOpt = "alltoall",
 ) -> None:
     """The best plan at each GPU count: throughput, MFU, time and cost to train, where the winning strategy
     changes and where more GPUs stop paying (exit 2: no size fits; 3: a size not proven)."""
@@ -79,7 +81,9 @@ def scale_command(
         check_whole_nodes(size, hw)
     batch = global_batch if global_batch is not None else global_batch_for_tokens(tokens_per_step, seq_len)
     caps = trainer_caps(trainer, fork)
-    job = build_job(batch, seq_len, dtype, no_flash_attention, unfused, kernels=trainer, moe_imbalance=moe_imbalance)
+    job = build_job(batch, seq_len, dtype, no_flash_attention, unfused, kernels=trainer, moe_imbalance=moe_imbalance,
+                    moe_dispatcher=moe_dispatcher)
+    check_dispatcher(caps, job)
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = replace(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), trainer=caps)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from autotune.costmodel import comm
@@ -27,6 +27,10 @@ ADAM_STEP_BYTES = 4 + 2 * 4 * 3 + 2
 
 #: Distinct pipeline simulations a CostModel remembers (each holds its durations: pp * chunks * 3 floats).
 MAKESPAN_CACHE = 4096
+#: Plan shapes (every field but the partition) whose stage costs CostModel keeps for other partitions
+STAGE_MEMO_PLANS = 256
+#: The Plan fields a stage's cost depends on besides its own layer count and index: all but the partition
+PLAN_SHAPE_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "layers_per_stage")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,8 @@ class CostModel:
         # Plans that differ only in what the pipeline does not see (ZeRO-0 vs 1, buckets, ...) run the same
         # schedule on the same pass times: simulate each distinct one once (bounded: a search meets many).
         self._makespan = lru_cache(maxsize=MAKESPAN_CACHE)(makespan)
+        # Plans that differ only in their partition (brute force, partition searches) share their stages' costs
+        self._stage_memo: dict[tuple, dict] = {}
         self.model_flops = model_flops_per_step(model, job)
 
     def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d", tp_overlap: bool = False,
@@ -146,7 +152,13 @@ class CostModel:
                                               tokens=tokens)
             self._pipe_comm[comm_key] = p2p_time(plan, self.hw, tokens, self.model.hidden_size), vp_comm
         p2p_s, vp_comm = self._pipe_comm[comm_key]
-        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.job.grad_bytes, ticks)
+        shape = tuple(getattr(plan, name) for name in PLAN_SHAPE_FIELDS)
+        memo = self._stage_memo.get(shape)
+        if memo is None:
+            if len(self._stage_memo) >= STAGE_MEMO_PLANS:  # bounded: drop the oldest shape
+                del self._stage_memo[next(iter(self._stage_memo))]
+            memo = self._stage_memo[shape] = {}
+        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.job.grad_bytes, ticks, memo)
 
     def timeline(self, plan: Plan) -> Timeline:
         """Every pass of every rank in one step, as the schedule runs them (for the text timeline)."""

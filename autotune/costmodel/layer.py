@@ -15,7 +15,7 @@ from autotune.costmodel.memory import (LayerActivations, dense_layer_params, emb
                                        embedding_params, gathered_input_bytes, head_activations, head_params,
                                        head_transient, layer_activations, moe_expert_share, moe_layer_params,
                                        sac_activations)
-from autotune.costmodel.moe import clamp_backward, moe_activation_bytes, moe_comm
+from autotune.costmodel.moe import moe_activation_bytes, moe_comm
 from autotune.costmodel.ops import (LayerShape, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
 from autotune.costmodel.tpcomm import recomputed_gathers_s, regathers_inputs, tp_layer_comm
@@ -117,7 +117,8 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
     return LayerShape(tokens=mbs * job.seq_len // cp, kv_tokens=mbs * job.seq_len, mbs=mbs, tp=tp, sp=sp,
                       elem=ACTIVATION_BYTES, flash=job.flash_attention, fused=job.fused_kernels,
                       fp8=job.dtype == "fp8", ep=ep, etp=etp,
-                      imbalance=job.moe_imbalance if model.is_moe else 1.0)
+                      imbalance=job.moe_imbalance if model.is_moe else 1.0,
+                      dispatcher=job.moe_dispatcher if model.is_moe else "alltoall")
 
 
 def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
@@ -178,8 +179,6 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
     shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp, ep=ep, etp=etp)
     fwd_ops = layer_forward_ops(model, shape, moe)
     bwd_ops = backward_ops(fwd_ops, model, shape)
-    if moe:  # a clamped expert activation's backward moves less than the generic rule says
-        bwd_ops = clamp_backward(bwd_ops)
     attn_fwd = tuple(op for op in fwd_ops if op.category == "attention")
     attn_bwd = tuple(op for op in bwd_ops if op.category == "attention")
     lookup = None if measured is None else measured.lookup(tp, cp)

@@ -13,8 +13,6 @@ busiest GPU receives `imbalance` times that and the all-to-all waits for it.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from autotune.costmodel import comm
 from autotune.costmodel.ops import LayerShape, Op, _activation, _gemm, _memory_op
 from autotune.specs.hardware import HardwareSpec
@@ -60,10 +58,18 @@ def moe_forward_ops(model: ModelSpec, shape: LayerShape) -> list[Op]:
         # write k probabilities and indices
         _memory_op("router_topk", "elementwise", 5.0 * tn * experts,
                    tn * experts * (e + 2 * FP32_BYTES) + tn * k * 2 * FP32_BYTES),
-        # permute: gather each token k times into expert order (read k copies, write k copies)
-        _memory_op("permute", "elementwise", 0.0, 2.0 * e * tn * k * h),
     ]
-    ops.extend(sort_by_expert_ops("sort_by_expert", shape, r, h, local, with_probs=True))
+    deepep = uses_deepep(shape)
+    if deepep:
+        # DeepEP delivers each token once per GPU holding its experts; the flex dispatcher then gathers the
+        # received rows into expert order, probabilities alongside (megatron-core 0.16 token_dispatcher.py,
+        # _DeepepManager.get_permuted_hidden_states_by_experts: an index_select of r rows, read and written)
+        u = delivered_rows(model, shape)
+        ops.append(_memory_op("permute_by_experts", "elementwise", 0.0, 2.0 * e * r * h + 2.0 * FP32_BYTES * r))
+    else:
+        # permute: gather each token k times into expert order (read k copies, write k copies)
+        ops.append(_memory_op("permute", "elementwise", 0.0, 2.0 * e * tn * k * h))
+        ops.extend(sort_by_expert_ops("sort_by_expert", shape, r, h, local, with_probs=True))
     ops.append(Op("expert_up", "gemm", 2.0 * r * h * up, e * (r * h + local * h * up + r * up), "gemm",
                   (r / local, up, h), local))
     ops.extend(clamp_ops(model, shape, r, f))
@@ -73,12 +79,18 @@ def moe_forward_ops(model: ModelSpec, shape: LayerShape) -> list[Op]:
                   (r / local, h, f), local))
     if model.expert_bias:
         ops.extend(expert_bias_ops(shape, r, h, local))
-    ops.extend(sort_by_expert_ops("unsort_by_expert", shape, r, h, local, with_probs=False))
-    ops.extend(expert_tp_cast_ops(shape, r, h))
-    # un-permute: sum the k copies back into token order. No probability weighting here: megatron-core 0.16
-    # moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher.combine_postprocess calls unpermute without probs,
-    # as TEGroupedMLP.forward (moe/experts.py) has already multiplied them into the activation output
-    ops.append(_memory_op("unpermute", "elementwise", tn * k * h, 2.0 * e * tn * k * h + e * tn * h))
+    if deepep:
+        # the rows summed back per delivered token (get_restored_hidden_states_by_experts: a scatter-add of the
+        # r rows into u zeroed rows); DeepEP's combine kernel adds the GPUs' partial sums (and the etp shards')
+        # into token order itself
+        ops.append(_memory_op("unpermute_by_experts", "elementwise", r * h, e * (2.0 * r + 2.0 * u) * h))
+    else:
+        ops.extend(sort_by_expert_ops("unsort_by_expert", shape, r, h, local, with_probs=False))
+        ops.extend(expert_tp_cast_ops(shape, r, h))
+        # un-permute: sum the k copies back into token order. No probability weighting here: megatron-core
+        # 0.16 moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher.combine_postprocess calls unpermute without
+        # probs, as TEGroupedMLP.forward (moe/experts.py) has already multiplied them into the activation output
+        ops.append(_memory_op("unpermute", "elementwise", tn * k * h, 2.0 * e * tn * k * h + e * tn * h))
     if model.num_shared_experts:
         width = model.num_shared_experts * model.shared_expert_ffn_hidden_size / shape.tp
         ops.append(_gemm("shared_up", shape.tokens, h, 2 * width if model.gated else width, e))
@@ -106,21 +118,6 @@ def clamp_ops(model: ModelSpec, shape: LayerShape, r: float, f: float) -> list[O
             _memory_op("expert_clamp_linear", "elementwise", 2.0 * n, 2.0 * e * n),
             _memory_op("expert_clamp_cat", "elementwise", 0.0, 4.0 * e * n)]
 
-
-#: The clamp ops' backward traffic as a share of ops.backward_ops' generic rule (twice the forward): a clamp's
-#: backward reads the gradient and its saved input and writes one gradient (3 planes against the forward's 2,
-#: so 3/4 of the rule); the cat's backward is the chunk's (split_backward: one copy of the gradient halves into
-#: one tensor, the forward's traffic, so 1/2 of the rule).
-CLAMP_BACKWARD_SHARE = {"expert_clamp_glu_bwd": 0.75, "expert_clamp_linear_bwd": 0.75, "expert_clamp_cat_bwd": 0.5}
-
-
-def clamp_backward(bwd_ops: tuple[Op, ...]) -> tuple[Op, ...]:
-    """The backward op list with the clamp ops' traffic and FLOPs set to what their backward kernels move."""
-    out = []
-    for op in bwd_ops:
-        share = CLAMP_BACKWARD_SHARE.get(op.name)
-        out.append(op if share is None else replace(op, flops=share * op.flops, bytes=share * op.bytes))
-    return tuple(out)
 
 
 def sort_by_expert_ops(name: str, shape: LayerShape, r: float, h: int, local: int, with_probs: bool) -> list[Op]:
@@ -164,6 +161,62 @@ def expert_bias_ops(shape: LayerShape, r: float, h: int, local: int) -> list[Op]
     return ops
 
 
+def uses_deepep(shape: LayerShape) -> bool:
+    """Whether the token exchange runs DeepEP's kernels: asked for, and there is an exchange (Megatron's flex
+    dispatcher needs etp*ep > 1)."""
+    return shape.dispatcher == "deepep" and shape.ep * shape.etp > 1
+
+
+def groups_hit(experts: int, top_k: int, groups: int) -> float:
+    """Expected number of `groups` equal groups of experts that a token's top_k distinct experts fall in, with
+    every set of top_k experts equally likely (balanced routing): groups * (1 - C(E - E/groups, k) / C(E, k)),
+    the hypergeometric chance that a group holds none of them, taken away from one."""
+    if groups <= 1:
+        return 1.0
+    held, miss = experts / groups, 1.0
+    for i in range(top_k):
+        miss *= max(0.0, experts - held - i) / (experts - i)
+    return groups * (1.0 - miss)
+
+
+def delivered_rows(model: ModelSpec, shape: LayerShape) -> float:
+    """Token rows DeepEP delivers to the busiest GPU: a token goes once to each GPU holding one of its experts
+    (not once per expert, as the alltoall dispatcher sends), to all etp shards of each such expert group."""
+    return shape.imbalance * routed_tokens(shape) * shape.etp * groups_hit(model.num_experts, model.moe_top_k,
+                                                                         shape.ep)
+
+
+#: GPUs DeepEP treats as one NVLink domain (its NUM_MAX_NVL_PEERS): a group past them goes over RDMA
+DEEPEP_NVL_PEERS = 8
+
+
+def deepep_exchange(model: ModelSpec, hw: HardwareSpec, shape: LayerShape, dispatch: bool = True) -> float:
+    """Seconds of one DeepEP dispatch or combine (the same rows travel back) over the etp*ep group
+    (deepseek-ai/DeepEP, normal kernels, as megatron-core 0.16's flex dispatcher calls them: moe/fused_a2a.py).
+    A dispatched row carries the hidden state plus the token's indices (int64) and weights (fp32) over the
+    etp*k virtual experts the flex dispatcher routes to (router_topk = tp_size * topk); a combined row, the
+    hidden state only. Inside a node the rows for the other GPUs cross NVLink. Across nodes DeepEP sends a
+    token once to each other node that holds one of its experts, over the GPU's own NIC to the GPU of the same
+    local rank there, which forwards it over NVLink to the GPUs that need it; the network and NVLink legs run
+    at once, so the slower one counts (DeepEP README: internode dispatch and combine are bounded by the RDMA
+    bandwidth)."""
+    n = shape.ep * shape.etp
+    link = comm.group_link(hw, n, 1)
+    row = shape.elem * model.hidden_size
+    if dispatch:
+        row += shape.etp * model.moe_top_k * (FP32_BYTES + COUNT_BYTES)
+    rows = delivered_rows(model, shape)
+    g = min(max(1, link.ranks_per_node), DEEPEP_NVL_PEERS)
+    if n <= g:
+        return link.latency + (n - 1) / n * rows * row / link.bandwidth
+    nodes = n / g
+    remote = shape.imbalance * routed_tokens(shape) * (nodes - 1) / nodes * groups_hit(
+        model.num_experts, model.moe_top_k, round(nodes))
+    nvlink = comm.group_link(hw, g, 1).bandwidth
+    nic = link.nic_bandwidth or comm.p2p_link(hw, 2 * hw.gpus_per_node, 1).bandwidth
+    return link.latency + max(remote * row / nic, (g - 1) / g * rows * row / nvlink)
+
+
 def moe_comm(model: ModelSpec, hw: HardwareSpec, shape: LayerShape) -> tuple[float, float]:
     """(forward, backward) seconds of the token exchange, exposed (Megatron runs it on the compute stream):
     dispatch and combine all-to-alls over the ep group (expert ranks are numbered etp-fastest, so the group's
@@ -173,6 +226,12 @@ def moe_comm(model: ModelSpec, hw: HardwareSpec, shape: LayerShape) -> tuple[flo
     backward sends the gradients the same way back. Before the dispatch the forward all-gathers every rank's
     tokens-per-expert counts (int64, E per rank) over the etp*ep group so each rank knows its receive splits
     (megatron-core 0.16 token_dispatcher.py, preprocess, ep > 1): a small, latency-bound collective."""
+    if uses_deepep(shape):
+        # dispatch and combine each way; the forward dispatch first exchanges the per-rank receive counts
+        # (DeepEP's notify step, which the host waits on): one more latency. The backward runs a combine for
+        # the dispatch and a dispatch for the combine on the cached layout, moving hidden states only.
+        dispatch, combine = deepep_exchange(model, hw, shape), deepep_exchange(model, hw, shape, dispatch=False)
+        return dispatch + combine + comm.group_link(hw, shape.ep * shape.etp, 1).latency, 2 * combine
     copies = shape.imbalance * routed_tokens(shape) * model.moe_top_k  # the busiest GPU's (imbalance x the mean)
     sent = shape.elem * copies * model.hidden_size
     probs = FP32_BYTES * copies

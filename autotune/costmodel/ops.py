@@ -62,6 +62,8 @@ class LayerShape:
     """Expert-tensor-parallel degree (MoE layers only)."""
     imbalance: float = 1.0
     """Tokens of the busiest expert over the mean (MoE layers only; costmodel/moe.py)."""
+    dispatcher: str = "alltoall"
+    """MoE token dispatcher (JobSpec.moe_dispatcher): 'alltoall' (NCCL) or 'deepep' (DeepEP's fused kernels)."""
 
     @property
     def norm_tokens(self) -> float:
@@ -285,9 +287,13 @@ def _activation(model: ModelSpec, shape: LayerShape, t: float, f: float) -> list
     return [_memory_op("mlp_bias", "elementwise", n, 2.0 * e * n), _memory_op("gelu", "elementwise", 8.0 * n, 2.0 * e * n)]
 
 
-#: Memory-bound ops that only move rows into another order (costmodel/moe.py): their backward moves the
-#: gradient back, with the same traffic.
-PERMUTATION_OPS = frozenset({"permute", "sort_by_expert", "unsort_by_expert"})
+#: Memory-bound ops whose backward moves another multiple of their forward traffic (and FLOPs) than the
+#: generic two (costmodel/moe.py): a pure permutation (the MoE token permute and the re-sorts by expert) has
+#: no saved input to read, its backward is the inverse permutation of the gradient, 1x; a clamp's backward
+#: reads the gradient and its saved input and writes one gradient, 3 planes against the forward's 2, 1.5x;
+#: the cat after the clamps is a chunk's backward (one copy of the gradient halves into one tensor), 1x.
+BACKWARD_TRAFFIC = {"permute": 1.0, "sort_by_expert": 1.0, "unsort_by_expert": 1.0, "permute_by_experts": 1.0,
+                    "expert_clamp_glu": 1.5, "expert_clamp_linear": 1.5, "expert_clamp_cat": 1.0}
 
 
 def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
@@ -296,9 +302,8 @@ def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -
     A GEMM's backward is two GEMMs (input gradient and weight gradient) of the same size. Flash attention's
     backward recomputes the scores: 5 score-sized matmuls instead of 2 (Dao 2023), 2.5x the forward FLOPs, and
     reads Q, K, V, O, dO and writes dQ, dK, dV. A memory-bound op's backward reads the saved input and the
-    incoming gradient and writes one gradient: about twice its forward traffic. A pure permutation (the MoE
-    token permute and the re-sorts by expert) has no saved input to read: its backward is the inverse
-    permutation of the gradient, the same traffic as its forward.
+    incoming gradient and writes one gradient: about twice its forward traffic, except the ops
+    BACKWARD_TRAFFIC names (permutations, clamps).
     """
     out = []
     for op in forward:
@@ -314,10 +319,9 @@ def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -
             out.append(Op(op.name + "_bwd", op.category, 2.5 * op.flops, 2.0 * op.bytes, "attention", dims))
         elif op.name == "cp_out_correction":
             out.extend(_cp_corrections(shape, model.q_width / shape.tp, model.kv_width / shape.tp, "bwd"))
-        elif op.name in PERMUTATION_OPS:
-            out.append(Op(op.name + "_bwd", op.category, op.flops, op.bytes, "memory"))
         elif not op.name.endswith("_fp8_cast"):
-            out.append(Op(op.name + "_bwd", op.category, 2.0 * op.flops, 2.0 * op.bytes, "memory"))
+            share = BACKWARD_TRAFFIC.get(op.name, 2.0)
+            out.append(Op(op.name + "_bwd", op.category, share * op.flops, share * op.bytes, "memory"))
     if shape.fp8:
         out.extend(fp8_casts(forward, "dy"))
     return tuple(out)

@@ -254,10 +254,11 @@ def schedule_ticks(plan: Plan, layer: LayerCost) -> Ticks:
 
 def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float,
                  vp_comm: tuple[float, float] = (0.0, 0.0), grad_bytes: int = GRAD_BYTES,
-                 ticks: Ticks | None = None) -> tuple[StageCost, ...]:
+                 ticks: Ticks | None = None, memo: dict | None = None) -> tuple[StageCost, ...]:
     """Assemble every stage of `plan` from per-layer and vocabulary costs (what does not depend on the stage
     is computed once: estimates are called thousands of times per second). `ticks`: schedule_ticks(plan,
-    layer), if the caller has it."""
+    layer), if the caller has it. `memo`: a dict kept across calls for plans that differ only in their
+    partition (with the same costs), which then share every stage of equal index and layer count."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
@@ -273,10 +274,13 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     peaks = peak_in_flight(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, ticks)
     extra_in_flight = vocab_parallel_in_flight(plan)
     placements = rank_placements(plan.schedule, plan.vocab, plan.pp, plan.vpp)
-    shared: dict[tuple[int, int], tuple] = {}  # middle stages with equal layer counts cost the same
-    memories: dict[tuple[int, int, int], StageMemory] = {}
+    memo = {} if memo is None else memo  # middle stages with equal layer counts cost the same:
+    shared, memories, built = (memo.setdefault(k, {}) for k in ("shared", "memories", "built"))
     out = []
     for index, n in enumerate(plan.layers_per_stage):
+        if (index, n) in built:
+            out.append(built[index, n])
+            continue
         place, pid = placements[index]
         key = (n, pid)
         if key not in shared:
@@ -308,12 +312,13 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
                 weights=state[0], gradients=state[1], optimizer=state[2],
                 activations=(peak + extra_in_flight) * act_chunk,
                 vocab_activations=vocab_activations(plan, place, peak, vocab), transient=transient)
-        out.append(StageCost(
+        built[index, n] = StageCost(
             index=index, layers=n, recomputed_layers=rc_layers, has_embedding=place.embed > 0,
             has_head=place.head > 0, compute_s=compute, recompute_s=recompute, tp_comm_s=tp_comm,
             cp_comm_s=n * layer_cp, pp_comm_s=p2p_s, zero3_comm_s=zero3, fwd_s=fwd, bwd_s=bwd,
             by_category=by_category, params=params, memory=memories[n, pid, peak], chunks=chunks,
-            expert_params=n * layer.expert_params))
+            expert_params=n * layer.expert_params)
+        out.append(built[index, n])
     return tuple(out)
 
 

@@ -14,7 +14,7 @@ from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
-from autotune.specs.trainers import TRAINER_CAPS
+from autotune.specs.trainers import TRAINER_CAPS, TrainerCaps
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -70,6 +70,34 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
                    f"tensor parallelism over {inp.plan.tp} GPUs is emitted as 1-D tp {inp.plan.tp} (its predicted "
                    "time does not hold); use --trainer colossalai for the grid")
         return EmitResult(result.files, (warning, *result.warnings))
+    result = _emit_one(trainer, inp, torchtitan_format)
+    extra = tuple(w for w in (full_attention_warning(trainer, inp), dispatcher_warning(caps, inp)) if w)
+    return EmitResult(result.files, (*result.warnings, *extra)) if extra else result
+
+
+def dispatcher_warning(caps: TrainerCaps | None, inp: EmitInput) -> str | None:
+    """The job was priced with a token dispatcher this trainer does not run (DeepEP outside Megatron): its
+    config exchanges tokens with NCCL all-to-alls, slower than the header's figures."""
+    p = inp.plan
+    if caps is None or not inp.model.is_moe or p.ep * p.etp == 1 or inp.job.moe_dispatcher in caps.moe_dispatchers:
+        return None
+    return (f"the step was priced with the {inp.job.moe_dispatcher} token dispatcher, which {caps.name} does not "
+            f"run: its config uses {', '.join(caps.moe_dispatchers)}, so the step will be slower than predicted")
+
+
+def full_attention_warning(trainer: str, inp: EmitInput) -> str | None:
+    """A model with sliding-window layers (window shorter than the sequence) is costed windowed, but only
+    torchtitan builds such models itself (its gpt-oss model); the other emitters write no window setting, so
+    their trainer attends over the whole sequence in every layer."""
+    m = inp.model
+    if trainer == "torchtitan" or not m.sliding_window_layers or m.sliding_window >= inp.job.seq_len:
+        return None
+    return (f"{m.name}: {m.sliding_window_layers} of {m.num_layers} layers attend over a {m.sliding_window}-token "
+            f"window, as costed, but the {trainer} config sets no window, so they run full attention over "
+            f"{inp.job.seq_len} tokens: the step will be slower than predicted")
+
+
+def _emit_one(trainer: str, inp: EmitInput, torchtitan_format: str) -> EmitResult:
     if trainer == "colossalai":
         from autotune.emit.colossalai import emit_colossalai
 

@@ -25,10 +25,19 @@ def moe_layer_pattern(model: ModelSpec) -> str:
     return "(" + "+".join(f"[{b}]*{n}" for b, n in runs) + ")"
 
 
-def moe_flags(model: ModelSpec, plan: Plan) -> list[Flag]:
+def dispatcher_flags(plan: Plan, dispatcher: str) -> list[Flag]:
+    """The token dispatcher the cost model priced (costmodel/moe.py): alltoall, or DeepEP through the flex
+    dispatcher. Megatron's flex dispatcher needs an exchange (TransformerConfig: etp*ep > 1), so without one
+    the plain alltoall dispatcher stands (it then moves nothing either)."""
+    if dispatcher == "deepep" and plan.ep * plan.etp > 1:
+        return [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
+    return [("--moe-token-dispatcher-type", "alltoall")]
+
+
+def moe_flags(model: ModelSpec, plan: Plan, dispatcher: str = "alltoall") -> list[Flag]:
     """The MoE and MLA flags (none for a dense model with ordinary attention): experts, top-k, expert width,
     the layer pattern, shared experts, the router's score function, the expert layout (ep, etp), grouped GEMMs
-    and the all-to-all token dispatcher autotune's cost model assumes (costmodel/moe.py)."""
+    and the token dispatcher autotune's cost model priced (dispatcher_flags)."""
     flags: list[Flag] = []
     if model.is_moe:
         flags += [
@@ -36,7 +45,7 @@ def moe_flags(model: ModelSpec, plan: Plan) -> list[Flag]:
             ("--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size)),
             ("--moe-layer-freq", moe_layer_pattern(model)),
             ("--expert-model-parallel-size", str(plan.ep)), ("--expert-tensor-parallel-size", str(plan.etp)),
-            ("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", "alltoall"),
+            ("--moe-grouped-gemm", None), *dispatcher_flags(plan, dispatcher),
             ("--moe-router-score-function", model.router),
         ]
         if model.num_shared_experts:

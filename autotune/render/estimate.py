@@ -51,7 +51,8 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
         "job": {"model": model.name, "gpu": hw.name, "gpus": est.plan.num_gpus, "gpus_per_node": hw.gpus_per_node,
                 "global_batch": job.global_batch, "seq_len": job.seq_len, "dtype": job.dtype,
                 "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
-                "grad_reduce": job.grad_reduce, "kernels": job.trainer},
+                "grad_reduce": job.grad_reduce, "kernels": job.trainer}
+        | ({"moe_dispatcher": job.moe_dispatcher} if model.is_moe else {}),
     }
 
 

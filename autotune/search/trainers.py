@@ -55,6 +55,8 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
             continue
         restricted = replace(space, trainer=caps)
         own = replace(job, trainer=name) if own_kernels else job
+        if own.moe_dispatcher not in caps.moe_dispatchers:  # what it runs instead: NCCL's all-to-all
+            own = replace(own, moe_dispatcher="alltoall")
         try:
             check_space(restricted, model, own, gpus, hw.gpus_per_node)
             result = search(model, hw, own, gpus, restricted, top_k=0, profile=profile, work_limit=work_limit,

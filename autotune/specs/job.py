@@ -9,6 +9,8 @@ from autotune.errors import SpecError
 from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_max
 
 DTYPES = ("bf16", "fp16", "fp8")
+#: MoE token dispatchers the cost model prices (JobSpec.moe_dispatcher)
+MOE_DISPATCHERS = ("alltoall", "deepep")
 #: Trainers whose kernels and overlap the cost model knows (their differences: costmodel/layer.py, ops.py)
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -37,6 +39,12 @@ class JobSpec:
     moe_imbalance: float = 1.25
     """MoE models: tokens of the busiest expert over the mean. The default is ROUTED_IMBALANCE (real learned
     routing); published throughput benchmarks force balanced routing, 1.0 (costmodel/moe.py)."""
+    moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    """MoE models: how tokens reach their experts. 'alltoall': NCCL all-to-alls of every routed copy
+    (Megatron's --moe-token-dispatcher-type alltoall); 'deepep': DeepEP's fused dispatch and combine kernels
+    (Megatron's flex dispatcher, --moe-flex-dispatcher-backend deepep), which send a token once per
+    destination GPU and once per destination node over the network (costmodel/moe.py). DeepEP must be
+    installed on the cluster; autotune never assumes it."""
     trainer: Literal["megatron", "torchtitan", "deepspeed", "colossalai"] = "megatron"
     """The trainer that runs the step: it decides the kernels (Transformer Engine's cuDNN attention and FP8
     casts under Megatron, PyTorch SDPA under torchtitan and DeepSpeed) and what communication overlaps."""
@@ -55,6 +63,9 @@ class JobSpec:
         if not 1.0 <= self.moe_imbalance <= 64.0:
             raise SpecError(f"moe_imbalance must be in [1, 64] (busiest expert's tokens over the mean), got "
                             f"{self.moe_imbalance}")
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise SpecError(f"--moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got "
+                            f"{self.moe_dispatcher!r}")
         if self.trainer not in TRAINERS:
             raise SpecError(f"--trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
 

@@ -71,6 +71,8 @@ class TrainerCaps:
     etp_with_ep: bool = True
     """Expert tensor parallelism together with ep > 1. False (torchtitan 0.3: models/common/moe_sharding.py): once
     ep > 1 the experts are split by ep alone (etp 1); with ep 1 they follow the attention's tp (etp = tp)."""
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
+    """MoE token dispatchers it runs (JobSpec.moe_dispatcher): Megatron adds DeepEP (its flex dispatcher)."""
     ep_over_replicas: bool = True
     """Expert-parallel ranks may come from replicated (ZeRO-0) data parallelism. False (torchtitan: the EP region
     is dp_shard x cp x tp, and ZeRO-0 puts dp in dp_replicate, outside it)."""
@@ -93,6 +95,7 @@ _MEGATRON = TrainerCaps(
     # --use-distributed-optimizer (1); Megatron FSDP --data-parallel-sharding-strategy optim_grads(_params) (2, 3),
     # which is not used with pipelining
     zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1), cp=True, tp_overlap=True, max_vpp=8, moe=True,
+    moe_dispatchers=("alltoall", "deepep"),
     source="Megatron-LM core_r0.16: no zero-bubble or V schedule, no vocabulary parallelism (TRAINERS.md 1.1); "
            "any split through --pipeline-model-parallel-layout")
 TRAINER_CAPS: dict[str, TrainerCaps] = {
@@ -131,11 +134,12 @@ TRAINER_CAPS: dict[str, TrainerCaps] = {
 #: Megatron-LM forks, searched only when named with --fork.
 FORK_CAPS: dict[str, TrainerCaps] = {
     "vocab-parallel": replace(
-        _MEGATRON, name="megatron+vocab-parallel", vocabs=("ends", "balanced", "parallel"),
+        _MEGATRON, name="megatron+vocab-parallel", vocabs=("ends", "balanced", "parallel"), moe_dispatchers=("alltoall",),
         source="sail-sg/VocabularyParallelism (HEAD 6191c3b, Megatron-LM core 0.9): --enable-vocab-parallel with "
                "1F1B, pp > 1, untied embeddings (TRAINERS.md section 4)"),
     "zero-bubble": replace(
         _MEGATRON, name="megatron+zero-bubble", schedules=("1f1b", "interleaved", "zb-h1", "v-half"),
+        moe_dispatchers=("alltoall",),  # both forks branch from Megatron-LM before its flex dispatcher
         source="sail-sg/zero-bubble-pipeline-parallelism: ZB-H1 and V-Half (its flags are not recorded: the "
                "launch script does not switch them on)"),
 }
@@ -165,6 +169,13 @@ def deepspeed_split(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(base + (i < extra) for i in range(pp))
 
 
+def check_dispatcher(caps: TrainerCaps | None, job: JobSpec) -> None:
+    """A search restricted to a trainer (or fork) prices only a token dispatcher it runs."""
+    if caps is not None and job.moe_dispatcher not in caps.moe_dispatchers:
+        raise SpecError(f"--moe-dispatcher {job.moe_dispatcher}: {caps.name} runs "
+                        f"{', '.join(caps.moe_dispatchers)}; use --moe-dispatcher alltoall")
+
+
 def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     """One line for each thing of the plan the trainer does not run as planned (empty: it runs the plan)."""
     p, n = plan, caps.name
@@ -188,6 +199,8 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
                                                                           if caps.tp_overlap else ""))
     if model.is_moe:
         out += _moe_rules(caps, plan, model)
+        if job.moe_dispatcher not in caps.moe_dispatchers and plan.ep * plan.etp > 1:
+            out.append(f"the {job.moe_dispatcher} token dispatcher: {n} runs {', '.join(caps.moe_dispatchers)}")
     out += _layer_rules(caps, plan, model, job)
     return out
 

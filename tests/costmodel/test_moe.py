@@ -4,6 +4,7 @@ memory sharding by hand, and the active-parameter FLOP count."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -16,7 +17,7 @@ from autotune.costmodel.flops import forward_matmul_flops_per_token
 from autotune.costmodel.layer import dense_layer_cost, layer_cost, layer_shape
 from autotune.costmodel.memory import (active_params, attention_params, expert_params, moe_layer_params,
                                        total_params)
-from autotune.costmodel.moe import ROUTED_IMBALANCE, moe_comm
+from autotune.costmodel.moe import ROUTED_IMBALANCE, deepep_exchange, groups_hit, moe_comm
 from autotune.costmodel.ops import backward_ops, layer_forward_ops
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.specs.job import JobSpec
@@ -216,6 +217,76 @@ def test_token_exchange_by_hand() -> None:
                                                         + 3e-6 + 7 / 8 * 1.5 * 4 * 4096 * 2 / (450e9 * 0.8))
 
 
+@pytest.mark.parametrize(("experts", "k", "groups"), [(8, 2, 2), (8, 2, 4), (12, 3, 3), (16, 4, 8), (6, 6, 2)])
+def test_groups_hit_is_the_mean_over_every_top_k_set(experts, k, groups) -> None:
+    """Brute force: the mean over all C(E, k) expert sets of the number of equal contiguous groups they touch."""
+    size = experts // groups
+    sets = list(itertools.combinations(range(experts), k))
+    mean = sum(len({e // size for e in chosen}) for chosen in sets) / len(sets)
+    assert groups_hit(experts, k, groups) == pytest.approx(mean)
+    assert groups_hit(experts, k, 1) == 1.0
+
+
+def test_deepep_exchange_inside_a_node_by_hand() -> None:
+    """Qwen3-30B-A3B (128 experts, top-8, h 2048), ep 8 in one node, 4096 tokens: a token reaches each GPU with
+    probability 1 - C(112,8)/C(128,8), so 8 of those GPUs' worth of rows, 7/8 of them over NVLink; a
+    dispatched row is the bf16 hidden state plus 8 int64 indices and 8 fp32 weights, a combined row the hidden
+    state. Forward: dispatch + combine + the notify latency; backward: two combine-sized exchanges."""
+    m = load_model("qwen3-30b-a3b")
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0, moe_dispatcher="deepep")
+    shape = layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
+    hit = 1 - math.comb(112, 8) / math.comb(128, 8)
+    dispatch = 3e-6 + 7 / 8 * 4096 * 8 * hit * (2 * 2048 + 8 * (8 + 4)) / (450e9 * 0.8)
+    combine = 3e-6 + 7 / 8 * 4096 * 8 * hit * 2 * 2048 / (450e9 * 0.8)
+    assert deepep_exchange(m, H100, shape) == pytest.approx(dispatch)
+    assert deepep_exchange(m, H100, shape, dispatch=False) == pytest.approx(combine)
+    assert moe_comm(m, H100, shape) == pytest.approx((dispatch + combine + 3e-6, 2 * combine))
+    # fewer rows than the alltoall dispatcher's k copies per token: 8 * hit = 5.3 < 8
+    alltoall = layer_shape(m, replace(job, moe_dispatcher="alltoall"), tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
+    assert moe_comm(m, H100, shape)[1] < 0.7 * moe_comm(m, H100, alltoall)[1]
+
+
+def test_deepep_sends_a_token_once_per_remote_node_by_hand() -> None:
+    """ep 16 over two 8-GPU nodes: a token crosses the network once if the other node holds any of its 8
+    experts (1 - C(64,8)/C(128,8)), through the GPU's own NIC, while NVLink forwards the rows inside the node;
+    the slower leg counts. The alltoall dispatcher sends the 8 x 8/16 remote copies instead: about 4x the
+    network bytes."""
+    m = load_model("qwen3-30b-a3b")
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0, moe_dispatcher="deepep")
+    shape = layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=16, etp=1)
+    row = 2 * 2048 + 8 * (8 + 4)
+    remote = 4096 * (1 - math.comb(64, 8) / math.comb(128, 8))
+    rows = 4096 * 16 * (1 - math.comb(120, 8) / math.comb(128, 8))
+    nvlink = 7 / 8 * rows * row / (450e9 * 0.8)
+    network = remote * row / (50e9 * 0.8)
+    assert network > nvlink
+    assert deepep_exchange(m, H100, shape) == pytest.approx(15e-6 + network)
+    a2a = layer_shape(m, replace(job, moe_dispatcher="alltoall"), tp=1, cp=1, mbs=1, sp=False, ep=16, etp=1)
+    assert moe_comm(m, H100, a2a)[1] > 3.5 * moe_comm(m, H100, shape)[1]
+
+
+def test_deepep_top1_moves_what_the_alltoall_dispatcher_moves() -> None:
+    """With one expert per token there is nothing to deduplicate: DeepEP's exchange carries the alltoall
+    dispatcher's token bytes (plus the routing metadata each row carries)."""
+    m = replace(load_model("mixtral-8x7b"), moe_top_k=1)
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0, moe_dispatcher="deepep")
+    shape = layer_shape(m, job, tp=1, cp=1, mbs=1, sp=False, ep=8, etp=1)
+    assert deepep_exchange(m, H100, shape) == pytest.approx(3e-6 + 7 / 8 * 4096 * (2 * 4096 + 12) / (450e9 * 0.8))
+
+
+def test_deepep_permutes_only_the_delivered_rows() -> None:
+    """The flex dispatcher permutes the rows DeepEP delivered into expert order and back, once each way (no
+    source-side permute, no second sort by expert, no fp32 combine casts)."""
+    m = load_model("qwen3-30b-a3b")
+    job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0, moe_dispatcher="deepep")
+    names = [op.name for op in layer_forward_ops(m, layer_shape(m, job, tp=2, cp=1, mbs=1, sp=True, ep=4, etp=2),
+                                                  True)]
+    assert "permute_by_experts" in names and "unpermute_by_experts" in names
+    assert not {"permute", "sort_by_expert", "unsort_by_expert", "unpermute", "combine_cast_fp32"} & set(names)
+    with pytest.raises(SpecError, match="--moe-dispatcher must be one of alltoall, deepep"):
+        JobSpec(global_batch=8, seq_len=4096, moe_dispatcher="nccl")  # type: ignore[arg-type]
+
+
 def test_expert_tensor_parallel_exchange_reduces_in_fp32_by_hand() -> None:
     """etp 2, ep 4 (tp 2, sp): combine_preprocess reduce-scatters the expert outputs cast to the probabilities'
     dtype (fp32), dispatch_postprocess all-gathers tokens and probabilities. Mixtral, 4096 tokens / tp 2 = 2048
@@ -400,7 +471,7 @@ def test_gpt_oss_clamp_runs_outside_the_fused_activation_by_hand() -> None:
     f 2880, bf16. Backward: each clamp reads the gradient and its input and writes one (3 planes of r x f), the
     chunk's backward copies the two gradient halves into one tensor (r x 2f read and written). Memory: the
     clamp keeps fc1's unclamped output (r x 2f) besides the activation's clamped input."""
-    from autotune.costmodel.moe import clamp_backward, moe_activation_bytes
+    from autotune.costmodel.moe import moe_activation_bytes
 
     m = load_model("gpt-oss-120b")
     job = JobSpec(global_batch=8, seq_len=4096, moe_imbalance=1.0)
@@ -412,7 +483,7 @@ def test_gpt_oss_clamp_runs_outside_the_fused_activation_by_hand() -> None:
         pytest.approx([2 * plane, 2 * plane, 4 * plane])
     names = list(fwd)
     assert names.index("expert_up") < names.index("expert_clamp_cat") < names.index("gated_act")
-    bwd = {op.name: op for op in clamp_backward(backward_ops(forward, m, shape))}
+    bwd = {op.name: op for op in backward_ops(forward, m, shape)}
     assert [bwd[n + "_bwd"].bytes for n in ("expert_clamp_glu", "expert_clamp_linear", "expert_clamp_cat")] == \
         pytest.approx([3 * plane, 3 * plane, 4 * plane])
     assert bwd["gated_act_bwd"].bytes == pytest.approx(2 * fwd["gated_act"].bytes)  # others untouched

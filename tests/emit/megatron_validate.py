@@ -109,6 +109,7 @@ _FLAGS += (
     ("--expert-model-parallel-size", "int", {"default": 1}), ("--expert-tensor-parallel-size", "int", {}),
     ("--moe-grouped-gemm", "true", {}),
     ("--moe-token-dispatcher-type", "str", {"choices": ["allgather", "alltoall", "flex"], "default": "allgather"}),
+    ("--moe-flex-dispatcher-backend", "str", {"choices": ["deepep", "hybridep"], "default": "deepep"}),
     ("--moe-router-score-function", "str", {"choices": ["softmax", "sigmoid"], "default": "softmax"}),
     ("--moe-shared-expert-intermediate-size", "int", {}), ("--moe-router-enable-expert-bias", "true", {}),
     ("--multi-latent-attention", "true", {}), ("--q-lora-rank", "int", {}), ("--kv-lora-rank", "int", {"default": 32}),
@@ -375,6 +376,7 @@ def _transformer_config(a: argparse.Namespace):
                   expert_model_parallel_size=a.expert_model_parallel_size,
                   expert_tensor_parallel_size=a.expert_tensor_parallel_size, moe_grouped_gemm=a.moe_grouped_gemm,
                   moe_token_dispatcher_type=a.moe_token_dispatcher_type,
+                  moe_flex_dispatcher_backend=a.moe_flex_dispatcher_backend,
                   moe_router_score_function=a.moe_router_score_function,
                   moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size,
                   moe_router_enable_expert_bias=a.moe_router_enable_expert_bias)

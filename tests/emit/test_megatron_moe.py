@@ -4,6 +4,8 @@ describe the plan's experts and layout."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.catalog import load_hardware
@@ -36,9 +38,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_moe_plans_pass_megatron_validation(case: str) -> None:
+@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep"])
+def test_moe_plans_pass_megatron_validation(case: str, dispatcher: str) -> None:
     model, plan = CASES[case]
-    inp = _inp(model, "h100-sxm", JOB, plan)
+    inp = _inp(model, "h100-sxm", replace(JOB, moe_dispatcher=dispatcher), plan)
     _validate(inp)  # parse, validate_args replay, megatron-core configs, layers per chunk
     script = dict(emit_megatron(inp).files)["launch_megatron.sh"]
     _, v = validate_launch(script, tokenizer_vocab=inp.model.vocab_size)
@@ -46,7 +49,9 @@ def test_moe_plans_pass_megatron_validation(case: str) -> None:
     assert (c.num_moe_experts, c.moe_router_topk, c.moe_ffn_hidden_size) == (m.num_experts, m.moe_top_k,
                                                                              m.moe_ffn_hidden_size)
     assert (c.expert_model_parallel_size, c.expert_tensor_parallel_size) == (plan.ep, plan.etp)
-    assert c.moe_token_dispatcher_type == "alltoall" and c.moe_grouped_gemm
+    # DeepEP runs through Megatron's flex dispatcher (its backend flag defaults to deepep; stated anyway)
+    assert c.moe_grouped_gemm and (c.moe_token_dispatcher_type, c.moe_flex_dispatcher_backend) == (
+        ("flex", "deepep") if dispatcher == "deepep" else ("alltoall", "deepep"))
     assert sum(c.moe_layer_freq) == m.num_moe_layers and len(c.moe_layer_freq) == m.num_layers
     assert c.moe_router_score_function == m.router
     if m.mla:
@@ -92,3 +97,41 @@ def test_header_names_the_expert_layout() -> None:
     dense = dict(emit_megatron(_inp("llama3-8b", "h100-sxm", JOB, Plan(tp=2, pp=1, dp=4, mbs=1,
                                      num_microbatches=1024, layers_per_stage=(32,)))).files)["launch_megatron.sh"]
     assert "# plan: tp 2, pp 1, dp 4, cp 1, mbs 1 x 1024," in dense
+
+
+def test_sliding_window_models_warn_that_the_script_trains_full_attention() -> None:
+    """GPT-OSS alternates 128-token windows with full attention; the estimate costs the windows, the Megatron
+    script sets none, so the emitter says the run will be slower than predicted (torchtitan builds the windows
+    in its own gpt-oss model; a sequence inside the window changes nothing)."""
+    from autotune.emit import emit, full_attention_warning
+
+    plan = Plan(tp=1, pp=4, dp=16, ep=8, mbs=1, num_microbatches=8, zero=1, layers_per_stage=(9, 9, 9, 9))
+    job = replace(JOB, global_batch=128)
+    inp = _inp("gpt-oss-120b", "h100-sxm", job, plan)
+    warning = full_attention_warning("megatron", inp)
+    assert warning is not None and "18 of 36 layers" in warning and "128-token window" in warning
+    assert warning in emit("megatron", inp).warnings
+    assert full_attention_warning("torchtitan", inp) is None
+    short = _inp("gpt-oss-120b", "h100-sxm", replace(job, seq_len=128), plan)
+    assert full_attention_warning("megatron", short) is None
+    assert full_attention_warning("megatron", _inp(*CASES["mixtral_8x22b"][:1], "h100-sxm", JOB,
+                                                   CASES["mixtral_8x22b"][1])) is None
+
+
+def test_a_trainer_without_deepep_says_its_config_runs_alltoall() -> None:
+    """A plan priced with DeepEP, emitted for torchtitan (NCCL all-to-alls): a warning that the step will be
+    slower; for Megatron, none. A search restricted to a trainer or fork without DeepEP refuses it up front."""
+    from autotune.emit import dispatcher_warning
+    from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS, check_dispatcher
+    from autotune.errors import SpecError
+
+    model, plan = CASES["qwen3_235b_etp"]
+    inp = _inp(model, "h100-sxm", replace(JOB, moe_dispatcher="deepep"), plan)
+    warning = dispatcher_warning(TRAINER_CAPS["torchtitan"], inp)
+    assert warning is not None and "deepep" in warning and "slower than predicted" in warning
+    assert dispatcher_warning(TRAINER_CAPS["megatron"], inp) is None
+    assert dispatcher_warning(TRAINER_CAPS["torchtitan"], replace(inp, job=JOB)) is None
+    check_dispatcher(TRAINER_CAPS["megatron"], inp.job)
+    for caps in (TRAINER_CAPS["torchtitan"], FORK_CAPS["vocab-parallel"], FORK_CAPS["zero-bubble"]):
+        with pytest.raises(SpecError, match="--moe-dispatcher deepep"):
+            check_dispatcher(caps, inp.job)

@@ -42,6 +42,7 @@ def tiny_profile(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_profile_times_exactly_the_cost_models_ops(tiny_profile):
     prof = load_profile(tiny_profile)
     model, job = load_model("tiny-gpt"), JobSpec(global_batch=1, seq_len=256)
@@ -60,6 +61,7 @@ def test_profile_times_exactly_the_cost_models_ops(tiny_profile):
     assert prof.libraries.torch == torch.__version__ and all(p.seconds > 0 and p.repeats == 3 for p in prof.ops)
 
 
+@pytest.mark.slow
 def test_plan_with_the_profile_differs_from_the_roofline_plan(tiny_profile, capsys):
     """On the roofline an H100 runs a tiny-gpt layer in microseconds, so collectives decide the plan (tp 1, pure
     data parallelism). The profile says each op takes this CPU hundreds of times longer, so compute decides,
@@ -91,6 +93,7 @@ def test_plan_with_the_profile_differs_from_the_roofline_plan(tiny_profile, caps
     assert best_measured["step_time_s"] < roof_measured["step_time_s"]
 
 
+@pytest.mark.slow
 def test_estimate_with_cp_2_uses_the_ring_attention_points(tiny_profile, capsys):
     """A cp 2 plan: every op measured, the ring's attention kernels and corrections from the cp 2 points (not the
     cp 1 ones of equal FLOPs), and the layer's attention time is exactly those points."""
@@ -113,6 +116,7 @@ def test_estimate_with_cp_2_uses_the_ring_attention_points(tiny_profile, capsys)
     assert layer.attn_fwd_s == pytest.approx(at[("flash_attention", 2, 2, 2)] + at[("cp_out_correction", 2, 2, 2)])
 
 
+@pytest.mark.slow
 def test_estimate_says_which_op_times_were_measured(tiny_profile, capsys):
     code, out, _ = _main(capsys, "estimate", *PLAN[:10], "--tp", "1", "--pp", "1", "--mbs", "8",  # past mbs 4
                          "--profile", str(tiny_profile))

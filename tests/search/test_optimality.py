@@ -58,6 +58,7 @@ def note(res: PlanResult | None) -> None:
         event(f"best pp {res.best.plan.pp}, {'even' if is_even_split(res.best.plan.layers_per_stage) else 'uneven'}")
 
 
+@pytest.mark.slow
 @RANDOM
 @given(inst=instances())
 def test_planner_matches_brute_force(inst: Instance) -> None:
@@ -66,6 +67,7 @@ def test_planner_matches_brute_force(inst: Instance) -> None:
     note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 2, s, 4 * s + 1)), top_k=0))
 
 
+@pytest.mark.slow
 @settings(RANDOM, max_examples=30)
 @given(inst=instances())
 def test_bucket_choice_matches_brute_force(inst: Instance) -> None:
@@ -76,6 +78,7 @@ def test_bucket_choice_matches_brute_force(inst: Instance) -> None:
     note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 4, s // 2, s, 8 * s))))
 
 
+@pytest.mark.slow
 @settings(RANDOM, max_examples=50)
 @given(inst=instances(layers=st.integers(4, 8), gpus=st.sampled_from((4, 8))), pp=st.sampled_from((2, 4)))
 def test_pipelined_partition_matches_brute_force(inst: Instance, pp: int) -> None:

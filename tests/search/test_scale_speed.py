@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from autotune.catalog import load_hardware
@@ -23,6 +24,7 @@ RANDOM = settings(max_examples=40, deadline=None, derandomize=True, suppress_hea
 SLACK = 1 + 1e-9
 
 
+@pytest.mark.slow
 @settings(RANDOM, max_examples=20)
 @given(inst=instances())
 def test_summed_bound_never_exceeds_a_candidates_optimum(inst: Instance) -> None:

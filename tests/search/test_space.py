@@ -110,6 +110,7 @@ def test_brute_force_partitions_are_every_allowed_split() -> None:
 
 
 # ----------------------------------------------------------------------------------------------- bounds
+@pytest.mark.slow
 @settings(RANDOM, max_examples=80)
 @given(inst=instances())
 def test_bounds_never_exceed_a_candidates_optimum(inst: Instance) -> None:

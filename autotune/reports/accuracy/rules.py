@@ -44,6 +44,13 @@ RULES: tuple[tuple[str, str], ...] = (
                   "full; blank -> the framework default: megatron none (Megatron-Core's default, and NeMo 2.0's "
                   "Llama 3.1 recipes leave recompute unset), torchtitan its llama3 train config (selective for "
                   "8B, full for 70B and 405B)"),
+    ("moe_recipe", "MoE rows of Megatron-Bridge's performance summary: recompute and token dispatcher, which the "
+                   "rows leave blank, from the model's pretrain recipe in megatron-bridge 0.3.1 (PyPI) that its "
+                   "performance scripts start from: Qwen3-30B-A3B (recipes/qwen/qwen3_moe.py) full recompute of "
+                   "every layer (uniform, 1) and DeepEP (apply_flex_dispatcher_backend switches alltoall to flex/"
+                   "deepep on Hopper); GPT-OSS-120B (recipes/gpt_oss/gpt_oss.py) no recompute and alltoall. NeMo "
+                   "2.5's qwen3_30b_a3b recipe sets the same recompute. The performance scripts (not on PyPI) "
+                   "override the recipes' parallelism; that they keep these two settings is assumed, not read"),
     ("zero", "torchtitan with fsdp yes -> 3 (FSDP2 shards weights, gradients and optimizer state), without -> 0; "
              "NeMo/Megatron -> 1: they use the distributed optimizer by default (NeMo 1.0 distributed_fused_adam, "
              "NeMo 2.0 use_distributed_optimizer=True), unless the row says fsdp yes (-> 3); FSDP with pp > 1 "
@@ -67,6 +74,10 @@ RULES: tuple[tuple[str, str], ...] = (
              "a 405B proxy counts as Llama3.1-405B)"),
 )
 RULE_KEYS = tuple(k for k, _ in RULES)
+#: (recompute, token dispatcher) of the MoE models' Megatron-Bridge pretrain recipes (RULES 'moe_recipe'), by
+#: catalog name
+MOE_RECIPES = {"qwen3-30b-a3b": ("full", "deepep"), "gpt-oss-120b": ("none", "alltoall")}
+MOE_RECIPE_SOURCES = ("megatron_bridge_perf_summary",)
 #: torchtitan's default number of stages per rank for looped (interleaved) schedules (generate_split_points)
 TORCHTITAN_STAGES_PER_RANK = 2
 #: source_ids whose rows reduce gradients in bf16 (RULES 'grad_reduce')
@@ -192,7 +203,15 @@ def row_recompute(row: dict[str, str], trainer: str, model: ModelSpec) -> str:
         raise RowSkipped(f"activation_recompute {row['activation_recompute']!r} is not none/selective/full")
     if trainer == "torchtitan":
         return "selective" if row_family(model.name).endswith("-8B") else "full"
-    return "none"
+    recipe = moe_recipe(row, model)
+    return recipe[0] if recipe else "none"
+
+
+def moe_recipe(row: dict[str, str], model: ModelSpec) -> tuple[str, str] | None:
+    """RULES 'moe_recipe': (recompute, dispatcher) of the row's MoE model recipe, or None."""
+    if not model.is_moe or row["source_id"].strip() not in MOE_RECIPE_SOURCES:
+        return None
+    return MOE_RECIPES.get(model.name)
 
 
 def published_plan(row: dict[str, str], model: ModelSpec, job: JobSpec, trainer: str) -> Plan:
@@ -305,6 +324,9 @@ def _case(row: dict[str, str]) -> Case:
         model = row_model(row)
         hw = row_hardware(row)
         job = row_job(row, trainer)
+        recipe = moe_recipe(row, model)
+        if recipe:
+            job = replace(job, moe_dispatcher=recipe[1])  # type: ignore[arg-type]
         plan, note = representable(published_plan(row, model, job, trainer), model, job, hw)
         step = float(row["step_time_s"])
     except (SpecError, ValueError) as exc:
