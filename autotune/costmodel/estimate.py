@@ -152,7 +152,9 @@ class CostModel:
                                               tokens=tokens)
             self._pipe_comm[comm_key] = p2p_time(plan, self.hw, tokens, self.model.hidden_size), vp_comm
         p2p_s, vp_comm = self._pipe_comm[comm_key]
-        shape = tuple(getattr(plan, name) for name in PLAN_SHAPE_FIELDS)
+        # what build_stages reads besides the partition (the costs it is handed follow from the plan's fields,
+        # but keyed on too, so a memo never serves stages of other inputs)
+        shape = (*(getattr(plan, name) for name in PLAN_SHAPE_FIELDS), ticks, p2p_s, vp_comm)
         memo = self._stage_memo.get(shape)
         if memo is None:
             if len(self._stage_memo) >= STAGE_MEMO_PLANS:  # bounded: drop the oldest shape

@@ -145,3 +145,19 @@ def test_torchtitan_expert_parallel_degree_is_read_back(tmp_path, fmt, name):
     assert not any("expert_parallel_degree ignored" in n for n in reading.notes)
     if name == "launch_torchtitan.sh":  # its --config names torchtitan's config function
         assert reading.model_name == "qwen3-30b-a3b"
+
+
+@pytest.mark.parametrize(("flags", "dispatcher", "noted"), [
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep", "deepep", False),
+    ("--moe-token-dispatcher-type flex", "deepep", False),  # Megatron's default flex backend is deepep
+    ("--moe-token-dispatcher-type alltoall", "alltoall", False),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep", "alltoall", True),
+    ("", "alltoall", True),  # Megatron's default dispatcher is allgather, which autotune does not price
+])
+def test_megatron_moe_dispatcher_is_read_back(flags: str, dispatcher: str, noted: bool) -> None:
+    """The token dispatcher of an MoE script: DeepEP through the flex dispatcher, alltoall, and anything else
+    read as alltoall with a note saying so."""
+    r = read_megatron("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 128 "
+                      f"--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 2 {flags}\n")
+    assert r.moe_dispatcher == dispatcher
+    assert any("--moe-token-dispatcher-type" in n for n in r.notes) == noted, r.notes

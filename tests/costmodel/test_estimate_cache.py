@@ -5,6 +5,7 @@ plain pass-by-pass simulation's, to the last bit."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -138,3 +139,20 @@ def test_graph_passes_follow_their_rank_order_and_dependencies():
 def test_peaks_ignore_ticks_except_under_v_half():
     assert pipeline.peak_in_flight("1f1b", 4, 1, 8, (3, 5, 2)) == pipeline.peak_in_flight("1f1b", 4, 1, 8)
     assert pipeline.peak_in_flight("zb-h1", 4, 1, 8, (3, 5, 2)) == (4, 4, 4, 4)
+
+
+def test_partitions_of_one_plan_share_its_stage_memo_and_estimate_as_fresh(setting):
+    """Plans that differ only in their partition share one memo of stage costs (a stage of equal index and layer
+    count costs the same), and each estimate still equals a fresh CostModel's to the last bit."""
+    model, hw, job, _ = setting
+    base = Plan(tp=2, pp=4, dp=8, mbs=1, num_microbatches=64, zero=1, sequence_parallel=True,
+                layers_per_stage=(8, 8, 8, 8), vocab="balanced")
+    shared = CostModel(model, hw, job)
+    splits = [(8, 8, 8, 8), (7, 9, 8, 8), (9, 8, 8, 7), (7, 9, 9, 7), (8, 8, 9, 7), (8, 8, 8, 8)]
+    for layers in splits:
+        plan = replace(base, layers_per_stage=layers)
+        check_plan(plan, model, job, GPUS, hw.gpus_per_node)
+        assert shared.estimate(plan) == CostModel(model, hw, job).estimate(plan), layers
+    assert len(shared._stage_memo) == 1
+    (memo,) = shared._stage_memo.values()
+    assert set(memo["built"]) == {(i, n) for layers in splits for i, n in enumerate(layers)}
