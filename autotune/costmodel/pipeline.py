@@ -380,18 +380,22 @@ def critical_path(schedule: str, pp: int, vpp: int, m: int, durations: Durations
     order `durations` would get)."""
     g = _graph(schedule, pp, vpp, m, _ticks(schedule, durations, ticks))
     split = schedule in SPLIT_BACKWARD
-    code = {"F": 0, "B": 1, "W": 2}
-    end = [0.0] * len(g.ops)
-    came = [-1] * len(g.ops)
-    for k, op in enumerate(g.ops):
-        p, d = g.prev[k], g.dep[k]
-        start, came[k] = (end[p], p) if p >= 0 else (0.0, -1)
-        if d >= 0 and end[d] > start:
-            start, came[k] = end[d], d
-        f, b, w = durations[g.ranks[k]][op.chunk]
-        end[k] = start + (f, b if split else b + w, w)[code[op.kind]]
-    k = max(range(len(end)), key=lambda i: (end[i], -i))
-    total = end[k]
+    flat = [x for row in durations for f, b, w in row for x in (f, b if split else b + w, w)]
+    # makespan's loop (the same additions in the same order), remembering which end each pass started from:
+    # its dependency only when that ended strictly later than the pass before it on its rank
+    end = [0.0, -math.inf]
+    came: list[int] = []
+    for p, d, x in zip(g.prev_at, g.dep_at, map(flat.__getitem__, g.slots)):
+        a, b = end[p], end[d]
+        if b > a:
+            came.append(d - 2)
+            end.append(b + x)
+        else:
+            came.append(p - 2 if p >= 2 else -1)
+            end.append(a + x)
+    del end[:2]
+    total = max(end)
+    k = end.index(total)  # the first pass to end last
     counts: dict[tuple[int, int, str], int] = {}
     while k >= 0:
         key = (g.ranks[k], g.ops[k].chunk, g.ops[k].kind)

@@ -256,3 +256,44 @@ def test_lower_bound_never_exceeds_the_simulated_time(data):
 
 def test_single_stage_has_no_bubble():
     assert pipeline.makespan("1f1b", 1, 1, 7, (((1.5, 2.5, 0.0),),)) == pytest.approx(28.0)
+
+
+def _critical_path_pass_by_pass(schedule, pp, v, m, durations, ticks):
+    """The plain reading of critical_path: each pass starts after the later of the pass before it on its rank
+    and the pass it depends on (that one only when it ends strictly later), the path walked back from the
+    first pass to end last."""
+    g = pipeline._graph(schedule, pp, v, m, ticks)
+    split = schedule in pipeline.SPLIT_BACKWARD
+    end, came = [0.0] * len(g.ops), [-1] * len(g.ops)
+    for k, op in enumerate(g.ops):
+        p, d = g.prev[k], g.dep[k]
+        start, came[k] = (end[p], p) if p >= 0 else (0.0, -1)
+        if d >= 0 and end[d] > start:
+            start, came[k] = end[d], d
+        f, b, w = durations[g.ranks[k]][op.chunk]
+        end[k] = start + {"F": f, "B": b if split else b + w, "W": w}[op.kind]
+    k = max(range(len(end)), key=lambda i: (end[i], -i))
+    total, counts = end[k], {}
+    while k >= 0:
+        key = (g.ranks[k], g.ops[k].chunk, g.ops[k].kind)
+        counts[key] = counts.get(key, 0) + 1
+        k = came[k]
+    return total, counts
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "interleaved", "v-half"])
+def test_critical_path_is_the_pass_by_pass_walk_to_the_last_bit(schedule):
+    """Float durations and small integers (the planner's solver units, where ties are the rule): the same
+    length to the bit and the same passes on the path."""
+    rng = random.Random(7 + sum(map(ord, schedule)))
+    for trial in range(80):
+        pp = rng.randint(2, 6)
+        v = {"interleaved": rng.randint(2, 3), "v-half": 2}.get(schedule, 1)
+        m = pp * rng.randint(1, 4) if schedule == "interleaved" else rng.randint(1, 3 * pp)
+        dur = random_durations(rng, pp, v)
+        if trial % 2:
+            dur = tuple(tuple(tuple(float(rng.randint(0, 3)) for _ in fbw) for fbw in row) for row in dur)
+        ticks = pipeline._ticks(schedule, dur, None)
+        want = _critical_path_pass_by_pass(schedule, pp, v, m, dur, ticks)
+        got = pipeline.critical_path(schedule, pp, v, m, dur)
+        assert got == want and repr(got[0]) == repr(want[0]), (schedule, pp, v, m, dur)
