@@ -370,7 +370,6 @@ def _peaks(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> tuple[int,
     return tuple(peaks)
 
 
-
 def critical_path(schedule: str, pp: int, vpp: int, m: int, durations: Durations, ticks: Ticks | None = None
                   ) -> tuple[float, dict[tuple[int, int, str], int]]:
     """The pipeline time and, for one longest path, how many passes of each (rank, chunk, kind) it runs.
@@ -387,12 +386,8 @@ def critical_path(schedule: str, pp: int, vpp: int, m: int, durations: Durations
     came: list[int] = []
     for p, d, x in zip(g.prev_at, g.dep_at, map(flat.__getitem__, g.slots)):
         a, b = end[p], end[d]
-        if b > a:
-            came.append(d - 2)
-            end.append(b + x)
-        else:
-            came.append(p - 2 if p >= 2 else -1)
-            end.append(a + x)
+        came.append(d - 2 if b > a else (p - 2 if p >= 2 else -1))
+        end.append((b if b > a else a) + x)
     del end[:2]
     total = max(end)
     k = end.index(total)  # the first pass to end last
