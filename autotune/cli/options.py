@@ -22,7 +22,7 @@ from autotune.specs.job import JobSpec
 from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_PIPELINE_PASSES, MAX_SEQ_LEN
 from autotune.specs.plan import DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan
 from autotune.specs.tpgrid import MODES
-from autotune.specs.trainers import FORK_CAPS
+from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS, check_dispatcher
 
 # ----------------------------------------------------------------------------------- options shared by commands
 ModelOpt = Annotated[str, typer.Option("--model", metavar="NAME|FILE",
@@ -263,13 +263,12 @@ def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfus
     if not 1.0 <= imbalance <= MAX_MOE_IMBALANCE:  # also NaN
         raise SpecError(f"--moe-imbalance {imbalance:g}: the busiest expert's tokens over the mean must be >= 1.0 "
                         f"(1.0 = balanced routing) and <= {MAX_MOE_IMBALANCE:g}")
-    if moe_dispatcher == "deepep" and (kernels or "megatron") != "megatron":
-        raise SpecError(f"--moe-dispatcher deepep: autotune emits DeepEP for Megatron only (its flex dispatcher); "
-                        f"use --moe-dispatcher alltoall with {kernels}")
-    return JobSpec(global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
-                   flash_attention=not no_flash, fused_kernels=not unfused, moe_imbalance=imbalance,
-                   moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
-                   grad_reduce=grad_reduce, trainer=kernels or "megatron")  # type: ignore[arg-type]
+    job = JobSpec(global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
+                  flash_attention=not no_flash, fused_kernels=not unfused, moe_imbalance=imbalance,
+                  moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
+                  grad_reduce=grad_reduce, trainer=kernels or "megatron")  # type: ignore[arg-type]
+    check_dispatcher(TRAINER_CAPS[job.trainer], job)  # the kernels' trainer must run the dispatcher priced
+    return job
 
 
 

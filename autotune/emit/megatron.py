@@ -232,7 +232,8 @@ def megatron_flags(inp: EmitInput) -> tuple[dict[str, list[Flag]], tuple[str, ..
     warn: list[str] = schedule_warnings(inp.plan)
     p = inp.plan
     groups = {
-        "GPT_ARGS": _model_flags(inp, warn) + moe_flags(inp.model, p, inp.job.moe_dispatcher),  # MoE/MLA: emit/megatron_moe.py
+        # MoE/MLA: emit/megatron_moe.py
+        "GPT_ARGS": _model_flags(inp, warn) + moe_flags(inp.model, p, inp.job.moe_dispatcher),
         "DATA_ARGS": _data_flags(inp, warn),
         "PARALLEL_ARGS": _parallel_flags(inp, warn),
         "BATCH_ARGS": [("--micro-batch-size", str(p.mbs)),

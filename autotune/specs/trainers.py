@@ -134,7 +134,8 @@ TRAINER_CAPS: dict[str, TrainerCaps] = {
 #: Megatron-LM forks, searched only when named with --fork.
 FORK_CAPS: dict[str, TrainerCaps] = {
     "vocab-parallel": replace(
-        _MEGATRON, name="megatron+vocab-parallel", vocabs=("ends", "balanced", "parallel"), moe_dispatchers=("alltoall",),
+        _MEGATRON, name="megatron+vocab-parallel", vocabs=("ends", "balanced", "parallel"),
+        moe_dispatchers=("alltoall",),
         source="sail-sg/VocabularyParallelism (HEAD 6191c3b, Megatron-LM core 0.9): --enable-vocab-parallel with "
                "1F1B, pp > 1, untied embeddings (TRAINERS.md section 4)"),
     "zero-bubble": replace(
