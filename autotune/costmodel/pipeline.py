@@ -368,32 +368,3 @@ def _peaks(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> tuple[int,
                 held -= 1
         peaks.append(peak)
     return tuple(peaks)
-
-
-def critical_path(schedule: str, pp: int, vpp: int, m: int, durations: Durations, ticks: Ticks | None = None
-                  ) -> tuple[float, dict[tuple[int, int, str], int]]:
-    """The pipeline time and, for one longest path, how many passes of each (rank, chunk, kind) it runs.
-    Any path's length is a lower bound on the pipeline time that is linear in the pass durations: the
-    planner adds the critical path of each solution it finds as a cut until its solution's own critical
-    path is already accounted for (search/partition.py). `ticks` fixes the v-half order (default: the
-    order `durations` would get)."""
-    g = _graph(schedule, pp, vpp, m, _ticks(schedule, durations, ticks))
-    split = schedule in SPLIT_BACKWARD
-    flat = [x for row in durations for f, b, w in row for x in (f, b if split else b + w, w)]
-    # makespan's loop (the same additions in the same order), remembering which end each pass started from:
-    # its dependency only when that ended strictly later than the pass before it on its rank
-    end = [0.0, -math.inf]
-    came: list[int] = []
-    for p, d, x in zip(g.prev_at, g.dep_at, map(flat.__getitem__, g.slots)):
-        a, b = end[p], end[d]
-        came.append(d - 2 if b > a else (p - 2 if p >= 2 else -1))
-        end.append((b if b > a else a) + x)
-    del end[:2]
-    total = max(end)
-    k = end.index(total)  # the first pass to end last
-    counts: dict[tuple[int, int, str], int] = {}
-    while k >= 0:
-        key = (g.ranks[k], g.ops[k].chunk, g.ops[k].kind)
-        counts[key] = counts.get(key, 0) + 1
-        k = came[k]
-    return total, counts

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.costmodel import pipeline, schedules
+from autotune.costmodel import critical, pipeline, schedules
 
 
 # ------------------------------------------------------------------------ an independent event simulator
@@ -99,7 +99,7 @@ def test_step_time_equals_the_event_simulation_on_random_stage_times(schedule):
         assert pipeline.makespan(schedule, pp, v, m, dur, ticks) == pytest.approx(want, rel=1e-12)
         timeline = pipeline.simulate(schedule, pp, v, m, dur, ticks)
         assert timeline.makespan == pytest.approx(want, rel=1e-12)
-        length, counts = pipeline.critical_path(schedule, pp, v, m, dur, ticks)
+        length, counts = critical.critical_path(schedule, pp, v, m, dur, ticks)
         assert length == pytest.approx(want, rel=1e-12)
         split = schedule in pipeline.SPLIT_BACKWARD
         path = sum(n * (dur[r][c][0] if k == "F" else dur[r][c][2] if k == "W" else
@@ -295,5 +295,5 @@ def test_critical_path_is_the_pass_by_pass_walk_to_the_last_bit(schedule):
             dur = tuple(tuple(tuple(float(rng.randint(0, 3)) for _ in fbw) for fbw in row) for row in dur)
         ticks = pipeline._ticks(schedule, dur, None)
         want = _critical_path_pass_by_pass(schedule, pp, v, m, dur, ticks)
-        got = pipeline.critical_path(schedule, pp, v, m, dur)
+        got = critical.critical_path(schedule, pp, v, m, dur)
         assert got == want and repr(got[0]) == repr(want[0]), (schedule, pp, v, m, dur)
