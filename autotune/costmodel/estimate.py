@@ -10,10 +10,12 @@ from autotune.costmodel.flops import model_flops_per_step
 from autotune.costmodel.layer import LayerCost, VocabCost, dense_layer_cost, layer_cost, layer_shape, vocab_cost
 from autotune.costmodel.measured import (MeasuredOps, OpCoverage, apply_comm, check_profile_model,
                                          roofline_coverage, step_ops)
+from autotune.costmodel.moe import deepep_refusal
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, Timeline, makespan, simulate
 from autotune.costmodel.stages import (StageCost, base_recompute, build_stages, p2p_time, schedule_ticks,
                                       vocab_parallel_comm)
+from autotune.errors import SpecError
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES, JobSpec
 from autotune.specs.model import ModelSpec
@@ -92,6 +94,8 @@ class CostModel:
             hw = apply_comm(profile, hw)
             self.measured = MeasuredOps(profile) if profile.ops else None
         self.model, self.hw, self.job = model, hw, job
+        if model.is_moe and job.moe_dispatcher == "deepep" and (why := deepep_refusal(hw)):
+            raise SpecError(f"--moe-dispatcher deepep: {why}; use --moe-dispatcher alltoall")
         self._layer: dict[tuple[int, int, int, bool, str, bool, int, int], LayerCost] = {}
         self._vocab: dict[tuple[int, int, int, bool], VocabCost] = {}
         self._ticks: dict[tuple, Ticks] = {}

@@ -84,6 +84,9 @@ class HardwareSpec:
     """Streaming multiprocessors: GEMM output tiles run in waves of this many; 0 = no wave quantization."""
     kernel_overhead_s: float = 0.0
     """Fixed time of every kernel besides its work: launch gap, ramp-up and tail, seconds."""
+    compute_capability: str = ""
+    """NVIDIA's compute capability ("9.0" for Hopper), or the vendor's architecture name ("gfx942");
+    "" = not given. Decides which kernels exist for the GPU (DeepEP, costmodel/moe.py)."""
 
     @property
     def nic_share(self) -> float:
@@ -106,6 +109,7 @@ class HardwareSpec:
 _FIGURES = ("memory_GiB", "memory_reserve_GiB", "hbm_bandwidth_GBps", "bf16_TFLOPs", "fp16_TFLOPs", "fp8_TFLOPs",
             "gpus_per_node", "intra_node_GBps", "intra_node_latency_us", "inter_node_GBps", "inter_node_latency_us",
             "efficiency")
+_OPTIONAL_FIGURES = ("nics_per_node", "sm_count", "kernel_overhead_us", "compute_capability")
 _EFFICIENCY_KEYS = ("gemm", "attention", "memory", "intra_node_comm", "inter_node_comm")
 _EFFICIENCY_OPTIONAL = ("gemm_fp8", "attention_sdpa", "attention_bwd_ratio", "memory_torch",
                         "gemm_torch")
@@ -116,7 +120,7 @@ def hardware_from_dict(data: dict[str, Any], where: str) -> HardwareSpec:
     """Build a HardwareSpec from a hardware file. ``sources`` (where each figure comes from) is optional, so a
     hand-written file of a few figures loads; the catalog's files all carry it, and it is shown when present."""
     check_keys(data, required=("name", *_FIGURES),
-               optional=("schema", "description", "sources", "nics_per_node", "sm_count", "kernel_overhead_us"),
+               optional=("schema", "description", "sources", *_OPTIONAL_FIGURES),
                where=where)
     if "sources" in data:
         _check_sources(data, where)
@@ -148,7 +152,16 @@ def hardware_from_dict(data: dict[str, Any], where: str) -> HardwareSpec:
         sm_count=positive_int(data, "sm_count", where) if "sm_count" in data else 0,
         kernel_overhead_s=from_us(nonneg_float(data, "kernel_overhead_us", where)) if "kernel_overhead_us" in data
         else 0.0,
+        compute_capability=_architecture(data, where),
     )
+
+
+def _architecture(data: dict[str, Any], where: str) -> str:
+    value = data.get("compute_capability", "")
+    if not isinstance(value, str) or len(value) > 32 or (value and not value.replace(".", "").isalnum()):
+        raise SpecError(f"{where}: compute_capability must be text such as \"9.0\" (NVIDIA) or \"gfx942\" (AMD), "
+                        f"got {value!r}")
+    return value
 
 
 def _check_sources(data: dict[str, Any], where: str) -> None:
@@ -157,7 +170,7 @@ def _check_sources(data: dict[str, Any], where: str) -> None:
     sources = data["sources"]
     if not isinstance(sources, dict):
         raise SpecError(f"{where}: sources must map each figure key to its source")
-    figures = set(_FIGURES) | {k for k in ("nics_per_node", "sm_count", "kernel_overhead_us") if k in data}
+    figures = set(_FIGURES) | {k for k in _OPTIONAL_FIGURES if k in data}
     unknown = sorted(k for k in sources if k not in figures)
     if unknown:
         raise SpecError(f"{where}: sources names {', '.join(map(str, unknown))}, not a figure of this file; allowed: "

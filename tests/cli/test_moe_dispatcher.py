@@ -53,6 +53,11 @@ def test_the_megatron_script_carries_it_and_check_reads_it_back(cli, tmp_path: P
 @pytest.mark.parametrize(("extra", "words"), [
     (("--moe-dispatcher", "nccl"), "--moe-dispatcher must be one of alltoall, deepep"),
     (("--moe-dispatcher", "deepep", "--kernels", "torchtitan"), "--moe-dispatcher deepep"),
+    # Megatron-Bridge turns DeepEP on only at compute capability 8.x/9.x and B200/B300
+    (("--moe-dispatcher", "deepep", "--gpu", "v100-32gb"), "not v100-32gb (7.0); use --moe-dispatcher alltoall"),
+    (("--moe-dispatcher", "deepep", "--gpu", "mi300x"), "not mi300x (gfx942)"),
+    # its internode kernels place 8 NVLink peers on each node
+    (("--moe-dispatcher", "deepep", "--gpus-per-node", "4"), "nodes of 8 NVLink-connected GPUs, not 4"),
 ])
 def test_bad_dispatcher_is_a_one_line_error(extra, words, autotune_proc) -> None:
     proc = autotune_proc("estimate", *JOB, *PLAN, *extra)

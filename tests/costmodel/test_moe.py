@@ -490,3 +490,18 @@ def test_gpt_oss_clamp_runs_outside_the_fused_activation_by_hand() -> None:
     r, h, up, f = 16384, 2880, 5760, 2880
     assert moe_activation_bytes(m, shape) == pytest.approx(4096 * 128 * 4 + 2 * r * h + 2 * 2 * r * up
                                                            + 2 * r * f)
+
+
+def test_deepep_runs_where_megatron_bridge_turns_it_on() -> None:
+    """megatron-bridge 0.3.1 training/flex_dispatcher_backend.py: compute capability 8.x/9.x, B200 and B300;
+    DeepEP's NUM_MAX_NVL_PEERS = 8 GPUs per node."""
+    from dataclasses import replace
+
+    from autotune.catalog import load_hardware
+    from autotune.costmodel.moe import deepep_refusal
+
+    assert [name for name in ("a100-80gb", "h100-sxm", "h200", "b200") if deepep_refusal(load_hardware(name))] == []
+    assert "not v100-32gb (7.0)" in deepep_refusal(load_hardware("v100-32gb"))
+    assert "not mi300x (gfx942)" in deepep_refusal(load_hardware("mi300x"))
+    assert "not 4 (--gpus-per-node)" in deepep_refusal(replace(load_hardware("h100-sxm"), gpus_per_node=4))
+    assert deepep_refusal(replace(load_hardware("v100-32gb"), compute_capability="")) == ""  # taken at its word

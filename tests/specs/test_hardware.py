@@ -87,3 +87,23 @@ def test_the_catalog_holds_the_gpus_the_cli_promises():
     for name in names:
         hw = load_hardware(name)
         assert 0 < hw.usable_memory_bytes < hw.memory_bytes
+
+
+def test_every_catalog_gpu_names_its_architecture():
+    """NVIDIA's CUDA GPU list: V100 7.0, A100 8.0, H100/H200 9.0, B200 10.0; AMD's ROCm list: MI300X gfx942."""
+    want = {"v100-32gb": "7.0", "a100-40gb": "8.0", "a100-80gb": "8.0", "h100-sxm": "9.0", "h100-hbm2e-96gb": "9.0",
+            "h200": "9.0", "b200": "10.0", "mi300x": "gfx942"}
+    assert {name: load_hardware(name).compute_capability for name in want} == want
+    assert all("compute_capability" in load_raw("hardware", name)["sources"] for name in want)
+
+
+@pytest.mark.parametrize("value", [9.0, "9.0; rm -rf", "x" * 40])
+def test_compute_capability_must_be_a_short_name(value):
+    with pytest.raises(SpecError, match="compute_capability must be text such as"):
+        hardware_from_dict(_raw(compute_capability=value), "a100.json")
+
+
+def test_a_file_without_compute_capability_loads():
+    data = _raw()
+    del data["compute_capability"], data["sources"]["compute_capability"]
+    assert hardware_from_dict(data, "mine.json").compute_capability == ""
