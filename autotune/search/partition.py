@@ -27,11 +27,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from autotune.costmodel.critical import critical_path, critical_paths
 from autotune.costmodel.pipeline import SPLIT_BACKWARD
 from autotune.search.budget import Budget
+from autotune.search.cuts import Coefficients, neighbour_paths, partition_critical_path, pass_coefficients
 from autotune.search.partition_terms import adam_term, dp_sync, memory_constraints
 from autotune.search.tables import CandidateCosts, chunk_range
 from autotune.units import to_solver_time
@@ -72,10 +70,11 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
                     ) -> PartitionResult:
     """Solve one candidate. With `cutoff` (scaled objective), only strictly better plans are feasible.
 
-    With exact=False, solve only the relaxation with the pivot paths (one CP-SAT solve): the result's `bound`
+    With exact=False, solve only the relaxation with the seed paths (one CP-SAT solve): the result's `bound`
     is a lower bound on the candidate's optimum and its plan is timed exactly (status OPTIMAL when its own
     critical path was already in the relaxation, RELAXED when the two differ); the planner runs the full
-    loop only for candidates whose bound stays promising. `hint`: a solution the first solve starts from."""
+    loop only for candidates whose bound stays promising. `hint`: a solution the first solve starts from; the
+    seed paths are the pivot paths, and with a hint its critical path and its neighbours' (_seed_paths)."""
     from ortools.sat.python import cp_model  # imported here: it costs most of autotune's start-up
 
     budget = Budget() if budget is None else budget
@@ -84,7 +83,7 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
     if chunks is None:
         return PartitionResult("INFEASIBLE")
     rc, r = _recompute_vars(model, cc, chunks)
-    durations = _pass_coefficients(cc)
+    durations = pass_coefficients(cc)
     pipe = model.NewIntVar(0, _pipe_upper(cc, num_layers), "pipe")
     _pivot_paths(model, cc, pipe, durations, chunks, rc, _pipe_upper(cc, num_layers))
     memory_constraints(model, cc, chunks, rc)
@@ -94,18 +93,19 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
     if cutoff is not None:
         model.Add(objective < cutoff)
     model.Minimize(objective)
+    paths: list[dict] = []
     if hint is not None:
         _add_hint(model, cc, hint, chunks, r, choice)
+        paths = _seed_paths(model, cc, pipe, durations, chunks, rc, hint)
     best: PartitionResult | None = None
     proven = False
-    paths: list[dict] = []
     while not budget.exhausted:
         found = _solve(model, objective, pipe, cc, chunks, r, choice, budget)
         if found is None or found.status == "INFEASIBLE":  # nothing (else) beats the cutoff or the best so far
             proven = found is not None
             break
         k_vals, rc_vals = found.chunk_values
-        length, path = _critical_path(cc, durations, k_vals, rc_vals)
+        length, path = partition_critical_path(cc, durations, k_vals, rc_vals)
         true_objective = found.objective - found.pipe + length
         if best is None or true_objective < best.objective:
             best = replace(found, objective=true_objective, status="FEASIBLE")
@@ -116,7 +116,7 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
             return replace(best, status="RELAXED", bound=found.objective if found.status == "OPTIMAL" else 0)
         _add_path(model, pipe, path, durations, chunks, rc)
         paths.append(path)
-        for extra in _neighbour_paths(cc, durations, k_vals, rc_vals, paths):
+        for extra in neighbour_paths(cc, durations, k_vals, rc_vals, paths):
             _add_path(model, pipe, extra, durations, chunks, rc)
             paths.append(extra)
         model.Add(objective < best.objective)
@@ -139,6 +139,23 @@ def _add_hint(model, cc: CandidateCosts, hint: Hint, chunks, r, choice) -> None:
         model.AddHint(y, int(bucket == hint.bucket))
 
 
+def _seed_paths(model, cc: CandidateCosts, pipe, durations: Coefficients, chunks, rc, hint: Hint) -> list[dict]:
+    """Cut with the critical path of the hint's partition, and with m <= 2p its neighbours', before the first
+    solve. With few micro-batches the warm-up and drain, where the critical path zigzags between ranks, are a
+    large share of the step, and the pivot paths alone leave the relaxation ~5% below the true pipeline time,
+    too weak to prune against the cutoff; the hint is a good partition, so its paths are nearly tight where the
+    optimum lies (llama3-70b on 16384 H100s: 28 partition solves and 48 s -> 21 and 27 s). With many, the pivot
+    paths are nearly tight already and 4p more cuts only slow each solve (deepseek-v3, pp32 m256)."""
+    rc_hint = tuple(min(hint.recompute_layers, k) for k in hint.chunks)
+    _, path = partition_critical_path(cc, durations, hint.chunks, rc_hint)
+    paths = [path]
+    if cc.cand.num_microbatches <= 2 * cc.cand.pp:
+        paths += neighbour_paths(cc, durations, hint.chunks, rc_hint, paths)
+    for p in paths:
+        _add_path(model, pipe, p, durations, chunks, rc)
+    return paths
+
+
 def _solve(model, objective, pipe, cc: CandidateCosts, chunks, r, choice, budget: Budget) -> PartitionResult | None:
     """One solve of the current model with the strategy fallbacks; the result or None. The attempts
     run on a copy: "improve on the last attempt" holds for this relaxation only, and must not survive into
@@ -159,90 +176,6 @@ def _solve(model, objective, pipe, cc: CandidateCosts, chunks, r, choice, budget
         if budget.exhausted:
             break
     return found
-
-
-Coefficients = tuple[tuple[tuple[tuple[int, int, int], ...], ...], tuple[int, int, int, int]]
-
-
-def _pass_coefficients(cc: CandidateCosts) -> Coefficients:
-    """Solver-unit (F, B, W) constants per rank and chunk, and per-layer (f, b, w, d) slopes; for schedules
-    that do not split the backward W is folded into B."""
-    split = cc.cand.schedule in SPLIT_BACKWARD
-    f, b, w = (to_solver_time(x) for x in cc.layer_fbw)
-    d = to_solver_time(cc.full_extra_s)
-    fixed = tuple(tuple((to_solver_time(x), to_solver_time(y + (0.0 if split else z)),
-                         to_solver_time(z) if split else 0)
-                        for x, y, z in s.chunk_fixed) for s in cc.stages)
-    return fixed, (f, b + (0 if split else w), w if split else 0, d)
-
-
-def _durations_at(durations: Coefficients, k_vals, rc_vals):
-    """Integer (F, B, W) per rank and chunk for a given partition."""
-    fixed, (f, b, w, d) = durations
-    return tuple(tuple((k * f + F, k * b + rc * d + B, k * w + W) for F, B, W in row)
-                 for row, k, rc in zip(fixed, k_vals, rc_vals))
-
-
-def _critical_table(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals):
-    """The (F, B, W) table the schedule runs for a partition: W is part of B where the backward is not split."""
-    table = _durations_at(durations, k_vals, rc_vals)
-    if cc.cand.schedule not in SPLIT_BACKWARD:
-        table = tuple(tuple((F, B, 0) for F, B, _ in row) for row in table)
-    return table
-
-
-def _critical_path(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals):
-    c = cc.cand
-    table = _critical_table(cc, durations, k_vals, rc_vals)
-    total, path = critical_path(c.schedule, c.pp, c.vpp, c.num_microbatches, table, cc.ticks)
-    return int(round(total)), path
-
-
-def _neighbour_paths(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals, paths: list[dict]) -> list[dict]:
-    """The critical paths of the partitions next to a solution (one chunk moved to an adjacent stage, or one
-    stage a chunk larger or smaller) that no path in `paths` already bounds there.
-
-    Any path of the schedule bounds the pipeline time of every partition, so these are valid cuts too. Without
-    them each round of the loop cuts off one partition and the solver moves to its neighbour, whose critical path
-    differs by a stage: dozens of full solves for a 16-stage ZB-H1 pipeline; with them a handful. The neighbours
-    need not sum to the model (a path is a path whatever the durations), which keeps them 4p per round. All 4p
-    are walked at once (critical_paths), and every path's length on every neighbour is one matrix product."""
-    c = cc.cand
-    r = max(rc_vals) if rc_vals else 0
-    n = len(k_vals)
-    moves = [(a, b) for a in range(n) for b in (a - 1, a + 1) if 0 <= b < n]
-    moves += [(a, None) for a in range(n)] + [(None, b) for b in range(n)]
-    tables = []
-    for a, b in moves:
-        k = list(k_vals)
-        if a is not None:
-            k[a] -= 1
-        if b is not None:
-            k[b] += 1
-        if min(k) >= 0:
-            tables.append(_critical_table(cc, durations, k, tuple(min(r, x) for x in k)))
-    if not tables:
-        return []
-    found = critical_paths(c.schedule, c.pp, c.vpp, c.num_microbatches, tables, cc.ticks)
-    slot_times = np.array([[x for row in table for fbw in row for x in fbw] for table in tables], dtype=np.int64)
-    size, chunks = slot_times.shape[1], len(tables[0][0])
-    longest = np.full(len(tables), np.iinfo(np.int64).min)  # per neighbour: the longest known path there
-    if paths:
-        longest = (np.array([_slot_counts(q, chunks, size) for q in paths]) @ slot_times.T).max(axis=0)
-    out = []
-    for i, (length, path) in enumerate(found):
-        if longest[i] < int(round(length)):
-            out.append(path)
-            np.maximum(longest, slot_times @ np.array(_slot_counts(path, chunks, size)), out=longest)
-    return out
-
-
-def _slot_counts(path: dict, chunks: int, size: int) -> list[int]:
-    """A path's pass counts in the order of a flattened (F, B, W) table: its length there is a dot product."""
-    counts = [0] * size
-    for (rank, chunk, kind), count in path.items():
-        counts[(rank * chunks + chunk) * 3 + "FBW".index(kind)] = count
-    return counts
 
 
 def _add_path(model: cp_model.CpModel, pipe, path: dict, durations: Coefficients, chunks, rc) -> None:
@@ -302,7 +235,7 @@ def _pass_expr(durations: Coefficients, i: int, chunk: int, kind: str, k, rc):
 def _pipe_upper(cc: CandidateCosts, num_layers: int) -> int:
     """A safe upper bound on the pipeline time: every pass of every rank one after another."""
     c = cc.cand
-    fixed, (f, b, w, d) = _pass_coefficients(cc)
+    fixed, (f, b, w, d) = pass_coefficients(cc)
     per_mb = sum(sum(F + B + W for F, B, W in row) for row in fixed) + num_layers * (f + b + w + max(d, 0))
     return c.num_microbatches * per_mb + 1
 

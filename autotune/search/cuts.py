@@ -1,0 +1,94 @@
+"""The cuts of the partition model (search/partition.py): pass durations linear in each stage's layers, and
+the critical paths of given partitions, whose lengths bound the pipeline time of every partition."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autotune.costmodel.critical import critical_path, critical_paths
+from autotune.costmodel.pipeline import SPLIT_BACKWARD
+from autotune.search.tables import CandidateCosts
+from autotune.units import to_solver_time
+
+Coefficients = tuple[tuple[tuple[tuple[int, int, int], ...], ...], tuple[int, int, int, int]]
+
+
+def pass_coefficients(cc: CandidateCosts) -> Coefficients:
+    """Solver-unit (F, B, W) constants per rank and chunk, and per-layer (f, b, w, d) slopes; for schedules
+    that do not split the backward W is folded into B."""
+    split = cc.cand.schedule in SPLIT_BACKWARD
+    f, b, w = (to_solver_time(x) for x in cc.layer_fbw)
+    d = to_solver_time(cc.full_extra_s)
+    fixed = tuple(tuple((to_solver_time(x), to_solver_time(y + (0.0 if split else z)),
+                         to_solver_time(z) if split else 0)
+                        for x, y, z in s.chunk_fixed) for s in cc.stages)
+    return fixed, (f, b + (0 if split else w), w if split else 0, d)
+
+
+def durations_at(durations: Coefficients, k_vals, rc_vals):
+    """Integer (F, B, W) per rank and chunk for a given partition."""
+    fixed, (f, b, w, d) = durations
+    return tuple(tuple((k * f + F, k * b + rc * d + B, k * w + W) for F, B, W in row)
+                 for row, k, rc in zip(fixed, k_vals, rc_vals))
+
+
+def critical_table(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals):
+    """The (F, B, W) table the schedule runs for a partition: W is part of B where the backward is not split."""
+    table = durations_at(durations, k_vals, rc_vals)
+    if cc.cand.schedule not in SPLIT_BACKWARD:
+        table = tuple(tuple((F, B, 0) for F, B, _ in row) for row in table)
+    return table
+
+
+def partition_critical_path(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals):
+    c = cc.cand
+    table = critical_table(cc, durations, k_vals, rc_vals)
+    total, path = critical_path(c.schedule, c.pp, c.vpp, c.num_microbatches, table, cc.ticks)
+    return int(round(total)), path
+
+
+def neighbour_paths(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals, paths: list[dict]) -> list[dict]:
+    """The critical paths of the partitions next to a solution (one chunk moved to an adjacent stage, or one
+    stage a chunk larger or smaller) that no path in `paths` already bounds there.
+
+    Any path of the schedule bounds the pipeline time of every partition, so these are valid cuts too. Without
+    them each round of the loop cuts off one partition and the solver moves to its neighbour, whose critical path
+    differs by a stage: dozens of full solves for a 16-stage ZB-H1 pipeline; with them a handful. The neighbours
+    need not sum to the model (a path is a path whatever the durations), which keeps them 4p per round. All 4p
+    are walked at once (critical_paths), and every path's length on every neighbour is one matrix product."""
+    c = cc.cand
+    r = max(rc_vals) if rc_vals else 0
+    n = len(k_vals)
+    moves = [(a, b) for a in range(n) for b in (a - 1, a + 1) if 0 <= b < n]
+    moves += [(a, None) for a in range(n)] + [(None, b) for b in range(n)]
+    tables = []
+    for a, b in moves:
+        k = list(k_vals)
+        if a is not None:
+            k[a] -= 1
+        if b is not None:
+            k[b] += 1
+        if min(k) >= 0:
+            tables.append(critical_table(cc, durations, k, tuple(min(r, x) for x in k)))
+    if not tables:
+        return []
+    found = critical_paths(c.schedule, c.pp, c.vpp, c.num_microbatches, tables, cc.ticks)
+    slot_times = np.array([[x for row in table for fbw in row for x in fbw] for table in tables], dtype=np.int64)
+    size, chunks = slot_times.shape[1], len(tables[0][0])
+    longest = np.full(len(tables), np.iinfo(np.int64).min)  # per neighbour: the longest known path there
+    if paths:
+        longest = (np.array([_slot_counts(q, chunks, size) for q in paths]) @ slot_times.T).max(axis=0)
+    out = []
+    for i, (length, path) in enumerate(found):
+        if longest[i] < int(round(length)):
+            out.append(path)
+            np.maximum(longest, slot_times @ np.array(_slot_counts(path, chunks, size)), out=longest)
+    return out
+
+
+def _slot_counts(path: dict, chunks: int, size: int) -> list[int]:
+    """A path's pass counts in the order of a flattened (F, B, W) table: its length there is a dot product."""
+    counts = [0] * size
+    for (rank, chunk, kind), count in path.items():
+        counts[(rank * chunks + chunk) * 3 + "FBW".index(kind)] = count
+    return counts
