@@ -350,21 +350,24 @@ def coarse_bound(cm: CostModel, c: Candidate, memo: dict) -> tuple[float, bool]:
     stage updates at least the average stage's layers. c cannot fit when that fullest stage cannot hold its
     layers' weights, gradients and optimizer states and one micro-batch of their activations at the most
     recomputation allowed. `memo` (one dict per search) keeps the per-layer terms."""
-    key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.base, c.full_max > 0, c.zero, c.dp, c.ep, c.etp)
-    terms = memo.get(key)
-    if terms is None:
-        layer = cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp)
-        per_layer = layer.time(c.base)  # full_min > 0 recomputes only some layers of each chunk in full
+    shape = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp)
+    time_key, state_key = ("time", *shape, c.base, c.full_max > 0), ("state", *shape, c.zero, c.dp)
+    if (timing := memo.get(time_key)) is None:  # per layer: time, activations, the pivot path's share
+        layer = cm.layer(*shape)
+        act = min(layer.act.full, layer.act.get(c.base)) if c.full_max > 0 else layer.act.get(c.base)
+        share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
+                    _vocab_path_share(cm.vocab(c.tp, c.cp, c.mbs, c.sp)))  # as in quick_bound
+        # full_min > 0 recomputes only some layers of each chunk in full
+        memo[time_key] = timing = (layer.time(c.base), act, share)
+    if (sharded := memo.get(state_key)) is None:  # per layer: weights, gradients, optimizer; the Adam step
+        layer = cm.layer(*shape)
         shards = c.dp * c.cp
         state = sum(layer_state_bytes(layer, c.zero, shards, expert_dp(c.tp, c.cp, c.dp, c.ep, c.etp),
                                       cm.job.grad_bytes))
-        act = min(layer.act.full, layer.act.get(c.base)) if c.full_max > 0 else layer.act.get(c.base)
         adam = layer.params * ADAM_STEP_BYTES / (shards if c.zero >= 1 else 1) / (cm.hw.hbm_bandwidth
                                                                                  * cm.hw.efficiency.memory)
-        share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
-                    _vocab_path_share(cm.vocab(c.tp, c.cp, c.mbs, c.sp)))  # as in quick_bound
-        memo[key] = terms = (per_layer, state, act, adam, share)
-    per_layer, state, act, adam, share = terms
+        memo[state_key] = sharded = (state, adam)
+    (per_layer, act, share), (state, adam) = timing, sharded
     L = cm.model.num_layers
     fullest = -(-(L // c.vpp) // c.pp)  # chunks on the stage with the most
     fits = fullest * (c.vpp * state + act) <= cm.hw.usable_memory_bytes
