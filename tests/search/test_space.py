@@ -92,7 +92,7 @@ def test_pins_restrict_each_axis() -> None:
                         recompute=("selective",), zero=(1,), sequence_parallel=(True,), vocab=("ends",))
     cands = inst.candidates(space)
     one = Candidate(2, 2, 2, 1, 2, 4, "interleaved", 4, "selective", 0, 0, 1, True, "ends")
-    assert cands == [replace(one, tp_overlap=True), one]  # with sequence parallelism, TP overlap on and off
+    assert cands == [one._replace(tp_overlap=True), one]  # with sequence parallelism, TP overlap on and off
     assert inst.candidates(replace(space, tp_overlap=(False,))) == [one]
 
 
