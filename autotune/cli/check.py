@@ -19,6 +19,7 @@ from autotune.cli.options import (GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, Work
                                   load_cluster, show_warnings)
 from autotune.cli.searching import run_search
 from autotune.costmodel.estimate import CostModel, Estimate
+from autotune.costmodel.moe import deepep_refusal
 from autotune.emit import EmitInput
 from autotune.errors import InfeasibleError, InvalidPlanError, SpecError
 from autotune.fileio import check_target, write_files
@@ -72,6 +73,9 @@ def check_command(
     except InvalidPlanError as exc:
         raise InvalidPlanError(f"{config}: the plan it runs breaks a rule: {exc}") from None
     check_simulation_size(u.plan, str(config))
+    if u.model.is_moe and u.job.moe_dispatcher == "deepep" and (why := deepep_refusal(hw)):
+        raise SpecError(f"{config}: --moe-flex-dispatcher-backend deepep: {why}; use --moe-token-dispatcher-type "
+                        "alltoall")
     measured = load_cost_profile(None, gpu, u.model, hw, u.job)
     cm = CostModel(u.model, hw, u.job, measured)
     est = cm.estimate(u.plan)

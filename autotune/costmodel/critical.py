@@ -2,7 +2,7 @@
 
 Any path's length is a lower bound on the pipeline time that is linear in the pass durations: the planner
 adds the critical path of each solution it finds as a cut until its solution's own critical path is already
-accounted for, and the critical paths of the partitions next to it (search/partition.py). `critical_path`
+accounted for, and the critical paths of the partitions next to it (search/cuts.py). `critical_path`
 walks one table of durations; `critical_paths` walks many tables of the same schedule at once, one numpy
 column per table, so the 4p neighbours of a 64-stage solution cost one pass over the graph instead of 4p.
 Both give the same lengths to the bit and the same paths as makespan's loop.
@@ -47,6 +47,8 @@ def critical_paths(schedule: str, pp: int, vpp: int, m: int, tables: Sequence[Du
     stay integers."""
     if not tables:
         return []
+    if ticks is None:  # v-half's order follows its durations: one shared graph needs the order given
+        raise ValueError("critical_paths needs the ticks that fix the order (critical_path derives them per table)")
     g = _graph(schedule, pp, vpp, m, _ticks(schedule, tables[0], ticks))
     exact = all(isinstance(x, int) for table in tables for row in table for fbw in row for x in fbw)
     dtype = np.int64 if exact else np.float64

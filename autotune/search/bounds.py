@@ -357,8 +357,7 @@ def coarse_bound(cm: CostModel, c: Candidate, memo: dict) -> tuple[float, bool]:
         act = min(layer.act.full, layer.act.get(c.base)) if c.full_max > 0 else layer.act.get(c.base)
         share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
                     _vocab_path_share(cm.vocab(c.tp, c.cp, c.mbs, c.sp)))  # as in quick_bound
-        # full_min > 0 recomputes only some layers of each chunk in full
-        memo[time_key] = timing = (layer.time(c.base), act, share)
+        memo[time_key] = timing = (layer.time(c.base), act, share)  # full_min > 0: only some layers in full
     if (sharded := memo.get(state_key)) is None:  # per layer: weights, gradients, optimizer; the Adam step
         layer = cm.layer(*shape)
         shards = c.dp * c.cp

@@ -74,7 +74,7 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
     is a lower bound on the candidate's optimum and its plan is timed exactly (status OPTIMAL when its own
     critical path was already in the relaxation, RELAXED when the two differ); the planner runs the full
     loop only for candidates whose bound stays promising. `hint`: a solution the first solve starts from; the
-    seed paths are the pivot paths, and with a hint its critical path and its neighbours' (_seed_paths)."""
+    seed paths are the pivot paths, and with a hint its critical path (and its neighbours' when m <= 2p)."""
     from ortools.sat.python import cp_model  # imported here: it costs most of autotune's start-up
 
     budget = Budget() if budget is None else budget

@@ -7,7 +7,7 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.specs._strict import check_keys, fraction, nonneg_float, positive_float, positive_int
-from autotune.specs.limits import check_name
+from autotune.specs.limits import ARCHITECTURE_PATTERN, check_name
 from autotune.units import from_gbps, from_gib, from_tflops, from_us
 
 
@@ -158,7 +158,7 @@ def hardware_from_dict(data: dict[str, Any], where: str) -> HardwareSpec:
 
 def _architecture(data: dict[str, Any], where: str) -> str:
     value = data.get("compute_capability", "")
-    if not isinstance(value, str) or len(value) > 32 or (value and not value.replace(".", "").isalnum()):
+    if not isinstance(value, str) or (value and not ARCHITECTURE_PATTERN.fullmatch(value)):
         raise SpecError(f"{where}: compute_capability must be text such as \"9.0\" (NVIDIA) or \"gfx942\" (AMD), "
                         f"got {value!r}")
     return value

@@ -23,6 +23,9 @@ NAME_CHARS = "A-Z a-z 0-9 . _ + - /"
 MAX_NAME_LENGTH = 200
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._+/][A-Za-z0-9._+/-]{0,%d}" % (MAX_NAME_LENGTH - 1))
 
+#: A GPU architecture name in a hardware file: NVIDIA's compute capability ("9.0") or a vendor's target ("gfx942").
+ARCHITECTURE_PATTERN = re.compile(r"[A-Za-z0-9.]{1,32}")
+
 #: GPUs in a job: about ten times the largest clusters trained on (about 100k GPUs in 2024).
 MAX_GPUS = 1 << 20
 #: Sequences per optimizer step: 65,536 is the largest published batch (LAMB on BERT-Large, You et al. 2020).

@@ -64,3 +64,15 @@ def test_bad_dispatcher_is_a_one_line_error(extra, words, autotune_proc) -> None
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_check_names_the_scripts_flags_when_deepep_cannot_run(cli, autotune_proc, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = cli("plan", *JOB, *PLAN, "--moe-dispatcher", "deepep", "--out", str(out), "--trainer", "megatron")
+    assert result.exit_code == 0, result.output
+    script = out / "launch_megatron.sh"
+    proc = autotune_proc("check", str(script), "--gpu", "v100-32gb", "--gpus", "16")
+    assert proc.returncode == 1 and not proc.stdout, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(script) in lines[0] and "not v100-32gb (7.0)" in lines[0], proc.stderr
+    assert lines[0].endswith("use --moe-token-dispatcher-type alltoall")

@@ -38,3 +38,10 @@ def test_each_column_is_critical_path_of_its_table_to_the_bit(schedule, integer)
 
 def test_no_tables_no_paths():
     assert critical.critical_paths("1f1b", 2, 1, 4, [], pipeline.UNIT_TICKS) == []
+
+
+def test_v_half_needs_its_order_given():
+    """v-half's order follows its durations: tables sharing one graph must be told which order."""
+    table = (((1.0, 2.0, 1.0), (1.0, 2.0, 1.0)),) * 2
+    with pytest.raises(ValueError, match="needs the ticks"):
+        critical.critical_paths("v-half", 2, 2, 4, [table], None)
