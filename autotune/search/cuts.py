@@ -26,23 +26,16 @@ def pass_coefficients(cc: CandidateCosts) -> Coefficients:
 
 
 def durations_at(durations: Coefficients, k_vals, rc_vals):
-    """Integer (F, B, W) per rank and chunk for a given partition."""
+    """Integer (F, B, W) per rank and chunk for a given partition: the table its schedule runs (W is 0 where the
+    backward is not split, pass_coefficients having folded it into B)."""
     fixed, (f, b, w, d) = durations
     return tuple(tuple((k * f + F, k * b + rc * d + B, k * w + W) for F, B, W in row)
                  for row, k, rc in zip(fixed, k_vals, rc_vals))
 
 
-def critical_table(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals):
-    """The (F, B, W) table the schedule runs for a partition: W is part of B where the backward is not split."""
-    table = durations_at(durations, k_vals, rc_vals)
-    if cc.cand.schedule not in SPLIT_BACKWARD:
-        table = tuple(tuple((F, B, 0) for F, B, _ in row) for row in table)
-    return table
-
-
 def partition_critical_path(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals):
     c = cc.cand
-    table = critical_table(cc, durations, k_vals, rc_vals)
+    table = durations_at(durations, k_vals, rc_vals)
     total, path = critical_path(c.schedule, c.pp, c.vpp, c.num_microbatches, table, cc.ticks)
     return int(round(total)), path
 
@@ -69,7 +62,7 @@ def neighbour_paths(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals
         if b is not None:
             k[b] += 1
         if min(k) >= 0:
-            tables.append(critical_table(cc, durations, k, tuple(min(r, x) for x in k)))
+            tables.append(durations_at(durations, k, tuple(min(r, x) for x in k)))
     if not tables:
         return []
     found = critical_paths(c.schedule, c.pp, c.vpp, c.num_microbatches, tables, cc.ticks)

@@ -12,7 +12,7 @@ import pytest
 from autotune.catalog import load_hardware
 from autotune.costmodel.critical import critical_path
 from autotune.costmodel.estimate import CostModel
-from autotune.search.cuts import critical_table, durations_at, neighbour_paths, pass_coefficients
+from autotune.search.cuts import durations_at, neighbour_paths, pass_coefficients
 from autotune.search.partition import Hint, solve_partition
 from autotune.search.space import Candidate
 from autotune.search.tables import candidate_costs
@@ -45,9 +45,8 @@ def _plain_neighbour_paths(cc, durations, k_vals, rc_vals, paths):
         if min(k) < 0:
             continue
         rc = tuple(min(r, x) for x in k)
-        table = critical_table(cc, durations, k, rc)
-        length, path = critical_path(c.schedule, c.pp, c.vpp, c.num_microbatches, table, cc.ticks)
         at = durations_at(durations, k, rc)
+        length, path = critical_path(c.schedule, c.pp, c.vpp, c.num_microbatches, at, cc.ticks)
         if all(sum(count * at[i][j]["FBW".index(kind)] for (i, j, kind), count in q.items()) < length
                for q in paths + out):
             out.append(path)
@@ -80,3 +79,11 @@ def test_a_hint_seeds_cuts_but_not_the_answer(schedule, pp, m) -> None:
     for chunks in ((LAYERS // pp,) * pp, (LAYERS - pp + 1,) + (1,) * (pp - 1)):
         seeded = solve_partition(cc, LAYERS, hint=Hint(chunks, 1, 4000))
         assert (seeded.status, seeded.objective) == ("OPTIMAL", plain.objective), chunks
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_schedules_without_a_split_backward_run_w_inside_b(schedule) -> None:
+    """The tables the cuts walk carry W = 0 there (folded into B), as makespan runs them."""
+    cc = _costs(schedule, 2, 4, 2 if schedule == "interleaved" else 1, full_max=2)
+    fixed, (f, b, w, d) = pass_coefficients(cc)
+    assert w == 0 and all(W == 0 for row in fixed for _, _, W in row)
