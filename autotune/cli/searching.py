@@ -35,9 +35,11 @@ def search_space(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int, gpus_per
     space = replace(pins_space(pins, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp), trainer=trainer)
     check_space(space, model, job, gpus, gpus_per_node)
     if pins.given() and next(enumerate_candidates(model, job, gpus, gpus_per_node, space), None) is None:
+        deepep = (f", the deepep dispatcher's ep x etp must divide {gpus_per_node} or span whole 8-GPU nodes"
+                  if model.is_moe and job.moe_dispatcher == "deepep" else "")
         raise SpecError(f"no valid plan for {gpus} GPUs meets {pins.typed()} together (tp x pp x dp x cp must be "
                         f"{gpus}, dp x mbs must divide --global-batch {job.global_batch}, interleaved needs "
-                        "micro-batches divisible by pp); relax a pin")
+                        f"micro-batches divisible by pp{deepep}); relax a pin")
     return space
 
 

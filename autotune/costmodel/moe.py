@@ -17,6 +17,7 @@ from autotune.costmodel import comm
 from autotune.costmodel.ops import LayerShape, Op, _activation, _gemm, _memory_op
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.plan import DEEPEP_NVL_PEERS
 from autotune.units import FP32_BYTES
 
 #: Load imbalance of balanced routing: published MoE throughput benchmarks force it (Megatron-Bridge's
@@ -186,24 +187,19 @@ def delivered_rows(model: ModelSpec, shape: LayerShape) -> float:
                                                                          shape.ep)
 
 
-#: GPUs DeepEP treats as one NVLink domain (its NUM_MAX_NVL_PEERS): a group past them goes over RDMA
-DEEPEP_NVL_PEERS = 8
 #: NVIDIA compute capabilities (major) DeepEP runs on: Ampere, Hopper, Blackwell B200/B300, the GPUs on which
 #: Megatron-Bridge 0.3.1 turns it on (training/flex_dispatcher_backend.py skips it elsewhere)
 DEEPEP_COMPUTE_CAPABILITIES = (8, 9, 10)
 
 
 def deepep_refusal(hw: HardwareSpec) -> str:
-    """Why DeepEP's kernels cannot run on this cluster ("": they can). A GPU file without a compute capability
-    is taken at its word. DeepEP's internode kernels place NUM_MAX_NVL_PEERS = 8 NVLink peers on every node,
-    so nodes of another size are refused (inside one node it would run, which this does not tell apart)."""
+    """Why DeepEP's kernels cannot run on this GPU ("": they can). A GPU file without a compute capability is
+    taken at its word. Which expert groups it runs over is a layout rule of each plan
+    (specs.plan.deepep_group_issue)."""
     major = hw.compute_capability.split(".")[0]
     if hw.compute_capability and not (major.isdigit() and int(major) in DEEPEP_COMPUTE_CAPABILITIES):
         return (f"DeepEP runs on NVIDIA GPUs of compute capability 8.x-10.x (Ampere, Hopper, Blackwell), not "
                 f"{hw.name} ({hw.compute_capability})")
-    if hw.gpus_per_node != DEEPEP_NVL_PEERS:
-        return (f"DeepEP's internode kernels assume nodes of {DEEPEP_NVL_PEERS} NVLink-connected GPUs, not "
-                f"{hw.gpus_per_node} (--gpus-per-node)")
     return ""
 
 

@@ -15,6 +15,7 @@ from autotune.errors import InvalidPlanError, SpecError
 from autotune.search.experts import expert_options, moe_sequence_parallel
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.plan import deepep_group_issue
 from autotune.specs.trainers import TrainerCaps, deepspeed_split, expert_layout_issue
 from autotune.specs.tpgrid import check_tp_shapes, tp_mode_degrees
 
@@ -230,6 +231,7 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
     """Every outer combination the rules allow, in a fixed order."""
     if space.layers_per_stage is not None and space.pp is not None and len(space.pp) != 1:
         raise SpecError("--layers-per-stage pins the partition, so --pp must be one value")
+    deepep = model.is_moe and job.moe_dispatcher == "deepep"
     for mode, tp, cp, pp, dp in degree_options(model, job, gpus, gpus_per_node, space):
         if space.layers_per_stage is not None and len(space.layers_per_stage) != pp:
             continue
@@ -251,6 +253,8 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
                                         if model.is_moe and space.trainer is not None and expert_layout_issue(
                                                 space.trainer, tp, cp, zero, ep, etp):
                                             continue  # an expert layout the trainer does not build
+                                        if deepep and deepep_group_issue(ep * etp, gpus_per_node):
+                                            continue  # a group DeepEP's kernels do not run over
                                         yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin, fmax,
                                                         zero, sp, vocab, mode, overlap, ep, etp)
 

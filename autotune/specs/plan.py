@@ -214,6 +214,9 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
     _check_schedule(plan)
     _check_recompute(plan)
     check_experts(plan, model)
+    if model.is_moe and job.moe_dispatcher == "deepep" and (why := deepep_group_issue(plan.ep * plan.etp,
+                                                                                        gpus_per_node)):
+        raise InvalidPlanError(f"the deepep MoE dispatcher: {why}")
 
 
 def check_experts(plan: Plan, model: ModelSpec) -> None:
@@ -236,6 +239,37 @@ def check_experts(plan: Plan, model: ModelSpec) -> None:
     if plan.tp > 1 and not plan.sequence_parallel:
         raise InvalidPlanError("an MoE model with tp > 1 needs sequence_parallel true (Megatron requires it for "
                                "expert layers); set it")
+
+
+#: GPUs DeepEP's kernels treat as one node's NVLink peers: rank % 8 is a GPU's NVLink rank, rank // 8 its
+#: node (NUM_MAX_NVL_PEERS; deep_ep 1.0.0 on PyPI, csrc/deep_ep.cpp)
+DEEPEP_NVL_PEERS = 8
+#: Group sizes across nodes that DeepEP has dispatch and combine configs for (deep_ep 1.0.0,
+#: Buffer.get_dispatch_config asserts the size is one of them; megatron-core's moe/fused_a2a.py calls it)
+DEEPEP_INTERNODE_GROUPS = (16, 24, 32, 64, 128, 144, 160)
+
+
+def deepep_group_issue(group: int, gpus_per_node: int) -> str:
+    """Why DeepEP's normal kernels cannot run over an ETP*EP group of `group` GPUs ("": they can; Megatron's flex
+    dispatcher sends over that group, whose ranks are consecutive). Up to 8 GPUs it runs inside one node over
+    NVLink, so the group must not straddle nodes; beyond, it runs across nodes of 8 NVLink peers each."""
+    if group == 1:
+        return ""  # no dispatch: Megatron's flex dispatcher needs ETP*EP > 1 and the model runs no all-to-all
+    if group <= DEEPEP_NVL_PEERS:
+        if gpus_per_node % group:
+            return (f"ep*etp = {group} GPUs straddle nodes of {gpus_per_node}, and DeepEP runs a group of up to "
+                    f"{DEEPEP_NVL_PEERS} inside one node; pick ep*etp dividing {gpus_per_node}, or use the "
+                    "alltoall dispatcher")
+        return ""
+    if gpus_per_node % DEEPEP_NVL_PEERS:
+        return (f"across nodes DeepEP takes every {DEEPEP_NVL_PEERS} consecutive GPUs as one node's NVLink peers, "
+                f"which nodes of {gpus_per_node} GPUs are not; pick ep*etp dividing {gpus_per_node} (it is "
+                f"{group}), or use the alltoall dispatcher")
+    if group not in DEEPEP_INTERNODE_GROUPS:
+        return (f"DeepEP spans nodes in groups of {', '.join(map(str, DEEPEP_INTERNODE_GROUPS))} GPUs (or up to "
+                f"{DEEPEP_NVL_PEERS} in one node), not ep*etp = {group}; pick another ep or etp, or use the "
+                "alltoall dispatcher")
+    return ""
 
 
 def _check_grid(plan: Plan, model: ModelSpec) -> None:

@@ -56,14 +56,25 @@ def test_the_megatron_script_carries_it_and_check_reads_it_back(cli, tmp_path: P
     # Megatron-Bridge turns DeepEP on only at compute capability 8.x/9.x and B200/B300
     (("--moe-dispatcher", "deepep", "--gpu", "v100-32gb"), "not v100-32gb (7.0); use --moe-dispatcher alltoall"),
     (("--moe-dispatcher", "deepep", "--gpu", "mi300x"), "not mi300x (gfx942)"),
-    # its internode kernels place 8 NVLink peers on each node
-    (("--moe-dispatcher", "deepep", "--gpus-per-node", "4"), "nodes of 8 NVLink-connected GPUs, not 4"),
+    # its internode kernels take every 8 consecutive GPUs for one node's NVLink peers: ep 16 over 4-GPU nodes
+    (("--moe-dispatcher", "deepep", "--gpus-per-node", "4"), "which nodes of 4 GPUs are not; pick ep*etp dividing 4"),
 ])
 def test_bad_dispatcher_is_a_one_line_error(extra, words, autotune_proc) -> None:
     proc = autotune_proc("estimate", *JOB, *PLAN, *extra)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_plan_keeps_deepep_groups_inside_nodes_of_four(cli, autotune_proc) -> None:
+    """On 4-GPU nodes DeepEP runs only inside a node: the planner picks an ep*etp dividing 4 (pinning 8 leaves
+    nothing, and the error names why)."""
+    plan = _json(cli, "plan", *JOB, "--moe-dispatcher", "deepep", "--gpus-per-node", "4")
+    assert plan["solver"]["status"] == "OPTIMAL"
+    assert 4 % (plan["plan"]["ep"] * plan["plan"]["etp"]) == 0
+    pinned = autotune_proc("plan", *JOB, "--moe-dispatcher", "deepep", "--gpus-per-node", "4", "--ep", "8", "--etp",
+                           "1")
+    assert pinned.returncode == 1 and "deepep dispatcher's ep x etp must divide 4" in pinned.stderr
 
 
 def test_check_names_the_scripts_flags_when_deepep_cannot_run(cli, autotune_proc, tmp_path: Path) -> None:

@@ -120,3 +120,30 @@ def test_normalized_drops_a_recompute_layers_that_covers_every_layer():
     plan = replace(GOOD, recompute="full", recompute_layers=8)
     assert normalized(plan).recompute_layers is None
     assert normalized(replace(plan, recompute_layers=3)).recompute_layers == 3
+
+
+@pytest.mark.parametrize(("group", "gpus_per_node", "ok"), [
+    (1, 4, True),   # no dispatch at all
+    (2, 8, True), (4, 8, True), (8, 8, True), (4, 4, True), (2, 6, True),
+    (8, 4, False),  # an 8-GPU intranode group over two 4-GPU nodes
+    (4, 6, False),  # consecutive groups of 4 straddle 6-GPU nodes
+    (16, 8, True), (24, 8, True), (64, 8, True), (128, 8, True), (160, 8, True), (16, 16, True),
+    (16, 4, False),  # rank // 8 would call two 4-GPU nodes one
+    (40, 8, False), (256, 8, False),  # no dispatch config for these sizes
+])
+def test_deepep_groups_follow_deepeps_own_limits(group: int, gpus_per_node: int, ok: bool) -> None:
+    """deep_ep 1.0.0 (PyPI): csrc/deep_ep.cpp asserts a group below 8 or a multiple of 8 and takes rank % 8 as
+    the NVLink rank; Buffer.get_dispatch_config has configs for <= 8 and 16, 24, 32, 64, 128, 144, 160 ranks."""
+    from autotune.specs.plan import deepep_group_issue
+
+    assert (deepep_group_issue(group, gpus_per_node) == "") is ok
+
+
+def test_check_plan_refuses_a_deepep_group_it_cannot_run() -> None:
+    model = load_model("qwen3-30b-a3b")
+    job = JobSpec(global_batch=64, seq_len=4096, moe_dispatcher="deepep")
+    plan = Plan(tp=1, pp=1, dp=16, mbs=1, num_microbatches=4, layers_per_stage=(48,), ep=16, zero=1)
+    check_plan(plan, model, job, 16, 8)
+    with pytest.raises(InvalidPlanError, match="deepep MoE dispatcher: .*nodes of 4 GPUs"):
+        check_plan(plan, model, job, 16, 4)
+    check_plan(plan, model, replace(job, moe_dispatcher="alltoall"), 16, 4)  # NCCL's all-to-all runs anywhere
