@@ -98,6 +98,7 @@ class CostModel:
             raise SpecError(f"--moe-dispatcher deepep: {why}; use --moe-dispatcher alltoall")
         self._layer: dict[tuple[int, int, int, bool, str, bool, int, int], LayerCost] = {}
         self._vocab: dict[tuple[int, int, int, bool], VocabCost] = {}
+        self._op_memo: dict = {}  # op times by shape, shared by every layer cost (compute.memoized_op_time)
         self._ticks: dict[tuple, Ticks] = {}
         self._pipe_comm: dict[tuple, tuple[float, tuple[float, float]]] = {}  # p2p and vocab-parallel, by degrees
         # Plans that differ only in what the pipeline does not see (ZeRO-0 vs 1, buckets, ...) run the same
@@ -116,11 +117,12 @@ class CostModel:
                 dense_key = (tp, cp, mbs, sp, tp_mode, tp_overlap, 0, 0)  # ep 0: the dense layer, any ep
                 if dense_key not in self._layer:
                     self._layer[dense_key] = dense_layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs,
-                                                              sp=sp, measured=self.measured, tp_overlap=tp_overlap)
+                                                              sp=sp, measured=self.measured, tp_overlap=tp_overlap,
+                                                              op_memo=self._op_memo)
                 dense = self._layer[dense_key]
             self._layer[key] = layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp,
                                           tp_mode=tp_mode, measured=self.measured, tp_overlap=tp_overlap, ep=ep,
-                                          etp=etp, dense=dense)
+                                          etp=etp, dense=dense, op_memo=self._op_memo)
         return self._layer[key]
 
     def vocab(self, tp: int, cp: int, mbs: int, sp: bool) -> VocabCost:

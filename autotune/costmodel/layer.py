@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from autotune.costmodel import comm
-from autotune.costmodel.compute import PassTime, attention_kernel, pass_time
+from autotune.costmodel.compute import PassTime, attention_kernel, memoized_op_time, pass_time
 from autotune.costmodel.memory import (LayerActivations, dense_layer_params, embedding_activations,
                                        embedding_params, gathered_input_bytes, head_activations, head_params,
                                        head_transient, layer_activations, moe_expert_share, moe_layer_params,
@@ -123,33 +123,36 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
 
 def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
                tp_mode: str = "1d", measured: MeasuredOps | None = None, tp_overlap: bool = False, ep: int = 1,
-               etp: int = 1, dense: LayerCost | None = None) -> LayerCost:
+               etp: int = 1, dense: LayerCost | None = None, op_memo: dict | None = None) -> LayerCost:
     """Costs of one Transformer layer under one parallel setting; op times from `measured` where it has them.
 
     An MoE model's layers are of two kinds (dense-first layers, MoE layers). The pipeline partition places
     layers as identical units, so its layer is the model's mean layer in time (the dense and MoE costs
     weighted by their counts) and the MoE layer in memory (the larger one: a stage's memory is never
     underestimated, whichever layers it holds). `dense`: the model's dense layer at this setting, if the
-    caller has it (it does not depend on ep and etp)."""
+    caller has it (it does not depend on ep and etp). `op_memo`: op times kept across calls for this GPU
+    (compute.memoized_op_time)."""
     if tp_mode != "1d":
         return _grid_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, tp_mode=tp_mode, measured=measured)
     if not model.is_moe:
-        return _layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured, tp_overlap=tp_overlap)
+        return _layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured, tp_overlap=tp_overlap,
+                           op_memo=op_memo)
     moe = _layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured, tp_overlap=tp_overlap,
-                      ep=ep, etp=etp, moe=True)
+                      ep=ep, etp=etp, moe=True, op_memo=op_memo)
     if not model.num_dense_layers:
         return moe
     if dense is None:
         dense = dense_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured,
-                                 tp_overlap=tp_overlap)
+                                 tp_overlap=tp_overlap, op_memo=op_memo)
     return blend_layers(moe, dense, model.num_dense_layers / model.num_layers)
 
 
 def dense_layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
-                     measured: MeasuredOps | None = None, tp_overlap: bool = False) -> LayerCost:
+                     measured: MeasuredOps | None = None, tp_overlap: bool = False,
+                     op_memo: dict | None = None) -> LayerCost:
     """A layer with a dense MLP (an MoE model's dense-first layers)."""
     return _layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured, tp_overlap=tp_overlap,
-                       moe=False)
+                       moe=False, op_memo=op_memo)
 
 
 def blend_layers(moe: LayerCost, dense: LayerCost, w: float) -> LayerCost:
@@ -174,20 +177,21 @@ def blend_layers(moe: LayerCost, dense: LayerCost, w: float) -> LayerCost:
 
 def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
                 measured: MeasuredOps | None = None, tp_overlap: bool = False, ep: int = 1, etp: int = 1,
-                moe: bool = False) -> LayerCost:
+                moe: bool = False, op_memo: dict | None = None) -> LayerCost:
     """One layer of one kind (dense MLP or mixture of experts)."""
     shape = layer_shape(model, job, tp=tp, cp=cp, mbs=mbs, sp=sp, ep=ep, etp=etp)
     fwd_ops = layer_forward_ops(model, shape, moe)
     bwd_ops = backward_ops(fwd_ops, model, shape)
     attn_fwd = tuple(op for op in fwd_ops if op.category == "attention")
     attn_bwd = tuple(op for op in bwd_ops if op.category == "attention")
-    lookup = None if measured is None else measured.lookup(tp, cp)
     kernel = attention_kernel(job)
+    lookup = memoized_op_time(hw, job.dtype, kernel, None if measured is None else measured.lookup(tp, cp), op_memo)
     fwd, bwd = pass_time(fwd_ops, hw, job.dtype, lookup, kernel), pass_time(bwd_ops, hw, job.dtype, lookup, kernel)
     attn_fwd_s = pass_time(attn_fwd, hw, job.dtype, lookup, kernel).seconds
     blocks = 2 if not moe or model.num_shared_experts else 1  # an MoE block without shared experts needs no
     # tensor-parallel collective around its MLP: each rank routes its own sequence-parallel tokens
-    tp_fwd, tp_bwd = tp_layer_comm(model, hw, job, shape, fwd_ops, bwd_ops, lookup, tp_overlap, blocks)
+    tp_fwd, tp_bwd = tp_layer_comm(model, hw, job, shape, fwd_ops, bwd_ops, lookup, tp_overlap, blocks,
+                                   memoized_op_time(hw, job.dtype, kernel, None, op_memo))
     if moe:  # the token exchange counts with the tensor-parallel collectives: both sit on the compute stream
         ep_fwd, ep_bwd = moe_comm(model, hw, shape)
         tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd

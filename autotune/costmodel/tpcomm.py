@@ -20,12 +20,13 @@ ROW_PARALLEL = ("out_proj", "mlp_down", "shared_down")
 
 
 def gemm_seconds(ops, names: tuple[str, ...], suffix: str, hw: HardwareSpec, job: JobSpec, lookup) -> float:
-    return pass_time(tuple(op for op in ops if op.kernel == "gemm" and op.name in {n + suffix for n in names}),
-                     hw, job.dtype, lookup, attention_kernel(job)).seconds
+    wanted = {n + suffix for n in names}
+    return pass_time(tuple(op for op in ops if op.kernel == "gemm" and op.name in wanted), hw, job.dtype, lookup,
+                     attention_kernel(job)).seconds
 
 
 def tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: LayerShape, fwd_ops, bwd_ops,
-                   lookup, overlap: bool, blocks: int = 2) -> tuple[float, float]:
+                   lookup, overlap: bool, blocks: int = 2, timer=None) -> tuple[float, float]:
     """Exposed tensor-parallel communication of one layer, (forward, backward) seconds.
 
     Megatron's two collectives per pass (Shoeybi et al. 2019); with sequence parallelism each all-reduce is
@@ -39,13 +40,14 @@ def tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
     GEMM beside it (Wang et al., ASPLOS 2023): one chunk stays exposed, and the rest shows only where the
     collective outlasts the GEMM; the chunked GEMMs' extra time (smaller tiles) is charged too. That is
     Megatron's TE userbuffers, which wrap every tensor-parallel GEMM; torchtitan's async TP fuses only what
-    Inductor's pattern pass matches (async_tp_comm).
+    Inductor's pattern pass matches (async_tp_comm). `timer`: the cost model's op time (op_time, memoized),
+    for the chunked GEMMs.
     """
     tp = shape.tp
     if tp == 1:
         return 0.0, 0.0
     if overlap and job.trainer != "megatron":
-        return async_tp_comm(model, hw, job, shape, fwd_ops, bwd_ops, lookup, blocks)
+        return async_tp_comm(model, hw, job, shape, fwd_ops, bwd_ops, lookup, blocks, timer)
     nbytes = shape.elem * shape.tokens * model.hidden_size
     link = comm.group_link(hw, tp, 1)
     if shape.sp:
@@ -61,8 +63,8 @@ def tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
         fwd = fwd_c / tp + max(0.0, fwd_c * (tp - 1) / tp - fwd_g)
         bwd_c = bwd_inline + bwd_async
         bwd = bwd_c / tp + max(0.0, bwd_c * (tp - 1) / tp - bwd_g)
-        return fwd + chunking_cost(fwd_ops, tp, hw, job), bwd + chunking_cost(
-            tuple(op for op in bwd_ops if op.name.endswith("_dgrad")), tp, hw, job)
+        return fwd + chunking_cost(fwd_ops, tp, hw, job, timer), bwd + chunking_cost(
+            tuple(op for op in bwd_ops if op.name.endswith("_dgrad")), tp, hw, job, timer)
     if job.trainer != "megatron" or not job.async_tp_backward:
         return fwd_c, bwd_inline + bwd_async
     hidden = gemm_seconds(bwd_ops, COLUMN_PARALLEL, "_wgrad", hw, job, lookup) + gemm_seconds(
@@ -108,7 +110,7 @@ def _pipelined(collective: float, gemm: float, tp: int) -> float:
 
 
 def async_tp_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: LayerShape, fwd_ops, bwd_ops,
-                   lookup, blocks: int) -> tuple[float, float]:
+                   lookup, blocks: int, timer=None) -> tuple[float, float]:
     """Exposed tensor-parallel communication under torchtitan's async TP, (forward, backward) seconds.
 
     torchtitan turns it on only with torch.compile (distributed/compile.py, apply_compile ->
@@ -167,18 +169,22 @@ def async_tp_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
             chunked_bwd += [n + "_dgrad" for n in column]
         else:
             bwd += rs
-    fwd += chunking_cost(tuple(op for op in fwd_ops if op.name in chunked_fwd), tp, hw, job)
-    bwd += chunking_cost(tuple(op for op in bwd_ops if op.name in chunked_bwd), tp, hw, job)
+    fwd += chunking_cost(tuple(op for op in fwd_ops if op.name in chunked_fwd), tp, hw, job, timer)
+    bwd += chunking_cost(tuple(op for op in bwd_ops if op.name in chunked_bwd), tp, hw, job, timer)
     return fwd, bwd
 
 
-def chunking_cost(ops, tp: int, hw: HardwareSpec, job: JobSpec) -> float:
-    """Extra time of running each linear GEMM as tp GEMMs of m/tp rows (tile and wave quantization)."""
+def chunking_cost(ops, tp: int, hw: HardwareSpec, job: JobSpec, timer=None) -> float:
+    """Extra time of running each linear GEMM as tp GEMMs of m/tp rows (tile and wave quantization), by the
+    model's op times (`timer`, or op_time), not a profile's: the difference is the model's quantization."""
     extra, kernel = 0.0, attention_kernel(job)
+    if timer is None:
+        def timer(op: Op) -> float:
+            return op_time(op, hw, job.dtype, kernel)
     for op in ops:
         if op.kernel != "gemm" or op.category != "gemm" or not op.dims or op.name.startswith("expert_"):
             continue  # the expert GEMMs wait for the all-to-all, not a tensor-parallel collective
         m, n, k = op.dims
         part = Op(op.name, op.category, op.flops / tp, op.bytes / tp, "gemm", (m / tp, n, k))
-        extra += max(0.0, tp * op_time(part, hw, job.dtype, kernel) - op_time(op, hw, job.dtype, kernel))
+        extra += max(0.0, tp * timer(part) - timer(op))
     return extra

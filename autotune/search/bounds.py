@@ -14,9 +14,8 @@ import numpy as np
 
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.schedules import pipeline_lower_bound
-from autotune.costmodel.stages import (layer_state_bytes, p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params,
-                                       vocab_parallel_comm, vocab_placement, zero3_exposed)
-from autotune.search.experts import expert_dp
+from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params, vocab_parallel_comm,
+                                       vocab_placement, zero3_exposed)
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunks, shell_plan, smallest_stage_params,
                                     sync_collectives, tied_sync_seconds, window_s)
@@ -61,7 +60,7 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     # ZB-H1's path share: the forward's part of a rank's time is at least the smallest part among its terms
     # (layers at the most recomputation, point-to-point hops: half, vocabulary layers)
     share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
-                _vocab_path_share(vocab))
+                vocab_path_share(vocab))
     pipe = max(pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, c.pp, t_max, t_last, work, share),
                pipe_floor)
     key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.dp, c.zero, c.pp, c.vpp, c.schedule, c.vocab, c.ep,
@@ -99,7 +98,7 @@ def _fixed_terms(cm: CostModel, c: Candidate, layer, vocab, p2p: float, tokens: 
     return (total_time, max(values), min(values), times[c.pp - 1]), total_params
 
 
-def _vocab_path_share(vocab) -> float:
+def vocab_path_share(vocab) -> float:
     """The forward's share of the vocabulary layers' time (ZB-H1's path share, see pipeline_lower_bound)."""
     total = vocab.embed_time + vocab.head_time
     return (vocab.embed_fwd.seconds + vocab.head_fwd.seconds) / total if total > 0 else 1.0
@@ -338,39 +337,3 @@ def _pivot_share(cc: CandidateCosts) -> float:
         shares += [fb[0] / sum(fb) for s in cc.stages for fb in s.chunk_fixed if sum(fb) > 0]
         return min(shares)
     return 1.0
-
-
-def coarse_bound(cm: CostModel, c: Candidate, memo: dict) -> tuple[float, bool]:
-    """(A step time no partition of c can beat, whether c may fit), from cached per-layer costs alone: the
-    planner computes it for every candidate, and quick_bound only for those it does not prune.
-
-    quick_bound without the terms that need the stages: every layer at the cheapest recomputation c allows,
-    no vocabulary, point-to-point or sync time; the stage with the most chunks (at least ceil(chunks/p)) sets
-    t_max, the pipeline bound follows (schedules.pipeline_lower_bound), and the optimizer step of the largest
-    stage updates at least the average stage's layers. c cannot fit when that fullest stage cannot hold its
-    layers' weights, gradients and optimizer states and one micro-batch of their activations at the most
-    recomputation allowed. `memo` (one dict per search) keeps the per-layer terms."""
-    shape = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp)
-    time_key, state_key = ("time", *shape, c.base, c.full_max > 0), ("state", *shape, c.zero, c.dp)
-    if (timing := memo.get(time_key)) is None:  # per layer: time, activations, the pivot path's share
-        layer = cm.layer(*shape)
-        act = min(layer.act.full, layer.act.get(c.base)) if c.full_max > 0 else layer.act.get(c.base)
-        share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
-                    _vocab_path_share(cm.vocab(c.tp, c.cp, c.mbs, c.sp)))  # as in quick_bound
-        memo[time_key] = timing = (layer.time(c.base), act, share)  # full_min > 0: only some layers in full
-    if (sharded := memo.get(state_key)) is None:  # per layer: weights, gradients, optimizer; the Adam step
-        layer = cm.layer(*shape)
-        shards = c.dp * c.cp
-        state = sum(layer_state_bytes(layer, c.zero, shards, expert_dp(c.tp, c.cp, c.dp, c.ep, c.etp),
-                                      cm.job.grad_bytes))
-        adam = layer.params * ADAM_STEP_BYTES / (shards if c.zero >= 1 else 1) / (cm.hw.hbm_bandwidth
-                                                                                 * cm.hw.efficiency.memory)
-        memo[state_key] = sharded = (state, adam)
-    (per_layer, act, share), (state, adam) = timing, sharded
-    L = cm.model.num_layers
-    fullest = -(-(L // c.vpp) // c.pp)  # chunks on the stage with the most
-    fits = fullest * (c.vpp * state + act) <= cm.hw.usable_memory_bytes
-    work = L * per_layer
-    t_max = max(work / c.pp, c.vpp * fullest * per_layer)
-    pipe = pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, c.pp, t_max, 0.0, work, share)
-    return pipe + adam * L / c.pp, fits

@@ -3,7 +3,7 @@
 Branch and bound over candidates, visited in order of a lower bound on their step time from a heap. Each
 visit sharpens the candidate's bound and puts it back, so work goes only to the most promising one left:
 1. every candidate starts with a coarse bound from its per-layer costs and a necessary memory check
-   (bounds.coarse_bound, microseconds each);
+   (coarse.coarse_bounds: a whole block of candidates over arrays, about a microsecond each);
 2. first visit: quick_bound (the work spread perfectly over the stages, the syncs, Adam);
 3. second visit: its per-stage terms, the memory check of its stage ranges and a refined bound (the
    recomputation memory forces, the memory-capped stage time, the pivot paths of the schedule);
@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.search.baseline import baseline_plans
-from autotune.search.bounds import (coarse_bound, forced_recompute_s, memory_possible, pivot_path_floor,
-                                    quick_bound, stage_time_floor)
+from autotune.search.bounds import forced_recompute_s, memory_possible, pivot_path_floor, quick_bound, stage_time_floor
 from autotune.search.budget import Budget
+from autotune.search.coarse import coarse_bound, coarse_bounds
 from autotune.search.joint import pipe_sync_floor
 from autotune.search.losers import RunnerUp, empty_space_message, infeasible_message, memory_losers
 from autotune.search.partition import Hint, solve_partition
@@ -147,8 +147,8 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     return run.result(top_k, time.perf_counter() - start, time_limit_s)
 
 
-#: Candidates bounded between two looks at the wall clock.
-CLOCK_EVERY = 64
+#: Candidates coarse-bounded between two looks at the wall clock (some 10 ms of work).
+COARSE_BLOCK = 8192
 
 
 class _Search:
@@ -160,13 +160,13 @@ class _Search:
         self.memo: dict = {}  # sync bounds shared between candidates of this search
         self.coarse_memo: dict = {}
         coarse: list[tuple[float, bool | None]] = []
-        for i, c in enumerate(cands):
+        for i in range(0, len(cands), COARSE_BLOCK):
             # bounding a large space takes seconds; once the wall clock strikes, the rest get the trivial bound 0
             # and are bounded when first visited (_sharpen), so a plan still comes back soon
-            if i % CLOCK_EVERY == 0 and budget.clock_struck():
+            if budget.clock_struck():
                 coarse += [(0.0, None)] * (len(cands) - i)
                 break
-            coarse.append(coarse_bound(cm, c, self.coarse_memo))
+            coarse += coarse_bounds(cm, cands[i:i + COARSE_BLOCK], self.coarse_memo)
         self.may_fit: list[bool | None] = [fits for _, fits in coarse]
         # (bound, index, level, costs): the index breaks ties, so the order never reaches the costs
         self.heap: list[tuple[float, int, int, CandidateCosts | None]] = [

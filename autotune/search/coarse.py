@@ -1,0 +1,105 @@
+"""The coarse bound: the first bound of every candidate, from per-layer costs alone (issue 13).
+
+The planner bounds every candidate of the space before visiting any (hundreds of thousands for an MoE model),
+so `coarse_bounds` computes them for a whole list at once: the per-layer terms once per distinct layer shape,
+the arithmetic over numpy arrays. Every bound is `coarse_bound`'s to the bit (the same IEEE operations in the
+same order; the one power is taken by Python's own `**`), which tests/search/test_coarse.py checks.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+
+import numpy as np
+
+from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
+from autotune.costmodel.schedules import pipeline_lower_bound
+from autotune.costmodel.stages import layer_state_bytes
+from autotune.search.bounds import vocab_path_share
+from autotune.search.experts import expert_dp
+from autotune.search.space import Candidate
+
+
+def coarse_bound(cm: CostModel, c: Candidate, memo: dict) -> tuple[float, bool]:
+    """(A step time no partition of c can beat, whether c may fit), from cached per-layer costs alone.
+
+    quick_bound without the terms that need the stages: every layer at the cheapest recomputation c allows,
+    no vocabulary, point-to-point or sync time; the stage with the most chunks (at least ceil(chunks/p)) sets
+    t_max, the pipeline bound follows (schedules.pipeline_lower_bound), and the optimizer step of the largest
+    stage updates at least the average stage's layers. c cannot fit when that fullest stage cannot hold its
+    layers' weights, gradients and optimizer states and one micro-batch of their activations at the most
+    recomputation allowed. `memo` (one dict per search) keeps the per-layer terms."""
+    shape = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp)
+    (per_layer, act, share) = _timing(cm, ("time", *shape, c.base, c.full_max > 0), memo)
+    (state, adam) = _sharded(cm, ("state", c.tp, c.tp_mode, c.ep, c.etp, c.cp, c.dp, c.zero), shape, memo)
+    L = cm.model.num_layers
+    fullest = -(-(L // c.vpp) // c.pp)  # chunks on the stage with the most
+    fits = fullest * (c.vpp * state + act) <= cm.hw.usable_memory_bytes
+    work = L * per_layer
+    t_max = max(work / c.pp, c.vpp * fullest * per_layer)
+    pipe = pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, c.pp, t_max, 0.0, work, share)
+    return pipe + adam * L / c.pp, fits
+
+
+def coarse_bounds(cm: CostModel, cands: list[Candidate], memo: dict) -> list[tuple[float, bool]]:
+    """coarse_bound of every candidate, to the bit, computed over arrays."""
+    if not cands:
+        return []
+    (tp, pp, dp, cp, mbs, m, schedule, vpp, base, _, full_max, zero, sp, _, mode, overlap, ep, etp) = zip(*cands)
+    may_full = [f > 0 for f in full_max]
+    time_keys = list(zip(repeat("time"), tp, cp, mbs, sp, mode, overlap, ep, etp, base, may_full))
+    state_keys = list(zip(repeat("state"), tp, mode, ep, etp, cp, dp, zero))
+    timing = {key: _timing(cm, key, memo) for key in dict.fromkeys(time_keys)}
+    shapes = dict(zip(state_keys, zip(tp, cp, mbs, sp, mode, overlap, ep, etp)))  # a layer shape of each key
+    sharded = {key: _sharded(cm, key, shape, memo) for key, shape in shapes.items()}
+    per_layer, share = (np.array([timing[k][i] for k in time_keys], dtype=np.float64) for i in (0, 2))
+    act = np.array([timing[k][1] for k in time_keys], dtype=np.int64)
+    state = np.array([sharded[k][0] for k in state_keys], dtype=np.int64)
+    adam = np.array([sharded[k][1] for k in state_keys], dtype=np.float64)
+    pp_a, vpp_a, m_a = (np.array(x, dtype=np.int64) for x in (pp, vpp, m))
+    L = cm.model.num_layers
+    fullest = -(-(L // vpp_a) // pp_a)
+    fits = fullest * (vpp_a * state + act) <= cm.hw.usable_memory_bytes
+    work = L * per_layer
+    t_max = np.maximum(work / pp_a, (vpp_a * fullest) * per_layer)
+    bound = m_a * t_max
+    kind = np.array([_KINDS.get(s, 0) for s in schedule], dtype=np.int8)
+    r = np.where(kind == _KINDS["interleaved"], 1 / vpp_a, np.where(kind == _KINDS["zb-h1"], share, 1.0))
+    tail = np.array([1 - (1 - ri / mi) ** pi for ri, mi, pi in zip(r.tolist(), m, pp)], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # v-half and pp 1 take `bound` alone below
+        paths = np.maximum(np.maximum(bound, (m_a - r) * 0.0 + r * work), r * work / tail)
+    pipe = np.where((kind == _KINDS["v-half"]) | (pp_a == 1), bound, paths)
+    total = pipe + adam * L / pp_a
+    return list(zip(total.tolist(), fits.tolist()))
+
+
+#: Schedules whose pipeline bound differs (schedules.pipeline_lower_bound); the rest are 1F1B-like (0).
+_KINDS = {"interleaved": 1, "zb-h1": 2, "v-half": 3}
+
+
+def _timing(cm: CostModel, key: tuple, memo: dict) -> tuple[float, int, float]:
+    """Per layer of the candidates sharing `key`: time at the base recomputation, the fewest activation bytes
+    allowed, and the pivot path's share (as in quick_bound)."""
+    if (value := memo.get(key)) is None:
+        _, tp, cp, mbs, sp, mode, overlap, ep, etp, base, may_full = key
+        layer = cm.layer(tp, cp, mbs, sp, mode, overlap, ep, etp)
+        act = min(layer.act.full, layer.act.get(base)) if may_full else layer.act.get(base)
+        share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
+                    vocab_path_share(cm.vocab(tp, cp, mbs, sp)))
+        memo[key] = value = (layer.time(base), act, share)  # full_min > 0: only some layers in full
+    return value
+
+
+def _sharded(cm: CostModel, key: tuple, shape: tuple, memo: dict) -> tuple[int, float]:
+    """Per layer of the candidates sharing `key`: weights, gradients and optimizer bytes; the Adam step's time.
+    A layer's parameters depend on its tensor-parallel mode and degree and its expert layout only, so `key`
+    leaves out the rest of the layer `shape` (any shape of the key gives the same bytes)."""
+    if (value := memo.get(key)) is None:
+        _, tp, _, ep, etp, cp, dp, zero = key
+        layer = cm.layer(*shape)
+        shards = dp * cp
+        state = sum(layer_state_bytes(layer, zero, shards, expert_dp(tp, cp, dp, ep, etp), cm.job.grad_bytes))
+        adam = layer.params * ADAM_STEP_BYTES / (shards if zero >= 1 else 1) / (cm.hw.hbm_bandwidth
+                                                                               * cm.hw.efficiency.memory)
+        memo[key] = value = (state, adam)
+    return value

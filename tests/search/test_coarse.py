@@ -1,0 +1,40 @@
+"""coarse_bounds (the planner's first bound over a whole block of candidates, numpy) against coarse_bound, one
+candidate at a time: the same floats to the bit and the same memory verdicts, over spaces that hold every
+schedule, recomputation, ZeRO stage, tensor-parallel mode and expert layout."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.catalog import load_hardware, load_model
+from autotune.costmodel.estimate import CostModel
+from autotune.search.coarse import coarse_bound, coarse_bounds
+from autotune.search.space import SearchSpace, enumerate_candidates
+from autotune.specs.job import JobSpec
+
+CASES = [
+    ("llama3-8b", "h100-sxm", 64, JobSpec(global_batch=512, seq_len=8192),
+     SearchSpace(schedule=("1f1b", "interleaved", "zb-h1", "v-half"))),
+    ("llama3-70b", "h100-sxm", 256, JobSpec(global_batch=256, seq_len=4096),
+     SearchSpace(tp_mode=("1d", "2d", "3d"))),
+    ("gpt3-175b", "a100-80gb", 128, JobSpec(global_batch=256, seq_len=2048, trainer="torchtitan"), SearchSpace()),
+    ("mixtral-8x7b", "h100-sxm", 64, JobSpec(global_batch=256, seq_len=4096), SearchSpace()),
+    ("qwen3-30b-a3b", "h200", 32, JobSpec(global_batch=128, seq_len=4096, dtype="fp8"), SearchSpace()),
+]
+
+
+@pytest.mark.parametrize(("name", "gpu", "gpus", "job", "space"), CASES, ids=[c[0] for c in CASES])
+def test_batched_coarse_bounds_are_the_scalar_ones_to_the_bit(name, gpu, gpus, job, space) -> None:
+    model, hw = load_model(name), load_hardware(gpu)
+    cm = CostModel(model, hw, job)
+    cands = list(enumerate_candidates(model, job, gpus, hw.gpus_per_node, space))
+    schedules = {c.schedule for c in cands}
+    assert len(cands) > 100 and {"1f1b", "interleaved", "zb-h1"} <= schedules and min(c.pp for c in cands) == 1
+    assert "v-half" in schedules or name != "llama3-8b"
+    memo: dict = {}
+    batched = coarse_bounds(cm, cands[:1000], memo) + coarse_bounds(cm, cands[1000:], memo)  # a shared memo
+    scalar = [coarse_bound(cm, c, {}) for c in cands]
+    assert [b.hex() for b, _ in batched] == [s.hex() for s, _ in scalar]
+    assert [f for _, f in batched] == [f for _, f in scalar]
+    assert any(f for _, f in scalar) and not all(f for _, f in scalar)  # both verdicts are compared
+    assert coarse_bounds(cm, [], memo) == []
