@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from autotune.costmodel.pipeline import SPLIT_BACKWARD
 from autotune.search.budget import Budget
+from autotune.search.cpsat import cp_model as import_cp_model
 from autotune.search.cuts import Coefficients, neighbour_paths, partition_critical_path, pass_coefficients
 from autotune.search.partition_terms import adam_term, dp_sync, memory_constraints
 from autotune.search.tables import CandidateCosts, chunk_range
@@ -75,7 +76,7 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
     critical path was already in the relaxation, RELAXED when the two differ); the planner runs the full
     loop only for candidates whose bound stays promising. `hint`: a solution the first solve starts from; the
     seed paths are the pivot paths, and with a hint its critical path (and its neighbours' when m <= 2p)."""
-    from ortools.sat.python import cp_model  # imported here: it costs most of autotune's start-up
+    cp_model = import_cp_model()  # imported here, not at module level: it costs most of autotune's start-up
 
     budget = Budget() if budget is None else budget
     model = cp_model.CpModel()
@@ -248,7 +249,7 @@ _ATTEMPTS = (("AUTOMATIC_SEARCH", 5_000), ("FIXED_SEARCH", 20_000), ("LP_SEARCH"
 
 
 def _solver(branching: str, conflicts: int | None, budget: Budget):
-    from ortools.sat.python import cp_model
+    cp_model = import_cp_model()
 
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1  # deterministic, and the machine has two cores
