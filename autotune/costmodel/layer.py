@@ -215,13 +215,24 @@ def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec, moe: bool = 
     if moe:
         act = layer_activations(replace(model, ffn_hidden_size=0), shape)
         extra = whole_bytes(moe_activation_bytes(model, shape))
-        return replace(act, none=act.none + extra, selective=act.selective + extra)
+        gathered = gathered_input_bytes(model, shape, moe_gathered_blocks(model, shape)) if not regathers_inputs(
+            job) else 0
+        return replace(act, none=act.none + extra + gathered, selective=act.selective + extra)
     act = layer_activations(model, shape)
     if not regathers_inputs(job):  # without checkpointing the gathered QKV and MLP inputs are what is saved
         act = replace(act, none=act.none + gathered_input_bytes(model, shape))
     if job.trainer == "torchtitan" and model.gated:
         return replace(act, selective=min(act.selective, sac_activations(model, shape)))
     return act
+
+
+def moe_gathered_blocks(model: ModelSpec, shape: LayerShape) -> int:
+    """Inputs an MoE layer saves all-gathered where the trainer saves what it gathers (torchtitan 0.3,
+    models/common/moe_sharding.py): the attention's, and the MoE block's when something in it runs on the whole
+    sequence. Without EP the block's boundary gathers the tokens for the router and the TP-split experts (and
+    the shared experts reuse them); with EP the router and routed experts keep the sequence shard, and only
+    shared experts gather theirs."""
+    return 1 + (shape.ep == 1 or model.num_shared_experts > 0)
 
 
 def _sac_seconds(fwd_ops, hw: HardwareSpec, job: JobSpec, lookup) -> float:

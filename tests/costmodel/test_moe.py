@@ -505,3 +505,21 @@ def test_deepep_runs_where_megatron_bridge_turns_it_on() -> None:
     assert "not mi300x (gfx942)" in deepep_refusal(load_hardware("mi300x"))
     assert deepep_refusal(replace(load_hardware("h100-sxm"), gpus_per_node=4)) == ""
     assert deepep_refusal(replace(load_hardware("v100-32gb"), compute_capability="")) == ""  # taken at its word
+
+
+@pytest.mark.parametrize(("name", "ep", "blocks"), [
+    ("qwen3-30b-a3b", 1, 2),  # no EP: the MoE boundary gathers the tokens for the router and the split experts
+    ("qwen3-30b-a3b", 2, 1),  # EP: only the attention's input is gathered
+    ("deepseek-v3", 2, 2),    # EP, but its shared expert gathers its input
+])
+def test_torchtitan_moe_layers_keep_their_gathered_inputs(name: str, ep: int, blocks: int) -> None:
+    """torchtitan saves what it all-gathers (tpcomm.regathers_inputs), so an MoE layer under tp 2 keeps, beyond
+    Megatron's, blocks x t x h x (1 - 1/tp) bf16 elements when nothing recomputes (torchtitan 0.3,
+    models/common/moe_sharding.py); selective and full recomputation keep none of them."""
+    model, hw = load_model(name), load_hardware("h100-sxm")
+    etp = 2 if ep == 1 else 1
+    moe_only = replace(model, first_dense_layers=0)  # the MoE layer alone, not blended with a dense-first one
+    titan, megatron = (layer_cost(moe_only, hw, JobSpec(global_batch=64, seq_len=4096, trainer=t), tp=2, cp=1,
+                                  mbs=1, sp=True, ep=ep, etp=etp) for t in ("torchtitan", "megatron"))
+    assert titan.act.none - megatron.act.none == blocks * 2 * 4096 * model.hidden_size // 2
+    assert (titan.act.selective, titan.act.full) == (megatron.act.selective, megatron.act.full)
