@@ -20,7 +20,7 @@ from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import RECOMPUTES, SCHEDULES, VOCABS, check_plan
+from autotune.specs.plan import DEEPEP_GROUP_RULE, RECOMPUTES, SCHEDULES, VOCABS, check_plan
 from autotune.specs.profile import Profile
 from autotune.specs.tpgrid import MODES
 from autotune.specs.trainers import TrainerCaps
@@ -35,8 +35,10 @@ def search_space(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int, gpus_per
     space = replace(pins_space(pins, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp), trainer=trainer)
     check_space(space, model, job, gpus, gpus_per_node)
     if pins.given() and next(enumerate_candidates(model, job, gpus, gpus_per_node, space), None) is None:
-        deepep = (f", the deepep dispatcher's ep x etp must divide {gpus_per_node} or span whole 8-GPU nodes"
-                  if model.is_moe and job.moe_dispatcher == "deepep" else "")
+        deepep = ""
+        if model.is_moe and job.moe_dispatcher == "deepep" and next(enumerate_candidates(
+                model, replace(job, moe_dispatcher="alltoall"), gpus, gpus_per_node, space), None) is not None:
+            deepep = f", and the deepep dispatcher needs {DEEPEP_GROUP_RULE}"  # what emptied the space
         raise SpecError(f"no valid plan for {gpus} GPUs meets {pins.typed()} together (tp x pp x dp x cp must be "
                         f"{gpus}, dp x mbs must divide --global-batch {job.global_batch}, interleaved needs "
                         f"micro-batches divisible by pp{deepep}); relax a pin")

@@ -6,7 +6,8 @@ most of a `plan`'s start-up. So while cp_model is imported, `pandas` is a stand-
 placeholder classes (cp_model reads pd.Index and pd.Series in annotations at import); afterwards the
 stand-in hands every attribute to the real pandas, imported on first use, so cp_model's pandas helpers still
 work for anyone who calls them. If pandas is loaded already, or the import needs more of pandas than the
-stand-in offers (a future ortools), cp_model is imported plainly.
+stand-in offers (a future ortools), cp_model is imported plainly. The swap is for the first import, from the
+main thread (the planner's first solve); the threads autotune starts import neither.
 """
 
 from __future__ import annotations
@@ -33,16 +34,13 @@ class _LazyPandas(ModuleType):
 
 def cp_model() -> ModuleType:
     """ortools.sat.python.cp_model (see the module docstring)."""
-    loaded = sys.modules.get("ortools.sat.python.cp_model")
-    if loaded is not None:
-        return loaded
-    if "pandas" in sys.modules:
+    if "ortools.sat.python.cp_model" in sys.modules or "pandas" in sys.modules:
         return importlib.import_module("ortools.sat.python.cp_model")
     stand_in = _LazyPandas()
     sys.modules["pandas"] = stand_in
     try:
         module = importlib.import_module("ortools.sat.python.cp_model")
-    except Exception:  # the stand-in did not suffice: import it the plain way
+    except (AttributeError, TypeError, ImportError):  # the stand-in did not suffice: import it the plain way
         sys.modules.pop("ortools.sat.python.cp_model", None)
         sys.modules.pop("pandas", None)
         return importlib.import_module("ortools.sat.python.cp_model")

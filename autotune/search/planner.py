@@ -3,7 +3,8 @@
 Branch and bound over candidates, visited in order of a lower bound on their step time from a heap. Each
 visit sharpens the candidate's bound and puts it back, so work goes only to the most promising one left:
 1. every candidate starts with a coarse bound from its per-layer costs and a necessary memory check
-   (coarse.coarse_bounds: a whole block of candidates over arrays, about a microsecond each);
+   (coarse.coarse_bounds: a block of candidates at once over arrays, microseconds each once their layer
+   shapes are costed);
 2. first visit: quick_bound (the work spread perfectly over the stages, the syncs, Adam);
 3. second visit: its per-stage terms, the memory check of its stage ranges and a refined bound (the
    recomputation memory forces, the memory-capped stage time, the pivot paths of the schedule);
@@ -147,8 +148,9 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     return run.result(top_k, time.perf_counter() - start, time_limit_s)
 
 
-#: Candidates coarse-bounded between two looks at the wall clock (some 10 ms of work).
-COARSE_BLOCK = 8192
+#: Candidates coarse-bounded between two looks at the wall clock: a few ms of arithmetic, plus the layer costs
+#: of the shapes the block meets first (up to ~50 ms for an MoE model's first blocks).
+COARSE_BLOCK = 2048
 
 
 class _Search:

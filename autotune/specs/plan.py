@@ -244,9 +244,16 @@ def check_experts(plan: Plan, model: ModelSpec) -> None:
 #: GPUs DeepEP's kernels treat as one node's NVLink peers: rank % 8 is a GPU's NVLink rank, rank // 8 its
 #: node (NUM_MAX_NVL_PEERS; deep_ep 1.0.0 on PyPI, csrc/deep_ep.cpp)
 DEEPEP_NVL_PEERS = 8
+#: Group sizes inside one node that DeepEP's kernels are built for: deep_ep 1.0.0's intranode.cu launches
+#: kernels templated on the rank count through SWITCH_RANKS, whose cases are 2, 4 and 8 (csrc/kernels/
+#: launch.cuh in DeepEP's repository; the header is not in the PyPI sdist)
+DEEPEP_INTRANODE_GROUPS = (2, 4, 8)
 #: Group sizes across nodes that DeepEP has dispatch and combine configs for (deep_ep 1.0.0,
 #: Buffer.get_dispatch_config asserts the size is one of them; megatron-core's moe/fused_a2a.py calls it)
 DEEPEP_INTERNODE_GROUPS = (16, 24, 32, 64, 128, 144, 160)
+#: What deepep_group_issue accepts, in words (for the errors that name the fix)
+DEEPEP_GROUP_RULE = (f"ep*etp of {', '.join(map(str, DEEPEP_INTRANODE_GROUPS))} inside a node, or of "
+                     f"{', '.join(map(str, DEEPEP_INTERNODE_GROUPS))} on nodes of a multiple of 8 GPUs")
 
 
 def deepep_group_issue(group: int, gpus_per_node: int) -> str:
@@ -255,20 +262,18 @@ def deepep_group_issue(group: int, gpus_per_node: int) -> str:
     NVLink, so the group must not straddle nodes; beyond, it runs across nodes of 8 NVLink peers each."""
     if group == 1:
         return ""  # no dispatch: Megatron's flex dispatcher needs ETP*EP > 1 and the model runs no all-to-all
+    fix = f"DeepEP needs {DEEPEP_GROUP_RULE}; pick another ep or etp, or use the alltoall dispatcher"
     if group <= DEEPEP_NVL_PEERS:
+        if group not in DEEPEP_INTRANODE_GROUPS:
+            return f"DeepEP has no kernels for a group of ep*etp = {group} GPUs: {fix}"
         if gpus_per_node % group:
-            return (f"ep*etp = {group} GPUs straddle nodes of {gpus_per_node}, and DeepEP runs a group of up to "
-                    f"{DEEPEP_NVL_PEERS} inside one node; pick ep*etp dividing {gpus_per_node}, or use the "
-                    "alltoall dispatcher")
+            return f"ep*etp = {group} GPUs straddle nodes of {gpus_per_node}: {fix}"
         return ""
     if gpus_per_node % DEEPEP_NVL_PEERS:
-        return (f"across nodes DeepEP takes every {DEEPEP_NVL_PEERS} consecutive GPUs as one node's NVLink peers, "
-                f"which nodes of {gpus_per_node} GPUs are not; pick ep*etp dividing {gpus_per_node} (it is "
-                f"{group}), or use the alltoall dispatcher")
+        return (f"ep*etp = {group} spans nodes, and DeepEP takes every {DEEPEP_NVL_PEERS} consecutive GPUs for one "
+                f"node's NVLink peers, which nodes of {gpus_per_node} GPUs are not: {fix}")
     if group not in DEEPEP_INTERNODE_GROUPS:
-        return (f"DeepEP spans nodes in groups of {', '.join(map(str, DEEPEP_INTERNODE_GROUPS))} GPUs (or up to "
-                f"{DEEPEP_NVL_PEERS} in one node), not ep*etp = {group}; pick another ep or etp, or use the "
-                "alltoall dispatcher")
+        return f"DeepEP has no configs for a group of ep*etp = {group} GPUs: {fix}"
     return ""
 
 

@@ -57,7 +57,7 @@ def test_the_megatron_script_carries_it_and_check_reads_it_back(cli, tmp_path: P
     (("--moe-dispatcher", "deepep", "--gpu", "v100-32gb"), "not v100-32gb (7.0); use --moe-dispatcher alltoall"),
     (("--moe-dispatcher", "deepep", "--gpu", "mi300x"), "not mi300x (gfx942)"),
     # its internode kernels take every 8 consecutive GPUs for one node's NVLink peers: ep 16 over 4-GPU nodes
-    (("--moe-dispatcher", "deepep", "--gpus-per-node", "4"), "which nodes of 4 GPUs are not; pick ep*etp dividing 4"),
+    (("--moe-dispatcher", "deepep", "--gpus-per-node", "4"), "which nodes of 4 GPUs are not: DeepEP needs ep*etp of 2"),
 ])
 def test_bad_dispatcher_is_a_one_line_error(extra, words, autotune_proc) -> None:
     proc = autotune_proc("estimate", *JOB, *PLAN, *extra)
@@ -74,7 +74,7 @@ def test_plan_keeps_deepep_groups_inside_nodes_of_four(cli, autotune_proc) -> No
     assert 4 % (plan["plan"]["ep"] * plan["plan"]["etp"]) == 0
     pinned = autotune_proc("plan", *JOB, "--moe-dispatcher", "deepep", "--gpus-per-node", "4", "--ep", "8", "--etp",
                            "1")
-    assert pinned.returncode == 1 and "deepep dispatcher's ep x etp must divide 4" in pinned.stderr
+    assert pinned.returncode == 1 and "the deepep dispatcher needs ep*etp of 2, 4, 8 inside a node" in pinned.stderr
 
 
 def test_check_names_the_scripts_flags_when_deepep_cannot_run(cli, autotune_proc, tmp_path: Path) -> None:

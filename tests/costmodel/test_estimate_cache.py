@@ -156,3 +156,23 @@ def test_partitions_of_one_plan_share_its_stage_memo_and_estimate_as_fresh(setti
     assert len(shared._stage_memo) == 1
     (memo,) = shared._stage_memo.values()
     assert set(memo["built"]) == {(i, n) for layers in splits for i, n in enumerate(layers)}
+
+
+@pytest.mark.parametrize(("name", "trainer"), [("llama3-70b", "megatron"), ("llama3-70b", "torchtitan"),
+                                                ("deepseek-v3", "megatron"), ("mixtral-8x7b", "torchtitan")])
+def test_memoized_op_times_give_the_layer_costs_to_the_bit(name: str, trainer: str) -> None:
+    """CostModel.layer shares op times between layer shapes (compute.memoized_op_time); every layer cost, with TP
+    overlap (Megatron's userbuffers, torchtitan's async TP) and expert layouts, equals the unmemoized one."""
+    from autotune.costmodel.layer import layer_cost
+
+    model, hw = load_model(name), load_hardware("h100-sxm")
+    job = JobSpec(global_batch=256, seq_len=4096, trainer=trainer)  # type: ignore[arg-type]
+    cm = CostModel(model, hw, job)
+    shapes = [(tp, cp, mbs, tp > 1, "1d", overlap and tp > 1, ep, etp)
+              for tp in (1, 2, 8) for cp in (1, 2) for mbs in (1, 2) for overlap in (False, True)
+              for ep, etp in ((1, 1), (1, tp), (8, 1)) if model.is_moe or (ep, etp) == (1, 1)]
+    for tp, cp, mbs, sp, mode, overlap, ep, etp in shapes:
+        memoized = cm.layer(tp, cp, mbs, sp, mode, overlap, ep, etp)
+        plain = layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, tp_overlap=overlap, ep=ep, etp=etp)
+        assert memoized == plain, (tp, cp, mbs, overlap, ep, etp)
+    assert len(cm._op_memo) > 0

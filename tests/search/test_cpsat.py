@@ -36,3 +36,13 @@ def test_its_pandas_helpers_get_the_real_pandas_afterwards() -> None:
 def test_a_process_that_has_pandas_imports_it_plainly() -> None:
     pytest.importorskip("pandas")
     _run("import pandas\nfrom autotune.search.cpsat import cp_model\n" + SOLVE + "assert m.pd is pandas\n")
+
+
+def test_a_stand_in_that_does_not_suffice_falls_back_to_pandas() -> None:
+    """A future ortools that needs more of pandas at import than placeholders: the plain import, real pandas."""
+    pytest.importorskip("pandas")
+    _run("from autotune.search import cpsat\n"
+         "def refuse(self, name):\n    raise AttributeError(name)\n"
+         "cpsat._LazyPandas.__getattr__ = refuse\n"
+         "cp_model = cpsat.cp_model\n" + SOLVE
+         + "import sys\nassert not isinstance(sys.modules['pandas'], cpsat._LazyPandas) and m.pd.__version__\n")

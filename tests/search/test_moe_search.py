@@ -61,3 +61,20 @@ def test_pinned_ep_is_obeyed() -> None:
     res = search(inst.model, inst.hw, inst.job, inst.gpus, SearchSpace(ep=(2,), tp_overlap=(False,)), top_k=0,
                  time_limit_s=30)
     assert res.best.plan.ep == 2
+
+
+def test_deepep_leaves_only_the_groups_it_runs_over() -> None:
+    """With DeepEP, the space keeps the ETP*EP groups DeepEP's kernels run over (specs.plan.deepep_group_issue):
+    on 4-GPU nodes, groups of 2 and 4 inside a node (and no dispatch at all); on 8-GPU nodes also 8 and 16."""
+    from autotune.catalog import load_model
+    from autotune.search.space import enumerate_candidates
+
+    model = load_model("qwen3-30b-a3b")
+
+    def groups(dispatcher: str, per_node: int) -> set[int]:
+        job = JobSpec(global_batch=64, seq_len=4096, moe_dispatcher=dispatcher)  # type: ignore[arg-type]
+        return {c.ep * c.etp for c in enumerate_candidates(model, job, 16, per_node, SearchSpace())}
+
+    assert groups("deepep", 4) == {1, 2, 4}
+    assert groups("deepep", 8) == {1, 2, 4, 8, 16}
+    assert {8, 16} <= groups("alltoall", 4)

@@ -125,15 +125,17 @@ def test_normalized_drops_a_recompute_layers_that_covers_every_layer():
 @pytest.mark.parametrize(("group", "gpus_per_node", "ok"), [
     (1, 4, True),   # no dispatch at all
     (2, 8, True), (4, 8, True), (8, 8, True), (4, 4, True), (2, 6, True),
+    (3, 6, False), (6, 12, False),  # no intranode kernels for 3, 5, 6 or 7 ranks
     (8, 4, False),  # an 8-GPU intranode group over two 4-GPU nodes
     (4, 6, False),  # consecutive groups of 4 straddle 6-GPU nodes
-    (16, 8, True), (24, 8, True), (64, 8, True), (128, 8, True), (160, 8, True), (16, 16, True),
+    (16, 8, True), (24, 8, True), (64, 8, True), (128, 8, True), (160, 8, True), (16, 16, True), (32, 16, True),
     (16, 4, False),  # rank // 8 would call two 4-GPU nodes one
     (40, 8, False), (256, 8, False),  # no dispatch config for these sizes
 ])
 def test_deepep_groups_follow_deepeps_own_limits(group: int, gpus_per_node: int, ok: bool) -> None:
     """deep_ep 1.0.0 (PyPI): csrc/deep_ep.cpp asserts a group below 8 or a multiple of 8 and takes rank % 8 as
-    the NVLink rank; Buffer.get_dispatch_config has configs for <= 8 and 16, 24, 32, 64, 128, 144, 160 ranks."""
+    the NVLink rank; Buffer.get_dispatch_config has configs for 16, 24, 32, 64, 128, 144, 160 ranks across
+    nodes; its intranode kernels are instantiated for 2, 4 and 8 ranks (SWITCH_RANKS)."""
     from autotune.specs.plan import deepep_group_issue
 
     assert (deepep_group_issue(group, gpus_per_node) == "") is ok
