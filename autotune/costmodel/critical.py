@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from autotune.costmodel.pipeline import SPLIT_BACKWARD, Durations, Ticks, _graph, _ticks
+from autotune.costmodel.pipeline import Durations, Ticks, _graph, _ticks, flat_durations
 
 PathCounts = dict[tuple[int, int, str], int]
 """How many passes of each (rank, chunk, kind) a path runs."""
@@ -26,7 +26,7 @@ def critical_path(schedule: str, pp: int, vpp: int, m: int, durations: Durations
     """The pipeline time and one longest path. `ticks` fixes the v-half order (default: the order
     `durations` would get)."""
     g = _graph(schedule, pp, vpp, m, _ticks(schedule, durations, ticks))
-    flat = _flat(schedule, durations)
+    flat = flat_durations(schedule, durations)
     # makespan's loop (the same additions in the same order), remembering which end each pass started from:
     # its dependency only when that ended strictly later than the pass before it on its rank
     end = [0.0, -math.inf]
@@ -52,7 +52,7 @@ def critical_paths(schedule: str, pp: int, vpp: int, m: int, tables: Sequence[Du
     g = _graph(schedule, pp, vpp, m, _ticks(schedule, tables[0], ticks))
     exact = all(isinstance(x, int) for table in tables for row in table for fbw in row for x in fbw)
     dtype = np.int64 if exact else np.float64
-    flat = np.array([_flat(schedule, table) for table in tables], dtype=dtype).T  # one row per slot
+    flat = np.array([flat_durations(schedule, table) for table in tables], dtype=dtype).T  # one row per slot
     n = len(g.ops)
     end = np.empty((n + 2, len(tables)), dtype=dtype)
     end[0] = 0
@@ -71,12 +71,6 @@ def critical_paths(schedule: str, pp: int, vpp: int, m: int, tables: Sequence[Du
         total = ends[k, j].item()
         out.append((total, _walk_back(g, k, lambda i: g.dep[i] if column[i] else g.prev[i])))
     return out
-
-
-def _flat(schedule: str, durations: Durations) -> list:
-    """The table in makespan's slot order; schedules that do not split the backward run B + W as one pass."""
-    split = schedule in SPLIT_BACKWARD
-    return [x for row in durations for f, b, w in row for x in (f, b if split else b + w, w)]
 
 
 def _walk_back(g, k: int, came) -> PathCounts:

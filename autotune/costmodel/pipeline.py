@@ -337,14 +337,19 @@ def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
     g = _graph(schedule, pp, vpp, m, _ticks(schedule, durations, ticks))
     if any(len(row) != g.chunks for row in durations):
         raise ValueError(f"durations need {g.chunks} (F, B, W) per rank for {schedule} with vpp={vpp}")
-    split = schedule in SPLIT_BACKWARD
-    flat = [x for row in durations for f, b, w in row for x in (f, b if split else b + w, w)]
+    flat = flat_durations(schedule, durations)
     end = [0.0, -math.inf]  # then one entry per pass, in g's order (see _Graph.prev_at, dep_at)
     push = end.append
     for p, d, x in zip(g.prev_at, g.dep_at, map(flat.__getitem__, g.slots)):
         a, b = end[p], end[d]
         push((b if b > a else a) + x)
     return max(islice(end, 2, None))
+
+
+def flat_durations(schedule: str, durations: Durations) -> list:
+    """The table in _Graph.slots order; schedules that do not split the backward run B + W as one pass."""
+    split = schedule in SPLIT_BACKWARD
+    return [x for row in durations for f, b, w in row for x in (f, b if split else b + w, w)]
 
 
 def peak_in_flight(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> tuple[int, ...]:

@@ -40,6 +40,26 @@ def partition_critical_path(cc: CandidateCosts, durations: Coefficients, k_vals,
     return int(round(total)), path
 
 
+def neighbours(k_vals, rc_vals) -> list[tuple[list[int], tuple[int, ...]]]:
+    """(chunks per stage, fully recomputed chunks per stage) of the partitions next to a solution: one chunk moved
+    to an adjacent stage, or one stage a chunk larger or smaller (none below zero), recomputing as much as the
+    solution's most recomputed stage allows."""
+    r = max(rc_vals) if rc_vals else 0
+    n = len(k_vals)
+    moves = [(a, b) for a in range(n) for b in (a - 1, a + 1) if 0 <= b < n]
+    moves += [(a, None) for a in range(n)] + [(None, b) for b in range(n)]
+    out = []
+    for a, b in moves:
+        k = list(k_vals)
+        if a is not None:
+            k[a] -= 1
+        if b is not None:
+            k[b] += 1
+        if min(k) >= 0:
+            out.append((k, tuple(min(r, x) for x in k)))
+    return out
+
+
 def neighbour_paths(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals, paths: list[dict]) -> list[dict]:
     """The critical paths of the partitions next to a solution (one chunk moved to an adjacent stage, or one
     stage a chunk larger or smaller) that no path in `paths` already bounds there.
@@ -50,19 +70,7 @@ def neighbour_paths(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals
     need not sum to the model (a path is a path whatever the durations), which keeps them 4p per round. All 4p
     are walked at once (critical_paths), and every path's length on every neighbour is one matrix product."""
     c = cc.cand
-    r = max(rc_vals) if rc_vals else 0
-    n = len(k_vals)
-    moves = [(a, b) for a in range(n) for b in (a - 1, a + 1) if 0 <= b < n]
-    moves += [(a, None) for a in range(n)] + [(None, b) for b in range(n)]
-    tables = []
-    for a, b in moves:
-        k = list(k_vals)
-        if a is not None:
-            k[a] -= 1
-        if b is not None:
-            k[b] += 1
-        if min(k) >= 0:
-            tables.append(durations_at(durations, k, tuple(min(r, x) for x in k)))
+    tables = [durations_at(durations, k, rc) for k, rc in neighbours(k_vals, rc_vals)]
     if not tables:
         return []
     found = critical_paths(c.schedule, c.pp, c.vpp, c.num_microbatches, tables, cc.ticks)

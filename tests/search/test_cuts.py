@@ -12,7 +12,7 @@ import pytest
 from autotune.catalog import load_hardware
 from autotune.costmodel.critical import critical_path
 from autotune.costmodel.estimate import CostModel
-from autotune.search.cuts import durations_at, neighbour_paths, pass_coefficients
+from autotune.search.cuts import durations_at, neighbour_paths, neighbours, pass_coefficients
 from autotune.search.partition import Hint, solve_partition
 from autotune.search.space import Candidate
 from autotune.search.tables import candidate_costs
@@ -33,18 +33,8 @@ def _costs(schedule: str, pp: int, m: int, vpp: int = 1, full_max: int = 0):
 
 def _plain_neighbour_paths(cc, durations, k_vals, rc_vals, paths):
     """The loop neighbour_paths replaces: one critical path per neighbour, each path's length summed in Python."""
-    c, out, r, n = cc.cand, [], max(rc_vals), len(k_vals)
-    moves = [(a, b) for a in range(n) for b in (a - 1, a + 1) if 0 <= b < n]
-    moves += [(a, None) for a in range(n)] + [(None, b) for b in range(n)]
-    for a, b in moves:
-        k = list(k_vals)
-        if a is not None:
-            k[a] -= 1
-        if b is not None:
-            k[b] += 1
-        if min(k) < 0:
-            continue
-        rc = tuple(min(r, x) for x in k)
+    c, out = cc.cand, []
+    for k, rc in neighbours(k_vals, rc_vals):
         at = durations_at(durations, k, rc)
         length, path = critical_path(c.schedule, c.pp, c.vpp, c.num_microbatches, at, cc.ticks)
         if all(sum(count * at[i][j]["FBW".index(kind)] for (i, j, kind), count in q.items()) < length
@@ -87,3 +77,11 @@ def test_schedules_without_a_split_backward_run_w_inside_b(schedule) -> None:
     cc = _costs(schedule, 2, 4, 2 if schedule == "interleaved" else 1, full_max=2)
     fixed, (f, b, w, d) = pass_coefficients(cc)
     assert w == 0 and all(W == 0 for row in fixed for _, _, W in row)
+
+
+def test_neighbours_by_hand() -> None:
+    """Two stages of 2 and 1 chunks, the first recomputing 1: a chunk moved either way, each stage one larger
+    or smaller; the recomputed chunks capped by the stage's own and the solution's most recomputed."""
+    assert neighbours([2, 1], [1, 0]) == [([1, 2], (1, 1)), ([3, 0], (1, 0)), ([1, 1], (1, 1)), ([2, 0], (1, 0)),
+                                          ([3, 1], (1, 1)), ([2, 2], (1, 1))]
+    assert neighbours([0, 1], [0, 0]) == [([1, 0], (0, 0)), ([0, 0], (0, 0)), ([1, 1], (0, 0)), ([0, 2], (0, 0))]
