@@ -16,6 +16,8 @@ import re
 from typing import Any
 
 from autotune.check.bash import tokenize
+from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
+                                              mla_model_fields, moe_model_fields, routing_imbalance)
 from autotune.check.reading import Reading, check_sizes
 from autotune.check.script import launch_words
 from autotune.errors import SpecError
@@ -35,7 +37,7 @@ NEUTRAL_VALUE = frozenset("""
 --wandb-project --wandb-exp-name --wandb-save-dir --ckpt-format --ckpt-fully-parallel-save --exit-interval
 --exit-duration-in-mins --log-throughput --num-workers --dataloader-type --attention-softmax-in-fp32
 --transformer-impl --cp-comm-type --ddp-num-buckets --num-distributed-optimizer-instances --eod-mask-loss
---rampup-batch-size --manual-gc-interval --timing-log-level --timing-log-option --kv-lora-rank --rope-scaling-factor
+--rampup-batch-size --manual-gc-interval --timing-log-level --timing-log-option --rope-scaling-factor
 --max-tokens-to-oom --microbatch-group-size-per-virtual-pipeline-stage --fp8-recipe --fp8-margin
 --fp8-amax-history-len --fp8-amax-compute-algo --tp-comm-overlap-cfg --logging-level --log-interval
 --hidden-dropout --attention-dropout --ffn-hidden-size --distributed-timeout-seconds --ckpt-assume-constant-structure
@@ -79,6 +81,8 @@ SWITCH = frozenset("""
 --no-masked-softmax-fusion --no-bias-dropout-fusion --enable-vocab-parallel --account-for-embedding-in-pipeline-split
 --account-for-loss-in-pipeline-split --squared-relu --distribute-saved-activations
 """.split())
+VALUE, SWITCH = VALUE | MOE_VALUE, SWITCH | MOE_SWITCH  # megatron_moe_args.py: the MoE and MLA flags
+NEUTRAL_VALUE, NEUTRAL_SWITCH = NEUTRAL_VALUE | MOE_NEUTRAL_VALUE, NEUTRAL_SWITCH | MOE_NEUTRAL_SWITCH
 #: Old spellings Megatron still accepts, and what they mean here.
 DEPRECATED = {
     "--model-parallel-size": "--tensor-model-parallel-size",
@@ -200,7 +204,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         dtype=dtype, flash_attention=backend != "unfused",
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
         grad_reduce="bf16" if args.get("--grad-reduce-in-bf16") else "fp32", moe_dispatcher=_dispatcher(args, notes),
-        model_fields=model,
+        moe_imbalance=routing_imbalance(args), model_fields=model,
         model_soft=_soft(args),
         notes=tuple(notes))
 
@@ -234,13 +238,15 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         if position == "learned_absolute" else 0,
     }
     experts = _int(args, "--num-experts", 0) or 0
-    if experts:  # mixture of experts (Megatron's --moe-* flags; the layer pattern is read as all-MoE)
+    if experts:  # mixture of experts (Megatron's --moe-* flags; megatron_moe_args.py)
         fields.update(num_experts=experts, moe_top_k=_int(args, "--moe-router-topk", 2),
                       moe_ffn_hidden_size=_int(args, "--moe-ffn-hidden-size", ffn),
-                      router=args.get("--moe-router-score-function", "softmax"))
+                      router=args.get("--moe-router-score-function", "softmax"),
+                      **moe_model_fields(args, fields["num_layers"], notes))
         shared = _int(args, "--moe-shared-expert-intermediate-size", 0)
         if shared:
             fields.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
+    fields.update(mla_model_fields(args, _int))
     if args.get("--tokenizer-type") == "NullTokenizer" and "--vocab-size" in args:
         fields["vocab_size"] = (_int(args, "--vocab-size") or 0) + 1  # NullTokenizer adds the EOD token
     if args.get("--squared-relu"):

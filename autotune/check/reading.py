@@ -55,6 +55,9 @@ class Reading:
     grad_reduce: str = "fp32"
     moe_dispatcher: str = "alltoall"
     """MoE token dispatcher (JobSpec.moe_dispatcher)."""
+    moe_imbalance: float | None = None
+    """Busiest expert's load over the mean where the config fixes it (1.0: forced balanced routing); None: the
+    cost model's default for learned routing (JobSpec.moe_imbalance)."""
     model_fields: dict[str, Any] | None = None
     """The model's shape where the config defines it (ModelSpec field names; vocab_size may be missing)."""
     model_soft: dict[str, Any] | None = None

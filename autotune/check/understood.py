@@ -234,6 +234,8 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
                   dtype=r.dtype, flash_attention=r.flash_attention,  # type: ignore[arg-type]
                   fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, trainer=trainer,  # type: ignore[arg-type]
                   moe_dispatcher=r.moe_dispatcher)  # type: ignore[arg-type]
+    if r.moe_imbalance is not None:
+        job = replace(job, moe_imbalance=r.moe_imbalance)
     note = header_note(r.header_plan, plan)
     if note is not None:
         notes.append(note)

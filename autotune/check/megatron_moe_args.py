@@ -1,0 +1,132 @@
+"""Megatron-LM's mixture-of-experts and multi-head latent attention flags read back (the inverse of
+emit/megatron_moe.py), kept apart from the dense flags in megatron_args.py.
+
+Names and defaults are Megatron-LM core_r0.16's (megatron/training/arguments.py _add_moe_args and _add_mla_args):
+--moe-layer-freq is an int N (layer i is MoE when i % N == 0) or a Python list expression with one 0/1 per
+layer; --kv-lora-rank defaults to 32, --qk-head-dim to 128, --qk-pos-emb-head-dim to 64, --v-head-dim to 128,
+--q-lora-rank to none (a full-rank query projection).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.specs.limits import MAX_LAYERS, check_max
+
+#: Flags that take one value and that this reader uses.
+MOE_VALUE = frozenset("""
+--moe-layer-freq --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
+--moe-expert-capacity-factor
+""".split())
+#: Switches this reader uses.
+MOE_SWITCH = frozenset("--multi-latent-attention --moe-grouped-gemm --moe-router-force-load-balancing "
+                       "--moe-pad-expert-input-to-capacity".split())
+#: Routing, loss and fusion settings that do not change the plan or its cost (recognised, ignored).
+MOE_NEUTRAL_VALUE = frozenset("""
+--moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff --moe-router-topk-scaling-factor
+--moe-router-num-groups --moe-router-group-topk --moe-router-dtype --moe-router-bias-update-rate
+--moe-input-jitter-eps --moe-token-drop-policy --mscale --mscale-all-dim
+""".split())
+MOE_NEUTRAL_SWITCH = frozenset("""
+--moe-router-enable-expert-bias --moe-router-pre-softmax --moe-permute-fusion --moe-router-fusion
+--moe-shared-expert-overlap --moe-per-layer-logging
+""".split())
+
+#: Megatron-LM's argparse defaults for the latent-attention sizes (arguments.py _add_mla_args).
+MLA_DEFAULTS = {"--kv-lora-rank": 32, "--qk-head-dim": 128, "--qk-pos-emb-head-dim": 64, "--v-head-dim": 128}
+_TERM = re.compile(r"\[([01](?:,[01])*)\](?:\*(\d+))?")
+
+
+def layer_pattern(text: str, num_layers: int) -> list[int]:
+    """--moe-layer-freq as one 0/1 per layer: an int N (Megatron: layer i is MoE when i % N == 0), or a list
+    expression of the forms Megatron's examples use, '([0]*3+[1]*58)' or '[0,1,0,1]' (read without eval)."""
+    flat = text.replace(" ", "")
+    if re.fullmatch(r"\d+", flat):
+        step = int(flat)
+        if step < 1:
+            raise SpecError(f"--moe-layer-freq {text}: a layer frequency must be >= 1")
+        return [1 if i % step == 0 else 0 for i in range(num_layers)]
+    body = flat[1:-1] if flat.startswith("(") and flat.endswith(")") else flat
+    bits: list[int] = []
+    for term in body.split("+"):
+        match = _TERM.fullmatch(term)
+        if match is None:
+            raise SpecError(f"--moe-layer-freq {text!r}: use an integer or a list expression such as "
+                            "'([0]*3+[1]*58)' (one 0 or 1 per layer)")
+        repeat = int(match.group(2) or 1)
+        if repeat > num_layers:
+            raise SpecError(f"--moe-layer-freq {text!r}: a repeat of {repeat} exceeds --num-layers {num_layers}")
+        bits += [int(b) for b in match.group(1).split(",")] * repeat
+    if len(bits) != num_layers:
+        raise SpecError(f"--moe-layer-freq {text!r} gives {len(bits)} layers, --num-layers {num_layers}; give one "
+                        "entry per layer")
+    if not any(bits):
+        raise SpecError(f"--moe-layer-freq {text!r} has no MoE layer; drop --num-experts for a dense model")
+    return bits
+
+
+def _pattern_of(first: int, step: int, num_layers: int) -> list[int]:
+    """ModelSpec's pattern: `first` dense layers, then the last layer of every group of `step` is MoE."""
+    return [0 if i < first else int((i - first) % step == step - 1) for i in range(num_layers)]
+
+
+def pattern_fields(bits: list[int], flag: str, notes: list[str]) -> dict[str, int]:
+    """first_dense_layers and moe_layer_freq of a 0/1 layer pattern. autotune's models put dense layers first and
+    then every moe_layer_freq-th layer MoE; a pattern of another shape (Megatron's int N puts MoE first in each
+    group) is costed as the pattern of that shape with as many MoE layers, which costs the same (the cost model
+    counts layers of each kind; it does not place them), and noted."""
+    n, moe = len(bits), sum(bits)
+    ones = [i for i, b in enumerate(bits) if b]
+    for step in range(1, n + 1):  # the first MoE layer ends the first group: first = its index - (step - 1)
+        first = ones[0] - (step - 1)
+        if first < 0:
+            break
+        if _pattern_of(first, step, n) == bits:
+            return {"first_dense_layers": first, "moe_layer_freq": step}
+    gaps = [b - a for a, b in zip(ones, ones[1:])]
+    step = min(set(gaps), key=lambda g: (-gaps.count(g), g)) if gaps else 1  # the commonest spacing
+    first = max(0, n - (moe + 1) * step + 1)  # the fewest dense-first layers that leave `moe` groups
+    if (n - first) // step != moe:
+        step, first = 1, n - moe
+    notes.append(f"{flag}: {moe} MoE layers of {n}; costed as {first} dense layers, then every "
+                 f"{'' if step == 1 else f'{step}-th '}layer MoE (the same count: autotune costs layers by kind, "
+                 "not by position)")
+    return {"first_dense_layers": first, "moe_layer_freq": step}
+
+
+def moe_model_fields(args: dict[str, Any], num_layers: int, notes: list[str]) -> dict[str, Any]:
+    """The layer pattern of an MoE model (--moe-layer-freq, default 1: every layer) and the notes on what the
+    cost model prices differently from the flags (expert GEMMs one by one, token capacity)."""
+    check_max(num_layers, MAX_LAYERS, "the number of layers", "pretrain_gpt.py arguments")
+    bits = layer_pattern(str(args.get("--moe-layer-freq", "1")), num_layers)
+    fields = pattern_fields(bits, f"--moe-layer-freq {args.get('--moe-layer-freq', '1')}", notes)
+    if not args.get("--moe-grouped-gemm"):
+        notes.append("no --moe-grouped-gemm: Megatron runs each local expert's MLP in turn; costed as grouped "
+                     "GEMMs (faster)")
+    if "--moe-expert-capacity-factor" in args or args.get("--moe-pad-expert-input-to-capacity"):
+        notes.append("--moe-expert-capacity-factor / --moe-pad-expert-input-to-capacity: costed dropless, every "
+                     "routed token processed once (dropped or padded tokens are not)")
+    return fields
+
+
+def mla_model_fields(args: dict[str, Any], as_int) -> dict[str, Any]:
+    """Multi-head latent attention sizes (zeros without --multi-latent-attention, so a config with ordinary
+    attention never matches a latent-attention catalog model), and the head width they imply where
+    --kv-channels is absent (queries and keys of qk-head-dim + qk-pos-emb-head-dim, as Megatron builds them)."""
+    if not args.get("--multi-latent-attention"):
+        return {"q_lora_rank": 0, "kv_lora_rank": 0, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0, "v_head_dim": 0}
+    size = {flag: as_int(args, flag, default) for flag, default in MLA_DEFAULTS.items()}
+    out = {"q_lora_rank": as_int(args, "--q-lora-rank", 0) or 0, "kv_lora_rank": size["--kv-lora-rank"],
+           "qk_nope_head_dim": size["--qk-head-dim"], "qk_rope_head_dim": size["--qk-pos-emb-head-dim"],
+           "v_head_dim": size["--v-head-dim"]}
+    if "--kv-channels" not in args:
+        out["head_dim"] = size["--qk-head-dim"] + size["--qk-pos-emb-head-dim"]
+    return out
+
+
+def routing_imbalance(args: dict[str, Any]) -> float | None:
+    """The busiest expert's load over the mean the config runs: 1.0 with --moe-router-force-load-balancing
+    (benchmarks route every token evenly), else None (the cost model's stated default for learned routing)."""
+    return 1.0 if args.get("--moe-router-force-load-balancing") and "--num-experts" in args else None
