@@ -54,6 +54,8 @@ FLAVORS = {flavor: name for name, (_, flavor) in reversed(REGISTRY.items())}
 CONFIGS = {config: name for name, (config, _) in reversed(REGISTRY.items())}
 # torchtitan's MoE config functions name their catalog model too
 CONFIGS.update((m.config, name) for name, m in MOE_REGISTRY.items() if m.config)
+#: torchtitan 0.2.x MoE models: (model.name, model.flavor) -> the catalog model.
+MOE_FLAVORS = {(m.module, m.flavor): name for name, m in MOE_REGISTRY.items()}
 
 
 def read_toml(text: str) -> Reading:
@@ -62,10 +64,14 @@ def read_toml(text: str) -> Reading:
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"not valid TOML: {exc}; fix the file (torchtitan 0.2.x job config)") from None
     notes: list[str] = []
-    flavor = tree.get("model", {}).get("flavor") if isinstance(tree.get("model"), dict) else None
+    section = tree.get("model") if isinstance(tree.get("model"), dict) else {}
+    flavor, module = section.get("flavor"), section.get("name", "llama3")
     if flavor is not None and not isinstance(flavor, str):
         raise SpecError(f"model.flavor must be a string, got {flavor!r}")
-    model = FLAVORS.get(flavor, flavor) if flavor else None
+    model = MOE_FLAVORS.get((module, flavor)) or (FLAVORS.get(flavor) if module == "llama3" else None)
+    if flavor and model is None:
+        notes.append(f"model {module!r} flavor {flavor!r}: not a torchtitan model autotune knows (its llama3 "
+                     f"flavors, and {', '.join(f'{m} {f}' for m, f in sorted(MOE_FLAVORS))}); give --model")
     return reading_from_tree(tree, "toml", model, notes)
 
 

@@ -24,6 +24,7 @@ from autotune.emit.torchtitan_mapping import REGISTRY
 from autotune.errors import SpecError
 from autotune.render.common import dump_json
 from autotune.render.estimate import estimate_json
+from autotune.specs.job import JobSpec
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, check_plan, is_even_split
 from emit.scenarios import GOLDEN, planner_scenarios  # tests/emit (pytest puts tests/ on the path)
 
@@ -187,3 +188,32 @@ def test_golden_files_on_disk(scenario: str, trainer: str, fmt: str | None, name
     assert (kind, u.plan, u.model) == (trainer, as_run(inp.plan, trainer, fmt, inp), inp.model)
     job = as_run_job(inp, trainer, fmt)
     assert _estimate_text(u.model, inp.gpu, u.job, u.plan) == _estimate_text(inp.model, inp.gpu, job, u.plan)
+
+
+#: Mixture-of-experts plans (issue 14) for the trainers that run them: Megatron every MoE catalog model, torchtitan
+#: the ones it ships (emit/torchtitan_mapping.py MOE_REGISTRY); DeepSpeed's MoE lives in model code (refused).
+MOE_PLANS = {
+    "deepseek-v3": Plan(tp=1, pp=8, dp=16, ep=16, etp=1, mbs=1, num_microbatches=64, zero=1, recompute="full",
+                        vocab="balanced", layers_per_stage=(7, 8, 8, 8, 8, 8, 8, 6)),
+    "qwen3-30b-a3b": Plan(tp=1, pp=2, dp=8, ep=8, etp=1, mbs=1, num_microbatches=32, zero=1,
+                          layers_per_stage=(24, 24)),
+    "qwen3-235b-a22b": Plan(tp=1, pp=2, dp=64, ep=16, etp=1, mbs=1, num_microbatches=16, zero=1,
+                            layers_per_stage=(47, 47)),
+    "gpt-oss-120b": Plan(tp=1, pp=4, dp=16, ep=8, etp=1, mbs=1, num_microbatches=32, zero=1,
+                         layers_per_stage=(9, 9, 9, 9)),
+    "mixtral-8x7b": Plan(tp=2, pp=1, dp=8, ep=8, etp=1, mbs=1, num_microbatches=16, zero=1, sequence_parallel=True,
+                         layers_per_stage=(32,)),
+}
+MOE_TRAINERS = [(model, t) for model in MOE_PLANS for t in TRAINERS[:4]
+                if t[0] == "megatron" or model in ("deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b")]
+
+
+@pytest.mark.parametrize("model,trainer", MOE_TRAINERS, ids=[f"{m}-{t[2]}" for m, t in MOE_TRAINERS])
+def test_moe_roundtrip(tmp_path: Path, model: str, trainer: tuple) -> None:
+    """An MoE plan emitted for a trainer reads back as the plan that trainer runs, on the same catalog model."""
+    from emit.test_megatron import _inp
+
+    plan = MOE_PLANS[model]
+    inp = _inp(model, "h100-sxm", JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=4096),
+               plan)
+    _check_roundtrip(tmp_path, inp, *trainer)
