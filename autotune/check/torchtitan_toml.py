@@ -20,6 +20,7 @@ from __future__ import annotations
 import tomllib
 from typing import Any
 
+from autotune.catalog import model_names
 from autotune.check.bash import Shell, tokenize
 from autotune.check.reading import Reading, check_sizes
 from autotune.check.script import launch_words
@@ -68,7 +69,9 @@ def read_toml(text: str) -> Reading:
     flavor, module = section.get("flavor"), section.get("name", "llama3")
     if flavor is not None and not isinstance(flavor, str):
         raise SpecError(f"model.flavor must be a string, got {flavor!r}")
-    model = MOE_FLAVORS.get((module, flavor)) or (FLAVORS.get(flavor) if module == "llama3" else None)
+    # autotune's own TOML names a catalog model as the flavor to add where torchtitan has none (emit/torchtitan.py)
+    model = MOE_FLAVORS.get((module, flavor)) or (FLAVORS.get(flavor) if module == "llama3" else None) or (
+        flavor if flavor in model_names() else None)
     if flavor and model is None:
         notes.append(f"model {module!r} flavor {flavor!r}: not a torchtitan model autotune knows (its llama3 "
                      f"flavors, and {', '.join(f'{m} {f}' for m, f in sorted(MOE_FLAVORS))}); give --model")
