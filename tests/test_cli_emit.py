@@ -97,7 +97,8 @@ def plan_file(docs, tmp_path) -> Path:
 def _expected(trainer: str, doc: dict, fmt: str = "cli") -> dict[str, str]:
     """The emitter's files for a saved plan, re-estimating what the trainer runs as `autotune emit` does."""
     inp = emit_input_from_document(doc, "plan.json")
-    inp = replace(inp, reestimate=document_reestimator(inp))
+    reestimate, inp = document_reestimator(inp, doc)
+    inp = replace(inp, reestimate=reestimate)
     return dict(emit(trainer, inp, torchtitan_format=fmt).files)
 
 

@@ -73,7 +73,8 @@ def test_header_equals_estimate_with_no_downgrade_warning(capsys, tmp_path, trai
 
 def test_header_of_a_downgraded_plan_is_re_estimated(capsys, tmp_path):
     """A zb-h1 plan (searched without --trainer) emitted for DeepSpeed runs as 1F1B: the header states the
-    estimate of that 1F1B plan, and names the plan as planned."""
+    estimate of that 1F1B plan with DeepSpeed's kernels (what `check` predicts for the file), and names the plan
+    as planned."""
     doc = _json(capsys, "plan", *JOB, "--pp", "4", "--schedule", "zb-h1", "--vocab", "ends", "--top", "0",
                 "--out", str(tmp_path / "zb"))
     assert doc["trainer"] is None
@@ -84,7 +85,7 @@ def test_header_of_a_downgraded_plan_is_re_estimated(capsys, tmp_path):
     runs, _ = as_run(EMITTED_CAPS["deepspeed"], plan, MODEL)
     assert runs.schedule == "1f1b" and runs != plan
     (tmp_path / "runs.json").write_text(json.dumps(runs.to_dict()))
-    want = _estimate(capsys, tmp_path / "runs.json", "megatron")
+    want = _estimate(capsys, tmp_path / "runs.json", "deepspeed")
     header = "\n".join(json.loads((tmp_path / "ds" / "ds_config.json").read_text())["_autotune"]["header"])
     assert PREDICTED.search(header).groups() == want
     assert "re-estimated for what deepspeed runs" in header and "planned: " in header and "zb-h1" in header

@@ -39,8 +39,9 @@ def emit_command(
     if planned_for is not None and planned_for.split("+")[0] != trainer:
         show_warnings([f"{where} was searched for {planned_for}, not {trainer}: {trainer} may not run it as planned "
                        f"(plan again with --trainer {trainer} for the best plan it runs)"])
+    reestimate, inp = document_reestimator(inp, doc)
     result = launch_config(trainer, inp, torchtitan_format=torchtitan_format, strict=strict,
-                           reestimate=document_reestimator(inp), mock_data=mock_data, train_tokens=train_tokens)
+                           reestimate=reestimate, mock_data=mock_data, train_tokens=train_tokens)
     written = write_launch(out, trainer, result)
     show_warnings(result.warnings)
     if written:

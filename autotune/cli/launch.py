@@ -20,22 +20,32 @@ from autotune.emit import emit as emit_config
 from autotune.emit.document import PLAN_FILE, emit_input_from_document
 from autotune.errors import AutotuneError, SpecError
 from autotune.fileio import write_file, write_files
-from autotune.render.common import dump_json
+from autotune.render.common import dump_json, rounded
 from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
 from autotune.search.trainers import reestimator
 from autotune.specs.trainers import TrainerCaps, caps_for
 
 
 # ------------------------------------------------------------------------------------- plan documents -> configs
-def document_reestimator(inp: EmitInput) -> Any:
+def document_reestimator(inp: EmitInput, doc: dict[str, Any] | None = None) -> tuple[Any, EmitInput]:
     """The cost model of a saved plan's job (its catalog GPU, the shipped measured profile if any), for the
-    headers of what a trainer really runs; None when the GPU is not in the catalog (headers then say so)."""
+    headers of what a trainer really runs; None when the GPU is not in the catalog (headers then say so). With
+    the document: where it was priced from the same op costs, its stored predictions are checked against its plan
+    and replaced, with a warning, when they do not match (a plan.json edited by hand)."""
     try:
         hw = replace(load_hardware(inp.gpu), gpus_per_node=inp.gpus_per_node)
-        return reestimator(CostModel(inp.model, hw, inp.job, load_cost_profile(None, inp.gpu, inp.model, hw,
-                                                                                inp.job)))
+        cm = CostModel(inp.model, hw, inp.job, load_cost_profile(None, inp.gpu, inp.model, hw, inp.job))
     except AutotuneError:
-        return None
+        return None, inp
+    figures = reestimator(cm)
+    if doc is not None and doc.get("op_costs") == cm.op_coverage(inp.plan).as_dict():
+        now = tuple(rounded(x) for x in figures(inp.plan, inp.job))
+        if now != (inp.step_time_s, inp.peak_memory_gib, inp.mfu):
+            show_warnings([f"the plan's stored predictions (step {inp.step_time_s:.3f} s, {inp.peak_memory_gib:.1f} "
+                           f"GiB) are not those of its plan (edited since?): the files state its estimate, step "
+                           f"{now[0]:.3f} s, {now[1]:.1f} GiB"])
+            inp = replace(inp, step_time_s=now[0], peak_memory_gib=now[1], mfu=now[2])
+    return figures, inp
 
 
 def trainer_caps(trainer: str | None, fork: str | None) -> TrainerCaps | None:
@@ -71,8 +81,8 @@ def launch_config(trainer: str, inp: EmitInput, *, torchtitan_format: str | None
     result = emit_config(trainer, inp, torchtitan_format=torchtitan_format or TORCHTITAN_FORMATS[0])
     if strict and result.warnings:
         show_warnings(result.warnings)
-        raise SpecError(f"--strict: {trainer} cannot express this plan exactly ({len(result.warnings)} warning(s) "
-                        "above); nothing was written")
+        raise SpecError(f"--strict: {trainer} cannot express this plan exactly (the warnings above say where); "
+                        "nothing was written")
     return result
 
 

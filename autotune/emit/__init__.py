@@ -34,7 +34,7 @@ class EmitInput:
     peak_memory_gib: float
     """Predicted peak memory per GPU, for the header."""
     mfu: float
-    reestimate: Callable[[Plan], tuple[float, float, float]] | None = field(default=None, compare=False)
+    reestimate: Callable[[Plan, JobSpec], tuple[float, float, float]] | None = field(default=None, compare=False)
     """(step time s, peak GiB, MFU) of another plan under the same model, hardware and job: the header then
     states the prediction for the plan a trainer really runs when it differs from `plan` (emit/common.py)."""
     train_tokens: float = 1e12
@@ -62,7 +62,7 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
                         "Megatron-LM and torchtitan only; use --trainer megatron")
     if caps is not None and inp.plan.tp_mode not in caps.tp_modes:
         flat = replace(inp.plan, tp_mode="1d")
-        figures = inp.reestimate(flat) if inp.reestimate is not None else None
+        figures = inp.reestimate(flat, inp.job) if inp.reestimate is not None else None
         flat_inp = replace(inp, plan=flat) if figures is None else replace(
             inp, plan=flat, step_time_s=figures[0], peak_memory_gib=figures[1], mfu=figures[2])
         result = emit(trainer, flat_inp, torchtitan_format=torchtitan_format)

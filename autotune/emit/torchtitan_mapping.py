@@ -20,7 +20,7 @@ read back by autotune/check/torchtitan_toml.py. 0.3.0 and 0.2.x use the same key
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.emit import EmitInput
 from autotune.errors import SpecError
@@ -333,3 +333,15 @@ def _recompute(plan: Plan, fmt: str, warnings: list[str]) -> tuple[str, str | No
     warnings.append(f"{what}: torchtitan {version} cannot recompute part of a stage; emitted full AC on every layer "
                     "(more recompute than predicted)")
     return "full", None
+
+
+def toml_runs(planned: Plan, plan: Plan) -> Plan:
+    """What the 0.2.x TOML runs of `planned`, given `plan`, what torchtitan otherwise runs of it (specs/trainers.py
+    as_run): sequence parallelism whenever tp > 1 (its TP plan always shards the norms), and a partial full
+    recompute as layer AC, every N-th layer (_recompute: floor(n / N) layers of each chunk)."""
+    p = replace(plan, sequence_parallel=plan.tp > 1)
+    if p.recompute == "full" and planned.recompute == "full" and planned.recompute_layers is not None:
+        chunks = [n for n in virtual_stage_layers(planned) if n > 0]
+        every = max(1, min(n // min(planned.recompute_layers, n) for n in chunks))
+        p = replace(p, recompute_layers=max(1, min(chunks) // every) if every > 1 else None)
+    return normalized(p)

@@ -76,10 +76,15 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
     return tuple(out)
 
 
-def reestimator(cm: CostModel) -> Callable[[Plan], tuple[float, float, float]]:
-    """(step time s, peak GiB per GPU, MFU) of a plan under cm: what an emitted file's header states for the
-    plan a trainer really runs (emit/common.py header_lines)."""
-    def figures(plan: Plan) -> tuple[float, float, float]:
-        est = cm.estimate(plan)
+def reestimator(cm: CostModel) -> Callable[[Plan, JobSpec], tuple[float, float, float]]:
+    """(step time s, peak GiB per GPU, MFU) of a plan and job under cm's model, GPU and profile: what an emitted
+    file's header states for the plan a trainer really runs, with the kernels it runs (emit/common.py
+    header_lines)."""
+    models = {cm.job: cm}
+
+    def figures(plan: Plan, job: JobSpec) -> tuple[float, float, float]:
+        if job not in models:
+            models[job] = CostModel(cm.model, cm.hw, job, cm.profile)
+        est = models[job].estimate(plan)
         return est.step_time_s, gib(est.peak_memory_bytes), est.mfu
     return figures

@@ -289,13 +289,19 @@ def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple
         p = replace(p, sequence_parallel=False, tp_overlap=False)
     if p.tp_overlap and not caps.tp_overlap:
         p = replace(p, tp_overlap=False)
-    if p.recompute == "selective" and not caps.selective_recompute:
+    if p.recompute == "selective" and not caps.selective_recompute and caps.name != "torchtitan":
+        # torchtitan's emitter writes its per-op selective AC, which the cost model prices with torchtitan's
+        # kernels (what `check` reads back); the others checkpoint whole layers
         p = replace(p, recompute="full", recompute_layers=None)
     if p.recompute_layers is not None and p.recompute_layers < max(p.layers_per_stage) // p.vpp \
             and not caps.partial_recompute:
         p = replace(p, recompute_layers=None)
     allowed = caps.zero_stages(p.pp)
-    if p.zero not in allowed:  # more sharding where the trainer has it (torchtitan's FSDP2), else less
+    if caps.name == "torchtitan" and (p.dp == 1 or p.zero in (1, 2)):
+        # its emitter writes no data parallelism for dp 1, and ZeRO-1/2 as FSDP2 without resharding after forward
+        # (gradients and optimizer state sharded, weights gathered once per micro-batch): what `check` reads back
+        p = replace(p, zero=0 if p.dp == 1 else (2 if p.pp == 1 else 1))
+    elif p.zero not in allowed:  # more sharding where the trainer has it, else less
         p = replace(p, zero=min((z for z in allowed if z > p.zero), default=max(allowed)))
     if p.cp > 1 and not caps.cp:
         if caps.name == "colossalai" and p.num_microbatches % p.cp == 0:
@@ -309,3 +315,18 @@ def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple
     if caps.split == "even" and not is_even_split(p.layers_per_stage):
         notes.append("the planned uneven split is not expressed")
     return p, tuple(notes)
+
+
+def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
+    """The job as `trainer`'s emitted config runs it (what `check` reads back from the file): the trainer's own
+    kernels, and the settings its emitter fixes. torchtitan: FlashAttention through SDPA, fp32 gradient reduction
+    (FSDP2's default), FP8 only in the 0.2.x TOML (float8 converters; the 0.3.0 overrides write none); DeepSpeed:
+    fp16 or bf16 (no FP8), fused kernels, fp32 reduction. `fmt`: torchtitan's format, "cli" or "toml"."""
+    out = replace(job, trainer=trainer)  # type: ignore[arg-type]
+    if trainer == "torchtitan":
+        return replace(out, dtype="fp8" if job.dtype == "fp8" and fmt == "toml" else "bf16", flash_attention=True,
+                       grad_reduce="fp32")
+    if trainer == "deepspeed":
+        return replace(out, dtype="fp16" if job.dtype == "fp16" else "bf16", flash_attention=True,
+                       fused_kernels=True, grad_reduce="fp32")
+    return out

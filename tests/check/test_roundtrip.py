@@ -11,6 +11,7 @@ independently that re-emitting the recovered plan reproduces the same trainer se
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,8 +25,10 @@ from autotune.emit.torchtitan_mapping import REGISTRY
 from autotune.errors import SpecError
 from autotune.render.common import dump_json
 from autotune.render.estimate import estimate_json
+from autotune.search.trainers import reestimator
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, check_plan, is_even_split
+from autotune.units import gib
 from emit.scenarios import GOLDEN, planner_scenarios  # tests/emit (pytest puts tests/ on the path)
 
 TRAINERS = (("megatron", None, "launch_megatron.sh"), ("torchtitan", "toml", "torchtitan.toml"),
@@ -217,3 +220,30 @@ def test_moe_roundtrip(tmp_path: Path, model: str, trainer: tuple) -> None:
     inp = _inp(model, "h100-sxm", JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=4096),
                plan)
     _check_roundtrip(tmp_path, inp, *trainer)
+
+
+_PREDICTED = re.compile(r"predicted: step ([\d.]+) s, peak memory ([\d.]+) GiB per GPU, MFU ([\d.]+)%( \(re-estimated)?")
+
+
+@pytest.mark.parametrize("trainer,fmt,name", TRAINERS, ids=[t[2] for t in TRAINERS])
+@pytest.mark.parametrize("scenario", list(GOLDEN))
+def test_header_states_what_check_predicts(tmp_path: Path, scenario: str, trainer: str, fmt: str | None,
+                                           name: str) -> None:
+    """A file's header predicts what `check` predicts for the file: where the trainer runs another plan or other
+    kernels than the plan was priced with (a plan searched for Megatron emitted for DeepSpeed), the header is
+    re-estimated for what it runs; otherwise it repeats the plan's own figures, for a plan and job check reads
+    back unchanged."""
+    inp = GOLDEN[scenario]
+    hw = replace(load_hardware(inp.gpu), gpus_per_node=inp.gpus_per_node)
+    inp = replace(inp, reestimate=reestimator(CostModel(inp.model, hw, inp.job)))
+    u = _read_back(tmp_path, inp, trainer, fmt, name)
+    found = _PREDICTED.search((tmp_path / name).read_text())
+    if found is None:  # a bare file of overrides has no header
+        assert name.endswith(".txt")
+        return
+    step, peak, mfu, again = found.groups()
+    if again is None:
+        assert (u.plan, u.job) == (inp.plan, inp.job)
+        return
+    est = CostModel(u.model, hw, u.job).estimate(u.plan)
+    assert (step, peak, mfu) == (f"{est.step_time_s:.3f}", f"{gib(est.peak_memory_bytes):.1f}", f"{100 * est.mfu:.1f}")

@@ -203,7 +203,10 @@ def test_reestimator_is_the_cost_model():
     cm = CostModel(MODEL, HW, JOB)
     plan = replace(ZB, schedule="1f1b", vocab="ends")
     est = cm.estimate(plan)
-    assert reestimator(cm)(plan) == (est.step_time_s, gib(est.peak_memory_bytes), est.mfu)
+    assert reestimator(cm)(plan, JOB) == (est.step_time_s, gib(est.peak_memory_bytes), est.mfu)
+    other = replace(JOB, trainer="deepspeed")  # another trainer's kernels: a cost model of that job
+    est = CostModel(MODEL, HW, other).estimate(plan)
+    assert reestimator(cm)(plan, other) == (est.step_time_s, gib(est.peak_memory_bytes), est.mfu)
 
 
 def test_whole_layer_recompute_where_megatron_recomputes_part():
