@@ -179,6 +179,10 @@ ERROR_CASES = {
     "dp not dividing gpus": (("--dp", "3"), "--dp 3 does not divide --gpus 8"),
     "unknown schedule": (("--schedule", "gpipe"), "gpipe"),
     "negative top": (("--top", "-1"), "--top"),
+    "ep on a dense model": (("--ep", "2"), "is dense (no experts); drop --ep"),
+    "ep not dividing experts": (("--model", "mixtral-8x7b", "--ep", "3"),
+                                "--ep 3 does not divide the 8 experts of mixtral-8x7b; use one of 1, 2, 4, 8"),
+    "pipelined schedule on pp 1": (("--schedule", "zb-h1", "--pp", "1"), "needs --pp >= 2"),
 }
 
 

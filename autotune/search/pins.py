@@ -81,6 +81,24 @@ def _check_choices(space: SearchSpace, model: ModelSpec) -> None:
         raise SpecError("--vocab parallel splits the vocabulary layers over pipeline ranks: it needs --pp >= 2")
     if space.sequence_parallel == (True,) and space.tp == (1,):
         raise SpecError("--sequence-parallel needs tp > 1; drop it or pin --tp > 1")
+    if space.pp == (1,) and space.schedule is not None and "1f1b" not in space.schedule:
+        raise SpecError(f"--schedule {','.join(space.schedule)} pipelines micro-batches over ranks: it needs "
+                        "--pp >= 2 (or --schedule 1f1b for pp 1)")
+    _check_experts(space, model)
+
+
+def _check_experts(space: SearchSpace, model: ModelSpec) -> None:
+    """Expert-parallel pins against the model (the same rules check_plan applies to one plan)."""
+    for flag, values in (("--ep", space.ep), ("--etp", space.etp)):
+        if not model.is_moe and values is not None and set(values) != {1}:
+            raise SpecError(f"{flag} {','.join(map(str, values))}: {model.name} is dense (no experts); drop {flag}")
+    if not model.is_moe:
+        return
+    for ep in space.ep or ():
+        if model.num_experts % ep:
+            ok = [d for d in range(1, model.num_experts + 1) if model.num_experts % d == 0]
+            raise SpecError(f"--ep {ep} does not divide the {model.num_experts} experts of {model.name}; use one of "
+                            f"{', '.join(map(str, ok))}")
 
 
 def _check_moe(caps: TrainerCaps, model: ModelSpec) -> None:

@@ -33,6 +33,7 @@ def test_a_good_plan_passes():
     ({"mbs": 3}, 32, "global batch 64 != dp 4 x mbs 3"),
     ({"schedule": "interleaved", "vpp": 1}, 32, "interleaved schedule needs pp >= 2 and vpp >= 2"),
     ({"vpp": 2}, 32, "vpp 2 needs schedule 'interleaved'"),
+    ({"schedule": "interleaved", "vpp": 16}, 32, r"every stage needs >= 16 layers, got \[8, 8, 8, 8\]"),
     ({"schedule": "interleaved", "vpp": 2, "num_microbatches": 2, "mbs": 8}, 32,
      r"num_microbatches \(2\) divisible by pp \(4\)"),
     ({"zero": 2}, 32, "zero 2 shards gradients, which pipeline parallelism forbids"),
