@@ -93,9 +93,12 @@ def check_command(
         for finding in [summary, *findings]:
             typer.echo(github_line(finding, str(config)))
     else:
-        typer.echo(_report(config, u, est, best, findings, hw))
+        typer.echo(_report(config, u, est, best, hw))
         if written:
             typer.echo(written_report(written))
+        for f in findings:  # the verdicts behind the exit code are diagnostics: stderr, as every error
+            if f.level != "notice":
+                typer.echo(f"{f.level}: {f.message}", err=True)
     if code:
         raise typer.Exit(code)
 
@@ -151,8 +154,7 @@ def _check_json(config: Path, u: Understood, est: Estimate, best: Estimate | Non
             "findings": [f.as_dict() for f in findings], "emitted": [str(p) for p in written], "exit_code": code}
 
 
-def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, findings: list[Finding],
-            hw: HardwareSpec) -> str:
+def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, hw: HardwareSpec) -> str:
     job, usable = u.job, gib(est.usable_memory_bytes)
     lines = [f"config: {config} ({u.trainer}" + (f", {u.torchtitan_format}" if u.torchtitan_format else "") + ")",
              f"understood: {u.model.name} on {hw.name} x {u.plan.num_gpus} ({hw.gpus_per_node} per node), global "
@@ -180,7 +182,4 @@ def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, f
         lines += [f"best plan for {u.trainer} on the same GPUs, batch and sequence: {plan_line(best.plan)}",
                   f"  step {best.step_time_s:.3f} s, {best.tokens_per_s:,.0f} tokens/s, MFU {100 * best.mfu:.1f}%, "
                   f"peak memory {gib(best.peak_memory_bytes):.2f} GiB: {verdict}"]
-    for f in findings:
-        if f.level != "notice":
-            lines.append(f"{f.level}: {f.message}")
     return "\n".join(lines)

@@ -59,7 +59,8 @@ def schedule(inp: EmitInput) -> Schedule:
     steps = max(1, math.ceil(inp.train_tokens / (inp.job.global_batch * inp.job.seq_len)))
     lr = peak_lr(total_params(inp.model))
     save = max(1, min(steps, round(SAVE_EVERY_S / inp.step_time_s)))
-    return Schedule(steps=steps, warmup=max(1, min(WARMUP_STEPS, steps // 10)), lr=lr,
+    # Megatron asserts warm-up < decay steps (optimizer_param_scheduler.py): a one-step run warms up for none
+    return Schedule(steps=steps, warmup=min(max(1, min(WARMUP_STEPS, steps // 10)), steps - 1), lr=lr,
                     min_lr=float(f"{lr / 10:.6g}"), save_interval=save, log_interval=min(LOG_INTERVAL, steps))
 
 

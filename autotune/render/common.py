@@ -88,7 +88,9 @@ def plan_brief(plan: Plan) -> str:
     rc = plan.recompute if plan.recompute_layers is None else f"full x{plan.recompute_layers}"
     sched = plan.schedule if plan.vpp == 1 else f"{plan.schedule} vpp {plan.vpp}"
     mode = "" if plan.tp_mode == "1d" else f" ({plan.tp_mode})"
-    return (f"tp {plan.tp}{mode} pp {plan.pp} dp {plan.dp} cp {plan.cp}, mbs {plan.mbs} x {plan.num_microbatches}, "
+    experts = f" ep {plan.ep} etp {plan.etp}" if (plan.ep, plan.etp) != (1, 1) else ""  # MoE plans only
+    return (f"tp {plan.tp}{mode} pp {plan.pp} dp {plan.dp} cp {plan.cp}{experts}, mbs {plan.mbs} x "
+            f"{plan.num_microbatches}, "
             f"{sched}, recompute {rc}, zero {plan.zero}{', sp' if plan.sequence_parallel else ''}"
             f"{' + overlap' if plan.tp_overlap else ''}")
 
@@ -98,6 +100,8 @@ def plan_tag(plan: Plan) -> str:
     recomputation, short enough for a table cell."""
     parts = [f"tp{plan.tp}" + ("" if plan.tp_mode == "1d" else f"({plan.tp_mode})"), f"pp{plan.pp}"]
     parts += ([f"cp{plan.cp}"] if plan.cp > 1 else []) + [f"dp{plan.dp}"]
+    parts += [f"ep{plan.ep}"] if plan.ep > 1 else []
+    parts += [f"etp{plan.etp}"] if plan.etp > 1 else []
     parts += ([f"mbs{plan.mbs}"] if plan.mbs > 1 else []) + ([f"v{plan.vpp}"] if plan.vpp > 1 else [])
     parts += [f"z{plan.zero}"] + ({"none": [], "selective": ["sel"], "full": ["full"]}[plan.recompute])
     return " ".join(parts)

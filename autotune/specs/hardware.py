@@ -116,12 +116,19 @@ _EFFICIENCY_OPTIONAL = ("gemm_fp8", "attention_sdpa", "attention_bwd_ratio", "me
 _EFFICIENCY_ELEMENTS = ("gemm_k0", "gemm_fp8_k0", "gemm_fill")
 
 
+#: The hardware file format this autotune reads (a file may leave "schema" out).
+HARDWARE_SCHEMA = "autotune.hardware/1"
+
+
 def hardware_from_dict(data: dict[str, Any], where: str) -> HardwareSpec:
     """Build a HardwareSpec from a hardware file. ``sources`` (where each figure comes from) is optional, so a
     hand-written file of a few figures loads; the catalog's files all carry it, and it is shown when present."""
     check_keys(data, required=("name", *_FIGURES),
                optional=("schema", "description", "sources", *_OPTIONAL_FIGURES),
                where=where)
+    if "schema" in data and data["schema"] != HARDWARE_SCHEMA:
+        raise SpecError(f"{where}: schema {data['schema']!r} is not a version this autotune reads ({HARDWARE_SCHEMA}); "
+                        "write the file in that format (see `autotune hardware`)")
     if "sources" in data:
         _check_sources(data, where)
     eff_where = f"{where}: efficiency"

@@ -50,9 +50,9 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         "activation": activation,
         "norm": "layernorm" if model_type in ("bert", "gpt2", "opt", "falcon") else "rmsnorm",
         # transformers' default is tied, but Llama-family configs default to untied
-        "tied_embeddings": bool(data.get("tie_word_embeddings", model_type not in _UNTIED_BY_DEFAULT)),
+        "tied_embeddings": _switch(data, "tie_word_embeddings", model_type not in _UNTIED_BY_DEFAULT, where),
         "bias": "qkv" if data.get("attention_bias") is None and model_type.startswith("qwen2")
-        else ("all" if data.get("attention_bias") else "none"),
+        else ("all" if _switch(data, "attention_bias", False, where) else "none"),
         "source": f"Hugging Face config {where}",
     }
     if data.get("head_dim"):
@@ -183,7 +183,7 @@ def _model_from_gpt2_config(data: dict[str, Any], where: str) -> ModelSpec:
         "vocab_size": data["vocab_size"],
         "activation": "gelu",
         "norm": "layernorm",
-        "tied_embeddings": bool(data.get("tie_word_embeddings", True)),
+        "tied_embeddings": _switch(data, "tie_word_embeddings", True, where),
         "bias": "all",
         "dropout": True,
         "position_embedding": "learned",
@@ -191,3 +191,14 @@ def _model_from_gpt2_config(data: dict[str, Any], where: str) -> ModelSpec:
         "source": f"GPT-2 style config {where}",
     }
     return model_from_dict(spec, where)
+
+
+def _switch(data: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    """A true/false key of config.json (`default` when absent or null): a string such as "false" is an error,
+    not silently true."""
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise SpecError(f"{where}: {key} must be true or false, got {value!r}")
+    return value

@@ -142,8 +142,10 @@ def test_out_of_memory_exits_5_naming_stage_and_term(cli, tmp_path: Path) -> Non
     path = _write(tmp_path, "oom.txt", ARGS.replace("PARALLEL", "--tensor-model-parallel-size 1"))
     result = cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "16")
     assert result.exit_code == 5
-    assert "error: stage 0 is predicted out of memory" in result.stdout
-    assert "binding term: optimizer states" in result.stdout
+    # the verdict is a diagnostic: on stderr (CLI.md), the report on stdout
+    assert "error: stage 0 is predicted out of memory" in result.stderr and "error:" not in result.stdout
+    assert "binding term: optimizer states" in result.stderr
+    assert "OUT OF MEMORY" in result.stdout
     github = cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "16", "--format", "github")
     lines = github.stdout.splitlines()
     assert github.exit_code == 5

@@ -500,3 +500,14 @@ def test_v_half_with_vocab_parallel() -> None:
     assert "branch v-half-vocab" in warnings[2]
     _validate(inp)
 
+
+
+@pytest.mark.parametrize("steps", [1, 2, 19, 25])
+def test_short_runs_pass_megatrons_scheduler(steps: int) -> None:
+    """--train-tokens of a few steps: warm-up stays below the decay steps, which Megatron's
+    OptimizerParamScheduler asserts (a one-step run failed at start-up with warm-up 1 = decay 1)."""
+    inp = ALL_GOLDEN["even"]
+    inp = replace(inp, train_tokens=steps * inp.job.global_batch * inp.job.seq_len)
+    _validate(inp)
+    script = dict(emit_megatron(inp).files)["launch_megatron.sh"]
+    assert f"--train-iters {steps}" in script and f"--lr-warmup-iters {min(max(1, steps // 10), steps - 1)}" in script

@@ -107,3 +107,18 @@ def test_a_file_without_compute_capability_loads():
     data = _raw()
     del data["compute_capability"], data["sources"]["compute_capability"]
     assert hardware_from_dict(data, "mine.json").compute_capability == ""
+
+
+def test_a_hardware_file_of_another_format_version_is_refused():
+    """A file saying another schema version than the one this autotune reads is an error, not silently read."""
+    import json as _json
+    from pathlib import Path
+
+    from autotune.specs.hardware import HARDWARE_SCHEMA, hardware_from_dict
+
+    catalog = _json.loads((Path(__file__).resolve().parents[2] / "profiles" / "hardware" / "h100-sxm.json").read_text())
+    assert catalog["schema"] == HARDWARE_SCHEMA
+    hardware_from_dict(dict(catalog), "h100-sxm.json")
+    hardware_from_dict({k: v for k, v in catalog.items() if k != "schema"}, "h100-sxm.json")  # optional
+    with pytest.raises(SpecError, match="schema 'autotune.hardware/9' is not a version this autotune reads"):
+        hardware_from_dict({**catalog, "schema": "autotune.hardware/9"}, "h100-sxm.json")

@@ -169,3 +169,13 @@ def test_the_clamp_is_the_field_not_the_expert_biases():
     assert clamps_glu(oss)
     assert not clamps_glu(replace(oss, glu_clamp=0.0))
     assert clamps_glu(replace(oss, expert_bias=False))
+
+
+@pytest.mark.parametrize("key,value", [("tie_word_embeddings", "false"), ("tie_word_embeddings", 0),
+                                       ("attention_bias", "no")])
+def test_hf_switches_must_be_json_booleans(key, value):
+    """A string "false" was read as true (Python truth): a wrong-typed switch is an error naming the key."""
+    with pytest.raises(SpecError, match=f"config.json: {key} must be true or false, got {value!r}"):
+        model_from_hf_config({**LLAMA3_8B_CONFIG, key: value}, "config.json")
+    assert not model_from_hf_config({**LLAMA3_8B_CONFIG, "tie_word_embeddings": False}, "x").tied_embeddings
+    assert model_from_hf_config({**LLAMA3_8B_CONFIG, "tie_word_embeddings": None}, "x").tied_embeddings is False

@@ -1,0 +1,18 @@
+"""One-line plan names: every choice that tells two plans apart is named, expert parallelism included."""
+
+from __future__ import annotations
+
+from autotune.render.common import plan_brief, plan_line, plan_tag
+from autotune.specs.plan import Plan
+
+DENSE = Plan(tp=2, pp=2, dp=8, mbs=1, num_microbatches=8, zero=1, sequence_parallel=True, layers_per_stage=(16, 16))
+
+
+def test_expert_layouts_are_named_where_they_exist() -> None:
+    """Two MoE runners-up differing only in ep (or etp) read differently; dense plans say nothing of experts."""
+    ep4, ep8 = (Plan(**{**DENSE.to_dict(), "layers_per_stage": (16, 16), "ep": ep, "etp": 1}) for ep in (4, 8))
+    assert plan_brief(ep4) != plan_brief(ep8) and "ep 4 etp 1" in plan_brief(ep4)
+    assert "ep4" in plan_tag(ep4) and "etp" not in plan_tag(ep4)
+    assert "ep 8, etp 1" in plan_line(ep8)
+    assert "ep" not in plan_brief(DENSE) and "ep" not in plan_tag(DENSE) and ", ep" not in plan_line(DENSE)
+    assert "etp2" in plan_tag(Plan(**{**ep4.to_dict(), "layers_per_stage": (16, 16), "etp": 2}))
