@@ -51,6 +51,8 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
                        if "grad_reduce" in job else "fp32",
                        moe_dispatcher=choice(job, "moe_dispatcher", MOE_DISPATCHERS, f"{where}: job")
                        if "moe_dispatcher" in job else "alltoall",
+                       **({"moe_imbalance": positive_float(job, "moe_imbalance", f"{where}: job")}
+                          if "moe_imbalance" in job else {}),
                        trainer=choice(job, "kernels", JOB_TRAINERS, f"{where}: job") if "kernels" in job
                        else "megatron")  # type: ignore[arg-type]
     plan = plan_from_dict(doc["plan"], f"{where}: plan")

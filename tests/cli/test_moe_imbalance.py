@@ -59,3 +59,21 @@ def test_help_documents_it(command: str, cli) -> None:
     assert result.exit_code == 0
     text = " ".join(result.output.translate({ord(c): " " for c in "│╭╮╰╯─"}).split())
     assert "--moe-imbalance" in text and "busiest expert" in text
+
+
+def test_a_saved_moe_plan_keeps_its_routing_imbalance(tmp_path) -> None:
+    """plan.json records the job's MoE imbalance and emit reads it back: re-emitting gives the same bytes (the
+    stored predictions match the plan, nothing to re-estimate), where the default 1.25 was assumed before."""
+    from autotune.cli import app
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    args = ["--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--seq-len",
+            "4096", "--moe-imbalance", "1.0", "--trainer", "megatron", "--top", "0"]
+    assert runner.invoke(app, ["plan", *args, "--out", str(tmp_path / "p")]).exit_code == 0
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert doc["job"]["moe_imbalance"] == 1.0
+    again = runner.invoke(app, ["emit", "--plan", str(tmp_path / "p" / "plan.json"), "--trainer", "megatron",
+                                "--out", str(tmp_path / "e")])
+    assert again.exit_code == 0 and "stored predictions" not in again.stderr
+    assert (tmp_path / "e" / "launch_megatron.sh").read_text() == (tmp_path / "p" / "launch_megatron.sh").read_text()
