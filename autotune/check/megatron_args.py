@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.check.bash import tokenize
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
-                                              mla_model_fields, moe_model_fields, routing_imbalance)
+                                              capacity, mla_model_fields, moe_model_fields, routing_imbalance)
 from autotune.check.reading import Reading, check_sizes
 from autotune.check.script import launch_words
 from autotune.errors import SpecError
@@ -204,7 +204,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         dtype=dtype, flash_attention=backend != "unfused",
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
         grad_reduce="bf16" if args.get("--grad-reduce-in-bf16") else "fp32", moe_dispatcher=_dispatcher(args, notes),
-        moe_imbalance=routing_imbalance(args), model_fields=model,
+        moe_imbalance=routing_imbalance(args), moe_capacity=capacity(args, _float), model_fields=model,
         model_soft=_soft(args),
         notes=tuple(notes))
 

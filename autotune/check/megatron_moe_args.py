@@ -105,9 +105,6 @@ def moe_model_fields(args: dict[str, Any], num_layers: int, notes: list[str]) ->
     if not args.get("--moe-grouped-gemm"):
         notes.append("no --moe-grouped-gemm: Megatron runs each local expert's MLP in turn; costed as grouped "
                      "GEMMs (faster)")
-    if "--moe-expert-capacity-factor" in args or args.get("--moe-pad-expert-input-to-capacity"):
-        notes.append("--moe-expert-capacity-factor / --moe-pad-expert-input-to-capacity: costed dropless, every "
-                     "routed token processed once (dropped or padded tokens are not)")
     return fields
 
 
@@ -124,6 +121,14 @@ def mla_model_fields(args: dict[str, Any], as_int) -> dict[str, Any]:
     if "--kv-channels" not in args:
         out["head_dim"] = size["--qk-head-dim"] + size["--qk-pos-emb-head-dim"]
     return out
+
+
+def capacity(args: dict[str, Any], as_float) -> tuple[float, bool]:
+    """(capacity factor, padded): Megatron's --moe-expert-capacity-factor (a negative one means none, as
+    TransformerConfig reads it) and --moe-pad-expert-input-to-capacity; (0.0, False) for dropless routing."""
+    factor = as_float(args, "--moe-expert-capacity-factor", 0.0) if "--num-experts" in args else 0.0
+    factor = max(0.0, factor)
+    return factor, bool(args.get("--moe-pad-expert-input-to-capacity")) and factor > 0
 
 
 def routing_imbalance(args: dict[str, Any]) -> float | None:

@@ -55,6 +55,8 @@ class Reading:
     grad_reduce: str = "fp32"
     moe_dispatcher: str = "alltoall"
     """MoE token dispatcher (JobSpec.moe_dispatcher)."""
+    moe_capacity: tuple[float, bool] = (0.0, False)
+    """MoE capacity factor (0: dropless) and whether experts are padded to it (JobSpec.moe_capacity_factor)."""
     moe_imbalance: float | None = None
     """Busiest expert's load over the mean where the config fixes it (1.0: forced balanced routing); None: the
     cost model's default for learned routing (JobSpec.moe_imbalance)."""

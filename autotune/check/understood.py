@@ -236,6 +236,12 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
                   moe_dispatcher=r.moe_dispatcher)  # type: ignore[arg-type]
     if r.moe_imbalance is not None:
         job = replace(job, moe_imbalance=r.moe_imbalance)
+    if r.moe_capacity[0] and model.is_moe:
+        if job.moe_dispatcher == "alltoall":
+            job = replace(job, moe_capacity_factor=r.moe_capacity[0], moe_pad_to_capacity=r.moe_capacity[1])
+        else:
+            notes.append(f"--moe-expert-capacity-factor {r.moe_capacity[0]:g} with DeepEP: costed dropless (autotune "
+                         "prices token dropping for the alltoall dispatcher)")
     note = header_note(r.header_plan, plan)
     if note is not None:
         notes.append(note)

@@ -10,7 +10,7 @@ from autotune.catalog import load_model
 from autotune.cli.inputs import coverage_warnings, load_cost_profile, read_plan, single_plan
 from autotune.cli.options import (BatchOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt, EpOpt, EtpOpt,
                                   ForceProfileOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, JsonOpt, KernelsOpt,
-                                  LayersOpt, MbsOpt, MicroOpt, ModelOpt, MoeDispatcherOpt, MoeImbalanceOpt, NoFlashOpt,
+                                  LayersOpt, MbsOpt, MicroOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt,
                                   OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
                                   ScheduleOpt, SeqOpt, SpOpt, TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt, ZeroOpt,
                                   build_job, check_simulation_size, check_whole_nodes, load_cluster, show,
@@ -37,6 +37,7 @@ def estimate(
     grad_reduce: GradOpt = "fp32", kernels: KernelsOpt = None, brief: BriefOpt = False,
     force_profile: ForceProfileOpt = False, ep: EpOpt = None, etp: EtpOpt = None,
     moe_imbalance: MoeImbalanceOpt = None, moe_dispatcher: MoeDispatcherOpt = "alltoall",
+    moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
     time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock limit in seconds "
                                               "(exit 3 when it strikes).")] = DEFAULT_TIME_LIMIT_S,
 ) -> None:
@@ -46,7 +47,7 @@ def estimate(
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
     check_whole_nodes(gpus, hw)
     job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels, moe_imbalance,
-                    moe_dispatcher)
+                    moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, num_microbatches=num_microbatches,
                 recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel,

@@ -88,6 +88,12 @@ MoeImbalanceOpt = Annotated[float | None, typer.Option(
     "--moe-imbalance", metavar="X", help="MoE models: tokens of the busiest expert over the mean, the step waits "
     f"for it; >= 1.0 (1.0 = balanced routing, as published benchmarks force; default {DEFAULT_MOE_IMBALANCE:g}, "
     "learned routing).")]
+MoeCapacityOpt = Annotated[float | None, typer.Option(
+    "--moe-capacity-factor", metavar="C", help="MoE models: each expert takes at most C x the mean tokens and drops "
+    "the rest (Megatron's --moe-expert-capacity-factor); default: dropless.")]
+MoePadOpt = Annotated[bool, typer.Option(
+    "--moe-pad-to-capacity", help="MoE models with --moe-capacity-factor: pad every expert's input to its capacity "
+    "(Megatron's --moe-pad-expert-input-to-capacity).")]
 MoeDispatcherOpt = Annotated[str, typer.Option(
     "--moe-dispatcher", metavar="alltoall|deepep", help="MoE models: the token dispatcher the cluster runs: "
     "alltoall (NCCL, Megatron's default) or deepep (DeepEP's kernels, Megatron's flex dispatcher; Megatron only, "
@@ -258,7 +264,7 @@ def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
 
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
               grad_reduce: str = "fp32", kernels: str | None = None, moe_imbalance: float | None = None,
-              moe_dispatcher: str = "alltoall") -> JobSpec:
+              moe_dispatcher: str = "alltoall", moe_capacity: float | None = None, moe_pad: bool = False) -> JobSpec:
     imbalance = DEFAULT_MOE_IMBALANCE if moe_imbalance is None else moe_imbalance
     if not 1.0 <= imbalance <= MAX_MOE_IMBALANCE:  # also NaN
         raise SpecError(f"--moe-imbalance {imbalance:g}: the busiest expert's tokens over the mean must be >= 1.0 "
@@ -266,6 +272,7 @@ def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfus
     job = JobSpec(global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
                   flash_attention=not no_flash, fused_kernels=not unfused, moe_imbalance=imbalance,
                   moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
+                  moe_capacity_factor=0.0 if moe_capacity is None else moe_capacity, moe_pad_to_capacity=moe_pad,
                   grad_reduce=grad_reduce, trainer=kernels or "megatron")  # type: ignore[arg-type]
     check_dispatcher(TRAINER_CAPS[job.trainer], job)  # the kernels' trainer must run the dispatcher priced
     return job

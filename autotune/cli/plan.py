@@ -14,7 +14,7 @@ from autotune.cli.inputs import coverage_warnings, load_cost_profile
 from autotune.cli.launch import check_emit_options, save_plan, trainer_caps
 from autotune.cli.options import (BatchOpt, BriefOpt, CompareOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt,
                                   FormatOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, IdleOpt, JsonOpt, KernelsOpt,
-                                  MockDataOpt, ModelOpt, MoeDispatcherOpt, MoeImbalanceOpt, NoFlashOpt, NoTimingsOpt,
+                                  MockDataOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt, NoTimingsOpt,
                                   Pins, PlanOutOpt, ProfileOpt, RunTokensOpt, SCpOpt, SDpOpt, SEpOpt, SEtpOpt, SeqOpt,
                                   SLayersOpt, SMbsOpt, SOverlapOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt,
                                   STpModeOpt, STpOpt, StrictOpt, SVocabOpt, SVppOpt, SZeroOpt, TimeLimitOpt, TopOpt,
@@ -48,6 +48,7 @@ def plan(
     force_profile: ForceProfileOpt = False, no_timings: NoTimingsOpt = False,
     mock_data: MockDataOpt = False, train_tokens: RunTokensOpt = DEFAULT_TRAIN_TOKENS, ep: SEpOpt = None,
     etp: SEtpOpt = None, moe_imbalance: MoeImbalanceOpt = None, moe_dispatcher: MoeDispatcherOpt = "alltoall",
+    moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
 ) -> None:
     """Search for the fastest plan that fits; show it, the runners-up and why they lost (exit 3: not proven).
     With --trainer T, only plans T runs; with --out DIR, also write DIR/plan.json and T's launch config(s)."""
@@ -65,7 +66,7 @@ def plan(
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
     check_whole_nodes(gpus, hw)
     job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels or trainer,
-                    moe_imbalance, moe_dispatcher)
+                    moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity)
     check_dispatcher(caps, job)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode,

@@ -11,7 +11,7 @@ from autotune.catalog import load_model
 from autotune.cli.inputs import load_cost_profile
 from autotune.cli.launch import trainer_caps
 from autotune.cli.options import (BriefOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt, GpuOpt, GpusPerNodeOpt,
-                                  JsonOpt, ModelOpt, MoeDispatcherOpt, MoeImbalanceOpt, NoFlashOpt, NoTimingsOpt, Pins,
+                                  JsonOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt, NoTimingsOpt, Pins,
                                   ProfileOpt, SCpOpt, SeqOpt, SMbsOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt,
                                   STpModeOpt, STpOpt, SVocabOpt, SVppOpt, SZeroOpt, UnfusedOpt, WorkLimitOpt, build_job,
                                   check_whole_nodes, fail, load_cluster, parse_int_list, show)
@@ -63,6 +63,7 @@ def scale_command(
     fork: ForkOpt = None, brief: BriefOpt = False, force_profile: ForceProfileOpt = False,
     no_timings: NoTimingsOpt = False, moe_imbalance: MoeImbalanceOpt = None,
     moe_dispatcher: MoeDispatcherOpt = "alltoall",
+    moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
 ) -> None:
     """The best plan at each GPU count: throughput, MFU, time and cost to train, where the winning strategy
     changes and where more GPUs stop paying (exit 2: no size fits; 3: a size not proven)."""
@@ -81,7 +82,7 @@ def scale_command(
     batch = global_batch if global_batch is not None else global_batch_for_tokens(tokens_per_step, seq_len)
     caps = trainer_caps(trainer, fork)
     job = build_job(batch, seq_len, dtype, no_flash_attention, unfused, kernels=trainer, moe_imbalance=moe_imbalance,
-                    moe_dispatcher=moe_dispatcher)
+                    moe_dispatcher=moe_dispatcher, moe_capacity=moe_capacity_factor, moe_pad=moe_pad_to_capacity)
     check_dispatcher(caps, job)
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)

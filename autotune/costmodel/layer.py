@@ -117,7 +117,7 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
     return LayerShape(tokens=mbs * job.seq_len // cp, kv_tokens=mbs * job.seq_len, mbs=mbs, tp=tp, sp=sp,
                       elem=ACTIVATION_BYTES, flash=job.flash_attention, fused=job.fused_kernels,
                       fp8=job.dtype == "fp8", ep=ep, etp=etp,
-                      imbalance=job.moe_imbalance if model.is_moe else 1.0,
+                      imbalance=job.moe_load if model.is_moe else 1.0,
                       dispatcher=job.moe_dispatcher if model.is_moe else "alltoall")
 
 

@@ -71,7 +71,8 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
                    "time does not hold); use --trainer colossalai for the grid")
         return EmitResult(result.files, (warning, *result.warnings))
     result = _emit_one(trainer, inp, torchtitan_format)
-    extra = tuple(w for w in (full_attention_warning(trainer, inp), dispatcher_warning(caps, inp)) if w)
+    extra = tuple(w for w in (full_attention_warning(trainer, inp), dispatcher_warning(caps, inp),
+                              capacity_warning(trainer, inp)) if w)
     return EmitResult(result.files, (*result.warnings, *extra)) if extra else result
 
 
@@ -83,6 +84,15 @@ def dispatcher_warning(caps: TrainerCaps | None, inp: EmitInput) -> str | None:
         return None
     return (f"the step was priced with the {inp.job.moe_dispatcher} token dispatcher, which {caps.name} does not "
             f"run: its config uses {', '.join(caps.moe_dispatchers)}, so the step will be slower than predicted")
+
+
+def capacity_warning(trainer: str, inp: EmitInput) -> str | None:
+    """A capacity factor only Megatron's config expresses: torchtitan's MoE routes dropless (the header
+    re-estimates it so: specs/trainers.py as_run_job)."""
+    if trainer == "megatron" or not inp.model.is_moe or not inp.job.moe_capacity_factor:
+        return None
+    return (f"--moe-capacity-factor {inp.job.moe_capacity_factor:g}: {trainer}'s MoE routes every token (dropless); "
+            "the config sets no capacity, as the header's figures assume")
 
 
 def full_attention_warning(trainer: str, inp: EmitInput) -> str | None:

@@ -53,6 +53,10 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
                        if "moe_dispatcher" in job else "alltoall",
                        **({"moe_imbalance": positive_float(job, "moe_imbalance", f"{where}: job")}
                           if "moe_imbalance" in job else {}),
+                       **({"moe_capacity_factor": positive_float(job, "moe_capacity_factor", f"{where}: job")}
+                          if "moe_capacity_factor" in job else {}),
+                       **({"moe_pad_to_capacity": boolean(job, "moe_pad_to_capacity", f"{where}: job")}
+                          if "moe_pad_to_capacity" in job else {}),
                        trainer=choice(job, "kernels", JOB_TRAINERS, f"{where}: job") if "kernels" in job
                        else "megatron")  # type: ignore[arg-type]
     plan = plan_from_dict(doc["plan"], f"{where}: plan")

@@ -233,7 +233,7 @@ def megatron_flags(inp: EmitInput) -> tuple[dict[str, list[Flag]], tuple[str, ..
     p = inp.plan
     groups = {
         # MoE/MLA: emit/megatron_moe.py
-        "GPT_ARGS": _model_flags(inp, warn) + moe_flags(inp.model, p, inp.job.moe_dispatcher),
+        "GPT_ARGS": _model_flags(inp, warn) + moe_flags(inp.model, p, inp.job.moe_dispatcher, inp.job),
         "DATA_ARGS": _data_flags(inp, warn),
         "PARALLEL_ARGS": _parallel_flags(inp, warn),
         "BATCH_ARGS": [("--micro-batch-size", str(p.mbs)),

@@ -4,6 +4,7 @@ _add_mla_args; megatron-core 0.16's TransformerConfig / MLATransformerConfig che
 
 from __future__ import annotations
 
+from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 
@@ -25,6 +26,14 @@ def moe_layer_pattern(model: ModelSpec) -> str:
     return "(" + "+".join(f"[{b}]*{n}" for b, n in runs) + ")"
 
 
+def capacity_flags(job: JobSpec) -> list[Flag]:
+    """Token dropping at a capacity factor (dropless without one), and padding every expert to it."""
+    if not job.moe_capacity_factor:
+        return []
+    flags: list[Flag] = [("--moe-expert-capacity-factor", f"{job.moe_capacity_factor:g}")]
+    return flags + ([("--moe-pad-expert-input-to-capacity", None)] if job.moe_pad_to_capacity else [])
+
+
 def dispatcher_flags(plan: Plan, dispatcher: str) -> list[Flag]:
     """The token dispatcher the cost model priced (costmodel/moe.py): alltoall, or DeepEP through the flex
     dispatcher. Megatron's flex dispatcher needs an exchange (TransformerConfig: etp*ep > 1), so without one
@@ -34,7 +43,7 @@ def dispatcher_flags(plan: Plan, dispatcher: str) -> list[Flag]:
     return [("--moe-token-dispatcher-type", "alltoall")]
 
 
-def moe_flags(model: ModelSpec, plan: Plan, dispatcher: str = "alltoall") -> list[Flag]:
+def moe_flags(model: ModelSpec, plan: Plan, dispatcher: str = "alltoall", job: JobSpec | None = None) -> list[Flag]:
     """The MoE and MLA flags (none for a dense model with ordinary attention): experts, top-k, expert width,
     the layer pattern, shared experts, the router's score function, the expert layout (ep, etp), grouped GEMMs
     and the token dispatcher autotune's cost model priced (dispatcher_flags)."""
@@ -46,6 +55,7 @@ def moe_flags(model: ModelSpec, plan: Plan, dispatcher: str = "alltoall") -> lis
             ("--moe-layer-freq", moe_layer_pattern(model)),
             ("--expert-model-parallel-size", str(plan.ep)), ("--expert-tensor-parallel-size", str(plan.etp)),
             ("--moe-grouped-gemm", None), *dispatcher_flags(plan, dispatcher),
+            *(capacity_flags(job) if job is not None else []),
             ("--moe-router-score-function", model.router),
         ]
         if model.num_shared_experts:

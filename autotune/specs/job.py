@@ -45,6 +45,13 @@ class JobSpec:
     (Megatron's flex dispatcher, --moe-flex-dispatcher-backend deepep), which send a token once per
     destination GPU and once per destination node over the network (costmodel/moe.py). DeepEP must be
     installed on the cluster; autotune never assumes it."""
+    moe_capacity_factor: float = 0.0
+    """MoE models: Megatron's --moe-expert-capacity-factor C; 0 = dropless (every routed token is processed). With
+    C > 0 an expert takes at most C times the mean tokens and drops the rest, so the busiest carries
+    min(moe_imbalance, C) times the mean (moe_load)."""
+    moe_pad_to_capacity: bool = False
+    """MoE models with a capacity factor: every expert's input padded to its capacity (Megatron's
+    --moe-pad-expert-input-to-capacity), so every expert runs C times the mean tokens."""
     trainer: Literal["megatron", "torchtitan", "deepspeed", "colossalai"] = "megatron"
     """The trainer that runs the step: it decides the kernels (Transformer Engine's cuDNN attention and FP8
     casts under Megatron, PyTorch SDPA under torchtitan and DeepSpeed) and what communication overlaps."""
@@ -66,8 +73,25 @@ class JobSpec:
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise SpecError(f"--moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got "
                             f"{self.moe_dispatcher!r}")
+        if not 0.0 <= self.moe_capacity_factor <= 64.0:  # also NaN
+            raise SpecError(f"--moe-capacity-factor {self.moe_capacity_factor:g}: an expert's capacity over the mean "
+                            "tokens must be > 0 and <= 64 (leave it out for dropless routing)")
+        if self.moe_pad_to_capacity and not self.moe_capacity_factor:
+            raise SpecError("--moe-pad-to-capacity pads each expert to its capacity: give --moe-capacity-factor too")
+        if self.moe_capacity_factor and self.moe_dispatcher != "alltoall":
+            raise SpecError(f"--moe-capacity-factor is costed for the alltoall dispatcher (DeepEP's kernels are "
+                            f"dropless); drop it or use --moe-dispatcher alltoall")
         if self.trainer not in TRAINERS:
             raise SpecError(f"--trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
+
+    @property
+    def moe_load(self) -> float:
+        """Tokens of the busiest expert over the mean, what the step waits for: the routing imbalance, capped at
+        the capacity factor where tokens beyond it are dropped, or the capacity itself where inputs are padded."""
+        if not self.moe_capacity_factor:
+            return self.moe_imbalance
+        return self.moe_capacity_factor if self.moe_pad_to_capacity else min(self.moe_imbalance,
+                                                                             self.moe_capacity_factor)
 
     @property
     def grad_bytes(self) -> int:

@@ -321,8 +321,11 @@ def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
     """The job as `trainer`'s emitted config runs it (what `check` reads back from the file): the trainer's own
     kernels, and the settings its emitter fixes. torchtitan: FlashAttention through SDPA, fp32 gradient reduction
     (FSDP2's default), FP8 only in the 0.2.x TOML (float8 converters; the 0.3.0 overrides write none); DeepSpeed:
-    fp16 or bf16 (no FP8), fused kernels, fp32 reduction. `fmt`: torchtitan's format, "cli" or "toml"."""
+    fp16 or bf16 (no FP8), fused kernels, fp32 reduction; only Megatron drops tokens at a capacity factor.
+    `fmt`: torchtitan's format, "cli" or "toml"."""
     out = replace(job, trainer=trainer)  # type: ignore[arg-type]
+    if trainer != "megatron":  # only Megatron's config drops tokens at a capacity (emit: capacity_warning)
+        out = replace(out, moe_capacity_factor=0.0, moe_pad_to_capacity=False)
     if trainer == "torchtitan":
         return replace(out, dtype="fp8" if job.dtype == "fp8" and fmt == "toml" else "bf16", flash_attention=True,
                        grad_reduce="fp32")

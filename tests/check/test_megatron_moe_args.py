@@ -145,12 +145,13 @@ def test_a_latent_attention_model_outside_the_catalog_keeps_its_shape(tmp_path: 
         _understood(path, 1024, "deepseek-v3")
 
 
-def test_forced_balanced_routing_and_what_is_costed_otherwise(tmp_path: Path) -> None:
+def test_forced_balanced_routing_capacity_and_what_is_costed_otherwise(tmp_path: Path) -> None:
     def edit(text: str) -> str:
-        return text.replace("--moe-grouped-gemm", "--moe-router-force-load-balancing --moe-expert-capacity-factor 1.0"
-                            " --moe-aux-loss-coeff 1e-2 --moe-permute-fusion")
+        return text.replace("--moe-grouped-gemm", "--moe-router-force-load-balancing --moe-expert-capacity-factor 1.5"
+                            " --moe-pad-expert-input-to-capacity --moe-aux-loss-coeff 1e-2 --moe-permute-fusion")
     plan = MOE_CASES["mixtral-8x7b"]
     u = _understood(_without_header(tmp_path, "mixtral-8x7b", plan, edit), plan.num_gpus)
-    assert u.job.moe_imbalance == 1.0
+    assert (u.job.moe_imbalance, u.job.moe_capacity_factor, u.job.moe_pad_to_capacity) == (1.0, 1.5, True)
+    assert u.job.moe_load == 1.5  # padded: every expert runs its capacity
     notes = " | ".join(u.notes)
-    assert "no --moe-grouped-gemm" in notes and "costed dropless" in notes and "unknown flag" not in notes
+    assert "no --moe-grouped-gemm" in notes and "unknown flag" not in notes

@@ -247,3 +247,14 @@ def test_header_states_what_check_predicts(tmp_path: Path, scenario: str, traine
         return
     est = CostModel(u.model, hw, u.job).estimate(u.plan)
     assert (step, peak, mfu) == (f"{est.step_time_s:.3f}", f"{gib(est.peak_memory_bytes):.1f}", f"{100 * est.mfu:.1f}")
+
+
+@pytest.mark.parametrize("capacity,pad", [(1.1, False), (1.5, True)])
+def test_moe_capacity_factor_roundtrip(tmp_path: Path, capacity: float, pad: bool) -> None:
+    """A Megatron MoE config with a capacity factor reads back with it: the same job, plan and estimate."""
+    from emit.test_megatron import _inp
+
+    plan = MOE_PLANS["mixtral-8x7b"]
+    job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=4096, moe_capacity_factor=capacity,
+                  moe_pad_to_capacity=pad)
+    _check_roundtrip(tmp_path, _inp("mixtral-8x7b", "h100-sxm", job, plan), *TRAINERS[0])

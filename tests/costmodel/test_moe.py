@@ -523,3 +523,25 @@ def test_torchtitan_moe_layers_keep_their_gathered_inputs(name: str, ep: int, bl
                                   mbs=1, sp=True, ep=ep, etp=etp) for t in ("torchtitan", "megatron"))
     assert titan.act.none - megatron.act.none == blocks * 2 * 4096 * model.hidden_size // 2
     assert (titan.act.selective, titan.act.full) == (megatron.act.selective, megatron.act.full)
+
+
+def test_a_capacity_factor_costs_the_capped_load():
+    """Dropping at capacity C is the busiest expert at min(imbalance, C) x the mean, padding is C: the estimate
+    equals the dropless one at that load, to the bit."""
+    from dataclasses import replace as _replace
+
+    from autotune.catalog import load_hardware, load_model
+    from autotune.costmodel.estimate import CostModel
+    from autotune.specs.job import JobSpec
+    from autotune.specs.plan import Plan
+
+    model, hw = load_model("mixtral-8x7b"), load_hardware("h100-sxm")
+    plan = Plan(tp=1, pp=1, dp=16, ep=8, mbs=1, num_microbatches=4, zero=1, layers_per_stage=(32,))
+    base = JobSpec(global_batch=64, seq_len=4096, moe_imbalance=1.25)
+    for capacity, pad, load in ((1.1, False, 1.1), (2.0, False, 1.25), (2.0, True, 2.0)):
+        capped = CostModel(model, hw, _replace(base, moe_capacity_factor=capacity, moe_pad_to_capacity=pad))
+        same = CostModel(model, hw, _replace(base, moe_imbalance=load))
+        assert capped.estimate(plan).step_time_s == same.estimate(plan).step_time_s
+        assert capped.estimate(plan).peak_memory_bytes == same.estimate(plan).peak_memory_bytes
+    slower = CostModel(model, hw, _replace(base, moe_capacity_factor=2.0, moe_pad_to_capacity=True))
+    assert slower.estimate(plan).step_time_s > CostModel(model, hw, base).estimate(plan).step_time_s

@@ -114,7 +114,8 @@ _FLAGS += (
     ("--moe-shared-expert-intermediate-size", "int", {}), ("--moe-router-enable-expert-bias", "true", {}),
     ("--multi-latent-attention", "true", {}), ("--q-lora-rank", "int", {}), ("--kv-lora-rank", "int", {"default": 32}),
     ("--qk-head-dim", "int", {"default": 128}), ("--qk-pos-emb-head-dim", "int", {"default": 64}),
-    ("--v-head-dim", "int", {"default": 128}),
+    ("--v-head-dim", "int", {"default": 128}), ("--moe-expert-capacity-factor", "float", {}),
+    ("--moe-pad-expert-input-to-capacity", "true", {}),
 )
 KNOWN_FLAGS = frozenset(f for f, _, _ in _FLAGS)
 #: Flags only the sail-sg/VocabularyParallelism fork adds (TRAINERS.md section 4; timer and overlap knobs left out).
@@ -379,7 +380,9 @@ def _transformer_config(a: argparse.Namespace):
                   moe_flex_dispatcher_backend=a.moe_flex_dispatcher_backend,
                   moe_router_score_function=a.moe_router_score_function,
                   moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size,
-                  moe_router_enable_expert_bias=a.moe_router_enable_expert_bias)
+                  moe_router_enable_expert_bias=a.moe_router_enable_expert_bias,
+                  moe_expert_capacity_factor=a.moe_expert_capacity_factor,
+                  moe_pad_expert_input_to_capacity=a.moe_pad_expert_input_to_capacity)
     if a.multi_latent_attention:
         from megatron.core.transformer.transformer_config import MLATransformerConfig
         config_class = MLATransformerConfig

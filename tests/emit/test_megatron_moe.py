@@ -135,3 +135,14 @@ def test_a_trainer_without_deepep_says_its_config_runs_alltoall() -> None:
     for caps in (TRAINER_CAPS["torchtitan"], FORK_CAPS["vocab-parallel"], FORK_CAPS["zero-bubble"]):
         with pytest.raises(SpecError, match="--moe-dispatcher deepep"):
             check_dispatcher(caps, inp.job)
+
+
+@pytest.mark.parametrize("capacity,pad", [(1.25, False), (2.0, True)])
+def test_capacity_factor_flags_pass_megatron_validation(capacity: float, pad: bool) -> None:
+    """--moe-capacity-factor (and padding) as Megatron's flags, checked by megatron-core's TransformerConfig."""
+    model, plan = CASES["mixtral_8x22b"]
+    job = replace(JOB, moe_capacity_factor=capacity, moe_pad_to_capacity=pad)
+    inp = _inp(model, "h100-sxm", job, plan)
+    _validate(inp)
+    _, v = validate_launch(dict(emit_megatron(inp).files)["launch_megatron.sh"], tokenizer_vocab=inp.model.vocab_size)
+    assert (v.config.moe_expert_capacity_factor, v.config.moe_pad_expert_input_to_capacity) == (capacity, pad)

@@ -22,3 +22,29 @@ def test_defaults_and_tokens_per_step():
 def test_bad_jobs_name_the_flag(kw, message):
     with pytest.raises(SpecError, match=message):
         JobSpec(**kw)
+
+
+@pytest.mark.parametrize("imbalance,capacity,pad,load", [
+    (1.25, 0.0, False, 1.25),  # dropless: the routing imbalance
+    (1.25, 1.1, False, 1.1),  # the busiest expert drops what passes its capacity
+    (1.25, 2.0, False, 1.25),  # a capacity above the imbalance drops nothing
+    (1.0, 1.5, True, 1.5),  # padded: every expert runs its capacity, balanced or not
+    (1.25, 0.8, False, 0.8),  # below the mean: every expert drops
+])
+def test_the_busiest_experts_load_under_a_capacity_factor(imbalance, capacity, pad, load):
+    """Megatron's capacity factor C: an expert takes at most C x the mean tokens (moe_utils apply_token_drop),
+    padded to exactly that with --moe-pad-expert-input-to-capacity (hand-derived loads)."""
+    job = JobSpec(global_batch=8, seq_len=1024, moe_imbalance=imbalance, moe_capacity_factor=capacity,
+                  moe_pad_to_capacity=pad)
+    assert job.moe_load == load
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"moe_pad_to_capacity": True}, "give --moe-capacity-factor too"),
+    ({"moe_capacity_factor": -1.0}, "must be > 0 and <= 64"),
+    ({"moe_capacity_factor": float("nan")}, "must be > 0 and <= 64"),
+    ({"moe_capacity_factor": 1.2, "moe_dispatcher": "deepep"}, "costed for the alltoall dispatcher"),
+])
+def test_bad_capacity_settings_name_the_flag(kwargs, message):
+    with pytest.raises(SpecError, match=message):
+        JobSpec(global_batch=8, seq_len=1024, **kwargs)
