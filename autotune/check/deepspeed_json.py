@@ -37,7 +37,11 @@ def parse(text: str, where: str) -> dict[str, Any]:
 
 
 def _int(doc: dict[str, Any], key: str, where: str) -> int:
+    """A whole number; a float of whole value too (DeepSpeed's docs write sizes as 5e8, and its pydantic config
+    takes them)."""
     value = doc[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise SpecError(f"{where}: {key} must be a whole number, got {value!r}")
     return value

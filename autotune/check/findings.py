@@ -16,6 +16,7 @@ from autotune.specs.plan import DEFAULT_BUCKET, Plan
 from autotune.specs.trainers import caps_for
 from autotune.units import gib
 
+EXIT_LIMIT = 3  # as plan's: a limit stopped the search before it proved its best plan
 EXIT_GAP = 4
 EXIT_OOM = 5
 _TERMS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
@@ -82,9 +83,9 @@ def gap_finding(current: Estimate, best: Estimate | None, max_gap: float | None)
 
 
 def exit_code(findings: list[Finding]) -> int:
-    """5 (out of memory) before 4 (gap) before 0."""
+    """5 (out of memory) before 4 (gap) before 3 (the best plan not proven: a limit stopped its search) before 0."""
     codes = {f.exit_code for f in findings}
-    return EXIT_OOM if EXIT_OOM in codes else EXIT_GAP if EXIT_GAP in codes else 0
+    return next((c for c in (EXIT_OOM, EXIT_GAP, EXIT_LIMIT) if c in codes), 0)
 
 
 def github_line(finding: Finding, path: str) -> str:

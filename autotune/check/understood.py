@@ -140,9 +140,15 @@ def _deepspeed(path: Path, text: str, gpus: int) -> Reading:
 # ------------------------------------------------------------------------------------------------ the model
 def shape_diffs(found: dict[str, Any], spec: ModelSpec, seq_len: int | None) -> list[str]:
     """Fields where the config's shape and a ModelSpec differ ('field config vs model'). Megatron has no GeGLU
-    flag (its --swiglu stands for both gated MLPs), and learned positions shorter than the sequence are
-    emitted as the sequence length."""
+    flag (its --swiglu stands for both gated MLPs), learned positions shorter than the sequence are emitted as
+    the sequence length, and shared experts are one total width (--moe-shared-expert-intermediate-size)."""
     out = []
+    shared = ("num_shared_experts", "shared_expert_ffn_hidden_size")
+    if all(k in found for k in shared):  # Megatron states the shared experts' total width: n experts of w = 1 of n*w
+        if found[shared[0]] * found[shared[1]] != spec.num_shared_experts * spec.shared_expert_ffn_hidden_size:
+            out.append(f"shared-expert width {found[shared[0]] * found[shared[1]]} vs "
+                       f"{spec.num_shared_experts * spec.shared_expert_ffn_hidden_size}")
+        found = {k: v for k, v in found.items() if k not in shared}
     for key, value in found.items():
         have = getattr(spec, key)
         if key == "activation" and value == "swiglu" and have == "geglu":

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autotune.check.findings import (Finding, binding_term, exit_code, gain_pct, gap_finding,
+from autotune.check.findings import (EXIT_LIMIT, Finding, binding_term, exit_code, gain_pct, gap_finding,
                                      github_line, memory_findings, trainer_space)
 from autotune.check.understood import CHECK_TRAINERS, Understood, read_config, understand
 from autotune.cli.inputs import load_cost_profile
@@ -79,8 +79,11 @@ def check_command(
     measured = load_cost_profile(None, gpu, u.model, hw, u.job)
     cm = CostModel(u.model, hw, u.job, measured)
     est = cm.estimate(u.plan)
-    best, search_note = _best(u, hw, gpus, measured, time_limit, work_limit)
+    best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
     findings = _findings(est, best, max_gap, u.notes, search_note)
+    if unproven:
+        findings.append(Finding("warning", "the best plan is not proven the best: --time-limit or --work-limit "
+                                "stopped its search (a better plan may exist; raise the limit)", EXIT_LIMIT))
     written = _emit_better(emit_better, u, best, hw) if emit_better is not None and best is not None else []
     code = exit_code(findings)
     if json_out:
@@ -104,13 +107,15 @@ def check_command(
 
 
 def _best(u: Understood, hw: HardwareSpec, gpus: int, measured: Any, time_limit: float,
-          work_limit: float) -> tuple[Estimate | None, str | None]:
-    """The best plan the trainer runs on the same GPUs and job, or None and why."""
+          work_limit: float) -> tuple[Estimate | None, str | None, bool]:
+    """The best plan the trainer runs on the same GPUs and job, or None and why; and whether a limit stopped its
+    search before it was proven the best."""
     try:
-        return run_search(u.model, hw, u.job, gpus, trainer_space(u.trainer, u.plan), top_k=0,
-                          time_limit_s=time_limit, profile=measured, work_limit=work_limit).best, None
+        result = run_search(u.model, hw, u.job, gpus, trainer_space(u.trainer, u.plan), top_k=0,
+                            time_limit_s=time_limit, profile=measured, work_limit=work_limit)
     except (InfeasibleError, SpecError) as exc:  # nothing to compare with: the config's own verdict stands
-        return None, str(exc)
+        return None, str(exc), False
+    return result.best, None, result.status != "OPTIMAL"
 
 
 def _findings(est: Estimate, best: Estimate | None, max_gap: float | None, notes: tuple[str, ...],

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autotune.catalog import load_model
+from autotune.specs.plan import positions_issue
 from autotune.cli.options import parse_int_list, show_warnings
 from autotune.errors import SpecError
 from autotune.fileio import check_target, slug
@@ -173,6 +174,8 @@ def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int
         raise SpecError("autotune profile needs --model M (or --comm to time collectives)")
     spec = load_model(model)
     seq = seq_len or min(2048, spec.max_position_embeddings or 2048)
+    if (why := positions_issue(spec, seq)) is not None:
+        raise SpecError(why)
     mbss = parse_int_list(mbs, "--mbs")
     if max(mbss) * seq > MAX_PROFILE_TOKENS:
         raise SpecError(f"--mbs {max(mbss)} x --seq-len {seq} = {max(mbss) * seq:,} tokens per micro-batch exceed the "

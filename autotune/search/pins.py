@@ -10,13 +10,15 @@ from autotune.errors import SpecError
 from autotune.search.space import MAX_CP, MAX_VPP, SearchSpace, grid_fits
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import is_even_split
+from autotune.specs.plan import is_even_split, positions_issue
 from autotune.specs.trainers import DEEPSPEED_MOE, TrainerCaps
 
 
 def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int) -> None:
     """Turn pins that can never hold into one-line errors naming the flag and the fix (exit 1); the planner's
     own "empty space" error (exit 2) is left for spaces that are empty without a contradictory pin."""
+    if (why := positions_issue(model, job.seq_len)) is not None:
+        raise SpecError(why)
     _check_degrees(space, model, job, gpus, gpus_per_node)
     _check_choices(space, model)
     if space.trainer is not None:

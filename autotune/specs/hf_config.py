@@ -66,6 +66,8 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
     return model_from_dict(spec, where)
 
 
+#: Families whose config.json gives the expert width apart from the dense MLP's (moe_intermediate_size).
+_MOE_WIDTH_APART = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 #: Where each family's config.json keeps the expert count (the first key present wins)
 _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
@@ -82,6 +84,9 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
             out[key] = data[key]
         out["q_lora_rank"] = data.get("q_lora_rank") or 0
     if not isinstance(experts, int) or isinstance(experts, bool) or experts <= 1:
+        if not any(data.get(k) for k in _HF_EXPERT_KEYS) and data.get("num_experts_per_tok"):
+            raise SpecError(f"{where}: num_experts_per_tok {data['num_experts_per_tok']} without an expert count; add "
+                            f"{' or '.join(_HF_EXPERT_KEYS)} (> 1), or drop num_experts_per_tok for a dense model")
         return out
     top_k = data.get("num_experts_per_tok", data.get("experts_per_token"))
     if not top_k:
@@ -89,6 +94,9 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
                         "add it")
     # Mixtral, GPT-OSS and Llama 4 give the expert width as intermediate_size; Qwen-MoE and DeepSeek as
     # moe_intermediate_size (their intermediate_size is the dense MLP's)
+    if not data.get("moe_intermediate_size") and (model_type in _MOE_WIDTH_APART or data.get("n_routed_experts")):
+        raise SpecError(f"{where}: a {model_type} config needs moe_intermediate_size (an expert's width; its "
+                        "intermediate_size is the dense MLP's); add it")
     width = data.get("moe_intermediate_size") or data.get("intermediate_size")
     out.update(num_experts=experts, moe_top_k=top_k, moe_ffn_hidden_size=width)
     if data.get("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one

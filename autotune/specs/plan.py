@@ -175,6 +175,15 @@ def is_even_split(layers: tuple[int, ...]) -> bool:
     return max(layers) - min(layers) <= 1
 
 
+def positions_issue(model: ModelSpec, seq_len: int) -> str | None:
+    """A learned position table has no row past its length: a longer sequence cannot be trained (None: fine)."""
+    if model.position_embedding == "learned" and model.max_position_embeddings and \
+            seq_len > model.max_position_embeddings:
+        return (f"--seq-len {seq_len} exceeds the {model.max_position_embeddings} learned positions of {model.name} "
+                f"(max_position_embeddings); use --seq-len <= {model.max_position_embeddings}")
+    return None
+
+
 def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_per_node: int, *,
                allow_idle: bool = False, allow_cross_node_tp: bool = False) -> None:
     """Raise InvalidPlanError naming the first rule the plan breaks and how to fix it."""
@@ -193,6 +202,8 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
     elif plan.tp > gpus_per_node and not allow_cross_node_tp:
         raise InvalidPlanError(f"tp {plan.tp} exceeds the {gpus_per_node} GPUs of a node; use tp <= {gpus_per_node} "
                                "or pass --allow-cross-node-tp")
+    if (why := positions_issue(model, job.seq_len)) is not None:
+        raise InvalidPlanError(why)
     if plan.cp > 1 and job.seq_len % (2 * plan.cp):
         raise InvalidPlanError(f"cp {plan.cp} needs seq_len divisible by 2*cp = {2 * plan.cp} (load-balanced "
                                f"ring attention), got {job.seq_len}")

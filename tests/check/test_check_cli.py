@@ -281,3 +281,15 @@ def test_slurm_script_points_to_launch_script(autotune_proc, tmp_path: Path) -> 
     proc = autotune_proc("check", str(tmp_path / "sbatch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "16")
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "runs launch_megatron.sh: check that file" in proc.stderr
+
+
+def test_a_best_plan_a_limit_cut_short_says_so_and_exits_3(cli) -> None:
+    """The comparison search stopped by --time-limit is not proven: a warning and exit 3, as `plan` exits (the
+    README's example fits, and --max-gap 99 keeps its gap a warning)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama3-70b-tp8-pp4.sh"
+    result = cli("check", str(example), "--gpu", "h100-sxm", "--gpus", "512", "--time-limit", "0.001",
+                 "--max-gap", "99", "--json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 3 and doc["check"]["exit_code"] == 3
+    assert any(f["message"].startswith("the best plan is not proven the best") and f["exit_code"] == 3
+               for f in doc["check"]["findings"])

@@ -155,3 +155,15 @@ def test_forced_balanced_routing_capacity_and_what_is_costed_otherwise(tmp_path:
     assert u.job.moe_load == 1.5  # padded: every expert runs its capacity
     notes = " | ".join(u.notes)
     assert "no --moe-grouped-gemm" in notes and "unknown flag" not in notes
+
+
+def test_two_shared_experts_are_megatrons_one_total_width(tmp_path: Path) -> None:
+    """--moe-shared-expert-intermediate-size 4096 is DeepSeek-V3's shared MLP at twice the width or two shared
+    experts of 2048 (DeepSeek-V2-Lite style): the same shape; --model of the two-expert spelling is accepted."""
+    from autotune.check.understood import shape_diffs
+
+    spec = replace(load_model("deepseek-v3"), num_shared_experts=2)
+    found = {"num_shared_experts": 1, "shared_expert_ffn_hidden_size": 4096, "num_layers": 61}
+    assert shape_diffs(found, spec, 4096) == []
+    assert shape_diffs({**found, "shared_expert_ffn_hidden_size": 2048}, spec, 4096) == [
+        "shared-expert width 2048 vs 4096"]

@@ -102,6 +102,13 @@ def test_deepspeed_batch_hand_computed() -> None:
     assert any("no ds_pipeline.json" in n for n in r.notes)
     with pytest.raises(SpecError, match="pipeline section"):
         read_deepspeed({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "pipeline": {}}, None, 8, "d")
+    # sizes as DeepSpeed's docs write them (5e8): a float of whole value is that number; 2.5 is not one
+    r = read_deepspeed({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
+                        "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}}, None, 64, "ds.json")
+    assert r.bucket_size == 500_000_000
+    with pytest.raises(SpecError, match="reduce_bucket_size must be a whole number, got 2.5"):
+        read_deepspeed({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+                        "zero_optimization": {"stage": 1, "reduce_bucket_size": 2.5}}, None, 8, "ds.json")
 
 
 def test_hostile_sizes_are_one_line_errors() -> None:

@@ -156,6 +156,24 @@ def test_hf_moe_config_missing_top_k_names_it() -> None:
         model_from_hf_config(cfg, "config.json")
 
 
+@pytest.mark.parametrize("experts", [None, 0])
+def test_hf_top_k_without_an_expert_count_is_an_error_not_a_dense_model(experts) -> None:
+    """A Mixtral config whose expert count is missing (or 0) was read as a dense model, silently."""
+    cfg = {k: v for k, v in HF["mixtral"].items() if k != "num_local_experts"}
+    if experts is not None:
+        cfg["num_local_experts"] = experts
+    with pytest.raises(SpecError, match="num_experts_per_tok 2 without an expert count; add num_local_experts"):
+        model_from_hf_config(cfg, "config.json")
+
+
+def test_hf_deepseek_config_needs_its_expert_width() -> None:
+    """DeepSeek's intermediate_size is the dense layers' (18432): without moe_intermediate_size the experts took it
+    (peak memory 203 -> 1736 GiB in a user's test)."""
+    cfg = {k: v for k, v in HF["deepseek_v3"].items() if k != "moe_intermediate_size"}
+    with pytest.raises(SpecError, match="deepseek_v3 config needs moe_intermediate_size"):
+        model_from_hf_config(cfg, "config.json")
+
+
 JOB = JobSpec(global_batch=64, seq_len=4096)
 
 

@@ -150,3 +150,14 @@ def test_check_plan_refuses_a_deepep_group_it_cannot_run() -> None:
     with pytest.raises(InvalidPlanError, match="deepep MoE dispatcher: .*nodes of 4 GPUs"):
         check_plan(plan, model, job, 16, 4)
     check_plan(plan, model, replace(job, moe_dispatcher="alltoall"), 16, 4)  # NCCL's all-to-all runs anywhere
+
+
+def test_a_sequence_past_the_learned_positions_is_refused():
+    """gpt3-175b's learned table has 2048 rows: a longer sequence has no position embedding to train with."""
+    from autotune.catalog import load_model
+    from autotune.specs.plan import positions_issue
+
+    gpt3 = load_model("gpt3-175b")
+    assert positions_issue(gpt3, 2048) is None and positions_issue(load_model("llama3-8b"), 10**6) is None  # rope
+    assert positions_issue(gpt3, 2049) == ("--seq-len 2049 exceeds the 2048 learned positions of gpt3-175b "
+                                           "(max_position_embeddings); use --seq-len <= 2048")
