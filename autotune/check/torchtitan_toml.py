@@ -36,7 +36,7 @@ NEUTRAL_OPTIONS = ("--hf_assets_path", "--dump_folder", "--description", "--prin
 KNOWN = {
     "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param",
                  "mixed_precision_reduce", "disable_cuda_graphs", "steps", "dataset", "dataset_path",
-                 "max_norm", "warmup_steps", "gc_freq", "seed", "deterministic", "batch_size"},
+                 "max_norm", "warmup_steps", "gc_freq", "seed", "deterministic"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                     "tensor_parallel_degree", "enable_sequence_parallel", "context_parallel_degree",
                     "pipeline_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
@@ -150,7 +150,39 @@ def _check_known(tree: dict[str, Any], notes: list[str]) -> None:
             notes.append(f"{section}.{key} ignored (not a setting autotune reads)")
 
 
+#: Keys earlier torchtitan TOMLs kept elsewhere (the same meaning): (section, key) -> where 0.2.x reads it.
+MOVED = {("training", "batch_size"): ("training", "local_batch_size"),
+         **{("training", k): ("parallelism", k) for k in (
+             "data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+             "enable_async_tensor_parallel", "disable_loss_parallel")},
+         **{("experimental", k): ("parallelism", k) for k in (
+             "pipeline_parallel_degree", "context_parallel_degree", "pipeline_parallel_schedule",
+             "pipeline_parallel_split_points", "context_parallel_rotate_method")}}
+#: Earlier keys whose meaning changed since: refused, with the key to use.
+CHANGED = {("experimental", "pipeline_parallel_microbatches"): "[parallelism] pipeline_parallel_microbatch_size "
+           "(micro-batch size, where this counted micro-batches)"}
+
+
+def _moved_keys(tree: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The tree with earlier torchtitan's keys (MOVED) read where 0.2.x has them, each with a note; a key set in
+    both places, or one whose meaning changed (CHANGED), is an error naming the key to use."""
+    out = {name: dict(body) if isinstance(body, dict) else body for name, body in tree.items()}
+    for (section, key), why in CHANGED.items():
+        if isinstance(out.get(section), dict) and key in out[section]:
+            raise SpecError(f"[{section}] {key}: an earlier torchtitan's key; give {why}")
+    for (section, key), (to_section, to_key) in MOVED.items():
+        if not isinstance(out.get(section), dict) or key not in out[section]:
+            continue
+        target = out.setdefault(to_section, {})
+        if not isinstance(target, dict) or to_key in target:
+            raise SpecError(f"[{section}] {key} and [{to_section}] {to_key} both set: keep [{to_section}] {to_key}")
+        target[to_key] = out[section].pop(key)
+        notes.append(f"[{section}] {key}: an earlier torchtitan's key, read as [{to_section}] {to_key}")
+    return out
+
+
 def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: list[str]) -> Reading:
+    tree = _moved_keys(tree, notes)
     _check_known(tree, notes)
     tp = _get(tree, "parallelism", "tensor_parallel_degree", int, 1)
     pp = _get(tree, "parallelism", "pipeline_parallel_degree", int, 1)

@@ -168,3 +168,23 @@ def test_megatron_moe_dispatcher_is_read_back(flags: str, dispatcher: str, noted
                       f"--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 2 {flags}\n")
     assert r.moe_dispatcher == dispatcher
     assert any("--moe-token-dispatcher-type" in n for n in r.notes) == noted, r.notes
+
+
+def test_earlier_torchtitan_keys_are_read_where_they_moved() -> None:
+    """[training] batch_size and [experimental] pipeline/context degrees (torchtitan's earlier TOML layout) mean
+    what 0.2.x's [training] local_batch_size and [parallelism] keys mean; they were ignored, so a tp2 pp2 cp2 run
+    of local batch 2 was checked as tp 2 with batch 8 and called out of memory."""
+    old = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nbatch_size = 2\nseq_len = 8192\n'
+           '[parallelism]\ntensor_parallel_degree = 2\n[experimental]\npipeline_parallel_degree = 2\n'
+           'context_parallel_degree = 2\n')
+    new = ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\nseq_len = 8192\n'
+           '[parallelism]\ntensor_parallel_degree = 2\npipeline_parallel_degree = 2\ncontext_parallel_degree = 2\n')
+    a, b = read_toml(old), read_toml(new)
+    assert (a.tp, a.pp, a.cp, a.mbs) == (b.tp, b.pp, b.cp, b.mbs) == (2, 2, 2, b.mbs)
+    assert a.global_batch == b.global_batch and a.num_microbatches == b.num_microbatches
+    assert sum("an earlier torchtitan's key" in n for n in a.notes) == 3
+    with pytest.raises(SpecError, match=r"\[experimental\] pipeline_parallel_degree and \[parallelism\] "
+                                        r"pipeline_parallel_degree both set"):
+        read_toml(new + "[experimental]\npipeline_parallel_degree = 4\n")
+    with pytest.raises(SpecError, match="pipeline_parallel_microbatch_size"):
+        read_toml(new + "[experimental]\npipeline_parallel_microbatches = 4\n")
