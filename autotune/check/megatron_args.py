@@ -79,7 +79,7 @@ SWITCH = frozenset("""
 --sequence-parallel --tp-comm-overlap --bf16 --fp16 --fp8-hybrid --use-distributed-optimizer --use-megatron-fsdp
 --use-torch-fsdp2 --recompute-activations --checkpoint-activations --grad-reduce-in-bf16
 --no-masked-softmax-fusion --no-bias-dropout-fusion --enable-vocab-parallel --account-for-embedding-in-pipeline-split
---account-for-loss-in-pipeline-split --squared-relu --distribute-saved-activations
+--account-for-loss-in-pipeline-split --squared-relu --distribute-saved-activations --qk-layernorm
 """.split())
 VALUE, SWITCH = VALUE | MOE_VALUE, SWITCH | MOE_SWITCH  # megatron_moe_args.py: the MoE and MLA flags
 NEUTRAL_VALUE, NEUTRAL_SWITCH = NEUTRAL_VALUE | MOE_NEUTRAL_VALUE, NEUTRAL_SWITCH | MOE_NEUTRAL_SWITCH
@@ -234,6 +234,7 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         "bias": ("qkv" if args.get("--add-qkv-bias") else "none") if args.get("--disable-bias-linear") else "all",
         "dropout": _float(args, "--attention-dropout", 0.1) > 0 or _float(args, "--hidden-dropout", 0.1) > 0,
         "causal": True, "position_embedding": "learned" if position == "learned_absolute" else "rope",
+        "qk_norm": bool(args.get("--qk-layernorm")),
         "max_position_embeddings": (_int(args, "--max-position-embeddings", 0) or 0)
         if position == "learned_absolute" else 0,
     }

@@ -160,6 +160,8 @@ def layer_activations(model: ModelSpec, shape: LayerShape) -> LayerActivations:
                   + g * t * h        # MLP up GEMM input
                   + mask * t * h) / shard  # MLP dropout mask
     split = e * t * (q + kv) + e * t * kv + g * t * q + e * t * up + g * t * f / tp  # Q,K ; V ; out-proj in ; act in ; down in
+    if model.qk_norm:  # the query/key norms keep their inputs too
+        split += e * t * (q + kv)
     heads = q / model.head_dim
     if shape.flash:
         scores = FP32_BYTES * t * heads  # the softmax log-sum-exp per query and head

@@ -94,6 +94,8 @@ def layer_forward_ops(model: ModelSpec, shape: LayerShape, moe: bool | None = No
         ops.extend(mla_projections(model, shape))
     else:
         ops.append(_gemm("qkv_proj", t, h, q + 2 * kv, e))
+    if model.qk_norm:  # an RMSNorm over each query and key head (head_dim wide), before RoPE
+        ops.append(_norm("qk_norm", model, t, q + kv, e, shape.fused))
     if model.position_embedding == "rope":
         # fused: read and write q and k once; eager (torchtitan's complex-number form): upcast to fp32, complex
         # multiply with the frequencies, cast back: e + 4, 4 + 4, 4 + e bytes per element

@@ -109,6 +109,8 @@ def _model_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
         flags.append(("--disable-bias-linear", None))
     if m.bias == "qkv":
         flags.append(("--add-qkv-bias", None))
+    if m.qk_norm:
+        flags.append(("--qk-layernorm", None))
     if not m.dropout:
         flags += [("--attention-dropout", "0.0"), ("--hidden-dropout", "0.0")]
     flags += [("--norm-epsilon", float_text(m.norm_eps)), ("--init-method-std", float_text(m.init_std))]

@@ -57,6 +57,8 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
     }
     if data.get("head_dim"):
         spec["head_dim"] = data["head_dim"]
+    if model_type in ("qwen3", "qwen3_moe"):  # transformers' Qwen3 attention always has q_norm and k_norm
+        spec["qk_norm"] = True
     spec.update(_hf_training_keys(data))
     spec.update(moe)
     spec.update(_hf_window_and_clamp(data, model_type))

@@ -91,6 +91,9 @@ class ModelSpec:
     glu_clamp: float = 0.0
     """Clamp limit of the gated unit's two halves (GPT-OSS swiglu_limit 7.0; Megatron
     activation_func_clamp_value); 0 = no clamp."""
+    qk_norm: bool = False
+    """An RMSNorm over every query and key head before RoPE (Qwen3's q_norm and k_norm; Megatron's
+    --qk-layernorm)."""
     source: str = ""
     """Where the shape comes from."""
     # Training hyperparameters the launch files need (not the cost model): defaults are the RoPE paper's base,
@@ -168,7 +171,7 @@ _OPTIONAL += ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_exp
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
               "published_active_params_B")
 # Attention window and gated-unit clamp
-_OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp")
+_OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp", "qk_norm")
 ROUTERS = ("softmax", "sigmoid")
 _MOE_INTS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size",
              "first_dense_layers", "moe_layer_freq")
@@ -279,6 +282,7 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
         bias=choice(data, "bias", BIASES, where) if "bias" in data else "none",  # type: ignore[arg-type]
         dropout=boolean(data, "dropout", where) if "dropout" in data else False,
         causal=causal,
+        qk_norm=boolean(data, "qk_norm", where) if "qk_norm" in data else False,
         position_embedding=position,  # type: ignore[arg-type]
         max_position_embeddings=max_pos,
         source=data.get("source", ""),

@@ -563,3 +563,25 @@ def test_a_capacity_factor_costs_the_capped_load():
         assert capped.estimate(plan).peak_memory_bytes == same.estimate(plan).peak_memory_bytes
     slower = CostModel(model, hw, _replace(base, moe_capacity_factor=2.0, moe_pad_to_capacity=True))
     assert slower.estimate(plan).step_time_s > CostModel(model, hw, base).estimate(plan).step_time_s
+
+
+def test_qk_norm_by_hand() -> None:
+    """Qwen3's per-head RMSNorm on queries and keys: one fused norm op over the q and k widths (read and write
+    each element once, plus a weight vector of that width as ops._norm counts one), and its inputs kept for the
+    backward, e * t * (q + k) bytes more per layer."""
+    from autotune.costmodel.memory import layer_activations
+    from autotune.costmodel.ops import layer_forward_ops
+
+    qwen = load_model("qwen3-30b-a3b")
+    plain = replace(qwen, qk_norm=False)
+    shape = layer_shape(qwen, JOB, tp=1, cp=1, mbs=1, sp=False)
+    t, e = shape.tokens, shape.elem
+    width = qwen.q_width + qwen.kv_width  # 32 x 128 + 4 x 128 = 4608
+    assert width == 4608
+    (op,) = [o for o in layer_forward_ops(qwen, shape) if o.name == "qk_norm"]
+    assert (op.bytes, op.flops, op.category) == (2 * e * t * width + e * width, 5 * t * width, "norm")
+    assert not [o for o in layer_forward_ops(plain, shape) if o.name == "qk_norm"]
+    extra = layer_activations(qwen, shape).none - layer_activations(plain, shape).none
+    assert extra == e * t * width
+    assert model_from_hf_config(HF["qwen3_moe"], "config.json").qk_norm
+    assert not model_from_hf_config(HF["mixtral"], "config.json").qk_norm
