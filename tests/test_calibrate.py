@@ -187,3 +187,12 @@ def test_two_runs_fit_without_crashing(tmp_path):
     assert len(cal.rows) == 2 and cal.mape_after_pct <= cal.mape_before_pct
     for key in cal.fitted:
         assert 0.01 <= getattr(cal.after, key) <= 1
+
+
+def test_an_underdetermined_fit_and_a_run_that_cannot_fit_are_warned(tmp_path):
+    """Two configurations for more fitted efficiencies, or one row three times: the fit runs (damped) but says
+    it is underdetermined; a run the cost model predicts out of memory is named by its line."""
+    cal = calibrate(_write(tmp_path, HEADER, ROW_17B, ROW_17B, ROW_17B, ROW_36B))
+    assert len(cal.fitted) >= 2
+    assert any("2 distinct run configuration(s)" in w and "underdetermined" in w for w in cal.unfit)
+    assert not [w for w in cal.unfit if "out of memory" in w]

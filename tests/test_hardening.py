@@ -189,8 +189,12 @@ def test_version():
 
 
 def test_brief_is_one_line_per_plan():
-    code, out, _ = run(["plan", *TINY, *SMALL_JOB, "--work-limit", "1", "--brief"])
+    code, out, _ = run(["plan", *TINY, *SMALL_JOB, "--work-limit", "1", "--brief", "--top", "0"])
     assert code == 0 and len(out.splitlines()) == 1 and out.startswith("tp=") and "fits=yes" in out
+    code, out, _ = run(["plan", *TINY, *SMALL_JOB, "--work-limit", "1", "--brief", "--top", "2"])
+    lines = out.splitlines()  # the best plan, then its runners-up, marked
+    assert code == 0 and lines[0].startswith("tp=") and len(lines) >= 2
+    assert [line.split()[0] for line in lines[1:]] == [f"runner_up={k}" for k in range(1, len(lines))]
     code, out, _ = run(estimate("--brief"))
     assert code == 0 and out.strip().startswith("tp=2 pp=2 dp=2 cp=1 mbs=1 microbatches=8 ")
     code, out, _ = run(["scale", *TINY, "--gpus", "1,2,4", "--global-batch", "16", "--seq-len", "256",

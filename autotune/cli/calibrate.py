@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from autotune.cli.options import time_limited
+from autotune.cli.options import show_warnings, time_limited
 from autotune.errors import SpecError
 from autotune.fileio import check_target, decode_text, read_bounded, slug
 from autotune.render.common import dump_json
@@ -46,6 +46,7 @@ def calibrate(
         check_target(out, directory=False)
     with time_limited(time_limit, "calibrate"):
         cal = fit_runs(runs)
+    show_warnings(list(cal.unfit))
     target = out if out is not None else Path(f"{slug(str(cal.runs_file.hw_raw['name']))}-calibrated.json")
     written = write_calibrated(cal, target)
     if json_out:

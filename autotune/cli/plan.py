@@ -91,8 +91,9 @@ def plan(
     written = [] if out is None else save_plan(out, doc, trainer, torchtitan_format=torchtitan_format, strict=strict,
                                                reestimate=reestimator(CostModel(spec, hw, job, measured)),
                                                mock_data=mock_data, train_tokens=train_tokens)
-    if brief:
-        typer.echo(brief_line(result.best))
+    if brief:  # the best plan's line as before, then one per runner-up (--top), marked so a script can tell
+        typer.echo("\n".join([brief_line(result.best)] + [brief_line(r.estimate, prefix=f"runner_up={k}")
+                                                           for k, r in enumerate(result.runners_up, 1)]))
     elif json_out:
         shown = without_timings(doc) if no_timings else doc
         show(with_files(shown, written) if out is not None else shown, True)

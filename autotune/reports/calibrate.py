@@ -24,6 +24,7 @@ from autotune.errors import SpecError
 from autotune.fileio import write_file
 from autotune.reports.runs import Run, RunsFile, read_runs
 from autotune.specs.hardware import Efficiency, HardwareSpec, hardware_from_dict
+from autotune.units import gib
 
 EFFICIENCY_KEYS = ("gemm", "attention", "memory", "intra_node_comm", "inter_node_comm")
 #: |d log(step time) / d log(efficiency)| a parameter must reach on some row to be fitted
@@ -67,6 +68,8 @@ class Calibration:
     mape_before_pct: float
     mape_after_pct: float
     mape_loo_pct: float
+    unfit: tuple[str, ...] = ()
+    """Warnings, one line each: runs the cost model predicts out of memory (unfit_runs), an underdetermined fit."""
 
     def to_dict(self) -> dict[str, Any]:
         rows = []
@@ -174,7 +177,31 @@ def calibrate(path: Path) -> Calibration:
                  for r, b, a, lo in zip(runs, before, after, loo))
     return Calibration(runs_file=rf, fitted=keys, before=hw.efficiency, after=fitted.efficiency, rows=rows,
                        mape_before_pct=_mape(before, measured), mape_after_pct=_mape(after, measured),
-                       mape_loo_pct=_mape(loo, measured))
+                       mape_loo_pct=_mape(loo, measured), unfit=unfit_runs(runs, fitted) + _underdetermined(runs, keys))
+
+
+def _underdetermined(runs: tuple[Run, ...], keys: tuple[str, ...]) -> tuple[str, ...]:
+    """A warning when the runs hold no more distinct configurations than the fit has unknowns (a repeated
+    configuration adds no information): the damped fit then stays near the hardware file's values in the
+    directions the runs do not inform, and leave-one-out is the error to trust."""
+    distinct = len({(r.model_name, r.plan, r.job) for r in runs})
+    if distinct > len(keys):
+        return ()
+    return (f"{distinct} distinct run configuration(s) for {len(keys)} fitted efficiencies ({', '.join(keys)}): "
+            "the fit is underdetermined; add runs of other configurations",)
+
+
+def unfit_runs(runs: tuple[Run, ...], hw: HardwareSpec) -> tuple[str, ...]:
+    """A line per run the cost model predicts out of memory on `hw`: it ran, so its configuration or the model
+    is off, and its step time is fitted anyway."""
+    out = []
+    for r in runs:
+        est = CostModel(r.model, hw, r.job).estimate(r.plan)
+        if not est.fits:
+            out.append(f"line {r.line}: the cost model predicts this run out of memory "
+                       f"({gib(est.peak_memory_bytes):.1f} of {gib(est.usable_memory_bytes):.1f} GiB usable), yet it "
+                       "ran: check its configuration")
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------------- output

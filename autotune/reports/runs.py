@@ -104,7 +104,8 @@ def read_runs(path: Path) -> RunsFile:
             raise SpecError(f"{path}:{no}: {len(cells)} fields, but the header has {len(header)}")
         rows.append((no, dict(zip(header, cells))))
     if len(rows) < 2:
-        raise SpecError(f"{path}: {len(rows)} run(s); calibrating needs at least 2 (more than the fitted values)")
+        raise SpecError(f"{path}: {len(rows)} run(s); calibrating needs at least 2 (and more distinct configurations "
+                        "than fitted efficiencies to determine them)")
     gpus = sorted({r["gpu"] for _, r in rows})
     if len(gpus) > 1:
         other = next(no for no, r in rows if r["gpu"] != rows[0][1]["gpu"])
