@@ -165,7 +165,8 @@ def test_compare_a_plan_that_breaks_a_rule_is_exit_1(capsys, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ exit codes
 ERROR_CASES = {
-    "tp across nodes": (("--model", "gpt-7.5b", "--tp", "16"), "pass --allow-cross-node-tp"),
+    "tp across nodes": (("--model", "gpt-7.5b", "--seq-len", "2048", "--tp", "16"), "pass --allow-cross-node-tp"),
+    "sequence past learned positions": (("--model", "gpt-7.5b"), "exceeds the 2048 learned positions of gpt-7.5b"),
     "tp not dividing heads": (("--tp", "3"), "does not divide the 32 attention heads"),
     "time limit 0": (("--time-limit", "0"), "--time-limit must be > 0"),
     "layers sum": (("--layers-per-stage", "7,8,8,7"), "sums to 30"),

@@ -10,11 +10,11 @@ from autotune.catalog import load_model
 from autotune.cli.inputs import coverage_warnings, load_cost_profile, read_plan, single_plan
 from autotune.cli.options import (BatchOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt, EpOpt, EtpOpt,
                                   ForceProfileOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, JsonOpt, KernelsOpt,
-                                  LayersOpt, MbsOpt, MicroOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt,
-                                  OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
-                                  ScheduleOpt, SeqOpt, SpOpt, TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt, ZeroOpt,
-                                  build_job, check_simulation_size, check_whole_nodes, load_cluster, show,
-                                  show_warnings, time_limited)
+                                  LayersOpt, MbsOpt, MicroOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt,
+                                  MoeImbalanceOpt, MoePadOpt, NoFlashOpt, OverlapOpt, Pins, PlanFileOpt, PpOpt,
+                                  ProfileOpt, RecomputeLayersOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SpOpt, TpModeOpt,
+                                  TpOpt, UnfusedOpt, VocabOpt, VppOpt, ZeroOpt, build_job, check_simulation_size,
+                                  check_whole_nodes, load_cluster, show, show_warnings, time_limited)
 from autotune.costmodel.estimate import CostModel
 from autotune.errors import SpecError
 from autotune.render.common import brief_line

@@ -3,6 +3,7 @@ own model format, which specs/model.py checks."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from autotune.errors import SpecError
@@ -65,7 +66,10 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
     if model_type == "bert":
         spec.update(causal=False, dropout=True, bias="all", position_embedding="learned",
                     max_position_embeddings=data.get("max_position_embeddings", 512))
-    return model_from_dict(spec, where)
+    try:
+        return model_from_dict(spec, where)
+    except SpecError as exc:  # name the config.json key the user wrote, not autotune's field it became
+        raise SpecError(_hf_names(str(exc))) from None
 
 
 #: Families whose config.json gives the expert width apart from the dense MLP's (moe_intermediate_size).
@@ -91,7 +95,7 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
                             f"{' or '.join(_HF_EXPERT_KEYS)} (> 1), or drop num_experts_per_tok for a dense model")
         return out
     top_k = data.get("num_experts_per_tok", data.get("experts_per_token"))
-    if not top_k:
+    if top_k is None:
         raise SpecError(f"{where}: a mixture-of-experts config ({experts} experts) needs num_experts_per_tok; "
                         "add it")
     # Mixtral, GPT-OSS and Llama 4 give the expert width as intermediate_size; Qwen-MoE and DeepSeek as
@@ -114,9 +118,12 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
     step = data.get("interleave_moe_layer_step") or data.get("decoder_sparse_step") or data.get("moe_layer_freq")
     if isinstance(step, int) and step > 1:
         out["moe_layer_freq"] = step
-    if data.get("mlp_only_layers"):
-        raise SpecError(f"{where}: mlp_only_layers {data['mlp_only_layers']} (dense layers among the MoE ones) "
-                        "is not modelled; only dense layers before the first MoE layer are")
+    dense = data.get("mlp_only_layers")
+    if dense and isinstance(dense, list) and sorted(dense) == list(range(len(dense))):  # the first k: dense-first
+        out["first_dense_layers"] = len(dense)
+    elif dense:
+        raise SpecError(f"{where}: mlp_only_layers {dense} (dense layers among the MoE ones) is not modelled; only "
+                        "dense layers before the first MoE layer are (mlp_only_layers [0, 1, ..., k-1])")
     if data.get("scoring_func") == "sigmoid":
         out["router"] = "sigmoid"
     if model_type == "gpt_oss":
@@ -212,3 +219,14 @@ def _switch(data: dict[str, Any], key: str, default: bool, where: str) -> bool:
     if not isinstance(value, bool):
         raise SpecError(f"{where}: {key} must be true or false, got {value!r}")
     return value
+
+
+#: autotune's ModelSpec fields -> the config.json keys they are read from, for error messages.
+_HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+            "num_kv_heads": "num_key_value_heads", "ffn_hidden_size": "intermediate_size",
+            "moe_top_k": "num_experts_per_tok", "moe_ffn_hidden_size": "moe_intermediate_size",
+            "first_dense_layers": "first_k_dense_replace"}
+
+
+def _hf_names(message: str) -> str:
+    return re.sub(r"\b(" + "|".join(_HF_KEYS) + r")\b", lambda m: _HF_KEYS[m.group(1)], message)

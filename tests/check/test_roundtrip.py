@@ -222,7 +222,8 @@ def test_moe_roundtrip(tmp_path: Path, model: str, trainer: tuple) -> None:
     _check_roundtrip(tmp_path, inp, *trainer)
 
 
-_PREDICTED = re.compile(r"predicted: step ([\d.]+) s, peak memory ([\d.]+) GiB per GPU, MFU ([\d.]+)%( \(re-estimated)?")
+_PREDICTED = re.compile(r"predicted: step ([\d.]+) s, peak memory ([\d.]+) GiB per GPU, MFU ([\d.]+)%"
+                        r"( \(re-estimated)?")
 
 
 @pytest.mark.parametrize("trainer,fmt,name", TRAINERS, ids=[t[2] for t in TRAINERS])

@@ -585,3 +585,15 @@ def test_qk_norm_by_hand() -> None:
     assert extra == e * t * width
     assert model_from_hf_config(HF["qwen3_moe"], "config.json").qk_norm
     assert not model_from_hf_config(HF["mixtral"], "config.json").qk_norm
+
+
+def test_hf_errors_name_the_config_keys_and_a_dense_prefix_is_dense_first() -> None:
+    """A bad value is reported under its config.json key (num_experts_per_tok, not autotune's moe_top_k); Qwen's
+    mlp_only_layers [0, 1] is two dense-first layers, which autotune models; [1] is refused with the fix."""
+    with pytest.raises(SpecError, match="num_experts_per_tok must be a whole number >= 0, got '2'"):
+        model_from_hf_config({**HF["mixtral"], "num_experts_per_tok": "2"}, "config.json")
+    with pytest.raises(SpecError, match="num_attention_heads 32 must be a multiple of num_key_value_heads 5"):
+        model_from_hf_config({**HF["mixtral"], "num_key_value_heads": 5}, "config.json")
+    assert model_from_hf_config({**HF["qwen3_moe"], "mlp_only_layers": [1, 0]}, "c.json").first_dense_layers == 2
+    with pytest.raises(SpecError, match=r"only dense layers before the first MoE layer are \(mlp_only_layers"):
+        model_from_hf_config({**HF["qwen3_moe"], "mlp_only_layers": [1]}, "config.json")
