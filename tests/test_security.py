@@ -201,7 +201,7 @@ def test_calibrate_default_name_is_a_slug_of_the_hardware_name(tmp_path, capsys,
     directory, never a path taken from the file (the fit itself is stubbed: this is about the name)."""
     import autotune.cli.calibrate as cli_calibrate
 
-    cal = SimpleNamespace(runs_file=SimpleNamespace(hw_raw={"name": "../../../tmp/evil"}), to_dict=lambda: {})
+    cal = SimpleNamespace(runs_file=SimpleNamespace(hw_raw={"name": "../../../tmp/evil"}), to_dict=lambda: {}, unfit=())
     monkeypatch.setattr(cli_calibrate, "fit_runs", lambda runs: cal)
     monkeypatch.setattr(cli_calibrate, "write_calibrated", lambda c, target: write_file(target, "{}\n"))
     work = tmp_path / "work"
