@@ -256,7 +256,11 @@ def test_plan_and_estimate_say_how_many_ops_came_from_the_profile():
     code, out, _ = run(["plan", *TINY, *SMALL_JOB, "--work-limit", "1", "--profile", shipped, "--json"])
     costs = json.loads(out)["op_costs"]
     assert code == 0 and costs["source"] == shipped and costs["measured_ops"] + costs["roofline_ops"] > 0
+    # the job's 256 tokens against the profile's 1024: the warning names the sequence length, what differs
     code, _, err = run(estimate("--profile", shipped, "--mbs", "1", "--cp", "2", "--brief"))
+    assert code == 0 and f"warning: --profile {shipped} was measured at --seq-len 1024, the job runs 256" in err
+    assert "autotune profile --seq-len 256 --tp 2 --mbs 1" in err
+    code, _, err = run([*estimate("--profile", shipped, "--mbs", "1", "--cp", "2", "--brief"), "--seq-len", "1024"])
     assert code == 0 and "warning: the plan's shapes (tp 2, mbs 1, cp 2) are outside --profile" in err
 
 

@@ -55,11 +55,12 @@ def estimate(
     plan = read_plan(plan_file, pins) if plan_file is not None else single_plan(pins, spec, job, gpus)
     check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
     check_simulation_size(plan, "estimate")
-    cm = CostModel(spec, hw, job, load_cost_profile(profile, gpu, spec, hw, job, force_profile))
+    measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
+    cm = CostModel(spec, hw, job, measured)
     with time_limited(time_limit, "estimate"):
         est, coverage = cm.estimate(plan), cm.op_coverage(plan)
         timeline = None if json_out or brief else cm.timeline(plan)
-    show_warnings(coverage_warnings(coverage, plan))
+    show_warnings(coverage_warnings(coverage, plan, measured, job.seq_len))
     if brief:
         typer.echo(brief_line(est))
     elif json_out:

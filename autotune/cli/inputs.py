@@ -125,11 +125,16 @@ def check_comm_profile(profile: Profile, hw: HardwareSpec, force: bool) -> None:
                         "profile --comm --device cuda`), or add --force-profile to use them anyway")
 
 
-def coverage_warnings(coverage: OpCoverage, plan: Plan) -> list[str]:
-    """A warning when a profile is in use but the plan's shapes are outside it (those ops cost by roofline)."""
+def coverage_warnings(coverage: OpCoverage, plan: Plan, profile: Profile | None = None,
+                      seq_len: int | None = None) -> list[str]:
+    """A warning when a profile is in use but the plan's shapes are outside it (those ops cost by roofline),
+    naming what differs: the sequence length the profile was measured at, else the plan's tp, mbs and cp."""
     if coverage.source == "roofline" or not coverage.fallback:
         return []
+    ops = f"{coverage.total - coverage.measured} of {coverage.total} ops cost by the roofline instead"
+    if profile is not None and profile.seq_len and seq_len is not None and seq_len != profile.seq_len:
+        return [f"--profile {coverage.source} was measured at --seq-len {profile.seq_len}, the job runs {seq_len}: "
+                f"{ops}; measure them with `autotune profile --seq-len {seq_len} --tp {plan.tp} --mbs {plan.mbs}`"]
     return [f"the plan's shapes (tp {plan.tp}, mbs {plan.mbs}, cp {plan.cp}) are outside --profile {coverage.source}: "
-            f"{coverage.total - coverage.measured} of {coverage.total} ops cost by the roofline instead; measure "
-            f"them with `autotune profile --tp {plan.tp} --mbs {plan.mbs}`"]
+            f"{ops}; measure them with `autotune profile --tp {plan.tp} --mbs {plan.mbs}`"]
 
