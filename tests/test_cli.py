@@ -68,6 +68,10 @@ def test_models_json(cli):
     models = {m["name"]: m for m in json.loads(cli("models", "--json").stdout)["models"]}
     assert models["llama3-70b"]["num_layers"] == 80
     assert models["llama3-70b"]["params_B"] == pytest.approx(70.6, abs=0.1)  # the published 70.6B
+    assert "num_experts" not in models["llama3-70b"]  # MoE fields only for MoE models
+    ds = models["deepseek-v3"]  # DeepSeek-V3's report: 671B total, 37B activated per token
+    assert (ds["num_experts"], ds["moe_top_k"], ds["first_dense_layers"]) == (256, 8, 3)
+    assert ds["active_params_B"] == pytest.approx(37, rel=0.02) and ds["published_active_params_B"] == 37
 
 
 def test_hardware_lists_the_catalog(cli):

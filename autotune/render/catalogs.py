@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from autotune.costmodel.memory import total_params
+from autotune.costmodel.memory import active_params, total_params
 from autotune.render.common import rounded
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.model import ModelSpec
@@ -22,18 +22,24 @@ def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[s
         "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim, "ffn_hidden_size": m.ffn_hidden_size,
         "vocab_size": m.vocab_size, "activation": m.activation, "norm": m.norm, "tied_embeddings": m.tied_embeddings,
         "params_B": rounded(total_params(m) / 1e9), "published_params_B": raw.get("published_params_B"),
+        **({"num_experts": m.num_experts, "moe_top_k": m.moe_top_k, "moe_ffn_hidden_size": m.moe_ffn_hidden_size,
+            "num_shared_experts": m.num_shared_experts, "first_dense_layers": m.first_dense_layers,
+            "moe_layer_freq": m.moe_layer_freq, "active_params_B": rounded(active_params(m) / 1e9),
+            "published_active_params_B": raw.get("published_active_params_B")} if m.is_moe else {}),
         "description": raw.get("description", ""), "source": m.source,
     } for m, raw in models]}
 
 
 def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> Table:
     table = Table(title="Models (--model NAME, or a path to a config.json)", title_justify="left")
-    for col in ("name", "layers", "hidden", "heads/kv", "ffn", "vocab", "act", "params B"):
+    for col in ("name", "layers", "hidden", "heads/kv", "ffn", "vocab", "act", "experts", "params B"):
         table.add_column(col, justify="left" if col in ("name", "act") else "right", no_wrap=True)
     table.add_column("source")  # the only column that shrinks to fit the width
     for m, _ in models:
         table.add_row(m.name, str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.num_kv_heads}",
-                      str(m.ffn_hidden_size), str(m.vocab_size), m.activation, f"{total_params(m) / 1e9:.2f}",
+                      str(m.ffn_hidden_size), str(m.vocab_size), m.activation,
+                      f"{m.num_experts} top-{m.moe_top_k}" if m.is_moe else "-",
+                      f"{total_params(m) / 1e9:.2f}" + (f" ({active_params(m) / 1e9:.1f} act)" if m.is_moe else ""),
                       # the first clause names the source (--json has all of it), cut to one line
                       Text(m.source.split(";")[0], no_wrap=True, overflow="ellipsis"))
     return table
