@@ -321,10 +321,8 @@ def _recompute(plan: Plan, fmt: str, warnings: list[str]) -> tuple[str, str | No
         return plan.recompute, None
     r = plan.recompute_layers
     what = f"recompute full on {r} layer{'s' if r > 1 else ''} per stage"
-    chunks = [n for n in virtual_stage_layers(plan) if n > 0]
     if fmt == "toml":
-        # Layer AC checkpoints every N-th layer: at least floor(n / N) >= r of a chunk's n layers.
-        every = max(1, min(n // min(r, n) for n in chunks))
+        every = layer_ac_every(plan)
         if every > 1:
             warnings.append(f"{what}: torchtitan has no Megatron block method; emitted layer AC "
                             f"(selective_ac_option \"{every}\": one layer in every {every}, at least {r} per stage)")
@@ -341,7 +339,14 @@ def toml_runs(planned: Plan, plan: Plan) -> Plan:
     recompute as layer AC, every N-th layer (_recompute: floor(n / N) layers of each chunk)."""
     p = replace(plan, sequence_parallel=plan.tp > 1)
     if p.recompute == "full" and planned.recompute == "full" and planned.recompute_layers is not None:
+        every = layer_ac_every(planned)
         chunks = [n for n in virtual_stage_layers(planned) if n > 0]
-        every = max(1, min(n // min(planned.recompute_layers, n) for n in chunks))
         p = replace(p, recompute_layers=max(1, min(chunks) // every) if every > 1 else None)
     return normalized(p)
+
+
+def layer_ac_every(plan: Plan) -> int:
+    """0.2.x layer AC's N for a plan recomputing plan.recompute_layers of each chunk: it checkpoints every N-th
+    layer, at least floor(n / N) >= r of a chunk's n layers (1: every layer, full AC)."""
+    r = plan.recompute_layers or 1
+    return max(1, min(n // min(r, n) for n in virtual_stage_layers(plan) if n > 0))

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.specs._strict import boolean
 from autotune.specs.model import ModelSpec, model_from_dict
 
 
@@ -213,12 +214,7 @@ def _model_from_gpt2_config(data: dict[str, Any], where: str) -> ModelSpec:
 def _switch(data: dict[str, Any], key: str, default: bool, where: str) -> bool:
     """A true/false key of config.json (`default` when absent or null): a string such as "false" is an error,
     not silently true."""
-    value = data.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise SpecError(f"{where}: {key} must be true or false, got {value!r}")
-    return value
+    return default if data.get(key) is None else boolean(data, key, where)
 
 
 #: autotune's ModelSpec fields -> the config.json keys they are read from, for error messages.
