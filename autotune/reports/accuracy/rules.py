@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from autotune.catalog import PROFILES_DIR, load_hardware, load_model
+from autotune.catalog import PROFILES_DIR, load_hardware
 from autotune.errors import InvalidPlanError, SpecError
+from autotune.reports.accuracy import row_models
+from autotune.reports.accuracy.row_models import RowSkipped, column_int
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
@@ -19,12 +21,21 @@ from autotune.units import from_gib
 RULES: tuple[tuple[str, str], ...] = (
     ("rows", "dense pretraining rows; MoE rows (is_moe yes) are listed as skipped here and evaluated in the MoE "
              "section below (no figure is fitted to them); other tasks are listed as skipped with the reason"),
-    ("moe", "MoE rows (is_moe yes): the catalog model of the row's name (its config.json shape: head_dim, expert "
-            "width, biases, which the shape columns lack), checked against the row's layers, hidden size, experts "
-            "and top-k; balanced routing (moe_imbalance 1.0: the rows' source forces it, or drops tokens at "
-            "capacity); ep and etp as published, blank etp -> tp (Megatron's default)"),
+    ("moe", "MoE rows (is_moe yes): the catalog model of the row's name, matched on its letters and digits "
+            "('DeepSeekV3' -> deepseek-v3; a longer name starting with a catalog name -> that model), for its "
+            "config.json shape (head_dim, expert width, latent attention, dense-first layers, biases: the shape "
+            "columns lack them); its hidden size, experts and top-k must equal the row's, and a row of other "
+            "depth runs the catalog architecture at the row's num_layers; a name the catalog lacks, or a shape "
+            "that differs, is built from the shape columns (grouped-query attention with head_dim = hidden/heads, "
+            "SwiGLU experts of moe_ffn_hidden_size and as many shared experts of that width as shared_experts, "
+            "every layer MoE, softmax router); balanced routing (moe_imbalance 1.0: the rows' source forces it, "
+            "or drops tokens at capacity); ep and etp as published, blank etp -> tp (Megatron's default)"),
     ("model", "the row's shape columns as a Llama-family ModelSpec: SwiGLU, RMSNorm, RoPE, no bias, no dropout, "
-              "untied embeddings, head_dim = hidden/heads; a reduced-depth 405B proxy keeps its num_layers"),
+              "untied embeddings, head_dim = hidden/heads; a reduced-depth 405B proxy keeps its num_layers. A "
+              "name matching a dense catalog model other than Llama (letters and digits, as for 'moe') of the "
+              "row's hidden size and heads takes its architecture (GPT-3: GeLU, LayerNorm, biases, learned "
+              "positions) with the row's depth, MLP width and vocabulary; Nemotron-4 rows get a two-matrix MLP "
+              "(squared ReLU, costed as GeLU) and LayerNorm; Nemotron-H (Mamba hybrids) are skipped"),
     ("hardware", "H100 -> h100-sxm (80 GB HBM3, 700 W); torchtitan's Grand Teton H100 (gpu_note '96GB HBM2e') -> "
                  "catalog h100-hbm2e-96gb when it exists, else h100-sxm with 96 GiB and 2.4 TB/s HBM; H200 -> "
                  "h200; gpus_per_node from the row"),
@@ -48,7 +59,12 @@ RULES: tuple[tuple[str, str], ...] = (
                    "rows leave blank, from the model's pretrain recipe in megatron-bridge 0.3.1 (PyPI) that its "
                    "performance scripts start from: Qwen3-30B-A3B (recipes/qwen/qwen3_moe.py) full recompute of "
                    "every layer (uniform, 1) and DeepEP (apply_flex_dispatcher_backend switches alltoall to flex/"
-                   "deepep on Hopper); GPT-OSS-120B (recipes/gpt_oss/gpt_oss.py) no recompute and alltoall. NeMo "
+                   "deepep on Hopper); Qwen3-235B-A22B (same file) no recompute and DeepEP; DeepSeek-V3 "
+                   "(recipes/deepseek/deepseek_v3.py, the 1024-GPU recipe) selective recompute and the flex "
+                   "dispatcher with its HybridEP backend, priced as DeepEP; GPT-OSS-120B (recipes/gpt_oss/"
+                   "gpt_oss.py) no recompute and alltoall; DeepSeek-V3's pipeline layout for (pp, vp) where "
+                   "the recipe maps one (set_deepseek_v3_pipeline_model_parallel_layout: E+4 | 4 x 14 | 1 + MTP + "
+                   "loss at pp 16), else the even split. NeMo "
                    "2.5's qwen3_30b_a3b recipe sets the same recompute. The performance scripts (not on PyPI) "
                    "override the recipes' parallelism; that they keep these two settings is assumed, not read"),
     ("zero", "torchtitan with fsdp yes -> 3 (FSDP2 shards weights, gradients and optimizer state), without -> 0; "
@@ -76,18 +92,22 @@ RULES: tuple[tuple[str, str], ...] = (
 RULE_KEYS = tuple(k for k, _ in RULES)
 #: (recompute, token dispatcher) of the MoE models' Megatron-Bridge pretrain recipes (RULES 'moe_recipe'), by
 #: catalog name
-MOE_RECIPES = {"qwen3-30b-a3b": ("full", "deepep"), "gpt-oss-120b": ("none", "alltoall")}
+MOE_RECIPES = {"qwen3-30b-a3b": ("full", "deepep"), "qwen3-235b-a22b": ("none", "deepep"),
+               "deepseek-v3": ("selective", "deepep"), "gpt-oss-120b": ("none", "alltoall")}
 MOE_RECIPE_SOURCES = ("megatron_bridge_perf_summary",)
+#: Decoder layers per virtual stage (in virtual order) of the recipes' explicit pipeline layouts, by catalog
+#: name and (pp, vp): megatron-bridge 0.3.1 recipes/deepseek/deepseek_v3.py
+#: set_deepseek_v3_pipeline_model_parallel_layout (the embedding opens the first stage; the MTP module and the
+#: loss close the last, which holds fewer decoder layers)
+RECIPE_LAYOUTS: dict[str, dict[tuple[int, int], tuple[int, ...]]] = {"deepseek-v3": {
+    (4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,), (16, 1): (4,) * 15 + (1,),
+    (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}}
 #: torchtitan's default number of stages per rank for looped (interleaved) schedules (generate_split_points)
 TORCHTITAN_STAGES_PER_RANK = 2
 #: source_ids whose rows reduce gradients in bf16 (RULES 'grad_reduce')
 BF16_GRAD_REDUCE_SOURCES = ("dgxc",)
 #: torchtitan's Grand Teton H100: 96 GB HBM2e at 2.4 TB/s (../shared/HARDWARE.md)
 HBM2E_96GB = "h100-hbm2e-96gb"
-
-
-class RowSkipped(Exception):
-    """A public row the cost model cannot represent; the message is the reason the report prints."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,18 +133,6 @@ def row_family(model_name: str) -> str:
     return re.sub(r"^Llama3-", "Llama3.1-", model_name.strip())
 
 
-def _int(row: dict[str, str], key: str, default: int | None = None) -> int:
-    text = row.get(key, "").strip()
-    if not text:
-        if default is None:
-            raise RowSkipped(f"{key} is not published")
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise RowSkipped(f"{key} {text!r} is not an integer") from None
-
-
 def row_trainer(row: dict[str, str]) -> str:
     framework = row["framework"].lower()
     if "torchtitan" in framework:
@@ -137,30 +145,26 @@ def row_trainer(row: dict[str, str]) -> str:
 def row_model(row: dict[str, str]) -> ModelSpec:
     """RULES 'model' (dense) and 'moe'."""
     if row["is_moe"].strip().lower() == "yes":
-        return row_moe_model(row)
-    hidden, heads = _int(row, "hidden_size"), _int(row, "num_attention_heads")
-    kv = _int(row, "num_kv_heads", heads)
+        return row_moe_model(row)[0]
+    hidden, heads = column_int(row, "hidden_size"), column_int(row, "num_attention_heads")
+    kv = column_int(row, "num_kv_heads", heads)
     if hidden % heads or heads % kv:
         raise RowSkipped(f"shape hidden {hidden}, heads {heads}, kv heads {kv} is not a Llama attention shape")
-    return ModelSpec(name=row["model"], num_layers=_int(row, "num_layers"), hidden_size=hidden, num_heads=heads,
-                     num_kv_heads=kv, head_dim=hidden // heads, ffn_hidden_size=_int(row, "ffn_hidden_size"),
-                     vocab_size=_int(row, "vocab_size"), activation="swiglu", norm="rmsnorm", tied_embeddings=False,
+    return ModelSpec(name=row["model"], num_layers=column_int(row, "num_layers"), hidden_size=hidden, num_heads=heads,
+                     num_kv_heads=kv, head_dim=hidden // heads, ffn_hidden_size=column_int(row, "ffn_hidden_size"),
+                     vocab_size=column_int(row, "vocab_size"), activation="swiglu", norm="rmsnorm", tied_embeddings=False,
                      bias="none", dropout=False, causal=True, position_embedding="rope",
                      source="shape columns of published-runs-public.csv (Llama family)")
 
 
-def row_moe_model(row: dict[str, str]) -> ModelSpec:
-    """RULES 'moe': the catalog entry named like the row's model, if its shape agrees with the row's columns."""
-    name = row["model"].strip().lower()
-    try:
-        model = load_model(name)
-    except SpecError:
-        raise RowSkipped(f"MoE model {row['model']!r} has no catalog entry {name!r}") from None
-    for column, value in (("num_layers", model.num_layers), ("hidden_size", model.hidden_size),
-                          ("num_experts", model.num_experts), ("moe_top_k", model.moe_top_k)):
-        if _int(row, column, value) != value:
-            raise RowSkipped(f"{column} {row[column]} differs from catalog {name}'s {value}")
-    return model
+def row_dense_model(row: dict[str, str]) -> tuple[ModelSpec, str]:
+    """RULES 'model': the Llama-family shape of the columns, or what the row's name says it is instead."""
+    return row_models.row_dense_model(row, row_model(row))
+
+
+def row_moe_model(row: dict[str, str]) -> tuple[ModelSpec, str]:
+    """RULES 'moe': the row's model and a note on how it was made ('' for the catalog model as it is)."""
+    return row_models.row_moe_model(row)
 
 
 def row_hardware(row: dict[str, str]) -> HardwareSpec:
@@ -178,7 +182,7 @@ def row_hardware(row: dict[str, str]) -> HardwareSpec:
         hw = load_hardware("h200")
     else:
         raise RowSkipped(f"gpu_type {row['gpu_type']!r} has no catalog hardware file")
-    per_node = _int(row, "gpus_per_node", hw.gpus_per_node)
+    per_node = column_int(row, "gpus_per_node", hw.gpus_per_node)
     return hw if per_node == hw.gpus_per_node else replace(hw, gpus_per_node=per_node)
 
 
@@ -188,7 +192,7 @@ def row_job(row: dict[str, str], trainer: str) -> JobSpec:
     fused = trainer == "megatron" or "compile" in settings
     dtype = "fp8" if row["precision"].strip().lower() in ("fp8", "float8") else "bf16"
     grad_reduce = "bf16" if row["source_id"].strip() in BF16_GRAD_REDUCE_SOURCES else "fp32"
-    return JobSpec(global_batch=_int(row, "global_batch_size"), seq_len=_int(row, "seq_len"), dtype=dtype,
+    return JobSpec(global_batch=column_int(row, "global_batch_size"), seq_len=column_int(row, "seq_len"), dtype=dtype,
                    flash_attention=True, fused_kernels=fused, grad_reduce=grad_reduce,  # type: ignore[arg-type]
                    trainer=trainer, moe_imbalance=1.0)  # type: ignore[arg-type]
 
@@ -211,24 +215,25 @@ def moe_recipe(row: dict[str, str], model: ModelSpec) -> tuple[str, str] | None:
     """RULES 'moe_recipe': (recompute, dispatcher) of the row's MoE model recipe, or None."""
     if not model.is_moe or row["source_id"].strip() not in MOE_RECIPE_SOURCES:
         return None
-    return MOE_RECIPES.get(model.name)
+    name = row_models.catalog_match(row["model"])
+    return MOE_RECIPES.get(name) if name else None
 
 
 def published_plan(row: dict[str, str], model: ModelSpec, job: JobSpec, trainer: str) -> Plan:
     """The row's layout as published, with RULES for what it leaves out (before check_plan)."""
-    tp, pp, cp = (_int(row, k, 1) for k in ("tp", "pp", "cp"))
-    gpus, dp = _int(row, "num_gpus"), _int(row, "dp_derived")
+    tp, pp, cp = (column_int(row, k, 1) for k in ("tp", "pp", "cp"))
+    gpus, dp = column_int(row, "num_gpus"), column_int(row, "dp_derived")
     if dp * tp * pp * cp != gpus:
         raise RowSkipped(f"dp_derived {dp} != num_gpus/(tp*pp*cp) = {gpus}/({tp}*{pp}*{cp})")
     settings = row["other_settings"].lower()
-    vpp = _int(row, "vp", 1)
+    vpp = column_int(row, "vp", 1)
     if trainer == "torchtitan" and vpp == 1 and pp > 1 and "interleaved" in settings:
         vpp = TORCHTITAN_STAGES_PER_RANK
     if job.global_batch % dp:
         raise RowSkipped(f"global batch {job.global_batch} is not divisible by dp {dp}")
     local = job.global_batch // dp
     if row["micro_batch_size"].strip():
-        mbs = _int(row, "micro_batch_size")
+        mbs = column_int(row, "micro_batch_size")
     elif trainer == "torchtitan" and pp > 1:
         mbs = local // (pp * vpp) or 1
     elif pp == 1:
@@ -243,12 +248,25 @@ def published_plan(row: dict[str, str], model: ModelSpec, job: JobSpec, trainer:
         overlap = sp and not re.search(r"tp_comm_overlap\s*=\s*false", settings)
     else:
         overlap = sp and bool(re.search(r"async\s*-?\s*tp", settings))
-    ep, etp = (_int(row, "ep", 1), _int(row, "etp", tp)) if model.is_moe else (1, 1)
+    ep, etp = (column_int(row, "ep", 1), column_int(row, "etp", tp)) if model.is_moe else (1, 1)
+    layers = recipe_layout(row, model, pp, vpp) or even_split(model.num_layers, pp)
     return Plan(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, num_microbatches=local // mbs, ep=ep, etp=etp,
                 schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp,
                 recompute=row_recompute(row, trainer, model), zero=zero,  # type: ignore[arg-type]
-                sequence_parallel=sp, tp_overlap=overlap, vocab="ends",
-                layers_per_stage=even_split(model.num_layers, pp))
+                sequence_parallel=sp, tp_overlap=overlap, vocab="ends" if is_even_split(layers) else "balanced",
+                layers_per_stage=layers)
+
+
+def recipe_layout(row: dict[str, str], model: ModelSpec, pp: int, vpp: int) -> tuple[int, ...] | None:
+    """RULES 'moe_recipe': the layers per pipeline rank of the recipe's explicit layout for (pp, vp), if the
+    row's model recipe has one."""
+    if not model.is_moe or row["source_id"].strip() not in MOE_RECIPE_SOURCES:
+        return None
+    name = row_models.catalog_match(row["model"])
+    stages = RECIPE_LAYOUTS.get(name, {}).get((pp, vpp)) if name else None
+    if stages is None or sum(stages) != model.num_layers:
+        return None
+    return tuple(sum(stages[j] for j in range(rank, len(stages), pp)) for rank in range(pp))
 
 
 def nearest_interleaved(plan: Plan, num_layers: int) -> Plan:
@@ -321,7 +339,7 @@ def _case(row: dict[str, str]) -> Case:
         raise RowSkipped(f"task {row['task']!r} is not pretraining")
     trainer = row_trainer(row)
     try:
-        model = row_model(row)
+        model, made = row_moe_model(row) if is_moe_row(row) else row_dense_model(row)
         hw = row_hardware(row)
         job = row_job(row, trainer)
         recipe = moe_recipe(row, model)
@@ -331,6 +349,6 @@ def _case(row: dict[str, str]) -> Case:
         step = float(row["step_time_s"])
     except (SpecError, ValueError) as exc:
         raise RowSkipped(str(exc)) from None
-    return Case(row_id=_int(row, "row_id"), source_id=row["source_id"].strip(),
+    return Case(row_id=column_int(row, "row_id"), source_id=row["source_id"].strip(),
                 gpu_type=row["gpu_type"].strip().upper(), family=row_family(row["model"]), model=model, hw=hw,
-                job=job, plan=plan, published_step_s=step, note=note)
+                job=job, plan=plan, published_step_s=step, note="; ".join(n for n in (made, note) if n))
