@@ -248,6 +248,7 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         if shared:
             fields.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
     fields.update(mla_model_fields(args, _int))
+    fields["mtp_layers"] = _int(args, "--mtp-num-layers", 0) or 0  # none without the flag, whatever the model
     if args.get("--tokenizer-type") == "NullTokenizer" and "--vocab-size" in args:
         fields["vocab_size"] = (_int(args, "--vocab-size") or 0) + 1  # NullTokenizer adds the EOD token
     if args.get("--squared-relu"):

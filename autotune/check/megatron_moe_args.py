@@ -18,7 +18,7 @@ from autotune.specs.limits import MAX_LAYERS, check_max
 #: Flags that take one value and that this reader uses.
 MOE_VALUE = frozenset("""
 --moe-layer-freq --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
---moe-expert-capacity-factor
+--moe-expert-capacity-factor --mtp-num-layers
 """.split())
 #: Switches this reader uses.
 MOE_SWITCH = frozenset("--multi-latent-attention --moe-grouped-gemm --moe-router-force-load-balancing "
@@ -27,7 +27,7 @@ MOE_SWITCH = frozenset("--multi-latent-attention --moe-grouped-gemm --moe-router
 MOE_NEUTRAL_VALUE = frozenset("""
 --moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff --moe-router-topk-scaling-factor
 --moe-router-num-groups --moe-router-group-topk --moe-router-dtype --moe-router-bias-update-rate
---moe-input-jitter-eps --moe-token-drop-policy --mscale --mscale-all-dim
+--moe-input-jitter-eps --moe-token-drop-policy --mscale --mscale-all-dim --mtp-loss-scaling-factor
 """.split())
 MOE_NEUTRAL_SWITCH = frozenset("""
 --moe-router-enable-expert-bias --moe-router-pre-softmax --moe-permute-fusion --moe-router-fusion

@@ -162,8 +162,22 @@ def shape_diffs(found: dict[str, Any], spec: ModelSpec, seq_len: int | None) -> 
 
 def resolve_model(reading: Reading, model_arg: str | None, fallback: str, seq_len: int | None) -> tuple[ModelSpec,
                                                                                                         list[str]]:
-    notes: list[str] = []
+    """The model the config trains: its flags' shape, matched to the catalog (or to --model) where it agrees.
+    Multi-token prediction modules are what the config trains, not part of the shape: the match ignores them and
+    the result has the config's."""
     found = reading.model_fields
+    mtp = None if found is None else found.get("mtp_layers")
+    if mtp is not None:
+        found = {k: v for k, v in found.items() if k != "mtp_layers"}
+    model, notes = _resolve_shape(reading, found, model_arg, fallback, seq_len)
+    if mtp is not None and model.mtp_layers != mtp:
+        model = replace(model, mtp_layers=mtp)
+    return model, notes
+
+
+def _resolve_shape(reading: Reading, found: dict[str, Any] | None, model_arg: str | None, fallback: str,
+                   seq_len: int | None) -> tuple[ModelSpec, list[str]]:
+    notes: list[str] = []
     if found is None and reading.model_name is not None:
         found = {f.name: getattr(named := load_model(reading.model_name), f.name) for f in fields(ModelSpec)
                  if f.name not in ("name", "source")}

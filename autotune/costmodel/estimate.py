@@ -6,12 +6,15 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from autotune.costmodel import comm
+from autotune.costmodel.compute import attention_kernel
 from autotune.costmodel.flops import model_flops_per_step
-from autotune.costmodel.layer import LayerCost, VocabCost, dense_layer_cost, layer_cost, layer_shape, vocab_cost
+from autotune.costmodel.layer import (LayerCost, VocabCost, blend_layers, dense_layer_cost, layer_cost, layer_shape,
+                                      moe_layer_cost, vocab_cost)
 from autotune.costmodel.measured import (MeasuredOps, OpCoverage, apply_comm, check_profile_model,
                                          roofline_coverage, step_ops)
 from autotune.costmodel.moe import deepep_refusal
-from autotune.costmodel.ops import CATEGORIES
+from autotune.costmodel.mtp import MtpPasses, mtp_passes, with_mtp
+from autotune.costmodel.ops import CATEGORIES, LayerShape
 from autotune.costmodel.pipeline import Ticks, Timeline, makespan, simulate
 from autotune.costmodel.stages import (StageCost, base_recompute, build_stages, p2p_time, schedule_ticks,
                                       vocab_parallel_comm)
@@ -22,6 +25,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from autotune.specs.profile import Profile
 from autotune.specs.tpgrid import tp_mode_degrees
+from autotune.specs.trainers import runs_mtp
 
 #: Bytes Adam touches per parameter in its step: read the fp32 gradient, read and write the fp32 master
 #: weight, m and v, write the 16-bit weight (a memory-bound kernel, paper 5).
@@ -94,10 +98,12 @@ class CostModel:
             hw = apply_comm(profile, hw)
             self.measured = MeasuredOps(profile) if profile.ops else None
         self.model, self.hw, self.job = model, hw, job
+        self.mtp_layers = runs_mtp(model, job)
         if model.is_moe and job.moe_dispatcher == "deepep" and (why := deepep_refusal(hw)):
             raise SpecError(f"--moe-dispatcher deepep: {why}; use --moe-dispatcher alltoall")
         self._layer: dict[tuple[int, int, int, bool, str, bool, int, int], LayerCost] = {}
-        self._vocab: dict[tuple[int, int, int, bool], VocabCost] = {}
+        self._vocab: dict[tuple, VocabCost] = {}
+        self._mtp: dict[tuple[int, int, int, bool], MtpPasses] = {}
         self._op_memo: dict = {}  # op times by shape, shared by every layer cost (compute.memoized_op_time)
         self._ticks: dict[tuple, Ticks] = {}
         self._pipe_comm: dict[tuple, tuple[float, tuple[float, float]]] = {}  # p2p and vocab-parallel, by degrees
@@ -110,27 +116,63 @@ class CostModel:
 
     def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d", tp_overlap: bool = False,
               ep: int = 1, etp: int = 1) -> LayerCost:
+        """The partition's layer: an MoE model with dense layers places its mean layer (layer.blend_layers)."""
         key = (tp, cp, mbs, sp, tp_mode, tp_overlap, ep, etp)
         if key not in self._layer:
-            dense = None
-            if self.model.is_moe and self.model.num_dense_layers and tp_mode == "1d":
-                dense_key = (tp, cp, mbs, sp, tp_mode, tp_overlap, 0, 0)  # ep 0: the dense layer, any ep
-                if dense_key not in self._layer:
-                    self._layer[dense_key] = dense_layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs,
-                                                              sp=sp, measured=self.measured, tp_overlap=tp_overlap,
-                                                              op_memo=self._op_memo)
-                dense = self._layer[dense_key]
-            self._layer[key] = layer_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp,
-                                          tp_mode=tp_mode, measured=self.measured, tp_overlap=tp_overlap, ep=ep,
-                                          etp=etp, dense=dense, op_memo=self._op_memo)
+            model = self.model
+            if model.is_moe and model.num_dense_layers and tp_mode == "1d":
+                self._layer[key] = blend_layers(self.kind_layer(tp, cp, mbs, sp, tp_overlap, ep, etp, moe=True),
+                                                self.kind_layer(tp, cp, mbs, sp, tp_overlap, ep, etp, moe=False),
+                                                model.num_dense_layers / model.num_layers, model.moe_layer_freq)
+            else:
+                self._layer[key] = layer_cost(model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp,
+                                              tp_mode=tp_mode, measured=self.measured, tp_overlap=tp_overlap, ep=ep,
+                                              etp=etp, op_memo=self._op_memo)
         return self._layer[key]
 
-    def vocab(self, tp: int, cp: int, mbs: int, sp: bool) -> VocabCost:
+    def kind_layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_overlap: bool, ep: int, etp: int, *,
+                   moe: bool) -> LayerCost:
+        """One 1-D tensor-parallel layer of an MoE model, of one kind (the dense one does not depend on ep)."""
+        key = (tp, cp, mbs, sp, "moe" if moe else "dense", tp_overlap, ep if moe else 0, etp if moe else 0)
+        if key not in self._layer:
+            common = dict(tp=tp, cp=cp, mbs=mbs, sp=sp, measured=self.measured, tp_overlap=tp_overlap,
+                          op_memo=self._op_memo)
+            self._layer[key] = (moe_layer_cost(self.model, self.hw, self.job, ep=ep, etp=etp, **common) if moe
+                                else dense_layer_cost(self.model, self.hw, self.job, **common))
+        return self._layer[key]
+
+    def vocab(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d", tp_overlap: bool = False,
+              ep: int = 1, etp: int = 1, recompute: str = "none") -> VocabCost:
+        """The vocabulary layers; with multi-token prediction the output block also holds the MTP modules,
+        whose layer depends on the rest of the setting (costmodel/mtp.py)."""
         key = (tp, cp, mbs, sp)
         if key not in self._vocab:
             self._vocab[key] = vocab_cost(self.model, self.hw, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp,
                                           measured=self.measured)
-        return self._vocab[key]
+        if not self.mtp_layers:
+            return self._vocab[key]
+        full = (*key, tp_mode, tp_overlap, ep, etp, recompute)
+        if full not in self._vocab:
+            if key not in self._mtp:
+                self._mtp[key] = mtp_passes(self.model, self.hw, self.job.dtype, self._shape(tp, cp, mbs, sp),
+                                            None if self.measured is None else self.measured.lookup(tp, cp),
+                                            attention_kernel(self.job))
+            self._vocab[full] = with_mtp(self._vocab[key], self._mtp[key],
+                                         self.mtp_layer(tp, cp, mbs, sp, tp_mode, tp_overlap, ep, etp), self.model,
+                                         self._shape(tp, cp, mbs, sp), recompute)
+        return self._vocab[full]
+
+    def _shape(self, tp: int, cp: int, mbs: int, sp: bool) -> LayerShape:
+        return layer_shape(self.model, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp)
+
+    def mtp_layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str, tp_overlap: bool, ep: int,
+                  etp: int) -> LayerCost:
+        """An MTP module's Transformer layer: of the model's last layer's kind (DeepSeek-V3: MoE), not the mean
+        layer an MoE model with dense layers places in its partition."""
+        model = self.model
+        if not model.is_moe or tp_mode != "1d":
+            return self.layer(tp, cp, mbs, sp, tp_mode, tp_overlap, ep, etp)
+        return self.kind_layer(tp, cp, mbs, sp, tp_overlap, ep, etp, moe=model.is_moe_layer(model.num_layers - 1))
 
     def op_coverage(self, plan: Plan) -> OpCoverage:
         """Which of the plan's ops (one layer forward and backward, embedding, head) have measured times."""
@@ -147,7 +189,8 @@ class CostModel:
 
     def _stages(self, plan: Plan, ticks: Ticks) -> tuple[StageCost, ...]:
         key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel)
-        layer, vocab = self.layer(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp), self.vocab(*key)
+        layer = self.layer(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp)
+        vocab = self.vocab(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp, base_recompute(plan))
         comm_key = (plan.pp, plan.vpp, plan.tp, plan.cp, plan.dp, plan.sequence_parallel, plan.mbs,
                     plan.vocab == "parallel")
         if comm_key not in self._pipe_comm:

@@ -6,6 +6,7 @@ assembles stages from them, so a whole estimate costs a few dozen arithmetic ope
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -55,9 +56,31 @@ class LayerCost:
     expert_params: int = 0
     """The routed-expert parameters inside `params` (MoE): reduced and sharded over the expert-data-parallel
     group rather than the data-parallel one."""
+    memory_params: int = -1
+    """Parameters a stage's memory is charged per layer where that exceeds `params` (-1: params). An MoE model
+    with dense layers has the mean layer's parameters as `params` (what its gradients sync and its optimizer
+    steps over), but a stage may hold more MoE layers than the mean: with dense-first layers every layer of
+    a stage may be MoE, so the MoE layer is charged; a periodic pattern (moe_layer_freq f) puts at most
+    ceil(n/f) MoE layers in n consecutive ones, charged as n * (MoE/f + dense*(f-1)/f) plus surplus_params."""
+    memory_expert_params: int = -1
+    """The routed experts inside memory_params (-1: expert_params)."""
+    surplus_params: int = 0
+    """Parameters every stage's memory is charged once on top of n * memory_params (see memory_params)."""
+    surplus_expert_params: int = 0
+    """The routed experts inside surplus_params."""
     sac_gather_s: float = 0.0
     """torchtitan's backward re-gather of the block inputs, which only its selective checkpointing runs
     (tpcomm.recomputed_gathers_s): charged with that recomputation, not in tp_bwd_s."""
+
+    @property
+    def stage_params(self) -> int:
+        """memory_params, resolved."""
+        return self.params if self.memory_params < 0 else self.memory_params
+
+    @property
+    def stage_expert_params(self) -> int:
+        """memory_expert_params, resolved."""
+        return self.expert_params if self.memory_expert_params < 0 else self.memory_expert_params
 
     def time(self, recompute: str) -> float:
         """Forward + backward + recomputation + exposed communication, seconds."""
@@ -101,6 +124,9 @@ class VocabCost:
     head_transient: int
     head_wgrad_s: float
     """The LM head's weight-gradient GEMM inside head_bwd (a W pass under zero-bubble schedules)."""
+    head_expert_params: int = 0
+    """Routed-expert parameters inside head_params (an MoE model's multi-token prediction layers,
+    costmodel/mtp.py): sharded over the expert-data-parallel group like a layer's."""
 
     @property
     def embed_time(self) -> float:
@@ -144,7 +170,7 @@ def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
     if dense is None:
         dense = dense_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured,
                                  tp_overlap=tp_overlap, op_memo=op_memo)
-    return blend_layers(moe, dense, model.num_dense_layers / model.num_layers)
+    return blend_layers(moe, dense, model.num_dense_layers / model.num_layers, model.moe_layer_freq)
 
 
 def dense_layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
@@ -155,8 +181,18 @@ def dense_layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: in
                        moe=False, op_memo=op_memo)
 
 
-def blend_layers(moe: LayerCost, dense: LayerCost, w: float) -> LayerCost:
-    """The mean layer of a model whose layers are a share w dense, 1 - w MoE (times); memory of the MoE one."""
+def moe_layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
+                   measured: MeasuredOps | None = None, tp_overlap: bool = False, ep: int = 1, etp: int = 1,
+                   op_memo: dict | None = None) -> LayerCost:
+    """A layer with the MoE MLP (not the mean of an MoE model's dense and MoE layers that layer_cost gives)."""
+    return _layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured, tp_overlap=tp_overlap,
+                       ep=ep, etp=etp, moe=True, op_memo=op_memo)
+
+
+def blend_layers(moe: LayerCost, dense: LayerCost, w: float, freq: int = 1) -> LayerCost:
+    """The mean layer of a model whose layers are a share w dense, 1 - w MoE (times and parameters), with the
+    memory a stage is charged per layer and once (LayerCost.memory_params) for its pattern: dense-first layers
+    (freq 1) or a periodic pattern of one MoE layer in every `freq`."""
     def mix(a: float, b: float) -> float:
         return (1 - w) * a + w * b
 
@@ -170,9 +206,14 @@ def blend_layers(moe: LayerCost, dense: LayerCost, w: float) -> LayerCost:
     return LayerCost(fwd=mix_pass(moe.fwd, dense.fwd), bwd=mix_pass(moe.bwd, dense.bwd),
                      attn_fwd_s=mix(moe.attn_fwd_s, dense.attn_fwd_s), tp_fwd_s=mix(moe.tp_fwd_s, dense.tp_fwd_s),
                      tp_bwd_s=mix(moe.tp_bwd_s, dense.tp_bwd_s), cp_fwd_s=mix(moe.cp_fwd_s, dense.cp_fwd_s),
-                     cp_bwd_s=mix(moe.cp_bwd_s, dense.cp_bwd_s), params=max(moe.params, dense.params),
+                     cp_bwd_s=mix(moe.cp_bwd_s, dense.cp_bwd_s), params=round(mix(moe.params, dense.params)),
                      wgrad_s=mix(moe.wgrad_s, dense.wgrad_s), act=act, selective_s=selective,
-                     expert_params=moe.expert_params, sac_gather_s=mix(moe.sac_gather_s, dense.sac_gather_s))
+                     expert_params=round((1 - w) * moe.expert_params),
+                     sac_gather_s=mix(moe.sac_gather_s, dense.sac_gather_s),
+                     memory_params=math.ceil((moe.params + (freq - 1) * dense.params) / freq),
+                     memory_expert_params=math.ceil(moe.expert_params / freq),
+                     surplus_params=moe.params - math.ceil((moe.params + (freq - 1) * dense.params) / freq),
+                     surplus_expert_params=moe.expert_params - math.ceil(moe.expert_params / freq))
 
 
 def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,

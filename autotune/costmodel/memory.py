@@ -233,3 +233,20 @@ def state_bytes_per_param(zero: int, shards: int, grad_bytes: int = GRAD_BYTES) 
     fp32_grad_shard = FP32_BYTES if zero >= 1 and grad_bytes < FP32_BYTES else 0
     opt = (OPTIMIZER_BYTES + fp32_grad_shard) / (shards if zero >= 1 else 1)
     return weight, grad, opt
+
+
+def state_bytes(params: int, zero: int, shards: int, grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
+    """Whole bytes of (weights, gradients, optimizer states) for `params` parameters."""
+    w, g, o = state_bytes_per_param(zero, shards, grad_bytes)
+    return whole_bytes(params * w), whole_bytes(params * g), whole_bytes(params * o)
+
+
+def split_state_bytes(params: int, experts: int, zero: int, shards: int, expert_shards: int,
+                      grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
+    """state_bytes of `params` parameters of which `experts` are routed experts, sharded by ZeRO over the
+    `expert_shards` expert-data-parallel ranks rather than the `shards` data-parallel ones."""
+    if not experts:
+        return state_bytes(params, zero, shards, grad_bytes)
+    rest = state_bytes(params - experts, zero, shards, grad_bytes)
+    routed = state_bytes(experts, zero, expert_shards, grad_bytes)
+    return rest[0] + routed[0], rest[1] + routed[1], rest[2] + routed[2]

@@ -8,7 +8,7 @@ from functools import cache
 
 from autotune.costmodel import comm
 from autotune.costmodel.layer import LayerCost, VocabCost
-from autotune.costmodel.memory import state_bytes_per_param
+from autotune.costmodel.memory import split_state_bytes, state_bytes
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, chunks_per_rank, pass_ticks, peak_in_flight
 from autotune.specs.hardware import HardwareSpec
@@ -263,6 +263,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
     per_state = layer_state_bytes(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
+    surplus = surplus_state_bytes(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
     layer_compute = layer.fwd.seconds + layer.bwd.seconds
     layer_tp = layer.tp_fwd_s + layer.tp_bwd_s
     layer_cp = layer.cp_fwd_s + layer.cp_bwd_s
@@ -296,7 +297,9 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
             bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
             zero3 = zero3_exposed(plan, hw, params, fwd, bwd, grad_bytes, n + (first > 0) + (last > 0))
-            fixed = state_bytes(params - n * layer.params, plan.zero, plan.dp * plan.cp, grad_bytes)
+            vocab_state = split_state_bytes(params - n * layer.params, math.ceil(last * vocab.head_expert_params),
+                                            plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
+            fixed = tuple(a + b for a, b in zip(vocab_state, surplus))
             shared[key] = (
                 params, fwd, bwd, tuple(by_category), n * layer_compute + vocab_compute,
                 n * layer_tp + first * vocab.embed_comm_s + last * vocab.head_comm_s + sum(vp_comm),
@@ -327,17 +330,15 @@ def layer_state_bytes(layer: LayerCost, zero: int, shards: int, expert_shards: i
     """(weights, gradients, optimizer) bytes of one layer: its routed experts (MoE) sharded by ZeRO over the
     expert-data-parallel group (Megatron's distributed optimizer shards expert parameters over it), the rest
     over the data-parallel group."""
-    if not layer.expert_params:
-        return state_bytes(layer.params, zero, shards, grad_bytes)
-    rest = state_bytes(layer.params - layer.expert_params, zero, shards, grad_bytes)
-    experts = state_bytes(layer.expert_params, zero, expert_shards, grad_bytes)
-    return rest[0] + experts[0], rest[1] + experts[1], rest[2] + experts[2]
+    return split_state_bytes(layer.stage_params, layer.stage_expert_params, zero, shards, expert_shards, grad_bytes)
 
 
-def state_bytes(params: int, zero: int, shards: int, grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
-    """Whole bytes of (weights, gradients, optimizer states) for `params` parameters."""
-    w, g, o = state_bytes_per_param(zero, shards, grad_bytes)
-    return whole_bytes(params * w), whole_bytes(params * g), whole_bytes(params * o)
+def surplus_state_bytes(layer: LayerCost, zero: int, shards: int, expert_shards: int,
+                        grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
+    """The (weights, gradients, optimizer) bytes every stage is charged once for its layers (LayerCost.
+    surplus_params: the MoE layer more than the mean that n consecutive layers of a periodic pattern may hold)."""
+    return split_state_bytes(layer.surplus_params, layer.surplus_expert_params, zero, shards, expert_shards,
+                             grad_bytes)
 
 
 def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost, ticks: Ticks) -> int:
@@ -363,7 +364,7 @@ def vocab_activations(plan: Plan, place: VocabPlacement, peak: int, vocab: Vocab
 
 def zero3_transient(plan: Plan, layer: LayerCost) -> int:
     """ZeRO-3 gathers one layer's full weights and prefetches the next."""
-    return 2 * layer.params * WEIGHT_BYTES if plan.zero >= 3 else 0
+    return 2 * (layer.stage_params + layer.surplus_params) * WEIGHT_BYTES if plan.zero >= 3 else 0
 
 
 #: Channels NCCL runs a cross-node collective on in an 8-NIC node (two rings per NIC); each channel is one

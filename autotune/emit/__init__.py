@@ -72,7 +72,7 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
         return EmitResult(result.files, (warning, *result.warnings))
     result = _emit_one(trainer, inp, torchtitan_format)
     extra = tuple(w for w in (full_attention_warning(trainer, inp), dispatcher_warning(caps, inp),
-                              capacity_warning(trainer, inp)) if w)
+                              capacity_warning(trainer, inp), mtp_warning(trainer, inp)) if w)
     return EmitResult(result.files, (*result.warnings, *extra)) if extra else result
 
 
@@ -93,6 +93,16 @@ def capacity_warning(trainer: str, inp: EmitInput) -> str | None:
         return None
     return (f"--moe-capacity-factor {inp.job.moe_capacity_factor:g}: {trainer}'s MoE routes every token (dropless); "
             "the config sets no capacity, as the header's figures assume")
+
+
+def mtp_warning(trainer: str, inp: EmitInput) -> str | None:
+    """Multi-token prediction modules only Megatron's config trains (TrainerCaps.mtp): the others' run leaves
+    them out, as the header's re-estimate does (the cost model drops them for that trainer)."""
+    caps = TRAINER_CAPS.get(trainer)
+    if not inp.model.mtp_layers or (caps is not None and caps.mtp):
+        return None
+    return (f"{inp.model.name}: its {inp.model.mtp_layers} multi-token prediction module(s) are not trained by "
+            f"{trainer}; the config leaves them out, as the header's figures do (--trainer megatron trains them)")
 
 
 def full_attention_warning(trainer: str, inp: EmitInput) -> str | None:

@@ -111,6 +111,8 @@ def _model_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
         flags.append(("--add-qkv-bias", None))
     if m.qk_norm:
         flags.append(("--qk-layernorm", None))
+    if m.mtp_layers:  # trained with their loss at Megatron's default weight (mtp_loss_scaling_factor 0.1)
+        flags.append(("--mtp-num-layers", str(m.mtp_layers)))
     if not m.dropout:
         flags += [("--attention-dropout", "0.0"), ("--hidden-dropout", "0.0")]
     flags += [("--norm-epsilon", float_text(m.norm_eps)), ("--init-method-std", float_text(m.init_std))]
@@ -172,7 +174,7 @@ def _parallel_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
             flags.append(("--tp-comm-overlap", None))
     elif p.sequence_parallel:
         warn.append("sequence_parallel needs tp > 1 (Megatron turns it off); not emitted")
-    return flags + partition_flags(mainline_plan(p))[0]
+    return flags + partition_flags(mainline_plan(p), inp.model.mtp_layers)[0]
 
 
 def _precision_flags(inp: EmitInput) -> list[Flag]:
@@ -311,7 +313,8 @@ def _launch_script(inp: EmitInput, groups: dict[str, list[Flag]], nodes: int, pe
         "Needs DATA_PATH, TOKENIZER_MODEL and CHECKPOINT_DIR (it stops when one is unset); extra arguments are "
         "passed on to pretrain_gpt.py (a later flag overrides an earlier one).",
         f"pipeline: {partition_flags(run)[1]}; transformer layers per rank {','.join(map(str, p.layers_per_stage))}"
-        + (f", per virtual stage {layout_string(run)}" if run.vpp > 1 else ""),
+        + (f", per virtual stage {layout_string(run, inp.model.mtp_layers)}" if run.vpp > 1 else "")
+        + (f"; the {inp.model.mtp_layers} MTP module(s) run on the last stage" if inp.model.mtp_layers else ""),
         f"data parallelism {p.dp} is derived by Megatron from the world size {p.num_gpus} / (tp*pp*cp).",
     ]
     if run.schedule != p.schedule:

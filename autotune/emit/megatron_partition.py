@@ -19,15 +19,16 @@ def chunk_layers(plan: Plan) -> list[list[int]]:
     return [list(specs_chunk_layers(n, plan.vpp)) for n in plan.layers_per_stage]
 
 
-def layout_string(plan: Plan) -> str:
+def layout_string(plan: Plan, mtp_layers: int = 0) -> str:
     """--pipeline-model-parallel-layout: virtual stage j holds chunk j // pp of rank j % pp; E opens the first
-    stage, L closes the last one; empty stages are allowed."""
+    stage, the multi-token prediction modules (m, one each) and L close the last one; empty stages are
+    allowed."""
     chunks = chunk_layers(plan)
     stages = []
     for j in range(plan.pp * plan.vpp):
         n = chunks[j % plan.pp][j // plan.pp]
         body = "" if n == 0 else ("t" if n == 1 else f"t*{n}")
-        stages.append(("E" if j == 0 else "") + body + ("L" if j == plan.pp * plan.vpp - 1 else ""))
+        stages.append(("E" if j == 0 else "") + body + ("m" * mtp_layers + "L" if j == plan.pp * plan.vpp - 1 else ""))
     return "|".join(stages)
 
 
@@ -52,8 +53,9 @@ def _first_last(plan: Plan) -> list[Flag] | None:
     return flags
 
 
-def partition_flags(plan: Plan) -> tuple[list[Flag], str]:
-    """The pipeline flags for the plan's partition and a one-line description of the form chosen."""
+def partition_flags(plan: Plan, mtp_layers: int = 0) -> tuple[list[Flag], str]:
+    """The pipeline flags for the plan's partition and a one-line description of the form chosen (without a
+    layout Megatron puts the `mtp_layers` MTP modules on the last stage itself)."""
     if plan.pp == 1:
         return [], "one pipeline stage"
     vpp: list[Flag] = [("--num-virtual-stages-per-pipeline-rank", str(plan.vpp))] if plan.vpp > 1 else []
@@ -63,4 +65,5 @@ def partition_flags(plan: Plan) -> tuple[list[Flag], str]:
     first_last = _first_last(plan)
     if first_last is not None and not any(n % plan.vpp for n in plan.layers_per_stage):
         return first_last + vpp, "uneven first/last stage, equal middle stages"
-    return [("--pipeline-model-parallel-layout", layout_string(plan))], "explicit layout (virtual stages in order)"
+    return ([("--pipeline-model-parallel-layout", layout_string(plan, mtp_layers))],
+            "explicit layout (virtual stages in order)")

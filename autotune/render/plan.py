@@ -24,6 +24,7 @@ from autotune.search.planner import PlanResult, SearchProgress
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.trainers import runs_mtp
 from autotune.units import gib
 
 
@@ -131,7 +132,8 @@ def plan_report(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: Job
         Text(f"{model.name} on {hw.name} x {best.plan.num_gpus} ({hw.gpus_per_node} per node), global batch "
              f"{job.global_batch} x {job.seq_len} tokens, {job.dtype}", style="bold"),
         Text(f"{title}: {plan_line(best.plan)}"),
-        Text(f"layers per stage: {stage_layout(best)}  (E = embedding, H = LM head, V/p = 1/p of both)"),
+        Text(f"layers per stage: {stage_layout(best)}  (E = embedding, H = LM head"
+             + (f" with the {model.name} MTP module(s)" if runs_mtp(model, job) else "") + ", V/p = 1/p of both)"),
     ]
     note = limit_note(result)
     if note:

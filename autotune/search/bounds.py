@@ -36,7 +36,7 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     and pipeline degrees, schedule and vocabulary placement (which decide the smallest stage)."""
     L = cm.model.num_layers
     layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp),
-                    cm.vocab(c.tp, c.cp, c.mbs, c.sp))
+                    cm.vocab(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base))
     tokens = c.mbs * cm.job.seq_len // c.cp
     p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp, tokens=tokens,
                       hidden=cm.model.hidden_size)

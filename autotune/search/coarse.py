@@ -85,7 +85,7 @@ def _timing(cm: CostModel, key: tuple, memo: dict) -> tuple[float, int, float]:
         layer = cm.layer(tp, cp, mbs, sp, mode, overlap, ep, etp)
         act = min(layer.act.full, layer.act.get(base)) if may_full else layer.act.get(base)
         share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
-                    vocab_path_share(cm.vocab(tp, cp, mbs, sp)))
+                    vocab_path_share(cm.vocab(tp, cp, mbs, sp, mode, overlap, ep, etp, base)))
         memo[key] = value = (layer.time(base), act, share)  # full_min > 0: only some layers in full
     return value
 

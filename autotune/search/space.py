@@ -285,11 +285,12 @@ def _overlap_options(caps: TrainerCaps | None, job: JobSpec, sp: bool) -> list[b
 
 def _vocab_options(space: SearchSpace, model: ModelSpec, pp: int, schedule: str) -> list[str]:
     """'ends' forces the even split; 'balanced' leaves the split free (which includes the even one, so it
-    subsumes 'ends'); 'parallel' needs pp >= 2, a non-interleaved schedule and untied embeddings."""
+    subsumes 'ends'); 'parallel' needs pp >= 2, a non-interleaved schedule, untied embeddings and no MTP modules."""
     allowed = space.vocab or ("ends", "balanced", "parallel")
     if space.trainer is not None:
         allowed = tuple(v for v in allowed if v in space.trainer.vocabs)
     out = ["balanced" if "balanced" in allowed else "ends"] if {"ends", "balanced"} & set(allowed) else []
-    if "parallel" in allowed and pp >= 2 and schedule != "interleaved" and not model.tied_embeddings:
+    if "parallel" in allowed and pp >= 2 and schedule != "interleaved" and not model.tied_embeddings \
+            and not model.mtp_layers:
         out.append("parallel")
     return out

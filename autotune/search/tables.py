@@ -7,16 +7,18 @@ Most candidates never reach the solver: bounds.quick_bound needs only the cached
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
+from autotune.costmodel.memory import split_state_bytes
 from autotune.costmodel.pipeline import UNIT_TICKS
 from autotune.costmodel.stages import (chunk_durations, in_flight_chunks, layer_passes, layer_state_bytes,
-                                       p2p_seconds, schedule_ticks,
-                                       stage_bwd_s, stage_fwd_s, stage_params, stage_vocab_activations, state_bytes,
-                                       vocab_parallel_comm, vocab_placement, zero3_exposed, zero3_transient)
+                                       p2p_seconds, schedule_ticks, stage_bwd_s, stage_fwd_s, stage_params,
+                                       stage_vocab_activations, surplus_state_bytes, vocab_parallel_comm,
+                                       vocab_placement, zero3_exposed, zero3_transient)
 from autotune.search.space import Candidate
 from autotune.specs.job import WEIGHT_BYTES
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
@@ -138,7 +140,7 @@ def sync_collectives(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> t
 def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> CandidateCosts:
     """Gather the per-stage coefficients of one candidate."""
     layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp),
-                    cm.vocab(c.tp, c.cp, c.mbs, c.sp))
+                    cm.vocab(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base))
     plan = shell_plan(c)
     shards = c.dp * c.cp
     L = cm.model.num_layers
@@ -162,7 +164,10 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
                                       stage_fwd_s(L, layer, vocab, first=True, last=True),
                                       stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2)
             fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
-            alike[place] = (vparams, fixed, sum(state_bytes(vparams, c.zero, shards, cm.job.grad_bytes))
+            state = split_state_bytes(vparams, math.ceil(place.head * vocab.head_expert_params), c.zero, shards,
+                                      plan.expert_dp, cm.job.grad_bytes)
+            state += surplus_state_bytes(layer, c.zero, shards, plan.expert_dp, cm.job.grad_bytes)
+            alike[place] = (vparams, fixed, sum(state)
                             + zero3_transient(plan, layer))
         vparams, fixed, memory = alike[place]
         if place.embed or place.head:  # the embedding's share depends on the rank's micro-batches in flight

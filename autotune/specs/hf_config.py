@@ -116,6 +116,8 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
         out["ffn_hidden_size"] = data["intermediate_size_mlp"]
     if data.get("first_k_dense_replace"):
         out["first_dense_layers"] = data["first_k_dense_replace"]
+    if data.get("num_nextn_predict_layers"):  # DeepSeek-V3's multi-token prediction modules
+        out["mtp_layers"] = data["num_nextn_predict_layers"]
     step = data.get("interleave_moe_layer_step") or data.get("decoder_sparse_step") or data.get("moe_layer_freq")
     if isinstance(step, int) and step > 1:
         out["moe_layer_freq"] = step
@@ -221,7 +223,7 @@ def _switch(data: dict[str, Any], key: str, default: bool, where: str) -> bool:
 _HF_KEYS = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
             "num_kv_heads": "num_key_value_heads", "ffn_hidden_size": "intermediate_size",
             "moe_top_k": "num_experts_per_tok", "moe_ffn_hidden_size": "moe_intermediate_size",
-            "first_dense_layers": "first_k_dense_replace"}
+            "first_dense_layers": "first_k_dense_replace", "mtp_layers": "num_nextn_predict_layers"}
 
 
 def _hf_names(message: str) -> str:

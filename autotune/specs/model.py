@@ -94,6 +94,12 @@ class ModelSpec:
     qk_norm: bool = False
     """An RMSNorm over every query and key head before RoPE (Qwen3's q_norm and k_norm; Megatron's
     --qk-layernorm)."""
+    mtp_layers: int = 0
+    """Multi-token prediction modules trained beside the model (DeepSeek-V3: 1; Hugging Face
+    num_nextn_predict_layers, Megatron --mtp-num-layers). Each predicts one token further from the last
+    layer's output: it embeds the shifted tokens, normalizes both inputs, projects their concatenation 2h -> h,
+    runs one Transformer layer of the last layer's kind, then the shared final norm, LM head and a
+    cross-entropy, all on the last pipeline stage (costmodel/mtp.py)."""
     source: str = ""
     """Where the shape comes from."""
     # Training hyperparameters the launch files need (not the cost model): defaults are the RoPE paper's base,
@@ -165,13 +171,15 @@ _OPTIONAL = ("schema", "num_kv_heads", "head_dim", "bias", "dropout", "causal", 
              "max_position_embeddings", "source", "published_params_B", "description", "rope_theta", "rope_scaling",
              "rope_scaling_factor", "norm_eps", "init_std")
 ROPE_SCALINGS = ("none", "llama3")
+#: More multi-token prediction modules than any published model trains (DeepSeek-V3: 1)
+MAX_MTP_LAYERS = 16
 # Mixture-of-experts and MLA keys, kept apart from the list above
 _OPTIONAL += ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts",
               "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_freq", "router", "expert_bias",
               "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
               "published_active_params_B")
 # Attention window and gated-unit clamp
-_OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp", "qk_norm")
+_OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp", "qk_norm", "mtp_layers")
 ROUTERS = ("softmax", "sigmoid")
 _MOE_INTS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size",
              "first_dense_layers", "moe_layer_freq")
@@ -267,6 +275,10 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
                               causal, where)
     if moe.get("kv_lora_rank"):  # MLA: every head has its own key and value; head_dim is the query/key width
         kv, head_dim = heads, moe["qk_nope_head_dim"] + moe["qk_rope_head_dim"]
+    mtp = _count(data, "mtp_layers", where) if "mtp_layers" in data else 0
+    if mtp and not causal:
+        raise SpecError(f"{where}: mtp_layers {mtp} predicts later tokens of a causal language model; drop it or "
+                        "set causal true")
     return ModelSpec(
         name=check_name(data["name"], "name", where),
         num_layers=check_max(positive_int(data, "num_layers", where), MAX_LAYERS, "num_layers", where),
@@ -283,6 +295,7 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
         dropout=boolean(data, "dropout", where) if "dropout" in data else False,
         causal=causal,
         qk_norm=boolean(data, "qk_norm", where) if "qk_norm" in data else False,
+        mtp_layers=check_max(mtp, MAX_MTP_LAYERS, "mtp_layers", where),
         position_embedding=position,  # type: ignore[arg-type]
         max_position_embeddings=max_pos,
         source=data.get("source", ""),

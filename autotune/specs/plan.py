@@ -319,6 +319,10 @@ def _check_partition(plan: Plan, model: ModelSpec) -> None:
         if model.tied_embeddings:
             raise InvalidPlanError("vocab 'parallel' needs untied input and output embeddings (the fork requires "
                                    "--untie-embeddings-and-output-weights); use vocab 'ends' or 'balanced'")
+        if model.mtp_layers:
+            raise InvalidPlanError(f"vocab 'parallel' splits the output layer over the pipeline ranks, but the "
+                                   f"model's {model.mtp_layers} multi-token prediction module(s) run whole on the "
+                                   "last one; use vocab 'ends' or 'balanced'")
 
 
 def _check_schedule(plan: Plan) -> None:

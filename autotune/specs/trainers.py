@@ -73,6 +73,9 @@ class TrainerCaps:
     ep > 1 the experts are split by ep alone (etp 1); with ep 1 they follow the attention's tp (etp = tp)."""
     moe_dispatchers: tuple[str, ...] = ("alltoall",)
     """MoE token dispatchers it runs (JobSpec.moe_dispatcher): Megatron adds DeepEP (its flex dispatcher)."""
+    mtp: bool = False
+    """Trains the model's multi-token prediction modules (ModelSpec.mtp_layers): Megatron's --mtp-num-layers.
+    Where False the modules are left out of the run, and of its estimate."""
     ep_over_replicas: bool = True
     """Expert-parallel ranks may come from replicated (ZeRO-0) data parallelism. False (torchtitan: the EP region
     is dp_shard x cp x tp, and ZeRO-0 puts dp in dp_replicate, outside it)."""
@@ -95,7 +98,7 @@ _MEGATRON = TrainerCaps(
     # --use-distributed-optimizer (1); Megatron FSDP --data-parallel-sharding-strategy optim_grads(_params) (2, 3),
     # which is not used with pipelining
     zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1), cp=True, tp_overlap=True, max_vpp=8, moe=True,
-    moe_dispatchers=("alltoall", "deepep"),
+    moe_dispatchers=("alltoall", "deepep"), mtp=True,
     source="Megatron-LM core_r0.16: no zero-bubble or V schedule, no vocabulary parallelism (TRAINERS.md 1.1); "
            "any split through --pipeline-model-parallel-layout")
 TRAINER_CAPS: dict[str, TrainerCaps] = {
@@ -161,6 +164,11 @@ def caps_for(trainer: str, fork: str | None = None) -> TrainerCaps:
     if FORK_OF[fork] != trainer:
         raise SpecError(f"--fork {fork} is a fork of {FORK_OF[fork]}, not {trainer}; use --trainer {FORK_OF[fork]}")
     return FORK_CAPS[fork]
+
+
+def runs_mtp(model: ModelSpec, job: JobSpec) -> int:
+    """The model's multi-token prediction modules job.trainer trains (0 where it has none: TrainerCaps.mtp)."""
+    return model.mtp_layers if TRAINER_CAPS[job.trainer].mtp else 0
 
 
 def deepspeed_split(num_layers: int, pp: int) -> tuple[int, ...]:

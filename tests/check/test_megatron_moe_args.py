@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.catalog import load_model
+from autotune.catalog import load_hardware, load_model
 from autotune.check.megatron_args import read_megatron
 from autotune.check.megatron_moe_args import MLA_DEFAULTS, layer_pattern, pattern_fields
 from autotune.check.understood import read_config, understand
+from autotune.costmodel.estimate import CostModel
 from autotune.emit import emit
 from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
@@ -125,6 +126,21 @@ def test_moe_launch_scripts_read_back_as_their_model(tmp_path: Path, name: str) 
     assert u.model == load_model(name) and u.plan == plan
     assert not [n for n in u.notes if "unknown flag" in n], u.notes  # every flag the emitter writes is known
     assert u.job.moe_imbalance == JobSpec(global_batch=1, seq_len=1).moe_imbalance  # learned routing: the default
+
+
+def test_a_script_without_mtp_checks_the_model_without_it(tmp_path: Path) -> None:
+    """--mtp-num-layers is what the script trains, not the model's shape: DeepSeek-V3's flags without it are
+    still the catalog deepseek-v3 (even named with --model), checked without the module, so faster."""
+    plan = MOE_CASES["deepseek-v3"]
+    path = _without_header(tmp_path, "deepseek-v3", plan, lambda t: t.replace(" --mtp-num-layers 1", ""))
+    for model_arg in (None, "deepseek-v3"):
+        u = _understood(path, plan.num_gpus, model_arg)
+        assert u.model == replace(load_model("deepseek-v3"), mtp_layers=0) and u.plan == plan
+    with_mtp = _understood(_without_header(tmp_path, "deepseek-v3", plan), plan.num_gpus)
+    assert with_mtp.model.mtp_layers == 1
+    step = {n: CostModel(u.model, load_hardware("h100-sxm"), u.job).estimate(u.plan).step_time_s
+            for n, u in (("without", u), ("with", with_mtp))}
+    assert step["without"] < step["with"]
 
 
 def test_a_latent_attention_model_outside_the_catalog_keeps_its_shape(tmp_path: Path) -> None:

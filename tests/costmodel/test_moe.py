@@ -34,6 +34,7 @@ PUBLISHED = (
     ("mixtral-8x7b", 46.7, 12.9, True),
     ("mixtral-8x22b", 141, 39, True),
     ("gpt-oss-120b", 116.83, 5.13, False),
+    ("llama4-maverick", 400, 17, True),
 )
 
 
@@ -96,7 +97,7 @@ HF = {
                     "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1, "q_lora_rank": 1536,
                     "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
                     "vocab_size": 129280, "hidden_act": "silu", "scoring_func": "sigmoid",
-                    "tie_word_embeddings": False},
+                    "num_nextn_predict_layers": 1, "tie_word_embeddings": False},
     "gpt_oss": {"model_type": "gpt_oss", "num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
                 "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 128,
                 "num_experts_per_tok": 4, "vocab_size": 201088, "hidden_act": "silu", "attention_bias": True,
@@ -111,7 +112,7 @@ def test_hf_configs_parse_to_the_catalog_shape(family, catalog) -> None:
     assert total_params(parsed) == total_params(ours)
     assert active_params(parsed) == active_params(ours)
     for field in ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers",
-                  "kv_lora_rank", "head_dim", "router", "expert_bias"):
+                  "kv_lora_rank", "head_dim", "router", "expert_bias", "mtp_layers"):
         assert getattr(parsed, field) == getattr(ours, field), field
 
 
@@ -125,6 +126,22 @@ def test_llama4_text_config_parses_its_interleaved_moe_layers() -> None:
     m = model_from_hf_config(cfg, "config.json")
     assert (m.num_moe_layers, m.num_dense_layers, m.ffn_hidden_size, m.num_shared_experts) == (24, 24, 16384, 1)
     assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert (total_params(m), active_params(m)) == (total_params(load_model("llama4-maverick")),
+                                                   active_params(load_model("llama4-maverick")))
+    scout = {"text_config": {**cfg["text_config"], "num_local_experts": 16, "interleave_moe_layer_step": 1}}
+    assert total_params(model_from_hf_config(scout, "config.json")) == total_params(load_model("llama4-scout"))
+
+
+def test_llama4_scout_text_model_by_hand() -> None:
+    """Meta's 109B for Scout counts its vision encoder, which autotune does not train: the text model, summed by
+    hand from config.json, is what the catalog holds (48 MoE layers of 16 + 1 experts of width 8192 and a
+    16-way router, GQA attention 40/8 x 128, two RMSNorms; untied embedding and head; final norm)."""
+    h, v = 5120, 202048
+    attention = h * 40 * 128 + 2 * h * 8 * 128 + 40 * 128 * h
+    layer = attention + 17 * 3 * h * 8192 + 16 * h + 2 * h
+    assert total_params(load_model("llama4-scout")) == 48 * layer + 2 * v * h + h
+    assert 0.98 < total_params(load_model("llama4-scout")) / 109e9 < 1.0
+    assert _matches(active_params(load_model("llama4-scout")) / 1e9, 17)
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -375,6 +392,8 @@ def test_mfu_flops_count_active_parameters() -> None:
 
 
 def test_dense_first_layers_blend_time_and_take_the_moe_layer_memory() -> None:
+    """The mean layer: times and parameters (what syncs and steps) weighted by the layer counts; a stage's
+    memory charged at the MoE layer (with dense-first layers a stage may hold only MoE layers)."""
     m = load_model("deepseek-v3")
     job = JobSpec(global_batch=64, seq_len=4096)
     kw = dict(tp=8, cp=1, mbs=1, sp=True)
@@ -382,7 +401,9 @@ def test_dense_first_layers_blend_time_and_take_the_moe_layer_memory() -> None:
     moe = layer_cost(replace(m, first_dense_layers=0), H100, job, **kw, ep=8, etp=1)
     dense = dense_layer_cost(m, H100, job, **kw)
     w = 3 / 61
-    assert mean.params == moe.params and mean.act == moe.act
+    assert (mean.stage_params, mean.stage_expert_params, mean.surplus_params) == (moe.params, moe.expert_params, 0)
+    assert mean.act == moe.act
+    assert mean.params == round((1 - w) * moe.params + w * dense.params)
     for part in ("fwd", "bwd"):
         assert math.isclose(getattr(mean, part).seconds,
                             (1 - w) * getattr(moe, part).seconds + w * getattr(dense, part).seconds)

@@ -116,6 +116,8 @@ _FLAGS += (
     ("--qk-head-dim", "int", {"default": 128}), ("--qk-pos-emb-head-dim", "int", {"default": 64}),
     ("--v-head-dim", "int", {"default": 128}), ("--moe-expert-capacity-factor", "float", {}),
     ("--moe-pad-expert-input-to-capacity", "true", {}), ("--qk-layernorm", "true", {}),
+    # multi-token prediction (arguments.py _add_mtp_args; TransformerConfig.mtp_num_layers)
+    ("--mtp-num-layers", "int", {}), ("--mtp-loss-scaling-factor", "float", {"default": 0.1}),
 )
 KNOWN_FLAGS = frozenset(f for f, _, _ in _FLAGS)
 #: Flags only the sail-sg/VocabularyParallelism fork adds (TRAINERS.md section 4; timer and overlap knobs left out).
@@ -367,7 +369,8 @@ def _transformer_config(a: argparse.Namespace):
         apply_rope_fusion=False,
         overlap_p2p_comm=a.overlap_p2p_comm, batch_p2p_comm=not a.overlap_p2p_comm,
         microbatch_group_size_per_vp_stage=a.microbatch_group_size_per_virtual_pipeline_stage,
-        qk_layernorm=a.qk_layernorm,
+        qk_layernorm=a.qk_layernorm, mtp_num_layers=a.mtp_num_layers,
+        mtp_loss_scaling_factor=a.mtp_loss_scaling_factor,
     )
     config_class = TransformerConfig
     if a.num_experts is not None:  # arguments.py moe_freq_type: an int or a Python list expression

@@ -55,8 +55,10 @@ ALL_GOLDEN = {**GOLDEN, **EXTRA_GOLDEN}
 
 
 def expected_chunks(plan: Plan) -> tuple[tuple[int, ...], ...]:
-    """Each rank's layers split evenly into its vpp chunks (the plan's definition)."""
-    return tuple((n // plan.vpp,) * plan.vpp for n in plan.layers_per_stage)
+    """Each rank's layers split evenly into its vpp chunks, the first n % vpp one layer larger (the plan's
+    definition)."""
+    return tuple((n // plan.vpp + 1,) * (n % plan.vpp) + (n // plan.vpp,) * (plan.vpp - n % plan.vpp)
+                 for n in plan.layers_per_stage)
 
 
 def assert_matches_plan(inp: EmitInput, v: Validated, world_size: int) -> None:

@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from megatron.core.transformer.enums import LayerType
+
 from autotune.catalog import load_hardware
 from autotune.emit.megatron import emit_megatron
 from autotune.emit.megatron_moe import moe_layer_pattern
@@ -29,6 +31,11 @@ CASES = {
     "deepseek_v3_pipelined": ("deepseek-v3", Plan(tp=8, pp=8, dp=16, ep=64, etp=1, mbs=1, num_microbatches=256,
                                                   zero=1, sequence_parallel=True, recompute="full", vocab="balanced",
                                                   layers_per_stage=(7, 8, 8, 8, 8, 8, 8, 6))),
+    # Megatron-Bridge's (pp 4, vp 2) DeepSeek-V3 shape: uneven chunks need the explicit layout, which must then
+    # place the MTP module ("m") before the loss on the last stage
+    "deepseek_v3_layout": ("deepseek-v3", Plan(tp=2, pp=4, dp=128, ep=64, etp=1, mbs=1, num_microbatches=32,
+                                               zero=1, sequence_parallel=True, recompute="full", vocab="balanced",
+                                               schedule="interleaved", vpp=2, layers_per_stage=(16, 16, 16, 13))),
     "qwen3_235b_etp": ("qwen3-235b-a22b", Plan(tp=4, pp=2, dp=128, ep=16, etp=4, mbs=1, num_microbatches=32,
                                                zero=1, sequence_parallel=True, recompute="selective",
                                                layers_per_stage=(47, 47))),
@@ -60,6 +67,9 @@ def test_moe_plans_pass_megatron_validation(case: str, dispatcher: str) -> None:
         assert (c.qk_head_dim, c.qk_pos_emb_head_dim, c.v_head_dim) == (m.qk_nope_head_dim, m.qk_rope_head_dim,
                                                                         m.v_head_dim)
         assert c.moe_shared_expert_intermediate_size == 2048 and c.moe_router_enable_expert_bias
+    assert c.mtp_num_layers == (m.mtp_layers or None)  # DeepSeek-V3 trains its MTP module, as Megatron-Bridge's
+    if c.pipeline_model_parallel_layout is not None and m.mtp_layers:
+        assert c.pipeline_model_parallel_layout.layout[-1][-1][-2:] == [LayerType.mtp, LayerType.loss]
 
 
 def test_the_planner_deepseek_plan_validates() -> None:

@@ -134,6 +134,9 @@ def test_expert_keys_and_warnings(case: str) -> None:
     assert "--compile.components model,loss" in overrides
     text = "\n".join(result.warnings)
     assert (warns in text) if warns else not any("etp" in w or "ep " in w for w in result.warnings), text
+    # torchtitan trains no MTP module: DeepSeek-V3's is left out, and the warning says so
+    assert ("multi-token prediction module(s) are not trained by torchtitan" in text) == bool(
+        load_model(model).mtp_layers)
     toml = _files(inp, "toml")["torchtitan.toml"]
     etp = plan.etp if plan.ep > 1 else 1
     assert f"expert_parallel_degree = {plan.ep}\nexpert_tensor_parallel_degree = {etp}\n" in toml

@@ -37,6 +37,8 @@ def _instance(model: ModelSpec, gpus: int, fraction: float, gpu: str = "h100-sxm
     (tiny_moe(dense_first=0, shared=1), 4, 0.5),
     (tiny_moe(layers=6, experts=4, top_k=1, dense_first=2), 8, 0.45),
     (tiny_moe(), 16, 0.25),                      # two nodes: an EP group of 16 spans them
+    # Llama 4 Maverick's pattern (every second layer MoE): stages are charged the surplus of their windows
+    (replace(tiny_moe(layers=6, dense_first=0), moe_layer_freq=2), 8, 0.35),
 ])
 def test_moe_planner_matches_brute_force(model: ModelSpec, gpus: int, fraction: float) -> None:
     inst = _instance(model, gpus, fraction)

@@ -1,0 +1,62 @@
+"""MoE models with dense layers (DeepSeek-V3's dense-first layers, Llama 4 Maverick's alternating pattern): the
+partition's mean layer syncs and steps the model's exact parameters, and a stage's memory is charged for the most
+MoE layers its consecutive layers can hold, checked against every window of the real layer pattern."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autotune.catalog import load_hardware, load_model
+from autotune.costmodel.estimate import CostModel
+from autotune.costmodel.memory import dense_layer_params, moe_layer_params
+from autotune.specs.job import JobSpec
+from autotune.specs.plan import Plan
+
+H100 = load_hardware("h100-sxm")
+JOB = JobSpec(global_batch=256, seq_len=4096)
+MAVERICK = load_model("llama4-maverick")
+
+
+def _layer(model, ep=8):
+    return CostModel(model, H100, JOB).layer(1, 1, 1, False, "1d", False, ep, 1)
+
+
+@pytest.mark.parametrize("name", ["llama4-maverick", "deepseek-v3"])
+def test_the_mean_layer_holds_the_models_parameters(name: str) -> None:
+    """Gradient sync and the optimizer step run over L x the mean layer: the model's layers, summed exactly."""
+    model = load_model(name)
+    layer = _layer(model)
+    exact = model.num_moe_layers * moe_layer_params(model, 1, 8, 1) + model.num_dense_layers * dense_layer_params(model)
+    assert model.num_layers * layer.params == pytest.approx(exact, abs=model.num_layers)
+
+
+@pytest.mark.parametrize(("freq", "first"), [(2, 0), (3, 0), (2, 3), (4, 1), (1, 3)])
+def test_every_window_of_the_pattern_fits_its_charge(freq: int, first: int) -> None:
+    """Brute force: for every stage length n and every first layer, the MoE layers in the window, charged at
+    the MoE layer and the rest at the dense one, never exceed n x memory_params + surplus_params."""
+    model = replace(MAVERICK, moe_layer_freq=freq, first_dense_layers=first)
+    layer, moe, dense = _layer(model), moe_layer_params(model, 1, 8, 1), dense_layer_params(model)
+    kinds = [model.is_moe_layer(i) for i in range(model.num_layers)]
+    tight = False
+    for n in range(1, model.num_layers + 1):
+        for start in range(model.num_layers - n + 1):
+            k = sum(kinds[start:start + n])
+            held = k * moe + (n - k) * dense
+            charged = n * layer.stage_params + layer.surplus_params
+            assert held <= charged, (n, start)
+            tight |= charged - held < (moe - dense)  # within one MoE layer of the worst window
+    assert tight
+
+
+def test_maverick_stage_memory_is_not_twice_its_experts() -> None:
+    """A pipeline stage of 12 Maverick layers holds 6 MoE layers; the charge is at most half an MoE layer more
+    (the surplus), where counting every layer as MoE would double the experts."""
+    plan = Plan(tp=1, pp=4, dp=8, ep=8, mbs=1, num_microbatches=32, zero=1, layers_per_stage=(12, 12, 12, 12))
+    est = CostModel(MAVERICK, H100, JOB).estimate(plan)
+    moe, dense = moe_layer_params(MAVERICK, 1, 8, 1), dense_layer_params(MAVERICK)
+    middle = est.stages[1]
+    held = 6 * moe + 6 * dense
+    assert middle.memory.weights == pytest.approx(2 * (held + (moe - dense) / 2), abs=8)
+    assert middle.memory.weights < 0.65 * 2 * 12 * moe  # every layer charged as MoE: the old overcount
