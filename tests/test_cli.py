@@ -72,6 +72,11 @@ def test_models_json(cli):
     ds = models["deepseek-v3"]  # DeepSeek-V3's report: 671B total, 37B activated per token
     assert (ds["num_experts"], ds["moe_top_k"], ds["first_dense_layers"]) == (256, 8, 3)
     assert ds["active_params_B"] == pytest.approx(37, rel=0.02) and ds["published_active_params_B"] == 37
+    # its multi-token prediction module: one MoE layer, eh_proj and three norms (costmodel/mtp.py)
+    assert ds["mtp_layers"] == 1 and ds["mtp_params_B"] == pytest.approx(11.61, abs=0.01)
+    assert "mtp_layers" not in models["qwen3-30b-a3b"]
+    maverick = models["llama4-maverick"]  # every second layer MoE
+    assert (maverick["moe_layer_freq"], maverick["published_params_B"]) == (2, 400)
 
 
 def test_hardware_lists_the_catalog(cli):

@@ -16,12 +16,14 @@ import re
 from typing import Any
 
 from autotune.check.bash import tokenize
+from autotune.check.megatron_layout import check_layout, parse_layout
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, mla_model_fields, moe_model_fields, routing_imbalance)
 from autotune.check.reading import Reading, check_sizes
 from autotune.check.script import launch_words
 from autotune.errors import SpecError
-from autotune.specs.limits import MAX_LAYERS
+from autotune.specs.limits import check_max
+from autotune.specs.model import MAX_MTP_LAYERS
 
 PROGRAM = "pretrain_gpt.py"
 #: Flags that take one value and do not change the plan, the model shape or the cost (recognised, ignored).
@@ -248,7 +250,7 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         if shared:
             fields.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
     fields.update(mla_model_fields(args, _int))
-    fields["mtp_layers"] = _int(args, "--mtp-num-layers", 0) or 0  # none without the flag, whatever the model
+    fields["mtp_layers"] = check_max(_int(args, "--mtp-num-layers", 0) or 0, MAX_MTP_LAYERS, "--mtp-num-layers")
     if args.get("--tokenizer-type") == "NullTokenizer" and "--vocab-size" in args:
         fields["vocab_size"] = (_int(args, "--vocab-size") or 0) + 1  # NullTokenizer adds the EOD token
     if args.get("--squared-relu"):
@@ -278,6 +280,7 @@ def _partition(args: dict[str, Any], pp: int | None, num_layers: int | None,
         if len(stages) % pp:
             raise SpecError(f"--pipeline-model-parallel-layout has {len(stages)} stages, not a multiple of "
                             f"--pipeline-model-parallel-size {pp}; give pp x vpp stages")
+        check_layout(layout, pp, _int(args, "--mtp-num-layers", 0) or 0, notes)
         vpp = len(stages) // pp
         layers = tuple(sum(stages[j] for j in range(rank, len(stages), pp)) for rank in range(pp))
         chunks = [[stages[j] for j in range(rank, len(stages), pp)] for rank in range(pp)]
@@ -310,25 +313,6 @@ def _partition(args: dict[str, Any], pp: int | None, num_layers: int | None,
     if emb or loss:
         return None, vpp, "account", (emb, loss)
     return None, vpp, "even", ()
-
-
-def parse_layout(layout: str) -> list[int]:
-    """Transformer layers per virtual stage of a --pipeline-model-parallel-layout string (TRAINERS.md 1.1):
-    stages split by |, E/L/t/m symbols, `x*n` and `(...)*n` unrolled, commas cosmetic."""
-    text = layout.replace(",", "").replace(" ", "")
-    for _ in range(32):  # unroll innermost groups first
-        if len(text) > 64 * MAX_LAYERS:
-            raise SpecError(f"--pipeline-model-parallel-layout {layout[:40]!r}...: unrolls to more than "
-                            f"{MAX_LAYERS} layers")
-        new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-        new = re.sub(r"([EtLm])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), new)
-        if new == text:
-            break
-        text = new
-    if not re.fullmatch(r"[EtLm|]*", text):
-        raise SpecError(f"--pipeline-model-parallel-layout {layout!r}: use stages of E, t, L (and m) separated "
-                        "by |, with x*n and (...)*n repeats")
-    return [stage.count("t") for stage in text.split("|")]
 
 
 def _recompute(granularity: str | None, args: dict[str, Any], notes: list[str]) -> tuple[str, int | None]:

@@ -28,6 +28,7 @@ from autotune.render.estimate import estimate_json
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.plan import check_plan
+from autotune.specs.trainers import runs_mtp
 from autotune.units import gib
 
 FORMATS = ("text", "github")
@@ -162,7 +163,8 @@ def _check_json(config: Path, u: Understood, est: Estimate, best: Estimate | Non
 def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, hw: HardwareSpec) -> str:
     job, usable = u.job, gib(est.usable_memory_bytes)
     lines = [f"config: {config} ({u.trainer}" + (f", {u.torchtitan_format}" if u.torchtitan_format else "") + ")",
-             f"understood: {u.model.name} on {hw.name} x {u.plan.num_gpus} ({hw.gpus_per_node} per node), global "
+             f"understood: {u.model.name}" + (f" with {mtp} MTP module(s)" if (mtp := runs_mtp(u.model, job)) else "")
+             + f" on {hw.name} x {u.plan.num_gpus} ({hw.gpus_per_node} per node), global "
              f"batch {job.global_batch} x {job.seq_len} tokens, {job.dtype}, {u.trainer} kernels",
              f"plan: {plan_line(u.plan)}"]
     lines += [f"note: {note}" for note in u.notes]

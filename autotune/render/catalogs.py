@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.costmodel.memory import active_params, total_params
+from autotune.costmodel.mtp import mtp_total_params
 from autotune.render.common import rounded
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.model import ModelSpec
@@ -26,6 +27,7 @@ def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[s
             "num_shared_experts": m.num_shared_experts, "first_dense_layers": m.first_dense_layers,
             "moe_layer_freq": m.moe_layer_freq, "active_params_B": rounded(active_params(m) / 1e9),
             "published_active_params_B": raw.get("published_active_params_B")} if m.is_moe else {}),
+        **({"mtp_layers": m.mtp_layers, "mtp_params_B": rounded(mtp_total_params(m) / 1e9)} if m.mtp_layers else {}),
         "description": raw.get("description", ""), "source": m.source,
     } for m, raw in models]}
 
@@ -38,7 +40,8 @@ def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> Table
     for m, _ in models:
         table.add_row(m.name, str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.num_kv_heads}",
                       str(m.ffn_hidden_size), str(m.vocab_size), m.activation,
-                      f"{m.num_experts} top-{m.moe_top_k}" if m.is_moe else "-",
+                      (f"{m.num_experts} top-{m.moe_top_k}" if m.is_moe else "-")
+                      + (f", MTP {m.mtp_layers}" if m.mtp_layers else ""),
                       f"{total_params(m) / 1e9:.2f}" + (f" ({active_params(m) / 1e9:.1f} act)" if m.is_moe else ""),
                       # the first clause names the source (--json has all of it), cut to one line
                       Text(m.source.split(";")[0], no_wrap=True, overflow="ellipsis"))

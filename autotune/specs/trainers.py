@@ -210,6 +210,9 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
         out += _moe_rules(caps, plan, model)
         if job.moe_dispatcher not in caps.moe_dispatchers and plan.ep * plan.etp > 1:
             out.append(f"the {job.moe_dispatcher} token dispatcher: {n} runs {', '.join(caps.moe_dispatchers)}")
+    if model.mtp_layers and not caps.mtp:
+        out.append(f"{model.mtp_layers} multi-token prediction module(s): {n} trains none (its figures leave them "
+                   "out)")
     out += _layer_rules(caps, plan, model, job)
     return out
 

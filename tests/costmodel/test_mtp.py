@@ -118,3 +118,21 @@ def test_bad_mtp_fields_name_the_field(changes, message) -> None:
             "vocab_size": 1000, "activation": "swiglu", "norm": "rmsnorm", "tied_embeddings": False, **changes}
     with pytest.raises(SpecError, match=message):
         model_from_dict(data, "model.json")
+
+
+def test_module_flops_by_hand() -> None:
+    """Besides its layer, a module's forward is eh_proj (2 x T x 2h x h/tp), enorm and hnorm on the T/tp
+    sequence-parallel tokens (5 FLOPs per element each, RMSNorm), the final norm, the LM head (2 x T x h x V/tp)
+    and the cross-entropy (5 per logit); its backward doubles every GEMM."""
+    from autotune.costmodel.layer import layer_shape
+    from autotune.costmodel.mtp import mtp_passes
+
+    shape = layer_shape(DEEPSEEK, JOB, tp=2, cp=1, mbs=1, sp=True)
+    t, h, v = 4096, 7168, 129280
+    passes = mtp_passes(DEEPSEEK, H100, "bf16", shape)
+    gemms = 2 * t * 2 * h * h / 2 + 2 * t * h * v / 2
+    norms = 3 * 5 * (t / 2) * h
+    assert passes.fwd.flops == pytest.approx(gemms + norms + 5 * t * v / 2)
+    assert passes.bwd.flops > 2 * gemms
+    assert passes.comm_s > 0 and mtp_passes(DEEPSEEK, H100, "bf16", layer_shape(
+        DEEPSEEK, JOB, tp=1, cp=1, mbs=1, sp=False)).comm_s == 0
