@@ -21,7 +21,9 @@ def qwen_row() -> dict[str, str]:
 @pytest.mark.parametrize(("name", "catalog"), [
     ("DeepSeek-V3", "deepseek-v3"), ("DeepSeekV3", "deepseek-v3"), ("Qwen3_235B_a22b", "qwen3-235b-a22b"),
     ("GPT OSS 120B", "gpt-oss-120b"), ("Mixtral 8x22B", "mixtral-8x22b"), ("Mixtral-8x7B-v0.1", "mixtral-8x7b"),
-    ("Qwen3-30B-A3B (tokendrop)", "qwen3-30b-a3b"), ("Grok-1", None), ("Llama3-70B", None)])
+    ("Qwen3-30B-A3B (tokendrop)", "qwen3-30b-a3b"), ("Kimi-K2", "kimi-k2"), ("Llama4 Maverick 17B-128E",
+                                                                                "llama4-maverick"),
+    ("Grok-1", None), ("Llama3-70B", None)])
 def test_catalog_match_reads_letters_and_digits(name, catalog) -> None:
     assert catalog_match(name) == catalog
 
@@ -83,6 +85,7 @@ def test_recipes_follow_the_matched_name(qwen_row) -> None:
     assert moe_recipe({**qwen_row, "model": "Qwen3_235B_a22b"}, load_model("qwen3-235b-a22b")) == ("none", "deepep")
     assert moe_recipe({**qwen_row, "model": "DeepSeekV3"}, load_model("deepseek-v3")) == ("selective", "deepep")
     assert moe_recipe({**qwen_row, "model": "Grok-1"}, load_model("qwen3-30b-a3b")) is None
+    assert moe_recipe({**qwen_row, "model": "Kimi-K2"}, load_model("kimi-k2")) == ("selective", "alltoall")
 
 
 @pytest.fixture(scope="module")

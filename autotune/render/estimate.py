@@ -18,6 +18,7 @@ from autotune.render.timeline import schedule_chart, stage_bars, stage_label
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.trainers import runs_mtp
 from autotune.units import gib
 
 _BREAKDOWN_LABELS = {
@@ -73,7 +74,8 @@ def estimate_report(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobS
     parts: list[RenderableType] = [
         Text(f"{model.name} on {hw.name} x {est.plan.num_gpus} ({hw.gpus_per_node} per node), global batch "
              f"{job.global_batch} x {job.seq_len} tokens, {job.dtype}", style="bold"),
-        Text("plan: " + plan_line(est.plan)),
+        Text("plan: " + plan_line(est.plan)
+             + (f"  (H = LM head with the {model.name} MTP module(s))" if runs_mtp(model, job) else "")),
         *explanation(est, timeline),
     ]
     if ops:

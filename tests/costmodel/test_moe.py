@@ -132,6 +132,16 @@ def test_llama4_text_config_parses_its_interleaved_moe_layers() -> None:
     assert total_params(model_from_hf_config(scout, "config.json")) == total_params(load_model("llama4-scout"))
 
 
+def test_kimi_k2_counts() -> None:
+    """Kimi K2 (DeepSeek-V3's blocks with 64 heads, 384 experts, one dense layer): 32B activated as published;
+    the report's 1.04T total is this model's 1.026T plus one more MoE layer (what a DeepSeek-style MTP module
+    adds), which its Megatron-Bridge provider does not train: the catalog says so, and counts what trains."""
+    m = load_model("kimi-k2")
+    assert _matches(active_params(m) / 1e9, 32) and _matches(active_params(m, input_embedding=False) / 1e9, 32)
+    assert (m.num_moe_layers, m.num_dense_layers, m.mtp_layers) == (60, 1, 0)
+    assert abs((total_params(m) + moe_layer_params(m)) / 1.04e12 - 1) < 0.005
+
+
 def test_llama4_scout_text_model_by_hand() -> None:
     """Meta's 109B for Scout counts its vision encoder, which autotune does not train: the text model, summed by
     hand from config.json, is what the catalog holds (48 MoE layers of 16 + 1 experts of width 8192 and a

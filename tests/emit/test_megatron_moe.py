@@ -36,6 +36,10 @@ CASES = {
     "deepseek_v3_layout": ("deepseek-v3", Plan(tp=2, pp=4, dp=128, ep=64, etp=1, mbs=1, num_microbatches=32,
                                                zero=1, sequence_parallel=True, recompute="full", vocab="balanced",
                                                schedule="interleaved", vpp=2, layers_per_stage=(16, 16, 16, 13))),
+    # Kimi K2 as its Megatron-Bridge recipe runs it (tp 2, pp 16, ep 32, E+4 | 4 x 14 | 1 + loss)
+    "kimi_k2_recipe": ("kimi-k2", Plan(tp=2, pp=16, dp=32, ep=32, etp=1, mbs=1, num_microbatches=128, zero=1,
+                                       sequence_parallel=True, recompute="selective", vocab="balanced",
+                                       layers_per_stage=(4,) * 15 + (1,))),
     "qwen3_235b_etp": ("qwen3-235b-a22b", Plan(tp=4, pp=2, dp=128, ep=16, etp=4, mbs=1, num_microbatches=32,
                                                zero=1, sequence_parallel=True, recompute="selective",
                                                layers_per_stage=(47, 47))),

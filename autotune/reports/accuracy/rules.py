@@ -62,9 +62,10 @@ RULES: tuple[tuple[str, str], ...] = (
                    "deepep on Hopper); Qwen3-235B-A22B (same file) no recompute and DeepEP; DeepSeek-V3 "
                    "(recipes/deepseek/deepseek_v3.py, the 1024-GPU recipe) selective recompute and the flex "
                    "dispatcher with its HybridEP backend, priced as DeepEP; GPT-OSS-120B (recipes/gpt_oss/"
-                   "gpt_oss.py) no recompute and alltoall; DeepSeek-V3's pipeline layout for (pp, vp) where "
-                   "the recipe maps one (set_deepseek_v3_pipeline_model_parallel_layout: E+4 | 4 x 14 | 1 + MTP + "
-                   "loss at pp 16), else the even split. NeMo "
+                   "gpt_oss.py) no recompute and alltoall; Kimi-K2 (recipes/kimi/kimi_k2.py) selective and "
+                   "alltoall; DeepSeek-V3's and Kimi-K2's pipeline layout for (pp, vp) where the recipe maps one "
+                   "(set_deepseek_v3_pipeline_model_parallel_layout: E+4 | 4 x 14 | 1 + MTP + loss at pp 16), "
+                   "else the even split. NeMo "
                    "2.5's qwen3_30b_a3b recipe sets the same recompute. The performance scripts (not on PyPI) "
                    "override the recipes' parallelism; that they keep these two settings is assumed, not read"),
     ("zero", "torchtitan with fsdp yes -> 3 (FSDP2 shards weights, gradients and optimizer state), without -> 0; "
@@ -93,7 +94,8 @@ RULE_KEYS = tuple(k for k, _ in RULES)
 #: (recompute, token dispatcher) of the MoE models' Megatron-Bridge pretrain recipes (RULES 'moe_recipe'), by
 #: catalog name
 MOE_RECIPES = {"qwen3-30b-a3b": ("full", "deepep"), "qwen3-235b-a22b": ("none", "deepep"),
-               "deepseek-v3": ("selective", "deepep"), "gpt-oss-120b": ("none", "alltoall")}
+               "deepseek-v3": ("selective", "deepep"), "gpt-oss-120b": ("none", "alltoall"),
+               "kimi-k2": ("selective", "alltoall")}
 MOE_RECIPE_SOURCES = ("megatron_bridge_perf_summary",)
 #: Decoder layers per virtual stage (in virtual order) of the recipes' explicit pipeline layouts, by catalog
 #: name and (pp, vp): megatron-bridge 0.3.1 recipes/deepseek/deepseek_v3.py
@@ -102,6 +104,8 @@ MOE_RECIPE_SOURCES = ("megatron_bridge_perf_summary",)
 RECIPE_LAYOUTS: dict[str, dict[tuple[int, int], tuple[int, ...]]] = {"deepseek-v3": {
     (4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,), (16, 1): (4,) * 15 + (1,),
     (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}}
+#: recipes/kimi/kimi_k2.py _get_kimi_k2_pipeline_layout: the same stages, the loss without an MTP module
+RECIPE_LAYOUTS["kimi-k2"] = {**RECIPE_LAYOUTS["deepseek-v3"], (2, 8): (4,) * 15 + (1,)}
 #: torchtitan's default number of stages per rank for looped (interleaved) schedules (generate_split_points)
 TORCHTITAN_STAGES_PER_RANK = 2
 #: source_ids whose rows reduce gradients in bf16 (RULES 'grad_reduce')
