@@ -61,11 +61,13 @@ class LayerCost:
     with dense layers has the mean layer's parameters as `params` (what its gradients sync and its optimizer
     steps over), but a stage may hold more MoE layers than the mean: with dense-first layers every layer of
     a stage may be MoE, so the MoE layer is charged; a periodic pattern (moe_layer_freq f) puts at most
-    ceil(n/f) MoE layers in n consecutive ones, charged as n * (MoE/f + dense*(f-1)/f) plus surplus_params."""
+    ceil(n/f) MoE layers in n consecutive ones, charged as n * (MoE/f + dense*(f-1)/f) plus surplus_params for
+    each model chunk of the rank (its chunks are not consecutive with each other)."""
     memory_expert_params: int = -1
     """The routed experts inside memory_params (-1: expert_params)."""
     surplus_params: int = 0
-    """Parameters every stage's memory is charged once on top of n * memory_params (see memory_params)."""
+    """Parameters a rank's memory is charged once per model chunk on top of n * memory_params (see
+    memory_params)."""
     surplus_expert_params: int = 0
     """The routed experts inside surplus_params."""
     sac_gather_s: float = 0.0

@@ -263,7 +263,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
     per_state = layer_state_bytes(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
-    surplus = surplus_state_bytes(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
+    surplus = surplus_state_bytes(layer, v, plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
     layer_compute = layer.fwd.seconds + layer.bwd.seconds
     layer_tp = layer.tp_fwd_s + layer.tp_bwd_s
     layer_cp = layer.cp_fwd_s + layer.cp_bwd_s
@@ -333,12 +333,13 @@ def layer_state_bytes(layer: LayerCost, zero: int, shards: int, expert_shards: i
     return split_state_bytes(layer.stage_params, layer.stage_expert_params, zero, shards, expert_shards, grad_bytes)
 
 
-def surplus_state_bytes(layer: LayerCost, zero: int, shards: int, expert_shards: int,
+def surplus_state_bytes(layer: LayerCost, chunks: int, zero: int, shards: int, expert_shards: int,
                         grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
-    """The (weights, gradients, optimizer) bytes every stage is charged once for its layers (LayerCost.
-    surplus_params: the MoE layer more than the mean that n consecutive layers of a periodic pattern may hold)."""
-    return split_state_bytes(layer.surplus_params, layer.surplus_expert_params, zero, shards, expert_shards,
-                             grad_bytes)
+    """The (weights, gradients, optimizer) bytes a rank is charged once per model chunk for its layers
+    (LayerCost.surplus_params: the MoE layer more than the mean that consecutive layers of a periodic pattern may
+    hold; a rank's chunks are not consecutive with each other, so each chunk is its own window)."""
+    return split_state_bytes(chunks * layer.surplus_params, chunks * layer.surplus_expert_params, zero, shards,
+                             expert_shards, grad_bytes)
 
 
 def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost, ticks: Ticks) -> int:

@@ -14,7 +14,7 @@ from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.memory import split_state_bytes
-from autotune.costmodel.pipeline import UNIT_TICKS
+from autotune.costmodel.pipeline import UNIT_TICKS, chunks_per_rank
 from autotune.costmodel.stages import (chunk_durations, in_flight_chunks, layer_passes, layer_state_bytes,
                                        p2p_seconds, schedule_ticks, stage_bwd_s, stage_fwd_s, stage_params,
                                        stage_vocab_activations, surplus_state_bytes, vocab_parallel_comm,
@@ -166,7 +166,8 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
             fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
             state = split_state_bytes(vparams, math.ceil(place.head * vocab.head_expert_params), c.zero, shards,
                                       plan.expert_dp, cm.job.grad_bytes)
-            state += surplus_state_bytes(layer, c.zero, shards, plan.expert_dp, cm.job.grad_bytes)
+            state += surplus_state_bytes(layer, chunks_per_rank(c.schedule, c.vpp), c.zero, shards, plan.expert_dp,
+                                         cm.job.grad_bytes)
             alike[place] = (vparams, fixed, sum(state)
                             + zero3_transient(plan, layer))
         vparams, fixed, memory = alike[place]

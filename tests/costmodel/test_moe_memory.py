@@ -12,7 +12,7 @@ from autotune.catalog import load_hardware, load_model
 from autotune.costmodel.estimate import CostModel
 from autotune.costmodel.memory import dense_layer_params, moe_layer_params
 from autotune.specs.job import JobSpec
-from autotune.specs.plan import Plan
+from autotune.specs.plan import Plan, chunk_layers
 
 H100 = load_hardware("h100-sxm")
 JOB = JobSpec(global_batch=256, seq_len=4096)
@@ -60,3 +60,32 @@ def test_maverick_stage_memory_is_not_twice_its_experts() -> None:
     held = 6 * moe + 6 * dense
     assert middle.memory.weights == pytest.approx(2 * (held + (moe - dense) / 2), abs=8)
     assert middle.memory.weights < 0.65 * 2 * 12 * moe  # every layer charged as MoE: the old overcount
+
+
+def _rank_layers(plan: Plan) -> list[list[int]]:
+    """The layer indices each rank holds: its layers split into vpp chunks, virtual stage c * pp + r being
+    rank r's chunk c, the layers dealt out in virtual order (Megatron's interleaved assignment)."""
+    chunks = [list(chunk_layers(n, plan.vpp)) for n in plan.layers_per_stage]
+    ranks: list[list[int]] = [[] for _ in range(plan.pp)]
+    first = 0
+    for c in range(plan.vpp):
+        for r in range(plan.pp):
+            ranks[r] += range(first, first + chunks[r][c])
+            first += chunks[r][c]
+    return ranks
+
+
+@pytest.mark.parametrize(("pp", "vpp", "layers"), [(8, 6, (6,) * 8), (8, 2, (6,) * 8), (4, 3, (12,) * 4),
+                                                    (4, 1, (12,) * 4), (2, 4, (24, 24))])
+def test_interleaved_ranks_are_charged_for_every_chunk(pp: int, vpp: int, layers: tuple[int, ...]) -> None:
+    """Brute force over Megatron's interleaved assignment: with pp 8 and one layer per chunk, rank 1 holds only
+    Maverick's MoE layers (1, 9, 17, ...); every rank's weights are charged at least what its layers hold."""
+    plan = Plan(tp=4, pp=pp, dp=64 // (4 * pp), ep=8, mbs=1, num_microbatches=8 * pp, zero=1,
+                schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp, layers_per_stage=layers)
+    est = CostModel(MAVERICK, H100, JobSpec(global_batch=64 // (4 * pp) * 8 * pp, seq_len=4096)).estimate(plan)
+    moe, dense = moe_layer_params(MAVERICK, 4, 8, 1), dense_layer_params(MAVERICK, 4)
+    for r, held in enumerate(_rank_layers(plan)):
+        k = sum(MAVERICK.is_moe_layer(i) for i in held)
+        vocab = est.stages[r].params - len(held) * CostModel(MAVERICK, H100, JOB).layer(
+            4, 1, 1, False, "1d", False, 8, 1).params
+        assert est.stages[r].memory.weights >= 2 * (k * moe + (len(held) - k) * dense + vocab), (r, k)
