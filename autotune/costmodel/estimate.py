@@ -14,7 +14,7 @@ from autotune.costmodel.measured import (MeasuredOps, OpCoverage, apply_comm, ch
                                          roofline_coverage, step_ops)
 from autotune.costmodel.moe import deepep_refusal
 from autotune.costmodel.mtp import MtpPasses, mtp_passes, with_mtp
-from autotune.costmodel.ops import CATEGORIES, LayerShape
+from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, Timeline, makespan, simulate
 from autotune.costmodel.stages import (StageCost, base_recompute, build_stages, p2p_time, schedule_ticks,
                                       vocab_parallel_comm)
@@ -153,17 +153,15 @@ class CostModel:
             return self._vocab[key]
         full = (*key, tp_mode, tp_overlap, ep, etp, recompute)
         if full not in self._vocab:
+            shape = layer_shape(self.model, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp)
             if key not in self._mtp:
-                self._mtp[key] = mtp_passes(self.model, self.hw, self.job.dtype, self._shape(tp, cp, mbs, sp),
+                self._mtp[key] = mtp_passes(self.model, self.hw, self.job.dtype, shape,
                                             None if self.measured is None else self.measured.lookup(tp, cp),
                                             attention_kernel(self.job))
             self._vocab[full] = with_mtp(self._vocab[key], self._mtp[key],
                                          self.mtp_layer(tp, cp, mbs, sp, tp_mode, tp_overlap, ep, etp), self.model,
-                                         self._shape(tp, cp, mbs, sp), recompute)
+                                         shape, recompute)
         return self._vocab[full]
-
-    def _shape(self, tp: int, cp: int, mbs: int, sp: bool) -> LayerShape:
-        return layer_shape(self.model, self.job, tp=tp, cp=cp, mbs=mbs, sp=sp)
 
     def mtp_layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str, tp_overlap: bool, ep: int,
                   etp: int) -> LayerCost:

@@ -151,14 +151,12 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
 
 def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
                tp_mode: str = "1d", measured: MeasuredOps | None = None, tp_overlap: bool = False, ep: int = 1,
-               etp: int = 1, dense: LayerCost | None = None, op_memo: dict | None = None) -> LayerCost:
+               etp: int = 1, op_memo: dict | None = None) -> LayerCost:
     """Costs of one Transformer layer under one parallel setting; op times from `measured` where it has them.
 
     An MoE model's layers are of two kinds (dense-first layers, MoE layers). The pipeline partition places
-    layers as identical units, so its layer is the model's mean layer in time (the dense and MoE costs
-    weighted by their counts) and the MoE layer in memory (the larger one: a stage's memory is never
-    underestimated, whichever layers it holds). `dense`: the model's dense layer at this setting, if the
-    caller has it (it does not depend on ep and etp). `op_memo`: op times kept across calls for this GPU
+    layers as identical units, so its layer is the model's mean layer, charged in memory for the most MoE
+    layers a stage can hold (blend_layers). `op_memo`: op times kept across calls for this GPU
     (compute.memoized_op_time)."""
     if tp_mode != "1d":
         return _grid_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, tp_mode=tp_mode, measured=measured)
@@ -169,9 +167,8 @@ def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp:
                       ep=ep, etp=etp, moe=True, op_memo=op_memo)
     if not model.num_dense_layers:
         return moe
-    if dense is None:
-        dense = dense_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured,
-                                 tp_overlap=tp_overlap, op_memo=op_memo)
+    dense = dense_layer_cost(model, hw, job, tp=tp, cp=cp, mbs=mbs, sp=sp, measured=measured,
+                             tp_overlap=tp_overlap, op_memo=op_memo)
     return blend_layers(moe, dense, model.num_dense_layers / model.num_layers, model.moe_layer_freq)
 
 

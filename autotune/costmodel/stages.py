@@ -263,7 +263,6 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
     per_state = layer_state_bytes(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
-    surplus = surplus_state_bytes(layer, v, plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
     layer_compute = layer.fwd.seconds + layer.bwd.seconds
     layer_tp = layer.tp_fwd_s + layer.tp_bwd_s
     layer_cp = layer.cp_fwd_s + layer.cp_bwd_s
@@ -297,9 +296,8 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
             bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
             zero3 = zero3_exposed(plan, hw, params, fwd, bwd, grad_bytes, n + (first > 0) + (last > 0))
-            vocab_state = split_state_bytes(params - n * layer.params, math.ceil(last * vocab.head_expert_params),
-                                            plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
-            fixed = tuple(a + b for a, b in zip(vocab_state, surplus))
+            fixed = fixed_state_bytes(layer, vocab, params - n * layer.params, last, v, plan.zero,
+                                      plan.dp * plan.cp, plan.expert_dp, grad_bytes)
             shared[key] = (
                 params, fwd, bwd, tuple(by_category), n * layer_compute + vocab_compute,
                 n * layer_tp + first * vocab.embed_comm_s + last * vocab.head_comm_s + sum(vp_comm),
@@ -327,19 +325,21 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
 
 def layer_state_bytes(layer: LayerCost, zero: int, shards: int, expert_shards: int,
                       grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer) bytes of one layer: its routed experts (MoE) sharded by ZeRO over the
-    expert-data-parallel group (Megatron's distributed optimizer shards expert parameters over it), the rest
-    over the data-parallel group."""
+    """(weights, gradients, optimizer) bytes of one layer as a stage is charged: its routed experts (MoE) sharded
+    over the expert-data-parallel group (Megatron's distributed optimizer does), the rest over data parallel."""
     return split_state_bytes(layer.stage_params, layer.stage_expert_params, zero, shards, expert_shards, grad_bytes)
 
 
-def surplus_state_bytes(layer: LayerCost, chunks: int, zero: int, shards: int, expert_shards: int,
-                        grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
-    """The (weights, gradients, optimizer) bytes a rank is charged once per model chunk for its layers
-    (LayerCost.surplus_params: the MoE layer more than the mean that consecutive layers of a periodic pattern may
-    hold; a rank's chunks are not consecutive with each other, so each chunk is its own window)."""
-    return split_state_bytes(chunks * layer.surplus_params, chunks * layer.surplus_expert_params, zero, shards,
-                             expert_shards, grad_bytes)
+def fixed_state_bytes(layer: LayerCost, vocab: VocabCost, vparams: int, head: float, chunks: int, zero: int,
+                      shards: int, expert_shards: int, grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
+    """A rank's (weights, gradients, optimizer) bytes besides n x its layer's: `vparams` vocabulary parameters
+    (the `head` share of the MTP experts over the expert-data-parallel group), and per model chunk (each its own
+    window of layers) the pattern's surplus (LayerCost.surplus_params)."""
+    experts = math.ceil(head * vocab.head_expert_params)
+    own = split_state_bytes(vparams, experts, zero, shards, expert_shards, grad_bytes)
+    surplus = split_state_bytes(chunks * layer.surplus_params, chunks * layer.surplus_expert_params, zero, shards,
+                                expert_shards, grad_bytes)
+    return own[0] + surplus[0], own[1] + surplus[1], own[2] + surplus[2]
 
 
 def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost, ticks: Ticks) -> int:

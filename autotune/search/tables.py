@@ -7,18 +7,16 @@ Most candidates never reach the solver: bounds.quick_bound needs only the cached
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
-from autotune.costmodel.memory import split_state_bytes
 from autotune.costmodel.pipeline import UNIT_TICKS, chunks_per_rank
-from autotune.costmodel.stages import (chunk_durations, in_flight_chunks, layer_passes, layer_state_bytes,
-                                       p2p_seconds, schedule_ticks, stage_bwd_s, stage_fwd_s, stage_params,
-                                       stage_vocab_activations, surplus_state_bytes, vocab_parallel_comm,
-                                       vocab_placement, zero3_exposed, zero3_transient)
+from autotune.costmodel.stages import (chunk_durations, fixed_state_bytes, in_flight_chunks, layer_passes,
+                                       layer_state_bytes, p2p_seconds, schedule_ticks, stage_bwd_s, stage_fwd_s,
+                                       stage_params, stage_vocab_activations, vocab_parallel_comm, vocab_placement,
+                                       zero3_exposed, zero3_transient)
 from autotune.search.space import Candidate
 from autotune.specs.job import WEIGHT_BYTES
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
@@ -164,10 +162,8 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
                                       stage_fwd_s(L, layer, vocab, first=True, last=True),
                                       stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2)
             fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
-            state = split_state_bytes(vparams, math.ceil(place.head * vocab.head_expert_params), c.zero, shards,
-                                      plan.expert_dp, cm.job.grad_bytes)
-            state += surplus_state_bytes(layer, chunks_per_rank(c.schedule, c.vpp), c.zero, shards, plan.expert_dp,
-                                         cm.job.grad_bytes)
+            state = fixed_state_bytes(layer, vocab, vparams, place.head, chunks_per_rank(c.schedule, c.vpp), c.zero,
+                                      shards, plan.expert_dp, cm.job.grad_bytes)
             alike[place] = (vparams, fixed, sum(state)
                             + zero3_transient(plan, layer))
         vparams, fixed, memory = alike[place]
