@@ -336,6 +336,9 @@ def _recompute(granularity: str | None, args: dict[str, Any], notes: list[str]) 
     if n and n > 1:
         notes.append(f"--recompute-method uniform --recompute-num-layers {n}: every layer is recomputed (in groups "
                      f"of {n}); costed as full recompute of each layer")
+    if _int(args, "--mtp-num-layers", 0):
+        notes.append("--recompute-method uniform also recomputes the MTP module(s) (multi_token_prediction.py); "
+                     "costed with their activations stored, as block recompute over every layer runs them")
     return "full", None
 
 

@@ -10,22 +10,27 @@ from autotune.errors import SpecError
 from autotune.specs.limits import MAX_LAYERS
 
 
+#: megatron-core's parse_str_to_list: each pattern substituted once over the whole string, in this order (so a
+#: nested group or a space is not unrolled, and is then refused as an invalid layer character)
+_REPEATS = (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)")
+
+
 def unroll(layout: str) -> str:
-    """The layout with `x*n` and `(...)*n` repeats unrolled and cosmetic commas dropped: stages of E, t, L
-    and m separated by |."""
-    text = layout.replace(",", "").replace(" ", "")
-    for _ in range(32):  # unroll innermost groups first
-        if len(text) > 64 * MAX_LAYERS:
+    """The layout as megatron-core's PipelineParallelLayerLayout.parse_str_to_list reads it: cosmetic commas
+    dropped, `(...)*n` then `x*n` repeats unrolled, each once: stages of E, t, L and m separated by |."""
+    text = layout.replace(",", "")
+    for pattern in _REPEATS:
+        size = len(text) + sum(int(m.group(2)) * len(m.group(1)) - len(m.group(0))
+                               for m in re.finditer(pattern, text))
+        if size > 64 * MAX_LAYERS:
             raise SpecError(f"--pipeline-model-parallel-layout {layout[:40]!r}...: unrolls to more than "
                             f"{MAX_LAYERS} layers")
-        new = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-        new = re.sub(r"([EtLm])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), new)
-        if new == text:
-            break
-        text = new
-    if not re.fullmatch(r"[EtLm|]*", text):
-        raise SpecError(f"--pipeline-model-parallel-layout {layout!r}: use stages of E, t, L (and m) separated "
-                        "by |, with x*n and (...)*n repeats")
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    bad = re.search(r"[^EtLm|]", text)
+    if bad:
+        raise SpecError(f"--pipeline-model-parallel-layout {layout!r}: {bad.group(0)!r} is not a layer "
+                        "(megatron-core reads E, t, L and m in stages separated by |, with one level of (...)*n "
+                        "and x*n repeats, no spaces)")
     return text
 
 

@@ -117,9 +117,10 @@ def with_mtp(vocab: VocabCost, passes: MtpPasses, layer: LayerCost, model: Model
     rec_compute = min(rec, layer.fwd.seconds)  # full recomputation also re-runs the forward's collectives
     module_comm = vocab.embed_comm_s + vocab.head_comm_s + passes.comm_s + layer.comm_time + rec - rec_compute
     own = mtp_params(model, shape.tp) + layer.params
-    # the last stage embeds the shifted tokens itself: an untied model keeps a copy of the table there (a tied
-    # one already has it as the LM head)
-    table = 0 if model.tied_embeddings else embedding_params(model, shape.tp)
+    # a last stage of its own embeds the shifted tokens itself, in a table of its own: megatron-core's GPTModel
+    # builds the embedding wherever MTP runs, and the output layer skips its weight only on the first stage
+    # (skip_weight_param_allocation = pre_process and tied), so a tied model holds two tables there too
+    table = embedding_params(model, shape.tp)
     acts = (layer.act.get(recompute) + embedding_activations(model, shape) + head_activations(model, shape)
             + 4 * shape.elem * shape.norm_tokens * model.hidden_size)  # the two norm inputs and the concatenation
     return replace(

@@ -31,7 +31,7 @@ from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word
 from autotune.emit.megatron_moe import moe_flags
 from autotune.emit.megatron_forks import VOCAB_FORK, fork_block, fork_flags, mainline_plan, schedule_warnings
-from autotune.emit.megatron_partition import Flag, layout_string, partition_flags
+from autotune.emit.megatron_partition import Flag, chunk_layers, layout_string, partition_flags
 from autotune.emit.runfiles import float_text, nccl_env_block, required_env_block, sbatch_script, schedule
 from autotune.specs.plan import Plan
 
@@ -185,13 +185,19 @@ def _precision_flags(inp: EmitInput) -> list[Flag]:
     return [("--bf16", None)]
 
 
-def _recompute_flags(plan: Plan) -> list[Flag]:
+def _recompute_flags(plan: Plan, mtp_layers: int = 0) -> list[Flag]:
     if plan.recompute == "selective":
         return [("--recompute-granularity", "selective")]
     if plan.recompute == "full":
-        if plan.recompute_layers is None:  # every layer, each checkpointed on its own
+        if plan.recompute_layers is None and not mtp_layers:  # every layer, each checkpointed on its own
             return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                     ("--recompute-num-layers", "1")]
+        if plan.recompute_layers is None:
+            # the same every-layer recompute as block over a whole chunk: uniform would also checkpoint the MTP
+            # modules (multi_token_prediction.py recomputes them under uniform only), which the plan keeps
+            # stored, as it was costed
+            return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                    ("--recompute-num-layers", str(max(max(chunks) for chunks in chunk_layers(plan))))]
         return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
                 ("--recompute-num-layers", str(plan.recompute_layers))]
     return []
@@ -243,7 +249,7 @@ def megatron_flags(inp: EmitInput) -> tuple[dict[str, list[Flag]], tuple[str, ..
         "BATCH_ARGS": [("--micro-batch-size", str(p.mbs)),
                        ("--global-batch-size", str(p.dp * p.mbs * p.num_microbatches))],
         "PRECISION_ARGS": _precision_flags(inp),
-        "RECOMPUTE_ARGS": _recompute_flags(p),
+        "RECOMPUTE_ARGS": _recompute_flags(p, inp.model.mtp_layers),
         "DDP_ARGS": _ddp_flags(p, warn),
         "KERNEL_ARGS": _kernel_flags(inp, warn),
         "TRAINING_ARGS": _training_flags(inp),

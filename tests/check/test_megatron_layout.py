@@ -45,6 +45,39 @@ def test_refused_exactly_where_megatron_core_refuses(layout: str, pp: int, layer
         layout, pp, mtp)
 
 
+#: layouts megatron-core's parser itself refuses (parse_str_to_list: one pass per repeat pattern, then only
+#: E, t, L, m and | are layers), and the same shapes written as it reads them
+PARSED = [
+    ("Et*4 | t*4L", 2, False),         # a space
+    ("((t*2)*2|)*2", 2, False),        # nested groups are not unrolled
+    ("E(t*2)*2|t*4L", 2, True),
+    ("Et*3,t|t*4,L", 2, True),         # cosmetic commas
+    ("Ex*4|t*4L", 2, False),           # not a layer
+]
+
+
+@pytest.mark.parametrize(("layout", "pp", "accepted"), PARSED)
+def test_read_as_megatron_core_reads_it(layout: str, pp: int, accepted: bool) -> None:
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    try:
+        expected = [sum(1 for x in stage if x.name == "decoder")
+                    for stage in PipelineParallelLayerLayout.parse_str_to_list(layout)]
+    except AssertionError:
+        expected = None
+    assert (expected is not None) == accepted
+    if accepted:
+        assert parse_layout(layout) == expected
+    else:
+        with pytest.raises(SpecError, match="is not a layer"):
+            parse_layout(layout)
+
+
+def test_a_huge_repeat_is_refused_before_it_is_unrolled() -> None:
+    with pytest.raises(SpecError, match="unrolls to more than"):
+        parse_layout("E(t*4|)*999999999L")
+
+
 def test_a_refusal_is_one_line_naming_the_rule() -> None:
     with pytest.raises(SpecError, match=r"holds 0 MTP layer\(s\) m, but --mtp-num-layers is 1") as err:
         check_layout("Et*6|t*8|t*8|t*6L", 4, 1, [])

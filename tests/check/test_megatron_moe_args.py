@@ -183,3 +183,18 @@ def test_two_shared_experts_are_megatrons_one_total_width(tmp_path: Path) -> Non
     assert shape_diffs(found, spec, 4096) == []
     assert shape_diffs({**found, "shared_expert_ffn_hidden_size": 2048}, spec, 4096) == [
         "shared-expert width 2048 vs 4096"]
+
+
+def test_uniform_recompute_of_an_mtp_model_says_the_module_is_costed_stored(tmp_path: Path) -> None:
+    """The emitter writes every-layer recompute of an MTP model as block (multi_token_prediction.py recomputes the
+    module under uniform only); a hand-written uniform reads back as the same plan, with a note saying so."""
+    plan = MOE_CASES["deepseek-v3"]
+    emitted = _understood(_without_header(tmp_path, "deepseek-v3", plan), plan.num_gpus)
+    assert not [n for n in emitted.notes if "MTP module" in n]
+
+    def uniform(text: str) -> str:
+        block = "--recompute-method block\n    --recompute-num-layers 8"
+        assert block in text
+        return text.replace(block, "--recompute-method uniform\n    --recompute-num-layers 1")
+    u = _understood(_without_header(tmp_path, "deepseek-v3", plan, uniform), plan.num_gpus)
+    assert u.plan == plan and [n for n in u.notes if "also recomputes the MTP module" in n]

@@ -78,6 +78,23 @@ def test_module_memory_by_hand() -> None:
     assert with_mtp[-1].memory.optimizer - without[-1].memory.optimizer == pytest.approx(optimizer, abs=2)
 
 
+def test_a_tied_model_holds_two_tables_on_a_last_stage_with_mtp() -> None:
+    """megatron-core's GPTModel builds the embedding on the MTP stage and allocates the output layer's weight on
+    every stage but the first (skip_weight_param_allocation = pre_process and tied): a tied model's separate
+    last stage holds the tied duplicate and the MTP embedding, one stage alone holds the one table."""
+    tied = replace(DEEPSEEK, tied_embeddings=True)
+    table = embedding_params(DEEPSEEK, 2)
+    cm = CostModel(tied, H100, JOB)
+    module = cm.mtp_layer(2, 1, 1, True, "1d", False, 64, 1).params + mtp_params(DEEPSEEK, 2)
+    with_mtp, without = _stages(tied), _stages(replace(tied, mtp_layers=0))
+    assert with_mtp[-1].params - without[-1].params == module + table
+    assert without[-1].params - without[-1].layers * cm.layer(2, 1, 1, True, "1d", False, 64, 1).params \
+        >= table  # the tied duplicate
+    vocab = cm.vocab(2, 1, 1, True, "1d", False, 64, 1)
+    shared = CostModel(replace(tied, mtp_layers=0), H100, JOB).vocab(2, 1, 1, True)
+    assert vocab.head_params_shared - shared.head_params_shared == module  # pp 1: the first stage's table only
+
+
 def test_the_module_unbalances_an_even_split_and_the_planner_moves_layers_off_the_last_stage() -> None:
     """Why Megatron-Bridge's layouts give the last stage one decoder layer: with the MTP module, an even split's
     last stage is the bottleneck; the planner's balanced split takes layers off it and is faster."""

@@ -76,6 +76,22 @@ def test_moe_plans_pass_megatron_validation(case: str, dispatcher: str) -> None:
         assert c.pipeline_model_parallel_layout.layout[-1][-1][-2:] == [LayerType.mtp, LayerType.loss]
 
 
+@pytest.mark.parametrize("case", ["deepseek_v3_pipelined", "deepseek_v3_layout"])
+def test_every_layer_recompute_leaves_the_mtp_module_stored_as_costed(case: str) -> None:
+    """multi_token_prediction.py checkpoints the MTP module under --recompute-method uniform only (block skips
+    it), and the cost model keeps its activations: so every-layer recompute of an MTP model is written as block
+    over the largest chunk, which megatron-core applies to every decoder layer."""
+    model, plan = CASES[case]
+    script = dict(emit_megatron(_inp(model, "h100-sxm", JOB, plan)).files)["launch_megatron.sh"]
+    _, v = validate_launch(script, tokenizer_vocab=129280)
+    largest = max(-(-n // plan.vpp) for n in plan.layers_per_stage)
+    assert (v.config.recompute_method, v.config.recompute_num_layers) == ("block", largest)
+    assert v.recomputed_per_chunk == v.chunk_layers  # every decoder layer, as uniform would
+    dense = dict(emit_megatron(_inp("llama3-70b", "h100-sxm", JOB, replace(
+        plan, ep=1, etp=1, layers_per_stage=(80 // plan.pp,) * plan.pp))).files)["launch_megatron.sh"]
+    assert "--recompute-method uniform" in dense  # without MTP nothing changes
+
+
 def test_the_planner_deepseek_plan_validates() -> None:
     """The plan the planner returns for the acceptance command (DeepSeek-V3, 1024 H100s, batch 4096 x 4096),
     emitted and checked end to end."""
