@@ -52,6 +52,7 @@ MOE_REGISTRY = {
     "qwen3-235b-a22b": MoeModel("qwen3", "", "235B-A22B", base="qwen3_30b_a3b"),
     "deepseek-v3": MoeModel("deepseek_v3", "deepseek_v3_671b", "671B"),
     "gpt-oss-120b": MoeModel("gpt_oss", "gpt_oss_120b", "120b"),
+    "gpt-oss-20b": MoeModel("gpt_oss", "gpt_oss_20b", "20b"),
 }
 #: torchtitan's names for autotune's schedules (torch.distributed.pipelining.schedules.get_schedule_class).
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B", "v-half": "ZBVZeroBubble"}

@@ -88,8 +88,8 @@ class TrainerCaps:
 
 
 #: Catalog MoE models torchtitan 0.3.0 ships as its own flavors (qwen3 30B-A3B / 235B-A22B, deepseek_v3 671B,
-#: gpt_oss 120b); other MoE models (Mixtral, Llama 4) have no torchtitan model.
-TORCHTITAN_MOE_MODELS = ("deepseek-v3", "gpt-oss-120b", "qwen3-235b-a22b", "qwen3-30b-a3b")
+#: gpt_oss 20b / 120b); other MoE models (Mixtral, Llama 4) have no torchtitan model.
+TORCHTITAN_MOE_MODELS = ("deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "qwen3-235b-a22b", "qwen3-30b-a3b")
 #: Why DeepSpeed gets no MoE config (emit/deepspeed.py says the same when asked to emit one).
 DEEPSPEED_MOE = ("DeepSpeed-MoE's expert parallelism is deepspeed.moe.layer.MoE(ep_size=...) in model code, and "
                  "autotune's DeepSpeed launch (a PipelineModule + mpu training script) builds no MoE layers")

@@ -34,6 +34,7 @@ PUBLISHED = (
     ("mixtral-8x7b", 46.7, 12.9, True),
     ("mixtral-8x22b", 141, 39, True),
     ("gpt-oss-120b", 116.83, 5.13, False),
+    ("gpt-oss-20b", 20.91, 3.61, False),
     ("llama4-maverick", 400, 17, True),
 )
 
@@ -59,6 +60,7 @@ def test_catalog_counts_within_one_percent_where_the_figure_has_three_digits() -
     for name, total_b, _, _ in PUBLISHED:
         assert abs(total_params(load_model(name)) / 1e9 / total_b - 1) < 0.01, name
     assert abs(active_params(load_model("gpt-oss-120b"), input_embedding=False) / 5.13e9 - 1) < 0.01
+    assert abs(active_params(load_model("gpt-oss-20b"), input_embedding=False) / 3.61e9 - 1) < 0.01
     assert abs(active_params(load_model("mixtral-8x7b")) / 12.9e9 - 1) < 0.01
 
 

@@ -61,7 +61,7 @@ RULES: tuple[tuple[str, str], ...] = (
                    "every layer (uniform, 1) and DeepEP (apply_flex_dispatcher_backend switches alltoall to flex/"
                    "deepep on Hopper); Qwen3-235B-A22B (same file) no recompute and DeepEP; DeepSeek-V3 "
                    "(recipes/deepseek/deepseek_v3.py, the 1024-GPU recipe) selective recompute and the flex "
-                   "dispatcher with its HybridEP backend, priced as DeepEP; GPT-OSS-120B (recipes/gpt_oss/"
+                   "dispatcher with its HybridEP backend, priced as DeepEP; GPT-OSS-120B and -20B (recipes/gpt_oss/"
                    "gpt_oss.py) no recompute and alltoall; Kimi-K2 (recipes/kimi/kimi_k2.py) selective and "
                    "alltoall; DeepSeek-V3's and Kimi-K2's pipeline layout for (pp, vp) where the recipe maps one "
                    "(set_deepseek_v3_pipeline_model_parallel_layout: E+4 | 4 x 14 | 1 + MTP + loss at pp 16), "
@@ -95,6 +95,7 @@ RULE_KEYS = tuple(k for k, _ in RULES)
 #: catalog name
 MOE_RECIPES = {"qwen3-30b-a3b": ("full", "deepep"), "qwen3-235b-a22b": ("none", "deepep"),
                "deepseek-v3": ("selective", "deepep"), "gpt-oss-120b": ("none", "alltoall"),
+               "gpt-oss-20b": ("none", "alltoall"),
                "kimi-k2": ("selective", "alltoall")}
 MOE_RECIPE_SOURCES = ("megatron_bridge_perf_summary",)
 #: Decoder layers per virtual stage (in virtual order) of the recipes' explicit pipeline layouts, by catalog
