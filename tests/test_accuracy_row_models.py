@@ -20,7 +20,7 @@ def qwen_row() -> dict[str, str]:
 
 @pytest.mark.parametrize(("name", "catalog"), [
     ("DeepSeek-V3", "deepseek-v3"), ("DeepSeekV3", "deepseek-v3"), ("Qwen3_235B_a22b", "qwen3-235b-a22b"),
-    ("GPT OSS 120B", "gpt-oss-120b"), ("Mixtral 8x22B", "mixtral-8x22b"), ("Mixtral-8x7B-v0.1", "mixtral-8x7b"),
+    ("GPT OSS 120B", "gpt-oss-120b"), ("GPT-OSS-20B", "gpt-oss-20b"), ("Mixtral 8x22B", "mixtral-8x22b"), ("Mixtral-8x7B-v0.1", "mixtral-8x7b"),
     ("Qwen3-30B-A3B (tokendrop)", "qwen3-30b-a3b"), ("Kimi-K2", "kimi-k2"), ("Llama4 Maverick 17B-128E",
                                                                                 "llama4-maverick"),
     ("Grok-1", None), ("Llama3-70B", None)])
@@ -137,3 +137,13 @@ def test_deepseek_rows_run_the_recipe_layout(qwen_row, pp, vp, layers) -> None:
     else:
         assert (case.plan.layers_per_stage, case.plan.vpp, case.plan.vocab) == (layers, vp, "balanced")
     assert case.model.mtp_layers == 1 and case.job.moe_dispatcher == "deepep" and case.plan.recompute == "selective"
+
+
+def test_linear_attention_hybrids_are_skipped(qwen_row) -> None:
+    """Qwen3-Next's Gated DeltaNet layers are not a Transformer block autotune costs: skipped with the reason,
+    not built from the shape columns as a plain MoE Transformer."""
+    row = {**qwen_row, "model": "Qwen3-Next-80B-A3B", "num_layers": "48", "hidden_size": "2048",
+           "num_attention_heads": "16", "num_kv_heads": "2", "num_experts": "512", "moe_top_k": "10",
+           "moe_ffn_hidden_size": "512", "shared_experts": "1", "vocab_size": "151936"}
+    with pytest.raises(RowSkipped, match="Gated DeltaNet"):
+        row_moe_model(row)

@@ -76,6 +76,9 @@ def from_columns(row: dict[str, str]) -> ModelSpec:
 
 def row_moe_model(row: dict[str, str]) -> tuple[ModelSpec, str]:
     """RULES 'moe': the row's model and a note ('' when the catalog model is taken as it is)."""
+    if any(_key(row["model"]).startswith(k) for k in HYBRID_MOE):
+        raise RowSkipped(f"{row['model'].strip()} mixes linear-attention (Gated DeltaNet) layers into its "
+                         "Transformer, which autotune does not cost")
     name = catalog_match(row["model"])
     if name is None:
         return from_columns(row), (f"no catalog model is named like {row['model'].strip()!r}: built from the "
@@ -98,6 +101,9 @@ def row_moe_model(row: dict[str, str]) -> tuple[ModelSpec, str]:
 TWO_MATRIX_MLP = ("nemotron4", "nemotron")
 #: Families that are not Transformers autotune costs: Nemotron-H's Mamba-2 hybrid layers.
 NOT_TRANSFORMERS = ("nemotronh",)
+#: MoE families with linear-attention layers: Qwen3-Next (Qwen's model card for Qwen3-Next-80B-A3B: three
+#: Gated DeltaNet layers to one gated-attention layer).
+HYBRID_MOE = ("qwen3next",)
 
 
 def row_dense_model(row: dict[str, str], llama: ModelSpec) -> tuple[ModelSpec, str]:
