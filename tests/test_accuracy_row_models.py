@@ -20,7 +20,8 @@ def qwen_row() -> dict[str, str]:
 
 @pytest.mark.parametrize(("name", "catalog"), [
     ("DeepSeek-V3", "deepseek-v3"), ("DeepSeekV3", "deepseek-v3"), ("Qwen3_235B_a22b", "qwen3-235b-a22b"),
-    ("GPT OSS 120B", "gpt-oss-120b"), ("GPT-OSS-20B", "gpt-oss-20b"), ("Mixtral 8x22B", "mixtral-8x22b"), ("Mixtral-8x7B-v0.1", "mixtral-8x7b"),
+    ("GPT OSS 120B", "gpt-oss-120b"), ("GPT-OSS-20B", "gpt-oss-20b"), ("Mixtral 8x22B", "mixtral-8x22b"),
+    ("Mixtral-8x7B-v0.1", "mixtral-8x7b"),
     ("Qwen3-30B-A3B (tokendrop)", "qwen3-30b-a3b"), ("Kimi-K2", "kimi-k2"), ("Llama4 Maverick 17B-128E",
                                                                                 "llama4-maverick"),
     ("Grok-1", None), ("Llama3-70B", None)])
