@@ -29,7 +29,8 @@ RULES: tuple[tuple[str, str], ...] = (
             "that differs, is built from the shape columns (grouped-query attention with head_dim = hidden/heads, "
             "SwiGLU experts of moe_ffn_hidden_size and as many shared experts of that width as shared_experts, "
             "every layer MoE, softmax router; Qwen3-Next's linear-attention hybrids are skipped); balanced "
-            "routing (moe_imbalance 1.0: the rows' source forces it, or drops tokens at capacity); ep and etp as published, blank etp -> tp (Megatron's default)"),
+            "routing (moe_imbalance 1.0: the rows' source forces it, or drops tokens at capacity); ep and etp "
+            "as published, blank etp -> tp (Megatron's default)"),
     ("model", "the row's shape columns as a Llama-family ModelSpec: SwiGLU, RMSNorm, RoPE, no bias, no dropout, "
               "untied embeddings, head_dim = hidden/heads; a reduced-depth 405B proxy keeps its num_layers. A "
               "name matching a dense catalog model other than Llama (letters and digits, as for 'moe') of the "
