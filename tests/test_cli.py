@@ -163,6 +163,27 @@ def test_plan_file_round_trip(cli, tmp_path):
         assert again["step_time_s"] == doc["step_time_s"]
 
 
+def test_a_plan_document_is_recosted_with_the_job_it_was_planned_with(cli, tmp_path):
+    """A whole `--json` document records its job: kernels, dtype, gradient reduction are taken from it where the
+    command line leaves them at their default (not silently re-costed as Megatron bf16), must agree where given,
+    and the model, cluster and batch must be the same."""
+    doc = _estimate_json(cli, *JOB, *PLAN, "--kernels", "torchtitan", "--dtype", "fp8", "--grad-reduce", "bf16")
+    path = tmp_path / "estimate.json"
+    path.write_text(json.dumps(doc))
+    again = _estimate_json(cli, *JOB, "--plan", str(path))
+    assert (again["step_time_s"], again["job"]) == (doc["step_time_s"], doc["job"])
+    assert _estimate_json(cli, *JOB, "--plan", str(path), "--kernels", "torchtitan")["job"] == doc["job"]
+    shorter = [a if a != "8192" else "4096" for a in JOB]
+    for args, named in (([*JOB, "--kernels", "megatron"], "--kernels"), ([*JOB, "--dtype", "bf16"], "--dtype"),
+                        (shorter, "--seq-len 4096")):
+        with pytest.raises(SpecError, match=named):
+            cli("estimate", *args, "--plan", str(path))
+    doc["job"]["dtype"] = 8
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match="job.dtype 8"):
+        cli("estimate", *JOB, "--plan", str(path))
+
+
 def test_plan_from_stdin(cli):
     doc = _estimate_json(cli, *JOB, *PLAN)
     result = cli("estimate", *JOB, "--plan", "-", "--json", input=json.dumps(doc["plan"]))

@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 
 from autotune.catalog import load_model
-from autotune.cli.inputs import coverage_warnings, load_cost_profile, read_plan, single_plan
+from autotune.cli.inputs import (coverage_warnings, load_cost_profile, read_plan, settle_job_settings,
+                                 single_plan)
 from autotune.cli.options import (BatchOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt, EpOpt, EtpOpt,
                                   ForceProfileOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, JsonOpt, KernelsOpt,
                                   LayersOpt, MbsOpt, MicroOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt,
@@ -24,7 +25,7 @@ from autotune.specs.plan import check_plan
 
 
 def estimate(
-    model: ModelOpt, gpu: GpuOpt, gpus: GpusOpt, global_batch: BatchOpt, seq_len: SeqOpt,
+    ctx: typer.Context, model: ModelOpt, gpu: GpuOpt, gpus: GpusOpt, global_batch: BatchOpt, seq_len: SeqOpt,
     gpus_per_node: GpusPerNodeOpt = None, dtype: DtypeOpt = "bf16", tp: TpOpt = None, pp: PpOpt = None,
     dp: DpOpt = None, cp: CpOpt = None, mbs: MbsOpt = None, vpp: VppOpt = None, recompute: RecomputeOpt = None,
     schedule: ScheduleOpt = None, zero: ZeroOpt = None, vocab: VocabOpt = None, tp_mode: TpModeOpt = None,
@@ -46,13 +47,27 @@ def estimate(
         raise SpecError("--brief and --json each replace the tables; pick one")
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
     check_whole_nodes(gpus, hw)
-    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels, moe_imbalance,
-                    moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, num_microbatches=num_microbatches,
                 recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel,
                 tp_mode=tp_mode, tp_overlap=tp_overlap, ep=ep, etp=etp)
-    plan = read_plan(plan_file, pins) if plan_file is not None else single_plan(pins, spec, job, gpus)
+    settings = {"dtype": dtype, "no_flash_attention": no_flash_attention, "unfused": unfused,
+                "grad_reduce": grad_reduce, "kernels": kernels, "moe_imbalance": moe_imbalance,
+                "moe_dispatcher": moe_dispatcher, "moe_capacity_factor": moe_capacity_factor,
+                "moe_pad_to_capacity": moe_pad_to_capacity}
+    plan = None
+    if plan_file is not None:  # re-costed with the job settings it was planned with
+        plan, recorded = read_plan(plan_file, pins)
+        # by name: typer builds its commands with its own copy of click, whose enum is not click's
+        given = {name for name in settings if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
+        fixed = {"model": spec.name, "gpu": hw.name, "gpus": gpus, "gpus_per_node": hw.gpus_per_node,
+                 "global_batch": global_batch, "seq_len": seq_len}
+        settings = settle_job_settings(recorded, plan_file if plan_file != "-" else "--plan -", settings, given,
+                                       fixed)
+    job = build_job(global_batch, seq_len, settings["dtype"], settings["no_flash_attention"], settings["unfused"],
+                    settings["grad_reduce"], settings["kernels"], settings["moe_imbalance"],
+                    settings["moe_dispatcher"], settings["moe_capacity_factor"], settings["moe_pad_to_capacity"])
+    plan = plan if plan is not None else single_plan(pins, spec, job, gpus)
     check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
     check_simulation_size(plan, "estimate")
     measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)

@@ -68,12 +68,61 @@ def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
         tp_overlap=bool(pins.tp_overlap), ep=_one_int(pins.ep, "--ep", 1), etp=_one_int(pins.etp, "--etp", 1))
 
 
-def read_plan(path: str, pins: Pins) -> Plan:
-    """A plan from a JSON file (or stdin for '-'); the command line may not pin anything beside it."""
+def read_plan(path: str, pins: Pins) -> tuple[Plan, dict[str, Any]]:
+    """A plan from a JSON file (or stdin for '-'), and the job block a whole `plan --json` document records
+    ({} for a bare plan object); the command line may not pin anything beside it."""
     given = pins.given()
     if given:
         raise SpecError(f"--plan {path} gives the whole plan; drop {', '.join(given)} or drop --plan")
-    return load_plan_file(path, "--plan")
+    doc = read_document(path, "--plan")
+    where = path if path != "-" else "--plan -"
+    job = doc.get("job") if isinstance(doc, dict) and "plan" in doc else None
+    if job is not None and not isinstance(job, dict):
+        raise SpecError(f"{where}: 'job' must be an object, as `autotune plan --json` writes it")
+    return plan_from_dict(doc, where), job or {}
+
+
+#: A plan document's job settings estimate re-costs it with: (key of its "job" block, the value's JSON type,
+#: estimate's parameter, the flag, whether the flag is the setting's negation)
+JOB_SETTINGS = (("dtype", str, "dtype", "--dtype", False),
+                ("flash_attention", bool, "no_flash_attention", "--no-flash-attention", True),
+                ("fused_kernels", bool, "unfused", "--unfused", True),
+                ("grad_reduce", str, "grad_reduce", "--grad-reduce", False),
+                ("kernels", str, "kernels", "--kernels", False),
+                ("moe_dispatcher", str, "moe_dispatcher", "--moe-dispatcher", False),
+                ("moe_imbalance", float, "moe_imbalance", "--moe-imbalance", False),
+                ("moe_capacity_factor", float, "moe_capacity_factor", "--moe-capacity-factor", False),
+                ("moe_pad_to_capacity", bool, "moe_pad_to_capacity", "--moe-pad-to-capacity", False))
+#: What the document's job block must share with the command line: (key, the value's flag)
+JOB_FIXED = (("model", "--model"), ("gpu", "--gpu"), ("gpus", "--gpus"), ("gpus_per_node", "--gpus-per-node"),
+             ("global_batch", "--global-batch"), ("seq_len", "--seq-len"))
+
+
+def settle_job_settings(recorded: dict[str, Any], where: str, values: dict[str, Any], given: set[str],
+                        fixed: dict[str, Any]) -> dict[str, Any]:
+    """estimate's job settings (`values`, by parameter) with what the plan document recorded filled in, so a
+    saved plan is re-costed as it was planned (its kernels, dtype, gradient reduction, MoE routing): a setting the
+    command line leaves at its default comes from the document, one it gives must agree with it, as must the
+    model, cluster and batch (`fixed`, by key)."""
+    out = dict(values)
+    for key, flag in JOB_FIXED:
+        if key in recorded and recorded[key] != fixed[key]:
+            raise SpecError(f"{where} was planned with {key} {recorded[key]!r}, the command line gives "
+                            f"{flag} {fixed[key]!r}; give the same, or plan again")
+    for key, kind, param, flag, negated in JOB_SETTINGS:
+        if key not in recorded:
+            continue
+        value = recorded[key]
+        number = kind is float and isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number or type(value) is kind):
+            raise SpecError(f"{where}: job.{key} {value!r} is not what `autotune plan --json` writes; fix it or "
+                            "drop the job block")
+        value = (not value) if negated else value
+        if param in given and values[param] != value:
+            raise SpecError(f"{where} was planned with {key} {recorded[key]!r}; {flag} differs: drop {flag} to "
+                            "re-cost the plan as planned, or plan again")
+        out[param] = value
+    return out
 
 
 def load_plan_file(path: str, flag: str) -> Plan:
