@@ -71,8 +71,16 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
               else DS_DEFAULT_BUCKET)
     fp16 = config.get("fp16", {}).get("enabled", False) if isinstance(config.get("fp16"), dict) else False
     bf16 = config.get("bf16", {}).get("enabled", False) if isinstance(config.get("bf16"), dict) else False
+    if fp16 is True and bf16 is True:
+        raise SpecError(f"{where}: bf16.enabled and fp16.enabled are both true; DeepSpeed refuses both "
+                        "(runtime/config.py: 'bfloat16 and fp16 modes cannot be simultaneously enabled'); drop one")
     if fp16 is not True and bf16 is not True:
         notes.append("neither bf16 nor fp16 enabled: DeepSpeed trains in fp32; costed as bf16")
+    for offload in ("offload_optimizer", "offload_param"):
+        device = zero_cfg.get(offload, {}).get("device", "none") if isinstance(zero_cfg.get(offload), dict) else "none"
+        if device not in ("none", None):
+            notes.append(f"zero_optimization.{offload}.device {device}: ZeRO-Offload/Infinity is not modelled; "
+                         "costed with the state on the GPU (faster and with more GPU memory than the run)")
     pipe_cfg = config.get("pipeline", {}) if isinstance(config.get("pipeline"), dict) else {}
     interval = pipe_cfg.get("activation_checkpoint_interval", 0)
     tp, pp, cp, sp, layers = 1, 1, 1, False, None

@@ -187,6 +187,8 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(strategy, 3)
     if args.get("--use-torch-fsdp2"):
         zero = 3
+    if args.get("--fp16") and args.get("--bf16"):
+        raise SpecError("--fp16 and --bf16: Megatron trains in one of them (validate_args); drop one")
     dtype = "fp16" if args.get("--fp16") else "bf16"
     if "--fp8-format" in args or args.get("--fp8-hybrid"):
         dtype = "fp8"
@@ -290,10 +292,24 @@ def _partition(args: dict[str, Any], pp: int | None, num_layers: int | None,
         return layers, vpp, "even", ()
     vpp = _int(args, "--num-virtual-stages-per-pipeline-rank") or _int(args, "--virtual-pipeline-model-parallel-size")
     per_chunk = _int(args, "--num-layers-per-virtual-pipeline-stage")
-    if per_chunk and num_layers:
-        vpp = num_layers // pp // per_chunk
-    vpp = vpp or 1
     first, last = _int(args, "--decoder-first-pipeline-num-layers"), _int(args, "--decoder-last-pipeline-num-layers")
+    emb, loss = (1 if args.get("--account-for-embedding-in-pipeline-split") else 0,
+                 1 if args.get("--account-for-loss-in-pipeline-split") else 0)
+    if per_chunk and vpp:
+        raise SpecError("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank: "
+                        "Megatron takes one of them (validate_args); drop one")
+    if per_chunk and (first is not None or last is not None):
+        raise SpecError("--num-layers-per-virtual-pipeline-stage cannot be combined with "
+                        "--decoder-first/last-pipeline-num-layers (validate_args); use --num-virtual-stages-per-"
+                        "pipeline-rank")
+    if per_chunk and num_layers:
+        per_rank = (num_layers + emb + loss) // pp
+        if per_rank % per_chunk:
+            raise SpecError(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: the {per_rank} layers of a "
+                            "pipeline stage are not a multiple of it (validate_args); give a divisor of "
+                            f"{per_rank}")
+        vpp = per_rank // per_chunk
+    vpp = vpp or 1
     if (first is not None or last is not None) and num_layers is not None:
         ends = (first or 0) + (last or 0)
         middle_ranks = pp - (first is not None) - (last is not None)
@@ -307,12 +323,23 @@ def _partition(args: dict[str, Any], pp: int | None, num_layers: int | None,
             layers[0] = first
         if last is not None:
             layers[-1] = last
+        for n in sorted(set(layers)):
+            _check_chunks(n, vpp)
         return tuple(layers), vpp, "even", ()
-    emb, loss = (1 if args.get("--account-for-embedding-in-pipeline-split") else 0,
-                 1 if args.get("--account-for-loss-in-pipeline-split") else 0)
+    if num_layers is not None and (num_layers + emb + loss) % pp == 0:
+        _check_chunks((num_layers + emb + loss) // pp, vpp)
     if emb or loss:
         return None, vpp, "account", (emb, loss)
     return None, vpp, "even", ()
+
+
+def _check_chunks(per_rank: int, vpp: int) -> None:
+    """megatron-core builds a rank's layers // vpp per virtual stage, asserting that they divide
+    (transformer_block.get_num_layers_to_build); the explicit layout is the way to uneven chunks."""
+    if vpp > 1 and per_rank % vpp:
+        raise SpecError(f"{per_rank} layers on a pipeline rank do not split over its {vpp} virtual stages "
+                        "(megatron-core asserts they divide); change the virtual stages or give "
+                        "--pipeline-model-parallel-layout")
 
 
 def _recompute(granularity: str | None, args: dict[str, Any], notes: list[str]) -> tuple[str, int | None]:
@@ -326,6 +353,9 @@ def _recompute(granularity: str | None, args: dict[str, Any], notes: list[str]) 
         return "selective", None
     if granularity != "full":
         raise SpecError(f"--recompute-granularity {granularity!r}: use full or selective")
+    if "--recompute-method" not in args and not args.get("--checkpoint-activations"):  # which sets uniform
+        raise SpecError("--recompute-granularity full needs --recompute-method uniform or block (megatron-core's "
+                        "TransformerConfig refuses it without); add one, with --recompute-num-layers")
     method, n = args.get("--recompute-method", "uniform"), _int(args, "--recompute-num-layers", 1)
     if args.get("--distribute-saved-activations"):
         notes.append("--distribute-saved-activations: the checkpointed inputs are split over tp; costed unsplit")

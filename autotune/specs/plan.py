@@ -219,8 +219,9 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
     if plan.zero not in (0, 1, 2, 3):
         raise InvalidPlanError(f"zero must be 0, 1, 2 or 3, got {plan.zero}")
     if plan.zero >= 2 and plan.pp > 1:
-        raise InvalidPlanError(f"zero {plan.zero} shards gradients, which pipeline parallelism forbids (as "
-                               "DeepSpeed does); use zero 0 or 1 with pp > 1")
+        raise InvalidPlanError(f"zero {plan.zero} shards gradients, which autotune does not cost with pipeline "
+                               "parallelism (DeepSpeed refuses it; Megatron's FSDP and torch FSDP2 run without "
+                               "pp); use zero 0 or 1 with pp > 1")
     _check_partition(plan, model)
     _check_schedule(plan)
     _check_recompute(plan)

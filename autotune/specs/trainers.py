@@ -63,7 +63,9 @@ class TrainerCaps:
     tied_with_pp: bool = True
     """Tied input and output embeddings together with pipeline parallelism."""
     sp_seq_divisor: bool = False
-    """seq_len must be divisible by tp (with sequence parallelism) x 2cp (torchtitan's seq_len_divisor)."""
+    """seq_len must be divisible by tp (with sequence parallelism) x 2cp: torchtitan's seq_len_divisor; Megatron's
+    validate_args asks seq_length % 2cp == 0 and its sequence-parallel scatter asserts tp divides the tokens
+    (megatron/core/tensor_parallel/mappings.py)."""
     moe: bool = False
     """Mixture-of-experts models with expert parallelism, as autotune emits them (emit/megatron_moe.py)."""
     moe_models: tuple[str, ...] | None = None
@@ -97,7 +99,7 @@ _MEGATRON = TrainerCaps(
     name="megatron", schedules=("1f1b", "interleaved"), vocabs=("ends", "balanced"),
     # --use-distributed-optimizer (1); Megatron FSDP --data-parallel-sharding-strategy optim_grads(_params) (2, 3),
     # which is not used with pipelining
-    zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1), cp=True, tp_overlap=True, max_vpp=8, moe=True,
+    zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1), cp=True, tp_overlap=True, max_vpp=8, moe=True, sp_seq_divisor=True,
     moe_dispatchers=("alltoall", "deepep"), mtp=True,
     source="Megatron-LM core_r0.16: no zero-bubble or V schedule, no vocabulary parallelism (TRAINERS.md 1.1); "
            "any split through --pipeline-model-parallel-layout")

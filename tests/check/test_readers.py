@@ -188,3 +188,42 @@ def test_earlier_torchtitan_keys_are_read_where_they_moved() -> None:
         read_toml(new + "[experimental]\npipeline_parallel_degree = 4\n")
     with pytest.raises(SpecError, match="pipeline_parallel_microbatch_size"):
         read_toml(new + "[experimental]\npipeline_parallel_microbatches = 4\n")
+
+
+_LLAMA = ("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --swiglu --seq-length 4096 "
+          "--max-position-embeddings 4096 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 ")
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ("--num-layers-per-virtual-pipeline-stage 3", "20 layers of a pipeline stage are not a multiple of it"),
+    ("--num-virtual-stages-per-pipeline-rank 3", "20 layers on a pipeline rank do not split over its 3 virtual"),
+    ("--decoder-first-pipeline-num-layers 18 --decoder-last-pipeline-num-layers 18 "
+     "--num-virtual-stages-per-pipeline-rank 4", "18 layers on a pipeline rank do not split over its 4 virtual"),
+    ("--num-layers-per-virtual-pipeline-stage 5 --decoder-first-pipeline-num-layers 20",
+     "cannot be combined with --decoder-first/last"),
+    ("--num-layers-per-virtual-pipeline-stage 5 --num-virtual-stages-per-pipeline-rank 4", "takes one of them"),
+    ("--recompute-granularity full", "needs --recompute-method uniform or block"),
+    ("--bf16 --fp16", "--fp16 and --bf16"),
+])
+def test_megatron_refusals_are_refused_here(flags: str, message: str) -> None:
+    """What Megatron refuses at start-up (validate_args, megatron-core's TransformerConfig and
+    get_num_layers_to_build) is a one-line error, not a costed misreading of the script."""
+    with pytest.raises(SpecError, match=message) as err:
+        read_megatron(_LLAMA + flags + "\n")
+    assert "\n" not in str(err.value)
+
+
+def test_megatron_valid_virtual_stages_still_read() -> None:
+    assert read_megatron(_LLAMA + "--num-layers-per-virtual-pipeline-stage 5\n").vpp == 4
+    assert read_megatron(_LLAMA + "--num-virtual-stages-per-pipeline-rank 4\n").vpp == 4
+    r = read_megatron(_LLAMA + "--checkpoint-activations\n")  # the legacy flag means uniform
+    assert (r.recompute, r.recompute_layers) == ("full", None)
+
+
+def test_deepspeed_refuses_both_precisions_and_notes_offload() -> None:
+    base = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1}
+    with pytest.raises(SpecError, match="both true"):
+        read_deepspeed({**base, "bf16": {"enabled": True}, "fp16": {"enabled": True}}, None, 8, "ds.json")
+    r = read_deepspeed({**base, "bf16": {"enabled": True},
+                        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, None, 8, "ds.json")
+    assert any("offload_optimizer.device cpu" in n for n in r.notes)
