@@ -86,8 +86,8 @@ DEFAULT_MOE_IMBALANCE = next(f.default for f in fields(JobSpec) if f.name == "mo
 MAX_MOE_IMBALANCE = 64.0
 MoeImbalanceOpt = Annotated[float | None, typer.Option(
     "--moe-imbalance", metavar="X", help="MoE models: tokens of the busiest expert over the mean, the step waits "
-    f"for it; >= 1.0 (1.0 = balanced routing, as published benchmarks force; default {DEFAULT_MOE_IMBALANCE:g}, "
-    "learned routing).")]
+    f"for it with ep > 1; >= 1.0 (1.0 = balanced routing, as published benchmarks force; default "
+    f"{DEFAULT_MOE_IMBALANCE:g}, learned routing). With ep 1 every GPU runs every expert and none waits.")]
 MoeCapacityOpt = Annotated[float | None, typer.Option(
     "--moe-capacity-factor", metavar="C", help="MoE models: each expert takes at most C x the mean tokens and drops "
     "the rest (Megatron's --moe-expert-capacity-factor); default: dropless.")]

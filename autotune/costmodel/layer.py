@@ -145,8 +145,17 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
     return LayerShape(tokens=mbs * job.seq_len // cp, kv_tokens=mbs * job.seq_len, mbs=mbs, tp=tp, sp=sp,
                       elem=ACTIVATION_BYTES, flash=job.flash_attention, fused=job.fused_kernels,
                       fp8=job.dtype == "fp8", ep=ep, etp=etp,
-                      imbalance=job.moe_load if model.is_moe else 1.0,
+                      imbalance=rank_load(job, ep) if model.is_moe else 1.0,
                       dispatcher=job.moe_dispatcher if model.is_moe else "alltoall")
+
+
+def rank_load(job: JobSpec, ep: int) -> float:
+    """The busiest GPU's expert tokens over the mean: the job's routing load (JobSpec.moe_load) where experts
+    are spread over ep > 1 GPUs. With ep 1 every GPU runs every expert on all of its own tokens, so however the
+    router spreads them no GPU waits for another: 1, or the capacity where every expert's input is padded to it."""
+    if ep > 1:
+        return job.moe_load
+    return job.moe_capacity_factor if job.moe_capacity_factor and job.moe_pad_to_capacity else 1.0
 
 
 def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,

@@ -82,7 +82,14 @@ _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
     """autotune's MoE and MLA keys from a Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, GPT-OSS or Llama 4 (text)
     config.json; {} for a dense model. A missing field an MoE model needs is an error naming it."""
-    experts = next((data[k] for k in _HF_EXPERT_KEYS if data.get(k)), 0)
+    key = next((k for k in _HF_EXPERT_KEYS if data.get(k)), None)
+    experts = data[key] if key else 0
+    if key and (not isinstance(experts, int) or isinstance(experts, bool)):
+        raise SpecError(f"{where}: {key} {experts!r} must be a whole number of experts (> 1 for a mixture of "
+                        "experts); fix it, or drop it for a dense model")
+    if experts == 1 and isinstance(data.get("num_experts_per_tok"), int) and data["num_experts_per_tok"] > 1:
+        raise SpecError(f"{where}: num_experts_per_tok {data['num_experts_per_tok']} exceeds {key} 1; give the "
+                        "expert count, or drop both for a dense model")
     out: dict[str, Any] = {}
     if data.get("kv_lora_rank"):  # DeepSeek-V2/V3 multi-head latent attention
         for key in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):

@@ -195,6 +195,16 @@ def test_hf_top_k_without_an_expert_count_is_an_error_not_a_dense_model(experts)
         model_from_hf_config(cfg, "config.json")
 
 
+@pytest.mark.parametrize(("experts", "message"), [
+    ("8", "num_local_experts '8' must be a whole number"), (8.0, "num_local_experts 8.0 must be a whole number"),
+    (True, "num_local_experts True must be a whole number"), (1, "num_experts_per_tok 2 exceeds num_local_experts 1")])
+def test_hf_bad_expert_count_is_an_error_not_a_dense_model(experts, message) -> None:
+    """An expert count that is not a whole number (or one expert for top-2) was read as a dense model, silently:
+    Mixtral at 7 GiB instead of 74."""
+    with pytest.raises(SpecError, match=message):
+        model_from_hf_config({**HF["mixtral"], "num_local_experts": experts}, "config.json")
+
+
 def test_hf_deepseek_config_needs_its_expert_width() -> None:
     """DeepSeek's intermediate_size is the dense layers' (18432): without moe_intermediate_size the experts took it
     (peak memory 203 -> 1736 GiB in a user's test)."""
@@ -376,6 +386,23 @@ def test_imbalance_scales_the_busiest_experts() -> None:
         flops.append(sum(op.flops for op in ops if op.name.startswith("expert_")))
     assert flops[1] == pytest.approx(ROUTED_IMBALANCE * flops[0])
     assert JobSpec(global_batch=1, seq_len=1).moe_imbalance == ROUTED_IMBALANCE
+
+
+def test_without_expert_parallelism_no_gpu_waits_for_the_busiest_expert() -> None:
+    """ep 1: every GPU runs every expert on its own tn x k token copies, however they are routed, so the routing
+    imbalance costs nothing (a capacity that pads every expert's input still does)."""
+    m = load_model("mixtral-8x7b")
+    plan = Plan(tp=2, pp=1, dp=4, ep=1, mbs=1, num_microbatches=2, zero=1, sequence_parallel=True,
+                layers_per_stage=(32,))
+    steps = {x: CostModel(m, H100, JobSpec(global_batch=8, seq_len=4096, moe_imbalance=x)).estimate(plan)
+             for x in (1.0, ROUTED_IMBALANCE, 3.0)}
+    assert len({(e.step_time_s, e.peak_memory_bytes) for e in steps.values()}) == 1
+    padded = JobSpec(global_batch=8, seq_len=4096, moe_capacity_factor=1.5, moe_pad_to_capacity=True)
+    assert layer_shape(m, padded, tp=2, cp=1, mbs=1, sp=True, ep=1).imbalance == 1.5
+    spread = replace(plan, ep=8, etp=1)
+    slow, fast = (CostModel(m, H100, JobSpec(global_batch=8, seq_len=4096, moe_imbalance=x)).estimate(spread)
+                  for x in (ROUTED_IMBALANCE, 1.0))
+    assert slow.step_time_s > fast.step_time_s  # with experts spread over GPUs the busiest one is waited for
 
 
 def test_expert_optimizer_state_shards_over_the_expert_data_parallel_group() -> None:
