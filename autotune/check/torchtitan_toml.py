@@ -24,6 +24,7 @@ from autotune.catalog import model_names
 from autotune.check.bash import Shell, tokenize
 from autotune.check.reading import Reading, check_sizes
 from autotune.check.script import launch_words
+from autotune.emit.torchtitan import own_config_names
 from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY
 from autotune.errors import SpecError
 
@@ -55,6 +56,8 @@ FLAVORS = {flavor: name for name, (_, flavor) in reversed(REGISTRY.items())}
 CONFIGS = {config: name for name, (config, _) in reversed(REGISTRY.items())}
 # torchtitan's MoE config functions name their catalog model too
 CONFIGS.update((m.config, name) for name, m in MOE_REGISTRY.items() if m.config)
+# and so do the config functions autotune's own launch writes beside it (the bf16 405B, Qwen3-235B-A22B)
+CONFIGS.update(own_config_names())
 #: torchtitan 0.2.x MoE models: (model.name, model.flavor) -> the catalog model.
 MOE_FLAVORS = {(m.module, m.flavor): name for name, m in MOE_REGISTRY.items()}
 

@@ -28,6 +28,25 @@ BF16_CONFIG = {"llama3_405b": ("405B", 8e-5)}
 CONFIG_MODULE = "autotune_torchtitan_config"
 
 
+def bf16_config_name(config: str) -> str:
+    """The name of the bf16 config function the launch writes in place of torchtitan's `config`."""
+    return f"{config}_bf16"
+
+
+def moe_config_name(moe: MoeModel) -> str:
+    """The name of the config function the launch writes for an MoE flavor torchtitan has no function for."""
+    return f"{moe.module}_{moe.flavor.lower().replace('-', '_').replace('.', '_')}"
+
+
+def own_config_names() -> dict[str, str]:
+    """The config functions the launch writes itself (CONFIG_MODULE) -> the catalog model each trains (the first
+    of its shape), so `autotune check` reads them back."""
+    out = {bf16_config_name(config): name for name, (config, _) in reversed(REGISTRY.items())
+           if config in BF16_CONFIG}
+    out.update((moe_config_name(m), name) for name, m in MOE_REGISTRY.items() if not m.config)
+    return out
+
+
 def emit_torchtitan(inp: EmitInput, *, fmt: str = "cli") -> EmitResult:
     """torchtitan files for a plan: `launch_torchtitan.sh` + `torchtitan_overrides.txt` (cli) or `torchtitan.toml`."""
     if fmt not in FORMATS:
@@ -75,7 +94,7 @@ def _config_function(inp: EmitInput) -> tuple[str, str, tuple[tuple[str, str], .
     if registry[0] not in BF16_CONFIG:
         return "llama3", registry[0], ()
     flavor, lr = BF16_CONFIG[registry[0]]
-    name = f"{registry[0]}_bf16"
+    name = bf16_config_name(registry[0])
     module = (commented(header_lines(inp, "torchtitan", TARGET["cli"]) + [
         f"torchtitan's {registry[0]} config function turns on Float8 linears, torch.compile and async TP; this one",
         f"trains the {flavor} model in bf16 on the 70B recipe (data, loss, metrics, checkpointing) with the",
@@ -95,7 +114,7 @@ def _moe_config_function(inp: EmitInput, moe: MoeModel) -> tuple[str, str, tuple
     ours: its model_registry flavor on the recipe of `moe.base` (data, optimizer, loss, checkpointing)."""
     if moe.config:
         return moe.module, moe.config, ()
-    name = f"{moe.module}_{moe.flavor.lower().replace('-', '_').replace('.', '_')}"
+    name = moe_config_name(moe)
     module = (commented(header_lines(inp, "torchtitan", TARGET["cli"]) + [
         f"torchtitan's {moe.module} has the {moe.flavor} model but no config function; this one trains it on the",
         f"{moe.base} recipe (data, optimizer, loss, checkpointing); the launch script's flags set the plan."])

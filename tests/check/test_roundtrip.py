@@ -21,7 +21,7 @@ from autotune.catalog import load_hardware
 from autotune.check.understood import read_config, understand
 from autotune.costmodel.estimate import CostModel
 from autotune.emit import EmitInput, emit
-from autotune.emit.torchtitan_mapping import REGISTRY
+from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY
 from autotune.errors import SpecError
 from autotune.render.common import dump_json
 from autotune.render.estimate import estimate_json
@@ -101,7 +101,8 @@ def _read_back(tmp: Path, inp: EmitInput, trainer: str, fmt: str | None, name: s
     kind, reading, got_fmt = read_config(path, trainer if name.endswith(".txt") else None, inp.plan.num_gpus)
     assert kind == trainer
     # DeepSpeed's JSON never names the model; torchtitan's overrides do only through a registry config function
-    names_model = trainer == "megatron" or fmt == "toml" or (name.endswith(".sh") and inp.model.name in REGISTRY)
+    names_model = trainer == "megatron" or fmt == "toml" or (name.endswith(".sh") and (
+        inp.model.name in REGISTRY or inp.model.name in MOE_REGISTRY))  # torchtitan's config function or ours
     model_arg = None if names_model else inp.model.name
     u = understand(path, reading, trainer=kind, fmt=got_fmt, gpus=inp.plan.num_gpus, model_arg=model_arg,
                    seq_len_arg=inp.job.seq_len if trainer == "deepspeed" else None)
@@ -259,3 +260,15 @@ def test_moe_capacity_factor_roundtrip(tmp_path: Path, capacity: float, pad: boo
     job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=4096, moe_capacity_factor=capacity,
                   moe_pad_to_capacity=pad)
     _check_roundtrip(tmp_path, _inp("mixtral-8x7b", "h100-sxm", job, plan), *TRAINERS[0])
+
+
+def test_the_bf16_405b_config_function_reads_back_as_its_model(tmp_path: Path) -> None:
+    """The launch trains Llama 3 405B through a config function of its own (llama3_405b_bf16, torchtitan's turns on
+    Float8): `check` reads it back as that model without --model."""
+    from emit.test_megatron import _inp
+
+    plan = Plan(tp=8, pp=16, dp=8, mbs=1, num_microbatches=128, zero=1, sequence_parallel=True,
+                layers_per_stage=(7,) + (8,) * 14 + (7,))
+    inp = _inp("llama3-405b", "h200", JobSpec(global_batch=1024, seq_len=8192, trainer="torchtitan"), plan)
+    u = _read_back(tmp_path, inp, "torchtitan", None, "launch_torchtitan.sh")
+    assert u.model.name == "llama3-405b"
