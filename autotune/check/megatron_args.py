@@ -85,6 +85,8 @@ SWITCH = frozenset("""
 """.split())
 VALUE, SWITCH = VALUE | MOE_VALUE, SWITCH | MOE_SWITCH  # megatron_moe_args.py: the MoE and MLA flags
 NEUTRAL_VALUE, NEUTRAL_SWITCH = NEUTRAL_VALUE | MOE_NEUTRAL_VALUE, NEUTRAL_SWITCH | MOE_NEUTRAL_SWITCH
+#: Value flags that take a list (argparse nargs='*').
+LIST_VALUE = {"--recompute-modules"}
 #: Old spellings Megatron still accepts, and what they mean here.
 DEPRECATED = {
     "--model-parallel-size": "--tensor-model-parallel-size",
@@ -129,6 +131,11 @@ def parse_args(argv: list[str], notes: list[str]) -> dict[str, Any]:
             args[flag], i = inline or True, i + 1
             while i < len(argv) and not argv[i].startswith("--"):
                 args[flag], i = argv[i], i + 1
+        elif flag in LIST_VALUE:  # nargs='*': every word up to the next flag
+            values, i = ([inline] if inline else []), i + 1
+            while i < len(argv) and not argv[i].startswith("--"):
+                values, i = values + [argv[i]], i + 1
+            args[flag] = " ".join(values)
         elif flag in VALUE:
             if inline:
                 args[flag], i = inline, i + 1

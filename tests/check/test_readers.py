@@ -227,3 +227,10 @@ def test_deepspeed_refuses_both_precisions_and_notes_offload() -> None:
     r = read_deepspeed({**base, "bf16": {"enabled": True},
                         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, None, 8, "ds.json")
     assert any("offload_optimizer.device cpu" in n for n in r.notes)
+
+
+def test_recompute_modules_take_a_list_as_in_megatron() -> None:
+    r = read_megatron(_LLAMA + "--recompute-granularity selective --recompute-modules moe_act layernorm "
+                      "--use-distributed-optimizer\n")
+    assert not [n for n in r.notes if "stray" in n] and r.zero == 1
+    assert any("--recompute-modules moe_act layernorm" in n for n in r.notes)
