@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.stages import StageCost
-from autotune.search.space import SearchSpace
-from autotune.specs.plan import DEFAULT_BUCKET, Plan
+from autotune.search.space import SearchSpace, for_trainer
+from autotune.specs.plan import Plan
 from autotune.specs.trainers import caps_for
 from autotune.units import gib
 
@@ -27,9 +27,7 @@ def trainer_space(trainer: str, plan: Plan) -> SearchSpace:
     """Plans the trainer runs exactly as autotune costs them (its capability row, specs/trainers.py); a Megatron
     config that runs the vocabulary-parallel fork is compared within that fork."""
     fork = "vocab-parallel" if trainer == "megatron" and plan.vocab == "parallel" else None
-    if trainer == "torchtitan":  # FSDP2 has no gradient-bucket setting: the plan keeps the default
-        return SearchSpace(trainer=caps_for(trainer, fork), buckets=(DEFAULT_BUCKET,))
-    return SearchSpace(trainer=caps_for(trainer, fork))
+    return for_trainer(SearchSpace(), caps_for(trainer, fork))
 
 
 @dataclass(frozen=True, slots=True)

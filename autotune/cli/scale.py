@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated
 
 import typer
@@ -21,6 +20,7 @@ from autotune.emit import TRAINERS
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.render.scale import scale_progress, scaling_brief, scaling_csv, scaling_json, scaling_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
+from autotune.search.space import for_trainer
 from autotune.search.scaling import (DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, available_cores,
                                      global_batch_for_tokens, scale)
 from autotune.specs.trainers import check_dispatcher
@@ -87,7 +87,7 @@ def scale_command(
     check_dispatcher(caps, job)
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
-    space = replace(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), trainer=caps)
+    space = for_trainer(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), caps)
     measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
     with scale_progress(True) as progress:  # on a terminal even with --json/--csv: it goes to stderr
         result = scale(spec, hw, job, sizes, space, train_tokens=train_tokens,

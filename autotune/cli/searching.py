@@ -15,7 +15,7 @@ from autotune.render.common import plan_brief
 from autotune.render.plan import Comparison, search_progress
 from autotune.search.pins import check_space
 from autotune.search.planner import DEFAULT_WORK_LIMIT, PlanResult, search
-from autotune.search.space import SearchSpace, enumerate_candidates
+from autotune.search.space import SearchSpace, enumerate_candidates, for_trainer
 from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -32,7 +32,7 @@ def search_space(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int, gpus_per
     """The pins as a SearchSpace (restricted to what `trainer` runs), after checks that turn contradictory pins
     into one-line errors (exit 1): the planner's own "empty space" error (exit 2) is left for spaces that are
     empty without any pin."""
-    space = replace(pins_space(pins, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp), trainer=trainer)
+    space = for_trainer(pins_space(pins, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp), trainer)
     check_space(space, model, job, gpus, gpus_per_node)
     if pins.given() and next(enumerate_candidates(model, job, gpus, gpus_per_node, space), None) is None:
         deepep = ""

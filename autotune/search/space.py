@@ -8,14 +8,14 @@ under full recomputation, gradient bucket size). Divisibility rules sit next to 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.search.experts import expert_options, moe_sequence_parallel
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import deepep_group_issue
+from autotune.specs.plan import DEFAULT_BUCKET, deepep_group_issue
 from autotune.specs.trainers import TrainerCaps, deepspeed_split, expert_layout_issue
 from autotune.specs.tpgrid import check_tp_shapes, tp_mode_degrees
 
@@ -62,6 +62,14 @@ class SearchSpace:
     """Expert-tensor-parallel degrees (MoE models; None = 1 or tp)."""
     trainer: TrainerCaps | None = None
     """Only what this trainer runs (specs/trainers.py); None: everything autotune models."""
+
+
+def for_trainer(space: SearchSpace, caps: TrainerCaps | None) -> SearchSpace:
+    """The space restricted to what the trainer runs; one without a gradient-bucket setting keeps the default
+    bucket (the one `check` reads its configs with)."""
+    if caps is not None and not caps.gradient_buckets:
+        return replace(space, trainer=caps, buckets=(DEFAULT_BUCKET,))
+    return replace(space, trainer=caps)
 
 
 class Candidate(NamedTuple):

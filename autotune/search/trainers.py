@@ -15,7 +15,7 @@ from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.search.pins import check_space
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT, PlanResult, search
-from autotune.search.space import SearchSpace
+from autotune.search.space import SearchSpace, for_trainer
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
@@ -53,7 +53,7 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
         if not why:
             out.append(TrainerBest(name, (), None, "RUNS"))
             continue
-        restricted = replace(space, trainer=caps)
+        restricted = for_trainer(space, caps)
         own = replace(job, trainer=name) if own_kernels else job
         if own.moe_dispatcher not in caps.moe_dispatchers:  # what it runs instead: NCCL's all-to-all
             own = replace(own, moe_dispatcher="alltoall")

@@ -62,6 +62,9 @@ class TrainerCaps:
     """Full recomputation of only some layers of each chunk (Megatron's block method)."""
     tied_with_pp: bool = True
     """Tied input and output embeddings together with pipeline parallelism."""
+    gradient_buckets: bool = True
+    """A gradient-bucket size the config sets (Megatron's --ddp-bucket-size, DeepSpeed's reduce_bucket_size);
+    torchtitan's FSDP2 reduces per block and has none, so its plans keep the default bucket."""
     sp_seq_divisor: bool = False
     """seq_len must be divisible by tp (with sequence parallelism) x 2cp: torchtitan's seq_len_divisor; Megatron's
     validate_args asks seq_length % 2cp == 0 and its sequence-parallel scatter asserts tp divides the tokens
@@ -115,6 +118,7 @@ TRAINER_CAPS: dict[str, TrainerCaps] = {
         zero_flat=(0, 3), zero_pipelined=(0, 1), cp=False, tp_overlap=True, tp_overlap_needs_fused=True, max_vpp=8,
         # activation-checkpoint:full covers every layer; its selective AC is per-op, not Megatron's attention-only
         selective_recompute=False, partial_recompute=False, tied_with_pp=False, sp_seq_divisor=True,
+        gradient_buckets=False,
         # expert_parallel_degree for the MoE models it ships (emit/torchtitan_mapping.py MOE_REGISTRY)
         moe=True, moe_models=TORCHTITAN_MOE_MODELS, etp_with_ep=False, ep_over_replicas=False,
         source="torchtitan 0.3.0: 1F1B and Interleaved1F1B (ZBVZeroBubble keeps 1F1B's memory, not V-Half's); "

@@ -23,7 +23,7 @@ from autotune.emit.deepspeed import deepspeed_split as emitter_split
 from autotune.errors import InfeasibleError, InvalidPlanError, SpecError
 from autotune.search.pins import check_space
 from autotune.search.planner import search
-from autotune.search.space import SearchSpace
+from autotune.search.space import SearchSpace, for_trainer
 from autotune.search.tables import to_plan
 from autotune.search.trainers import best_per_trainer, reestimator
 from autotune.specs.job import JobSpec
@@ -195,7 +195,7 @@ def test_best_per_trainer_equals_each_restricted_search():
         assert (f.status == "RUNS") == (not f.unsupported)
         if f.best is not None:
             job = replace(JOB, trainer=f.trainer)
-            alone = search(MODEL, HW, job, 16, replace(space, trainer=TRAINER_CAPS[f.trainer]), top_k=0).best
+            alone = search(MODEL, HW, job, 16, for_trainer(space, TRAINER_CAPS[f.trainer]), top_k=0).best
             assert f.best.plan == alone.plan
 
 
@@ -218,3 +218,16 @@ def test_whole_layer_recompute_where_megatron_recomputes_part():
     assert plans["megatron"].recompute_layers is not None
     for name in ("torchtitan", "deepspeed"):
         assert plans[name].recompute_layers is None and plans[name].recompute in ("none", "full"), plans[name]
+
+
+def test_a_trainer_without_a_bucket_setting_keeps_the_default_bucket() -> None:
+    """torchtitan's FSDP2 has no gradient-bucket setting: its plans keep the bucket `check` reads its configs
+    with, so plan and check agree on the same config; the others search every bucket."""
+    from autotune.search.space import BUCKETS
+    from autotune.specs.plan import DEFAULT_BUCKET
+    from autotune.specs.trainers import TRAINER_CAPS
+
+    assert for_trainer(SearchSpace(), TRAINER_CAPS["torchtitan"]).buckets == (DEFAULT_BUCKET,)
+    for name in ("megatron", "deepspeed"):
+        assert for_trainer(SearchSpace(), TRAINER_CAPS[name]).buckets == BUCKETS
+    assert for_trainer(SearchSpace(), None) == SearchSpace()
