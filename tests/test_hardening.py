@@ -197,6 +197,9 @@ def test_brief_is_one_line_per_plan():
     assert [line.split()[0] for line in lines[1:]] == [f"runner_up={k}" for k in range(1, len(lines))]
     code, out, _ = run(estimate("--brief"))
     assert code == 0 and out.strip().startswith("tp=2 pp=2 dp=2 cp=1 mbs=1 microbatches=8 ")
+    assert "recompute_layers" not in out
+    code, out, _ = run(estimate("--brief", "--recompute", "full", "--recompute-layers", "1"))
+    assert code == 0 and " recompute=full recompute_layers=1 zero=" in out  # partial full recompute is shown
     code, out, _ = run(["scale", *TINY, "--gpus", "1,2,4", "--global-batch", "16", "--seq-len", "256",
                         "--work-limit", "0.5", "--brief"])
     assert code == 0 and [line.split()[0] for line in out.splitlines()] == ["gpus=1", "gpus=2", "gpus=4"]

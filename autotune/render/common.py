@@ -117,6 +117,8 @@ def brief_line(est: Estimate, *, prefix: str = "") -> str:
              f"layers={','.join(map(str, p.layers_per_stage))}", f"step_s={est.step_time_s:.4f}",
              f"tokens_per_s={est.tokens_per_s:.0f}", f"mfu={est.mfu:.4f}",
              f"peak_gib={gib(est.peak_memory_bytes):.2f}", f"fits={'yes' if est.fits else 'no'}"]
+    if p.recompute_layers is not None:  # full recompute of only that many layers per chunk
+        words.insert(words.index(f"recompute={p.recompute}") + 1, f"recompute_layers={p.recompute_layers}")
     if (p.ep, p.etp) != (1, 1):
         words[4:4] = [f"ep={p.ep}", f"etp={p.etp}"]
     return " ".join([prefix, *words] if prefix else words)
