@@ -96,7 +96,7 @@ def parse_json(raw: bytes | str, where: str, *, max_depth: int,
                syntax: Callable[[json.JSONDecodeError], str] | None = None) -> Any:
     """JSON bytes or text to Python: encoding, nesting, syntax and out-of-range numbers are one-line errors
     (`syntax` words the syntax error, e.g. with the file's line first; default "<where>: invalid JSON at ...")."""
-    text = decode_text(raw, where)
+    text = decode_text(raw, where).removeprefix("\ufeff")  # a byte-order mark some editors write: not JSON's
     depth = json_depth(text)
     if depth > max_depth:
         raise SpecError(f"{where}: nested {depth} levels deep, more than the maximum of {max_depth}; give a flatter "

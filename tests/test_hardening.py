@@ -273,3 +273,13 @@ def test_a_hugging_face_config_with_a_list_for_hidden_act_is_one_line(tmp_path):
     path.write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                                 "intermediate_size": 128, "vocab_size": 256, "hidden_act": []}))
     assert "hidden_act [] is not supported" in error_line(estimate(model=str(path)))
+
+
+def test_a_json_file_with_a_byte_order_mark_reads(tmp_path):
+    """Some editors start UTF-8 files with a byte-order mark, which JSON itself does not allow: read past it."""
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256,
+                                                   "num_attention_heads": 4, "intermediate_size": 512,
+                                                   "vocab_size": 1000}).encode())
+    code, out, err = run(estimate("--brief", model=str(path)))
+    assert code == 0 and out.startswith("tp="), err

@@ -185,8 +185,10 @@ def _resolve_shape(reading: Reading, found: dict[str, Any] | None, model_arg: st
             return named, notes
     if found is None:
         if model_arg is None:
-            raise SpecError(f"the {reading.trainer} config does not define the model; pass --model NAME (see "
-                            "`autotune models`) or a config.json path")
+            why = next((n for n in reading.notes if "not a torchtitan model autotune knows" in n), "")
+            raise SpecError(f"the {reading.trainer} config does not define the model"
+                            + (f" ({why.split(';')[0]})" if why else "")
+                            + "; pass --model NAME (see `autotune models`) or a config.json path")
         return load_model(model_arg), notes
     if model_arg is not None:
         spec = load_model(model_arg)
@@ -244,6 +246,9 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
                model_arg: str | None, seq_len_arg: int | None) -> Understood:
     """The Plan, ModelSpec and JobSpec of a reading on --gpus GPUs (rule checks are the caller's check_plan)."""
     r = reading
+    if r.seq_len and seq_len_arg and seq_len_arg != r.seq_len:
+        raise SpecError(f"--seq-len {seq_len_arg}: the {trainer} config trains {r.seq_len}-token sequences; drop "
+                        "--seq-len or give the same")
     seq_len = r.seq_len or seq_len_arg
     if seq_len is None:
         raise SpecError(f"the {trainer} config does not give the sequence length; pass --seq-len N")

@@ -68,7 +68,8 @@ TpModeOpt = _pin("--tp-mode", "Tensor-parallel mode (default: 1d; 2d/2.5d/3d gri
 MicroOpt = Annotated[int | None, typer.Option("--num-microbatches",
                                                help="Micro-batches per step (default: global batch / (dp*mbs)).")]
 RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-layers", help="With full recompute: "
-                                                        "layers per stage recomputed (default: all).")]
+                                                        "layers recomputed in each model chunk (virtual stage), "
+                                                        "as Megatron's block method (default: all).")]
 BucketOpt = Annotated[int | None, typer.Option("--bucket-size", help=f"DP gradient bucket in parameters "
                                                f"(default: {DEFAULT_BUCKET}).")]
 SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel",

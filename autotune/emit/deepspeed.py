@@ -169,7 +169,7 @@ def _optimizer(inp: EmitInput) -> dict[str, Any]:
     return {"optimizer": {"type": "AdamW", "params": {"lr": s.lr, **ADAM}},
             "scheduler": {"type": "WarmupCosineLR", "params": {
                 "total_num_steps": s.steps, "warmup_num_steps": s.warmup, "warmup_min_ratio": 0.0,
-                "cos_min_ratio": s.min_lr / s.lr, "warmup_type": "linear"}}}
+                "cos_min_ratio": float(f"{s.min_lr / s.lr:.6g}"), "warmup_type": "linear"}}}
 
 
 def _zero(plan: Plan) -> dict[str, Any]:

@@ -293,3 +293,22 @@ def test_a_best_plan_a_limit_cut_short_says_so_and_exits_3(cli) -> None:
     assert result.exit_code == 3 and doc["check"]["exit_code"] == 3
     assert any(f["message"].startswith("the best plan is not proven the best") and f["exit_code"] == 3
                for f in doc["check"]["findings"])
+
+
+def test_a_sequence_length_that_contradicts_the_config_is_an_error(cli) -> None:
+    """--seq-len fills in what a config leaves out; one that differs from the config's own was dropped silently."""
+    from autotune.errors import SpecError
+
+    with pytest.raises(SpecError, match="--seq-len 4096: the megatron config trains 8192-token sequences"):
+        cli("check", str(EXAMPLE), "--gpu", "h100-sxm", "--gpus", "512", "--seq-len", "4096")
+    result = cli("check", str(EXAMPLE), "--gpu", "h100-sxm", "--gpus", "512", "--seq-len", "8192")
+    assert result.exit_code in (0, 4)
+
+
+def test_an_unknown_torchtitan_flavor_is_named_in_the_error(cli, tmp_path: Path) -> None:
+    from autotune.errors import SpecError
+
+    path = _write(tmp_path, "tt.toml", '[model]\nflavor = "8b"\n[parallelism]\ntensor_parallel_degree = 8\n'
+                  '[training]\nlocal_batch_size = 8\nseq_len = 4096\n')
+    with pytest.raises(SpecError, match="flavor '8b': not a torchtitan model autotune knows"):
+        cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "8")
