@@ -271,7 +271,8 @@ def _soft(args: dict[str, Any]) -> dict[str, Any]:
     """Model settings that do not change the cost, where the flags give them."""
     soft: dict[str, Any] = {}
     for flag, key in (("--rotary-base", "rope_theta"), ("--norm-epsilon", "norm_eps"),
-                      ("--init-method-std", "init_std"), ("--rope-scaling-factor", "rope_scaling_factor")):
+                      ("--init-method-std", "init_std"), ("--rope-scaling-factor", "rope_scaling_factor"),
+                      ("--moe-router-topk-scaling-factor", "moe_router_scaling")):
         if isinstance(args.get(flag), str):
             soft[key] = _float(args, flag, 0.0)
     if args.get("--use-rope-scaling"):

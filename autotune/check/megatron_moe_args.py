@@ -18,15 +18,16 @@ from autotune.specs.limits import MAX_LAYERS, check_max
 #: Flags that take one value and that this reader uses.
 MOE_VALUE = frozenset("""
 --moe-layer-freq --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim
---moe-expert-capacity-factor --mtp-num-layers
+--moe-expert-capacity-factor --mtp-num-layers --moe-router-num-groups --moe-router-group-topk
+--moe-router-topk-scaling-factor
 """.split())
 #: Switches this reader uses.
 MOE_SWITCH = frozenset("--multi-latent-attention --moe-grouped-gemm --moe-router-force-load-balancing "
                        "--moe-pad-expert-input-to-capacity".split())
 #: Routing, loss and fusion settings that do not change the plan or its cost (recognised, ignored).
 MOE_NEUTRAL_VALUE = frozenset("""
---moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff --moe-router-topk-scaling-factor
---moe-router-num-groups --moe-router-group-topk --moe-router-dtype --moe-router-bias-update-rate
+--moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff
+--moe-router-dtype --moe-router-bias-update-rate
 --moe-input-jitter-eps --moe-token-drop-policy --mscale --mscale-all-dim --mtp-loss-scaling-factor
 """.split())
 MOE_NEUTRAL_SWITCH = frozenset("""
@@ -102,6 +103,16 @@ def moe_model_fields(args: dict[str, Any], num_layers: int, notes: list[str]) ->
     check_max(num_layers, MAX_LAYERS, "the number of layers", "pretrain_gpt.py arguments")
     bits = layer_pattern(str(args.get("--moe-layer-freq", "1")), num_layers)
     fields = pattern_fields(bits, f"--moe-layer-freq {args.get('--moe-layer-freq', '1')}", notes)
+    # group-limited routing, a training choice (check/understood.py TRAINING_FIELDS): 0 where the flags are absent
+    fields.update(moe_router_groups=0, moe_router_group_topk=0)
+    groups = args.get("--moe-router-num-groups")
+    if groups is not None and not (isinstance(groups, str) and groups.isdigit()):
+        raise SpecError(f"--moe-router-num-groups {groups!r}: expected a whole number of groups")
+    if groups is not None and int(groups) > 1:
+        chosen = args.get("--moe-router-group-topk", "0")
+        if not (isinstance(chosen, str) and chosen.isdigit()):
+            raise SpecError(f"--moe-router-group-topk {chosen!r}: expected a whole number of groups")
+        fields.update(moe_router_groups=int(groups), moe_router_group_topk=int(chosen))
     if not args.get("--moe-grouped-gemm"):
         notes.append("no --moe-grouped-gemm: Megatron runs each local expert's MLP in turn; costed as grouped "
                      "GEMMs (faster)")

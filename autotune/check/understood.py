@@ -163,16 +163,20 @@ def shape_diffs(found: dict[str, Any], spec: ModelSpec, seq_len: int | None) -> 
 def resolve_model(reading: Reading, model_arg: str | None, fallback: str, seq_len: int | None) -> tuple[ModelSpec,
                                                                                                         list[str]]:
     """The model the config trains: its flags' shape, matched to the catalog (or to --model) where it agrees.
-    Multi-token prediction modules are what the config trains, not part of the shape: the match ignores them and
-    the result has the config's."""
+    Multi-token prediction modules and group-limited routing are what the config trains, not part of the shape:
+    the match ignores them and the result has the config's."""
     found = reading.model_fields
-    mtp = None if found is None else found.get("mtp_layers")
-    if mtp is not None:
-        found = {k: v for k, v in found.items() if k != "mtp_layers"}
+    trained = {} if found is None else {k: found[k] for k in TRAINING_FIELDS if k in found}
+    if found is not None:
+        found = {k: v for k, v in found.items() if k not in TRAINING_FIELDS}
     model, notes = _resolve_shape(reading, found, model_arg, fallback, seq_len)
-    if mtp is not None and model.mtp_layers != mtp:
-        model = replace(model, mtp_layers=mtp)
+    if trained and any(getattr(model, k) != v for k, v in trained.items()):
+        model = replace(model, **trained)
     return model, notes
+
+
+#: Model fields a config sets as training choices (its readers give all of them, 0 where a flag is absent)
+TRAINING_FIELDS = ("mtp_layers", "moe_router_groups", "moe_router_group_topk")
 
 
 def _resolve_shape(reading: Reading, found: dict[str, Any] | None, model_arg: str | None, fallback: str,

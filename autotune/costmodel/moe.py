@@ -180,11 +180,28 @@ def groups_hit(experts: int, top_k: int, groups: int) -> float:
     return groups * (1.0 - miss)
 
 
+def parts_hit(model: ModelSpec, parts: int) -> float:
+    """Expected number of `parts` equal consecutive shares of the experts (the GPUs or the nodes of the expert-
+    parallel group) a token's experts fall in. Group-limited routing (DeepSeek-V3: 8 groups, a token's experts
+    from at most 4) draws them from its chosen groups only: where each group spans whole shares, the top-k
+    experts fall among the chosen groups' shares; where a share holds whole groups, the chosen groups fall among
+    the shares (each holding one of the experts, an upper bound); groups straddling shares bound nothing."""
+    experts, k, groups, chosen = model.num_experts, model.moe_top_k, model.moe_router_groups, \
+        model.moe_router_group_topk
+    if groups <= 1 or not chosen or parts <= 1:
+        return groups_hit(experts, k, parts)
+    if parts % groups == 0:
+        per_group = parts // groups
+        return groups_hit(experts * chosen // groups, k, chosen * per_group)
+    if groups % parts == 0:
+        return groups_hit(groups, chosen, parts)
+    return groups_hit(experts, k, parts)
+
+
 def delivered_rows(model: ModelSpec, shape: LayerShape) -> float:
     """Token rows DeepEP delivers to the busiest GPU: a token goes once to each GPU holding one of its experts
     (not once per expert, as the alltoall dispatcher sends), to all etp shards of each such expert group."""
-    return shape.imbalance * routed_tokens(shape) * shape.etp * groups_hit(model.num_experts, model.moe_top_k,
-                                                                         shape.ep)
+    return shape.imbalance * routed_tokens(shape) * shape.etp * parts_hit(model, shape.ep)
 
 
 #: NVIDIA compute capabilities (major) DeepEP runs on: Ampere, Hopper, Blackwell B200/B300, the GPUs on which
@@ -223,8 +240,7 @@ def deepep_exchange(model: ModelSpec, hw: HardwareSpec, shape: LayerShape, dispa
     if n <= g:
         return link.latency + (n - 1) / n * rows * row / link.bandwidth
     nodes = n / g
-    remote = shape.imbalance * routed_tokens(shape) * (nodes - 1) / nodes * groups_hit(
-        model.num_experts, model.moe_top_k, round(nodes))
+    remote = shape.imbalance * routed_tokens(shape) * (nodes - 1) / nodes * parts_hit(model, round(nodes))
     nvlink = comm.group_link(hw, g, 1).bandwidth
     nic = link.nic_bandwidth or comm.p2p_link(hw, 2 * hw.gpus_per_node, 1).bandwidth
     return link.latency + max(remote * row / nic, (g - 1) / g * rows * row / nvlink)

@@ -4,6 +4,7 @@ _add_mla_args; megatron-core 0.16's TransformerConfig / MLATransformerConfig che
 
 from __future__ import annotations
 
+from autotune.emit.runfiles import float_text
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
@@ -63,6 +64,11 @@ def moe_flags(model: ModelSpec, plan: Plan, dispatcher: str = "alltoall", job: J
                           str(model.num_shared_experts * model.shared_expert_ffn_hidden_size)))
         if model.router == "sigmoid":  # DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias
             flags.append(("--moe-router-enable-expert-bias", None))
+        if model.moe_router_groups > 1:  # group-limited (DeepSeek-V3: node-limited) routing, as costed
+            flags += [("--moe-router-num-groups", str(model.moe_router_groups)),
+                      ("--moe-router-group-topk", str(model.moe_router_group_topk))]
+        if model.moe_router_scaling != 1.0:
+            flags.append(("--moe-router-topk-scaling-factor", float_text(model.moe_router_scaling)))
     if model.mla:
         flags += [("--multi-latent-attention", None), ("--kv-lora-rank", str(model.kv_lora_rank)),
                   ("--qk-head-dim", str(model.qk_nope_head_dim)),

@@ -71,6 +71,14 @@ class ModelSpec:
     """Router score function: softmax over experts (Mixtral, Qwen, GPT-OSS) or sigmoid (DeepSeek-V3)."""
     expert_bias: bool = False
     """Expert linear layers carry biases (GPT-OSS)."""
+    moe_router_groups: int = 0
+    """Group-limited routing: the experts fall in this many equal groups (DeepSeek-V3's n_group 8; 0 = none)."""
+    moe_router_group_topk: int = 0
+    """...and a token's experts come from at most this many of them (topk_group 4: with a group per node, a token
+    reaches at most 4 nodes, DeepSeek-V3's node-limited routing)."""
+    moe_router_scaling: float = 1.0
+    """Scale of the routed experts' weighted output (routed_scaling_factor; DeepSeek-V3 2.5): a training setting,
+    no cost."""
     # ---- multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = ordinary attention
     q_lora_rank: int = 0
     """Rank of the query down-projection (0 = a full-rank query projection, DeepSeek-V2-Lite)."""
@@ -176,13 +184,13 @@ MAX_MTP_LAYERS = 16
 # Mixture-of-experts and MLA keys, kept apart from the list above
 _OPTIONAL += ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts",
               "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_freq", "router", "expert_bias",
-              "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+              "moe_router_groups", "moe_router_group_topk", "moe_router_scaling", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
               "published_active_params_B")
 # Attention window and gated-unit clamp
 _OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp", "qk_norm", "mtp_layers")
 ROUTERS = ("softmax", "sigmoid")
 _MOE_INTS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size",
-             "first_dense_layers", "moe_layer_freq")
+             "first_dense_layers", "moe_layer_freq", "moe_router_groups", "moe_router_group_topk")
 _MLA_INTS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
@@ -214,17 +222,37 @@ def _moe_fields(data: dict[str, Any], num_layers: int, where: str) -> dict[str, 
         if out.get("first_dense_layers", 0) >= num_layers:
             raise SpecError(f"{where}: first_dense_layers {out['first_dense_layers']} leaves no MoE layer of "
                             f"{num_layers}; lower it")
+        _check_router_groups(out, experts, where)
     elif any(out.get(k) for k in _MOE_INTS if k != "moe_layer_freq"):
         raise SpecError(f"{where}: MoE fields are given but num_experts is 0; set num_experts")
     if "router" in data:
         out["router"] = choice(data, "router", ROUTERS, where)
     if "expert_bias" in data:
         out["expert_bias"] = boolean(data, "expert_bias", where)
+    if "moe_router_scaling" in data:
+        scale = data["moe_router_scaling"]
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1e3:
+            raise SpecError(f"{where}: moe_router_scaling must be a number in (0, 1000], got {scale!r}")
+        out["moe_router_scaling"] = float(scale)
     if out.get("kv_lora_rank"):
         for key in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
             if not out.get(key):
                 raise SpecError(f"{where}: multi-head latent attention (kv_lora_rank > 0) needs {key} > 0; add it")
     return out
+
+
+def _check_router_groups(out: dict[str, Any], experts: int, where: str) -> None:
+    """Group-limited routing: groups that divide the experts, at most as many chosen as there are, holding at
+    least top-k experts between them (or neither field)."""
+    groups, chosen = out.get("moe_router_groups", 0), out.get("moe_router_group_topk", 0)
+    if groups <= 1 and chosen <= 1:
+        return
+    if groups < 2 or experts % groups:
+        raise SpecError(f"{where}: moe_router_groups {groups} must divide num_experts {experts} into 2 or more "
+                        "groups; fix it, or drop both group fields")
+    if not 1 <= chosen <= groups or chosen * (experts // groups) < out["moe_top_k"]:
+        raise SpecError(f"{where}: moe_router_group_topk {chosen} must pick 1..{groups} groups holding at least "
+                        f"moe_top_k {out['moe_top_k']} experts; fix it")
 
 
 def _window_and_clamp(data: dict[str, Any], num_layers: int, gated: bool, causal: bool,

@@ -99,7 +99,8 @@ HF = {
                     "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1, "q_lora_rank": 1536,
                     "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
                     "vocab_size": 129280, "hidden_act": "silu", "scoring_func": "sigmoid",
-                    "num_nextn_predict_layers": 1, "tie_word_embeddings": False},
+                    "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "n_group": 8, "topk_group": 4,
+                    "routed_scaling_factor": 2.5},
     "gpt_oss": {"model_type": "gpt_oss", "num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
                 "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 128,
                 "num_experts_per_tok": 4, "vocab_size": 201088, "hidden_act": "silu", "attention_bias": True,
@@ -114,7 +115,8 @@ def test_hf_configs_parse_to_the_catalog_shape(family, catalog) -> None:
     assert total_params(parsed) == total_params(ours)
     assert active_params(parsed) == active_params(ours)
     for field in ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers",
-                  "kv_lora_rank", "head_dim", "router", "expert_bias", "mtp_layers"):
+                  "kv_lora_rank", "head_dim", "router", "expert_bias", "mtp_layers", "moe_router_groups",
+                  "moe_router_group_topk", "moe_router_scaling"):
         assert getattr(parsed, field) == getattr(ours, field), field
 
 
@@ -203,6 +205,20 @@ def test_hf_bad_expert_count_is_an_error_not_a_dense_model(experts, message) -> 
     Mixtral at 7 GiB instead of 74."""
     with pytest.raises(SpecError, match=message):
         model_from_hf_config({**HF["mixtral"], "num_local_experts": experts}, "config.json")
+
+
+def test_hf_deepseek_config_reads_its_group_limited_routing() -> None:
+    """n_group / topk_group / routed_scaling_factor of DeepSeek-V3's config.json give the catalog's fields; bad
+    groups are errors naming the field."""
+    cfg = HF["deepseek_v3"]
+    m = model_from_hf_config(cfg, "config.json")
+    ds = load_model("deepseek-v3")
+    assert (m.moe_router_groups, m.moe_router_group_topk, m.moe_router_scaling) == (8, 4, 2.5) == (
+        ds.moe_router_groups, ds.moe_router_group_topk, ds.moe_router_scaling)
+    with pytest.raises(SpecError, match="moe_router_groups 7 must divide num_experts 256"):
+        model_from_hf_config({**cfg, "n_group": 7}, "config.json")
+    with pytest.raises(SpecError, match="moe_router_group_topk 9 must pick 1..8 groups"):
+        model_from_hf_config({**cfg, "topk_group": 9}, "config.json")
 
 
 def test_hf_deepseek_config_needs_its_expert_width() -> None:
@@ -403,6 +419,38 @@ def test_without_expert_parallelism_no_gpu_waits_for_the_busiest_expert() -> Non
     slow, fast = (CostModel(m, H100, JobSpec(global_batch=8, seq_len=4096, moe_imbalance=x)).estimate(spread)
                   for x in (ROUTED_IMBALANCE, 1.0))
     assert slow.step_time_s > fast.step_time_s  # with experts spread over GPUs the busiest one is waited for
+
+
+def _brute_parts_hit(experts: int, k: int, groups: int, chosen: int, parts: int) -> float:
+    """Every choice of `chosen` groups, then every top-k set of their experts, equally likely: the mean number of
+    the `parts` consecutive shares of the experts it touches."""
+    from itertools import combinations
+
+    size, total, count = experts // groups, 0, 0
+    for picked in combinations(range(groups), chosen):
+        pool = [g * size + i for g in picked for i in range(size)]
+        for tops in combinations(pool, k):
+            total += len({e * parts // experts for e in tops})
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize(("experts", "k", "groups", "chosen", "parts"), [
+    (16, 4, 4, 2, 4), (16, 4, 4, 2, 8), (16, 2, 4, 3, 2), (12, 3, 3, 2, 6)])
+def test_group_limited_routing_spans_fewer_gpus_and_nodes(experts, k, groups, chosen, parts) -> None:
+    """parts_hit against a brute-force enumeration: exact where each group spans whole shares (DeepSeek-V3's 8
+    groups on 8 nodes: at most 4 nodes), an upper bound where a share holds whole groups."""
+    from autotune.costmodel.moe import parts_hit
+
+    m = replace(load_model("deepseek-v3"), num_experts=experts, moe_top_k=k, moe_router_groups=groups,
+                moe_router_group_topk=chosen)
+    brute = _brute_parts_hit(experts, k, groups, chosen, parts)
+    if parts % groups == 0:
+        assert parts_hit(m, parts) == pytest.approx(brute)
+    else:
+        assert brute <= parts_hit(m, parts) + 1e-12
+    ds = load_model("deepseek-v3")
+    assert 3.5 < parts_hit(ds, 8) <= 4 < parts_hit(replace(ds, moe_router_groups=0, moe_router_group_topk=0), 8)
 
 
 def test_expert_optimizer_state_shards_over_the_expert_data_parallel_group() -> None:

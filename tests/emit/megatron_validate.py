@@ -116,6 +116,8 @@ _FLAGS += (
     ("--qk-head-dim", "int", {"default": 128}), ("--qk-pos-emb-head-dim", "int", {"default": 64}),
     ("--v-head-dim", "int", {"default": 128}), ("--moe-expert-capacity-factor", "float", {}),
     ("--moe-pad-expert-input-to-capacity", "true", {}), ("--qk-layernorm", "true", {}),
+    ("--moe-router-num-groups", "int", {}), ("--moe-router-group-topk", "int", {}),
+    ("--moe-router-topk-scaling-factor", "float", {}),
     # multi-token prediction (arguments.py _add_mtp_args; TransformerConfig.mtp_num_layers)
     ("--mtp-num-layers", "int", {}), ("--mtp-loss-scaling-factor", "float", {"default": 0.1}),
 )
@@ -386,7 +388,9 @@ def _transformer_config(a: argparse.Namespace):
                   moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size,
                   moe_router_enable_expert_bias=a.moe_router_enable_expert_bias,
                   moe_expert_capacity_factor=a.moe_expert_capacity_factor,
-                  moe_pad_expert_input_to_capacity=a.moe_pad_expert_input_to_capacity)
+                  moe_pad_expert_input_to_capacity=a.moe_pad_expert_input_to_capacity,
+                  moe_router_num_groups=a.moe_router_num_groups, moe_router_group_topk=a.moe_router_group_topk,
+                  moe_router_topk_scaling_factor=a.moe_router_topk_scaling_factor)
     if a.multi_latent_attention:
         from megatron.core.transformer.transformer_config import MLATransformerConfig
         config_class = MLATransformerConfig

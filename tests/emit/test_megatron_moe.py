@@ -72,6 +72,10 @@ def test_moe_plans_pass_megatron_validation(case: str, dispatcher: str) -> None:
                                                                         m.v_head_dim)
         assert c.moe_shared_expert_intermediate_size == 2048 and c.moe_router_enable_expert_bias
     assert c.mtp_num_layers == (m.mtp_layers or None)  # DeepSeek-V3 trains its MTP module, as Megatron-Bridge's
+    # and routes as its config.json does: node-limited groups (8, 4) and scaled routed outputs (2.5; Kimi 2.827)
+    assert (c.moe_router_num_groups, c.moe_router_group_topk) == (
+        (m.moe_router_groups, m.moe_router_group_topk) if m.moe_router_groups else (None, None))
+    assert c.moe_router_topk_scaling_factor == (m.moe_router_scaling if m.moe_router_scaling != 1.0 else None)
     if c.pipeline_model_parallel_layout is not None and m.mtp_layers:
         assert c.pipeline_model_parallel_layout.layout[-1][-1][-2:] == [LayerType.mtp, LayerType.loss]
 
