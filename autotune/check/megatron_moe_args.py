@@ -23,7 +23,7 @@ MOE_VALUE = frozenset("""
 """.split())
 #: Switches this reader uses.
 MOE_SWITCH = frozenset("--multi-latent-attention --moe-grouped-gemm --moe-router-force-load-balancing "
-                       "--moe-pad-expert-input-to-capacity".split())
+                       "--moe-pad-expert-input-to-capacity --moe-router-enable-expert-bias".split())
 #: Routing, loss and fusion settings that do not change the plan or its cost (recognised, ignored).
 MOE_NEUTRAL_VALUE = frozenset("""
 --moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff
@@ -31,7 +31,7 @@ MOE_NEUTRAL_VALUE = frozenset("""
 --moe-input-jitter-eps --moe-token-drop-policy --mscale --mscale-all-dim --mtp-loss-scaling-factor
 """.split())
 MOE_NEUTRAL_SWITCH = frozenset("""
---moe-router-enable-expert-bias --moe-router-pre-softmax --moe-permute-fusion --moe-router-fusion
+--moe-router-pre-softmax --moe-permute-fusion --moe-router-fusion
 --moe-shared-expert-overlap --moe-per-layer-logging
 """.split())
 
@@ -104,7 +104,8 @@ def moe_model_fields(args: dict[str, Any], num_layers: int, notes: list[str]) ->
     bits = layer_pattern(str(args.get("--moe-layer-freq", "1")), num_layers)
     fields = pattern_fields(bits, f"--moe-layer-freq {args.get('--moe-layer-freq', '1')}", notes)
     # group-limited routing, a training choice (check/understood.py TRAINING_FIELDS): 0 where the flags are absent
-    fields.update(moe_router_groups=0, moe_router_group_topk=0)
+    fields.update(moe_router_groups=0, moe_router_group_topk=0,
+                  router_bias=bool(args.get("--moe-router-enable-expert-bias")))
     groups = args.get("--moe-router-num-groups")
     if groups is not None and not (isinstance(groups, str) and groups.isdigit()):
         raise SpecError(f"--moe-router-num-groups {groups!r}: expected a whole number of groups")

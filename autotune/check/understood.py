@@ -176,7 +176,7 @@ def resolve_model(reading: Reading, model_arg: str | None, fallback: str, seq_le
 
 
 #: Model fields a config sets as training choices (its readers give all of them, 0 where a flag is absent)
-TRAINING_FIELDS = ("mtp_layers", "moe_router_groups", "moe_router_group_topk")
+TRAINING_FIELDS = ("mtp_layers", "moe_router_groups", "moe_router_group_topk", "router_bias")
 
 
 def _resolve_shape(reading: Reading, found: dict[str, Any] | None, model_arg: str | None, fallback: str,

@@ -62,7 +62,7 @@ def moe_flags(model: ModelSpec, plan: Plan, dispatcher: str = "alltoall", job: J
         if model.num_shared_experts:
             flags.append(("--moe-shared-expert-intermediate-size",
                           str(model.num_shared_experts * model.shared_expert_ffn_hidden_size)))
-        if model.router == "sigmoid":  # DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias
+        if model.router_bias:  # DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias
             flags.append(("--moe-router-enable-expert-bias", None))
         if model.moe_router_groups > 1:  # group-limited (DeepSeek-V3: node-limited) routing, as costed
             flags += [("--moe-router-num-groups", str(model.moe_router_groups)),

@@ -138,8 +138,10 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
     elif dense:
         raise SpecError(f"{where}: mlp_only_layers {dense} (dense layers among the MoE ones) is not modelled; only "
                         "dense layers before the first MoE layer are (mlp_only_layers [0, 1, ..., k-1])")
-    if data.get("scoring_func") == "sigmoid":
+    if data.get("scoring_func") == "sigmoid" or model_type.startswith("llama4"):  # Llama 4: sigmoid of the top-1
         out["router"] = "sigmoid"
+    if data.get("topk_method") == "noaux_tc":  # DeepSeek-V3's auxiliary-loss-free balancing bias
+        out["router_bias"] = True
     if model_type == "gpt_oss":
         out["expert_bias"] = True
     return out

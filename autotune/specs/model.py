@@ -68,7 +68,10 @@ class ModelSpec:
     moe_layer_freq: int = 1
     """After the dense-first layers, every moe_layer_freq-th layer is MoE (1 = all; Llama 4 Maverick: 2)."""
     router: Literal["softmax", "sigmoid"] = "softmax"
-    """Router score function: softmax over experts (Mixtral, Qwen, GPT-OSS) or sigmoid (DeepSeek-V3)."""
+    """Router score function: softmax over experts (Mixtral, Qwen, GPT-OSS) or sigmoid (DeepSeek-V3, Llama 4)."""
+    router_bias: bool = False
+    """A per-expert bias steers the routing instead of an auxiliary loss (DeepSeek-V3's auxiliary-loss-free
+    balancing, config.json topk_method noaux_tc); it needs the sigmoid router."""
     expert_bias: bool = False
     """Expert linear layers carry biases (GPT-OSS)."""
     moe_router_groups: int = 0
@@ -184,7 +187,7 @@ MAX_MTP_LAYERS = 16
 # Mixture-of-experts and MLA keys, kept apart from the list above
 _OPTIONAL += ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts",
               "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_freq", "router", "expert_bias",
-              "moe_router_groups", "moe_router_group_topk", "moe_router_scaling", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+              "router_bias", "moe_router_groups", "moe_router_group_topk", "moe_router_scaling", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
               "published_active_params_B")
 # Attention window and gated-unit clamp
 _OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp", "qk_norm", "mtp_layers")
@@ -229,6 +232,10 @@ def _moe_fields(data: dict[str, Any], num_layers: int, where: str) -> dict[str, 
         out["router"] = choice(data, "router", ROUTERS, where)
     if "expert_bias" in data:
         out["expert_bias"] = boolean(data, "expert_bias", where)
+    if "router_bias" in data:
+        out["router_bias"] = boolean(data, "router_bias", where)
+        if out["router_bias"] and out.get("router", "softmax") != "sigmoid":
+            raise SpecError(f"{where}: router_bias (auxiliary-loss-free balancing) needs router 'sigmoid'; set it")
     if "moe_router_scaling" in data:
         scale = data["moe_router_scaling"]
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1e3:

@@ -100,6 +100,7 @@ HF = {
                     "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
                     "vocab_size": 129280, "hidden_act": "silu", "scoring_func": "sigmoid",
                     "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "n_group": 8, "topk_group": 4,
+                    "topk_method": "noaux_tc",
                     "routed_scaling_factor": 2.5},
     "gpt_oss": {"model_type": "gpt_oss", "num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
                 "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_local_experts": 128,
@@ -116,7 +117,7 @@ def test_hf_configs_parse_to_the_catalog_shape(family, catalog) -> None:
     assert active_params(parsed) == active_params(ours)
     for field in ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers",
                   "kv_lora_rank", "head_dim", "router", "expert_bias", "mtp_layers", "moe_router_groups",
-                  "moe_router_group_topk", "moe_router_scaling"):
+                  "moe_router_group_topk", "moe_router_scaling", "router_bias"):
         assert getattr(parsed, field) == getattr(ours, field), field
 
 

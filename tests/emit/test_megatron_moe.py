@@ -45,6 +45,9 @@ CASES = {
                                                layers_per_stage=(47, 47))),
     "mixtral_8x22b": ("mixtral-8x22b", Plan(tp=2, pp=4, dp=128, ep=8, mbs=1, num_microbatches=32, zero=1,
                                             sequence_parallel=True, layers_per_stage=(14, 14, 14, 14))),
+    # Llama 4's top-1 sigmoid router without DeepSeek's balancing bias (Megatron-Bridge's Llama4ModelProvider)
+    "llama4_scout": ("llama4-scout", Plan(tp=4, pp=2, dp=128, ep=8, etp=1, mbs=1, num_microbatches=32, zero=1,
+                                          sequence_parallel=True, layers_per_stage=(24, 24))),
 }
 
 
@@ -70,7 +73,8 @@ def test_moe_plans_pass_megatron_validation(case: str, dispatcher: str) -> None:
         assert c.multi_latent_attention and (c.q_lora_rank, c.kv_lora_rank) == (m.q_lora_rank, m.kv_lora_rank)
         assert (c.qk_head_dim, c.qk_pos_emb_head_dim, c.v_head_dim) == (m.qk_nope_head_dim, m.qk_rope_head_dim,
                                                                         m.v_head_dim)
-        assert c.moe_shared_expert_intermediate_size == 2048 and c.moe_router_enable_expert_bias
+        assert c.moe_shared_expert_intermediate_size == 2048
+    assert c.moe_router_enable_expert_bias == m.router_bias  # DeepSeek-V3 and Kimi-K2 only
     assert c.mtp_num_layers == (m.mtp_layers or None)  # DeepSeek-V3 trains its MTP module, as Megatron-Bridge's
     # and routes as its config.json does: node-limited groups (8, 4) and scaled routed outputs (2.5; Kimi 2.827)
     assert (c.moe_router_num_groups, c.moe_router_group_topk) == (
