@@ -30,9 +30,9 @@ def min_memory_plan(cm: CostModel, c: Candidate, pinned: tuple[int, ...] | None 
         return to_plan(c, pinned, r=max(pinned) // c.vpp if c.full_max else 0) if len(pinned) == c.pp else None
     layers = even_split(L, c.pp)
     if any(n % c.vpp for n in layers):
-        if L % (c.pp * c.vpp):
+        if L % c.vpp:
             return None
-        layers = (L // c.pp,) * c.pp
+        layers = tuple(c.vpp * k for k in even_split(L // c.vpp, c.pp))  # whole chunks, as even as they go
     return to_plan(c, layers, r=max(layers) // c.vpp if c.full_max else 0)
 
 
