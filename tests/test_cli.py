@@ -182,6 +182,12 @@ def test_a_plan_document_is_recosted_with_the_job_it_was_planned_with(cli, tmp_p
     path.write_text(json.dumps(doc))
     with pytest.raises(SpecError, match="job.dtype 8"):
         cli("estimate", *JOB, "--plan", str(path))
+    moe = ("--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "256", "--seq-len",
+           "4096")
+    dropless = _estimate_json(cli, *moe, "--tp", "2", "--pp", "2", "--ep", "4")
+    path.write_text(json.dumps(dropless))  # its job block leaves the capacity out: dropless routing
+    with pytest.raises(SpecError, match="--moe-capacity-factor differs"):
+        cli("estimate", *moe, "--plan", str(path), "--moe-capacity-factor", "1.0")
 
 
 def test_plan_from_stdin(cli):

@@ -254,7 +254,10 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         fields.update(num_experts=experts, moe_top_k=_int(args, "--moe-router-topk", 2),
                       moe_ffn_hidden_size=_int(args, "--moe-ffn-hidden-size", ffn),
                       router=args.get("--moe-router-score-function", "softmax"),
-                      **moe_model_fields(args, fields["num_layers"], notes))
+                      **moe_model_fields(args, fields["num_layers"], experts, notes))
+        if fields["router_bias"] and fields["router"] != "sigmoid":
+            raise SpecError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (megatron-core "
+                            "refuses it with softmax); add it, or drop the bias")
         shared = _int(args, "--moe-shared-expert-intermediate-size", 0)
         if shared:
             fields.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
@@ -361,10 +364,15 @@ def _recompute(granularity: str | None, args: dict[str, Any], notes: list[str]) 
         return "selective", None
     if granularity != "full":
         raise SpecError(f"--recompute-granularity {granularity!r}: use full or selective")
-    if "--recompute-method" not in args and not args.get("--checkpoint-activations"):  # which sets uniform
-        raise SpecError("--recompute-granularity full needs --recompute-method uniform or block (megatron-core's "
-                        "TransformerConfig refuses it without); add one, with --recompute-num-layers")
+    legacy = args.get("--checkpoint-activations")  # which sets uniform over single layers
+    for flag in ("--recompute-method", "--recompute-num-layers"):
+        if flag not in args and not legacy:
+            raise SpecError(f"--recompute-granularity full needs {flag} (megatron-core's TransformerConfig refuses "
+                            "it without); add --recompute-method uniform|block and --recompute-num-layers N")
     method, n = args.get("--recompute-method", "uniform"), _int(args, "--recompute-num-layers", 1)
+    if method == "uniform" and n and n > 1 and _int(args, "--mtp-num-layers", 0):
+        raise SpecError(f"--recompute-method uniform --recompute-num-layers {n} with --mtp-num-layers: Megatron's "
+                        "MTP block asserts recompute_num_layers 1 under uniform; use 1, or block")
     if args.get("--distribute-saved-activations"):
         notes.append("--distribute-saved-activations: the checkpointed inputs are split over tp; costed unsplit")
     if method == "block":

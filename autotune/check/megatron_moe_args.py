@@ -97,7 +97,14 @@ def pattern_fields(bits: list[int], flag: str, notes: list[str]) -> dict[str, in
     return {"first_dense_layers": first, "moe_layer_freq": step}
 
 
-def moe_model_fields(args: dict[str, Any], num_layers: int, notes: list[str]) -> dict[str, Any]:
+def _whole(args: dict[str, Any], flag: str) -> int:
+    value = args.get(flag, "0")
+    if not (isinstance(value, str) and value.isdigit()):
+        raise SpecError(f"{flag} {value!r}: expected a whole number")
+    return int(value)
+
+
+def moe_model_fields(args: dict[str, Any], num_layers: int, experts: int, notes: list[str]) -> dict[str, Any]:
     """The layer pattern of an MoE model (--moe-layer-freq, default 1: every layer) and the notes on what the
     cost model prices differently from the flags (expert GEMMs one by one, token capacity)."""
     check_max(num_layers, MAX_LAYERS, "the number of layers", "pretrain_gpt.py arguments")
@@ -106,14 +113,16 @@ def moe_model_fields(args: dict[str, Any], num_layers: int, notes: list[str]) ->
     # group-limited routing, a training choice (check/understood.py TRAINING_FIELDS): 0 where the flags are absent
     fields.update(moe_router_groups=0, moe_router_group_topk=0,
                   router_bias=bool(args.get("--moe-router-enable-expert-bias")))
-    groups = args.get("--moe-router-num-groups")
-    if groups is not None and not (isinstance(groups, str) and groups.isdigit()):
-        raise SpecError(f"--moe-router-num-groups {groups!r}: expected a whole number of groups")
-    if groups is not None and int(groups) > 1:
-        chosen = args.get("--moe-router-group-topk", "0")
-        if not (isinstance(chosen, str) and chosen.isdigit()):
-            raise SpecError(f"--moe-router-group-topk {chosen!r}: expected a whole number of groups")
-        fields.update(moe_router_groups=int(groups), moe_router_group_topk=int(chosen))
+    groups, chosen = (_whole(args, flag) for flag in ("--moe-router-num-groups", "--moe-router-group-topk"))
+    if chosen and not groups:
+        raise SpecError("--moe-router-group-topk needs --moe-router-num-groups (megatron-core refuses group-limited "
+                        "routing without it); add it, or drop both")
+    if chosen:  # megatron-core limits the groups only with a group top-k
+        if experts % groups or chosen > groups:
+            raise SpecError(f"--moe-router-num-groups {groups} / --moe-router-group-topk {chosen}: the groups must "
+                            f"divide the {experts} experts and the top-k groups be at most all of them "
+                            "(megatron-core asserts both); fix them")
+        fields.update(moe_router_groups=groups, moe_router_group_topk=chosen)
     if not args.get("--moe-grouped-gemm"):
         notes.append("no --moe-grouped-gemm: Megatron runs each local expert's MLP in turn; costed as grouped "
                      "GEMMs (faster)")

@@ -105,6 +105,8 @@ def settle_job_settings(recorded: dict[str, Any], where: str, values: dict[str, 
     command line leaves at its default comes from the document, one it gives must agree with it, as must the
     model, cluster and batch (`fixed`, by key)."""
     out = dict(values)
+    if "moe_dispatcher" in recorded:  # an MoE job block leaves out the capacity of dropless routing
+        recorded = {"moe_capacity_factor": 0.0, "moe_pad_to_capacity": False, **recorded}
     for key, flag in JOB_FIXED:
         if key in recorded and recorded[key] != fixed[key]:
             raise SpecError(f"{where} was planned with {key} {recorded[key]!r}, the command line gives "

@@ -152,10 +152,13 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
 def rank_load(job: JobSpec, ep: int) -> float:
     """The busiest GPU's expert tokens over the mean: the job's routing load (JobSpec.moe_load) where experts
     are spread over ep > 1 GPUs. With ep 1 every GPU runs every expert on all of its own tokens, so however the
-    router spreads them no GPU waits for another: 1, or the capacity where every expert's input is padded to it."""
+    router spreads them no GPU waits for another: 1, the capacity where every expert's input is padded to it, or
+    at most the capacity where tokens beyond it are dropped."""
     if ep > 1:
         return job.moe_load
-    return job.moe_capacity_factor if job.moe_capacity_factor and job.moe_pad_to_capacity else 1.0
+    if not job.moe_capacity_factor:
+        return 1.0
+    return job.moe_capacity_factor if job.moe_pad_to_capacity else min(1.0, job.moe_capacity_factor)
 
 
 def layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,

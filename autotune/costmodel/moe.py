@@ -190,12 +190,13 @@ def parts_hit(model: ModelSpec, parts: int) -> float:
         model.moe_router_group_topk
     if groups <= 1 or not chosen or parts <= 1:
         return groups_hit(experts, k, parts)
+    free = groups_hit(experts, k, parts)
     if parts % groups == 0:
         per_group = parts // groups
-        return groups_hit(experts * chosen // groups, k, chosen * per_group)
+        return min(free, groups_hit(experts * chosen // groups, k, chosen * per_group))
     if groups % parts == 0:
-        return groups_hit(groups, chosen, parts)
-    return groups_hit(experts, k, parts)
+        return min(free, groups_hit(groups, chosen, parts))
+    return free
 
 
 def delivered_rows(model: ModelSpec, shape: LayerShape) -> float:

@@ -126,7 +126,10 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
     if data.get("num_nextn_predict_layers"):  # DeepSeek-V3's multi-token prediction modules
         out["mtp_layers"] = data["num_nextn_predict_layers"]
     if isinstance(data.get("n_group"), int) and data["n_group"] > 1:  # DeepSeek's group-limited routing
-        out.update(moe_router_groups=data["n_group"], moe_router_group_topk=data.get("topk_group", 0))
+        if not isinstance(data.get("topk_group"), int) or isinstance(data.get("topk_group"), bool):
+            raise SpecError(f"{where}: n_group {data['n_group']} needs topk_group (the groups a token's experts come "
+                            "from); add it")
+        out.update(moe_router_groups=data["n_group"], moe_router_group_topk=data["topk_group"])
     if data.get("routed_scaling_factor") not in (None, 1, 1.0):
         out["moe_router_scaling"] = data["routed_scaling_factor"]
     step = data.get("interleave_moe_layer_step") or data.get("decoder_sparse_step") or data.get("moe_layer_freq")

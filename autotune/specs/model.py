@@ -257,8 +257,9 @@ def _check_router_groups(out: dict[str, Any], experts: int, where: str) -> None:
     if groups < 2 or experts % groups:
         raise SpecError(f"{where}: moe_router_groups {groups} must divide num_experts {experts} into 2 or more "
                         "groups; fix it, or drop both group fields")
-    if not 1 <= chosen <= groups or chosen * (experts // groups) < out["moe_top_k"]:
-        raise SpecError(f"{where}: moe_router_group_topk {chosen} must pick 1..{groups} groups holding at least "
+    if not 1 <= chosen <= min(groups, out["moe_top_k"]) or chosen * (experts // groups) < out["moe_top_k"]:
+        raise SpecError(f"{where}: moe_router_group_topk {chosen} must pick 1..{min(groups, out['moe_top_k'])} "
+                        f"groups (at most moe_top_k, each giving top_k / group_topk experts) holding at least "
                         f"moe_top_k {out['moe_top_k']} experts; fix it")
 
 

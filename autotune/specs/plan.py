@@ -356,7 +356,8 @@ def _check_recompute(plan: Plan) -> None:
 
 
 def normalized(plan: Plan) -> Plan:
-    """The canonical form of a plan: recompute_layers covering every layer means plain full recompute."""
-    if plan.recompute_layers is not None and plan.recompute_layers >= max(plan.layers_per_stage):
+    """The canonical form of a plan: recompute_layers covering every layer of the largest model chunk (it counts
+    per chunk, as Megatron's block method does) means plain full recompute."""
+    if plan.recompute_layers is not None and plan.recompute_layers >= -(-max(plan.layers_per_stage) // plan.vpp):
         return replace(plan, recompute_layers=None)
     return plan

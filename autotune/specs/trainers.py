@@ -64,7 +64,8 @@ class TrainerCaps:
     """Tied input and output embeddings together with pipeline parallelism."""
     gradient_buckets: bool = True
     """A gradient-bucket size the config sets (Megatron's --ddp-bucket-size, DeepSpeed's reduce_bucket_size);
-    torchtitan's FSDP2 reduces per block and has none, so its plans keep the default bucket."""
+    torchtitan's FSDP2 reduces per block and has none, nor does autotune's Colossal-AI config, so their plans keep
+    the default bucket."""
     sp_seq_divisor: bool = False
     """seq_len must be divisible by tp (with sequence parallelism) x 2cp: torchtitan's seq_len_divisor; Megatron's
     validate_args asks seq_length % 2cp == 0 and its sequence-parallel scatter asserts tp divides the tokens
@@ -137,7 +138,7 @@ TRAINER_CAPS: dict[str, TrainerCaps] = {
         name="colossalai", schedules=("1f1b",), vocabs=("ends",),
         # the legacy zero config applies with pp 1 only; ZeRO-2/3's sharding strategy is not set by the emitter
         zero_flat=(0, 1), zero_pipelined=(0,), cp=False, tp_modes=MODES, sequence_parallel=(False,),
-        split="even", selective_recompute=False, partial_recompute=False,
+        split="even", selective_recompute=False, partial_recompute=False, gradient_buckets=False,
         source="Colossal-AI <= 0.3 legacy config: 1-D/2-D/2.5-D/3-D TP, 1F1B, per-layer checkpointing, no CP"),
 }
 #: Megatron-LM forks, searched only when named with --fork.
@@ -350,3 +351,11 @@ def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
         return replace(out, dtype="fp16" if job.dtype == "fp16" else "bf16", flash_attention=True,
                        fused_kernels=True, grad_reduce="fp32")
     return out
+
+
+def as_run_model(model: ModelSpec, trainer: str, seq_len: int) -> ModelSpec:
+    """The model as `trainer`'s emitted config builds it: only torchtitan builds a sliding-window model's window
+    (its gpt-oss), the others attend over the whole sequence in every layer (emit warns so; check costs it so)."""
+    if trainer == "torchtitan" or not model.sliding_window_layers or model.sliding_window >= seq_len:
+        return model
+    return replace(model, sliding_window=0, sliding_window_layers=0)

@@ -18,6 +18,7 @@ from autotune.costmodel.estimate import CostModel
 from autotune.emit import emit
 from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
+from autotune.specs.trainers import as_run_model
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from emit.megatron_validate import parser  # tests/emit: the argparse mirror of Megatron-LM's flags
@@ -123,7 +124,8 @@ def _understood(path: Path, gpus: int, model_arg: str | None = None):
 def test_moe_launch_scripts_read_back_as_their_model(tmp_path: Path, name: str) -> None:
     plan = MOE_CASES[name]
     u = _understood(_without_header(tmp_path, name, plan), plan.num_gpus)
-    assert u.model == load_model(name) and u.plan == plan
+    assert u.model == as_run_model(load_model(name), "megatron", 4096) and u.plan == plan  # no window: GPT-OSS
+    assert bool([n for n in u.notes if "sets no attention window" in n]) == bool(load_model(name).sliding_window)
     assert not [n for n in u.notes if "unknown flag" in n], u.notes  # every flag the emitter writes is known
     assert u.job.moe_imbalance == JobSpec(global_batch=1, seq_len=1).moe_imbalance  # learned routing: the default
 

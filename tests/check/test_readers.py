@@ -202,7 +202,8 @@ _LLAMA = ("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --swiglu 
     ("--num-layers-per-virtual-pipeline-stage 5 --decoder-first-pipeline-num-layers 20",
      "cannot be combined with --decoder-first/last"),
     ("--num-layers-per-virtual-pipeline-stage 5 --num-virtual-stages-per-pipeline-rank 4", "takes one of them"),
-    ("--recompute-granularity full", "needs --recompute-method uniform or block"),
+    ("--recompute-granularity full", "needs --recompute-method"),
+    ("--recompute-granularity full --recompute-method block", "needs --recompute-num-layers"),
     ("--bf16 --fp16", "--fp16 and --bf16"),
 ])
 def test_megatron_refusals_are_refused_here(flags: str, message: str) -> None:
@@ -234,3 +235,23 @@ def test_recompute_modules_take_a_list_as_in_megatron() -> None:
                       "--use-distributed-optimizer\n")
     assert not [n for n in r.notes if "stray" in n] and r.zero == 1
     assert any("--recompute-modules moe_act layernorm" in n for n in r.notes)
+
+
+_MOE = _LLAMA + "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 4096 "
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ("--moe-router-group-topk 2", "--moe-router-group-topk needs --moe-router-num-groups"),
+    ("--moe-router-num-groups 3 --moe-router-group-topk 2", "the groups must divide the 8 experts"),
+    ("--moe-router-num-groups 4 --moe-router-group-topk 5", "the groups must divide the 8 experts"),
+    ("--moe-router-enable-expert-bias", "needs --moe-router-score-function sigmoid"),
+    ("--mtp-num-layers 1 --recompute-granularity full --recompute-method uniform --recompute-num-layers 2",
+     "MTP block asserts recompute_num_layers 1"),
+])
+def test_megatron_moe_refusals_are_refused_here(flags: str, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        read_megatron(_MOE + flags + "\n")
+    r = read_megatron(_MOE + "--moe-router-num-groups 4 --moe-router-group-topk 2 --moe-router-score-function sigmoid "
+                      "--moe-router-enable-expert-bias\n")
+    assert (r.model_fields["moe_router_groups"], r.model_fields["moe_router_group_topk"],
+            r.model_fields["router_bias"]) == (4, 2, True)

@@ -416,6 +416,8 @@ def test_without_expert_parallelism_no_gpu_waits_for_the_busiest_expert() -> Non
     assert len({(e.step_time_s, e.peak_memory_bytes) for e in steps.values()}) == 1
     padded = JobSpec(global_batch=8, seq_len=4096, moe_capacity_factor=1.5, moe_pad_to_capacity=True)
     assert layer_shape(m, padded, tp=2, cp=1, mbs=1, sp=True, ep=1).imbalance == 1.5
+    dropping = JobSpec(global_batch=8, seq_len=4096, moe_capacity_factor=0.5)  # at most half the tokens survive
+    assert layer_shape(m, dropping, tp=2, cp=1, mbs=1, sp=True, ep=1).imbalance == 0.5
     spread = replace(plan, ep=8, etp=1)
     slow, fast = (CostModel(m, H100, JobSpec(global_batch=8, seq_len=4096, moe_imbalance=x)).estimate(spread)
                   for x in (ROUTED_IMBALANCE, 1.0))
@@ -437,7 +439,7 @@ def _brute_parts_hit(experts: int, k: int, groups: int, chosen: int, parts: int)
 
 
 @pytest.mark.parametrize(("experts", "k", "groups", "chosen", "parts"), [
-    (16, 4, 4, 2, 4), (16, 4, 4, 2, 8), (16, 2, 4, 3, 2), (12, 3, 3, 2, 6)])
+    (16, 4, 4, 2, 4), (16, 4, 4, 2, 8), (16, 4, 4, 3, 2), (12, 3, 3, 2, 6), (64, 2, 8, 2, 4)])
 def test_group_limited_routing_spans_fewer_gpus_and_nodes(experts, k, groups, chosen, parts) -> None:
     """parts_hit against a brute-force enumeration: exact where each group spans whole shares (DeepSeek-V3's 8
     groups on 8 nodes: at most 4 nodes), an upper bound where a share holds whole groups."""
@@ -446,10 +448,12 @@ def test_group_limited_routing_spans_fewer_gpus_and_nodes(experts, k, groups, ch
     m = replace(load_model("deepseek-v3"), num_experts=experts, moe_top_k=k, moe_router_groups=groups,
                 moe_router_group_topk=chosen)
     brute = _brute_parts_hit(experts, k, groups, chosen, parts)
+    free = replace(m, moe_router_groups=0, moe_router_group_topk=0)
     if parts % groups == 0:
         assert parts_hit(m, parts) == pytest.approx(brute)
     else:
         assert brute <= parts_hit(m, parts) + 1e-12
+    assert parts_hit(m, parts) <= min(k, parts_hit(free, parts)) + 1e-12  # a limit never spreads tokens wider
     ds = load_model("deepseek-v3")
     assert 3.5 < parts_hit(ds, 8) <= 4 < parts_hit(replace(ds, moe_router_groups=0, moe_router_group_topk=0), 8)
 

@@ -227,7 +227,8 @@ def test_a_trainer_without_a_bucket_setting_keeps_the_default_bucket() -> None:
     from autotune.specs.plan import DEFAULT_BUCKET
     from autotune.specs.trainers import TRAINER_CAPS
 
-    assert for_trainer(SearchSpace(), TRAINER_CAPS["torchtitan"]).buckets == (DEFAULT_BUCKET,)
+    for name in ("torchtitan", "colossalai"):
+        assert for_trainer(SearchSpace(), TRAINER_CAPS[name]).buckets == (DEFAULT_BUCKET,)
     for name in ("megatron", "deepspeed"):
         assert for_trainer(SearchSpace(), TRAINER_CAPS[name]).buckets == BUCKETS
     assert for_trainer(SearchSpace(), None) == SearchSpace()
