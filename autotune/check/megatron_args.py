@@ -17,6 +17,7 @@ from typing import Any
 
 from autotune.check.bash import tokenize
 from autotune.check.megatron_layout import check_layout, parse_layout
+from autotune.check.megatron_recompute import recompute_setting
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, mla_model_fields, moe_model_fields, routing_imbalance)
 from autotune.check.reading import Reading, check_sizes
@@ -185,7 +186,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         granularity = granularity or "selective"
     if args.get("--checkpoint-activations"):
         granularity = granularity or "full"
-    recompute, recompute_layers = _recompute(granularity, args, notes)
+    recompute, recompute_layers = recompute_setting(granularity, args, notes, _int)
     zero = 0
     if args.get("--use-distributed-optimizer"):
         zero = 1
@@ -351,41 +352,6 @@ def _check_chunks(per_rank: int, vpp: int) -> None:
         raise SpecError(f"{per_rank} layers on a pipeline rank do not split over its {vpp} virtual stages "
                         "(megatron-core asserts they divide); change the virtual stages or give "
                         "--pipeline-model-parallel-layout")
-
-
-def _recompute(granularity: str | None, args: dict[str, Any], notes: list[str]) -> tuple[str, int | None]:
-    if granularity in (None, "none"):
-        return "none", None
-    if granularity == "selective":
-        modules = args.get("--recompute-modules")
-        if isinstance(modules, str) and modules != "core_attn":
-            notes.append(f"--recompute-modules {modules}: costed as Megatron's default selective recompute "
-                         "(core attention only)")
-        return "selective", None
-    if granularity != "full":
-        raise SpecError(f"--recompute-granularity {granularity!r}: use full or selective")
-    legacy = args.get("--checkpoint-activations")  # which sets uniform over single layers
-    for flag in ("--recompute-method", "--recompute-num-layers"):
-        if flag not in args and not legacy:
-            raise SpecError(f"--recompute-granularity full needs {flag} (megatron-core's TransformerConfig refuses "
-                            "it without); add --recompute-method uniform|block and --recompute-num-layers N")
-    method, n = args.get("--recompute-method", "uniform"), _int(args, "--recompute-num-layers", 1)
-    if method == "uniform" and n and n > 1 and _int(args, "--mtp-num-layers", 0):
-        raise SpecError(f"--recompute-method uniform --recompute-num-layers {n} with --mtp-num-layers: Megatron's "
-                        "MTP block asserts recompute_num_layers 1 under uniform; use 1, or block")
-    if args.get("--distribute-saved-activations"):
-        notes.append("--distribute-saved-activations: the checkpointed inputs are split over tp; costed unsplit")
-    if method == "block":
-        return "full", n
-    if method != "uniform":
-        raise SpecError(f"--recompute-method {method!r}: use uniform or block")
-    if n and n > 1:
-        notes.append(f"--recompute-method uniform --recompute-num-layers {n}: every layer is recomputed (in groups "
-                     f"of {n}); costed as full recompute of each layer")
-    if _int(args, "--mtp-num-layers", 0):
-        notes.append("--recompute-method uniform also recomputes the MTP module(s) (multi_token_prediction.py); "
-                     "costed with their activations stored, as block recompute over every layer runs them")
-    return "full", None
 
 
 def vocab_padded(vocab: int, tp: int, divisor: int) -> int:
