@@ -17,9 +17,9 @@ from typing import Any
 
 from autotune.check.bash import tokenize
 from autotune.check.megatron_layout import check_layout, parse_layout
-from autotune.check.megatron_recompute import recompute_setting
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, mla_model_fields, moe_model_fields, routing_imbalance)
+from autotune.check.megatron_recompute import recompute_setting
 from autotune.check.reading import Reading, check_sizes
 from autotune.check.script import launch_words
 from autotune.errors import SpecError
