@@ -255,7 +255,7 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         fields.update(num_experts=experts, moe_top_k=_int(args, "--moe-router-topk", 2),
                       moe_ffn_hidden_size=_int(args, "--moe-ffn-hidden-size", ffn),
                       router=args.get("--moe-router-score-function", "softmax"),
-                      **moe_model_fields(args, fields["num_layers"], experts, notes))
+                      **moe_model_fields(args, fields["num_layers"], experts, notes, _int))
         if fields["router_bias"] and fields["router"] != "sigmoid":
             raise SpecError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (megatron-core "
                             "refuses it with softmax); add it, or drop the bias")

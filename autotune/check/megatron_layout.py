@@ -42,7 +42,10 @@ def parse_layout(layout: str) -> list[int]:
 def layout_issue(layout: str, pp: int, mtp_layers: int) -> str:
     """The first of megatron-core's layout rules the layout breaks ('' when none): one E, first; one L, last;
     as many m as --mtp-num-layers, after every t, all in one virtual stage that is the last of its rank."""
-    stages = unroll(layout).split("|")
+    return _stage_issue(unroll(layout).split("|"), pp, mtp_layers)
+
+
+def _stage_issue(stages: list[str], pp: int, mtp_layers: int) -> str:
     flat = "".join(stages)
     if not flat.startswith("E") or flat.count("E") != 1:
         return "the embedding E must appear once, as the first layer"
@@ -65,11 +68,11 @@ def layout_issue(layout: str, pp: int, mtp_layers: int) -> str:
 def check_layout(layout: str, pp: int, mtp_layers: int, notes: list[str]) -> None:
     """SpecError where megatron-core refuses the layout; a note where the MTP layers sit on a stage of their own
     (Megatron's standalone MTP), which autotune costs on the loss's stage."""
-    issue = layout_issue(layout, pp, mtp_layers)
+    stages = unroll(layout).split("|")
+    issue = _stage_issue(stages, pp, mtp_layers)
     if issue:
         raise SpecError(f"--pipeline-model-parallel-layout {layout!r}: {issue} (megatron-core's "
                         "validate_layer_layout refuses it at start-up)")
-    stages = unroll(layout).split("|")
     if mtp_layers and not any("m" in stage and "L" in stage for stage in stages):
         notes.append("the layout runs the MTP layer(s) on a stage apart from the loss (Megatron's standalone MTP); "
                      "costed on the loss's stage")

@@ -97,14 +97,8 @@ def pattern_fields(bits: list[int], flag: str, notes: list[str]) -> dict[str, in
     return {"first_dense_layers": first, "moe_layer_freq": step}
 
 
-def _whole(args: dict[str, Any], flag: str) -> int:
-    value = args.get(flag, "0")
-    if not (isinstance(value, str) and value.isdigit()):
-        raise SpecError(f"{flag} {value!r}: expected a whole number")
-    return int(value)
-
-
-def moe_model_fields(args: dict[str, Any], num_layers: int, experts: int, notes: list[str]) -> dict[str, Any]:
+def moe_model_fields(args: dict[str, Any], num_layers: int, experts: int, notes: list[str], as_int
+                     ) -> dict[str, Any]:
     """The layer pattern of an MoE model (--moe-layer-freq, default 1: every layer) and the notes on what the
     cost model prices differently from the flags (expert GEMMs one by one, token capacity)."""
     check_max(num_layers, MAX_LAYERS, "the number of layers", "pretrain_gpt.py arguments")
@@ -113,7 +107,7 @@ def moe_model_fields(args: dict[str, Any], num_layers: int, experts: int, notes:
     # group-limited routing, a training choice (check/understood.py TRAINING_FIELDS): 0 where the flags are absent
     fields.update(moe_router_groups=0, moe_router_group_topk=0,
                   router_bias=bool(args.get("--moe-router-enable-expert-bias")))
-    groups, chosen = (_whole(args, flag) for flag in ("--moe-router-num-groups", "--moe-router-group-topk"))
+    groups, chosen = (as_int(args, flag, 0) for flag in ("--moe-router-num-groups", "--moe-router-group-topk"))
     if chosen and not groups:
         raise SpecError("--moe-router-group-topk needs --moe-router-num-groups (megatron-core refuses group-limited "
                         "routing without it); add it, or drop both")

@@ -259,10 +259,11 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
         raise SpecError(f"the {trainer} config does not give the sequence length; pass --seq-len N")
     model, notes = resolve_model(r, model_arg, slug(path.stem, fallback="config-model"), seq_len)
     notes = list(r.notes) + notes
-    if as_run_model(model, trainer, seq_len) != model:  # only torchtitan builds a model's window (emit warns too)
+    run = as_run_model(model, trainer, seq_len)
+    if run != model:  # only torchtitan builds a model's window (emit warns so too)
         notes.append(f"{model.name}: the config sets no attention window, so its {model.sliding_window_layers} "
                      f"windowed layers run full attention over {seq_len} tokens; costed so")
-        model = as_run_model(model, trainer, seq_len)
+        model = run
     plan = build_plan(r, model, gpus)
     job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=seq_len,
                   dtype=r.dtype, flash_attention=r.flash_attention,  # type: ignore[arg-type]

@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from autotune.catalog import load_model
-from autotune.cli.inputs import (coverage_warnings, load_cost_profile, read_plan, settle_job_settings,
-                                 single_plan)
+from autotune.cli.inputs import (coverage_warnings, load_cost_profile, plan_source, read_plan,
+                                 settle_job_settings, single_plan)
 from autotune.cli.options import (BatchOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt, EpOpt, EtpOpt,
                                   ForceProfileOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, JsonOpt, KernelsOpt,
                                   LayersOpt, MbsOpt, MicroOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt,
@@ -62,8 +62,7 @@ def estimate(
         given = {name for name in settings if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
         fixed = {"model": spec.name, "gpu": hw.name, "gpus": gpus, "gpus_per_node": hw.gpus_per_node,
                  "global_batch": global_batch, "seq_len": seq_len}
-        settings = settle_job_settings(recorded, plan_file if plan_file != "-" else "--plan -", settings, given,
-                                       fixed)
+        settings = settle_job_settings(recorded, plan_source(plan_file, "--plan"), settings, given, fixed)
     job = build_job(global_batch, seq_len, settings["dtype"], settings["no_flash_attention"], settings["unfused"],
                     settings["grad_reduce"], settings["kernels"], settings["moe_imbalance"],
                     settings["moe_dispatcher"], settings["moe_capacity_factor"], settings["moe_pad_to_capacity"])

@@ -75,7 +75,7 @@ def read_plan(path: str, pins: Pins) -> tuple[Plan, dict[str, Any]]:
     if given:
         raise SpecError(f"--plan {path} gives the whole plan; drop {', '.join(given)} or drop --plan")
     doc = read_document(path, "--plan")
-    where = path if path != "-" else "--plan -"
+    where = plan_source(path, "--plan")
     job = doc.get("job") if isinstance(doc, dict) and "plan" in doc else None
     if job is not None and not isinstance(job, dict):
         raise SpecError(f"{where}: 'job' must be an object, as `autotune plan --json` writes it")
@@ -129,7 +129,12 @@ def settle_job_settings(recorded: dict[str, Any], where: str, values: dict[str, 
 
 def load_plan_file(path: str, flag: str) -> Plan:
     """A plan object (or a whole `plan --json` document) from a file, or stdin for '-'."""
-    return plan_from_dict(read_document(path, flag), path if path != "-" else f"{flag} -")
+    return plan_from_dict(read_document(path, flag), plan_source(path, flag))
+
+
+def plan_source(path: str, flag: str) -> str:
+    """How errors name a plan file given to `flag` ('-': stdin)."""
+    return path if path != "-" else f"{flag} -"
 
 
 def read_document(path: str, flag: str) -> Any:

@@ -31,9 +31,9 @@ from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word
 from autotune.emit.megatron_moe import moe_flags
 from autotune.emit.megatron_forks import VOCAB_FORK, fork_block, fork_flags, mainline_plan, schedule_warnings
-from autotune.emit.megatron_partition import Flag, chunk_layers, layout_string, partition_flags
+from autotune.emit.megatron_partition import Flag, layout_string, partition_flags
 from autotune.emit.runfiles import float_text, nccl_env_block, required_env_block, sbatch_script, schedule
-from autotune.specs.plan import Plan
+from autotune.specs.plan import Plan, largest_chunk
 
 TARGET = "Megatron-LM pretrain_gpt.py, flags as in megatron-core 0.16 / Megatron-LM core_r0.16"
 #: Flags Megatron refuses to see together (validate_args in megatron/training/arguments.py and
@@ -192,14 +192,10 @@ def _recompute_flags(plan: Plan, mtp_layers: int = 0) -> list[Flag]:
         if plan.recompute_layers is None and not mtp_layers:  # every layer, each checkpointed on its own
             return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                     ("--recompute-num-layers", "1")]
-        if plan.recompute_layers is None:
-            # the same every-layer recompute as block over a whole chunk: uniform would also checkpoint the MTP
-            # modules (multi_token_prediction.py recomputes them under uniform only), which the plan keeps
-            # stored, as it was costed
-            return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
-                    ("--recompute-num-layers", str(max(max(chunks) for chunks in chunk_layers(plan))))]
+        # with MTP, every layer is block over the largest chunk: uniform would also checkpoint the MTP modules
+        # (multi_token_prediction.py recomputes them under uniform only), which the plan keeps stored, as costed
         return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
-                ("--recompute-num-layers", str(plan.recompute_layers))]
+                ("--recompute-num-layers", str(plan.recompute_layers or largest_chunk(plan)))]
     return []
 
 

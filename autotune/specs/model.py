@@ -187,8 +187,8 @@ MAX_MTP_LAYERS = 16
 # Mixture-of-experts and MLA keys, kept apart from the list above
 _OPTIONAL += ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts",
               "shared_expert_ffn_hidden_size", "first_dense_layers", "moe_layer_freq", "router", "expert_bias",
-              "router_bias", "moe_router_groups", "moe_router_group_topk", "moe_router_scaling", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-              "published_active_params_B")
+              "router_bias", "moe_router_groups", "moe_router_group_topk", "moe_router_scaling", "q_lora_rank",
+              "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "published_active_params_B")
 # Attention window and gated-unit clamp
 _OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp", "qk_norm", "mtp_layers")
 ROUTERS = ("softmax", "sigmoid")

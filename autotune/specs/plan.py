@@ -355,9 +355,14 @@ def _check_recompute(plan: Plan) -> None:
                                f"got {plan.recompute_layers}")
 
 
+def largest_chunk(plan: Plan) -> int:
+    """Layers of the plan's largest model chunk (chunk_layers puts a rank's extra layers on its first chunks)."""
+    return max(max(chunk_layers(n, plan.vpp)) for n in plan.layers_per_stage)
+
+
 def normalized(plan: Plan) -> Plan:
     """The canonical form of a plan: recompute_layers covering every layer of the largest model chunk (it counts
     per chunk, as Megatron's block method does) means plain full recompute."""
-    if plan.recompute_layers is not None and plan.recompute_layers >= -(-max(plan.layers_per_stage) // plan.vpp):
+    if plan.recompute_layers is not None and plan.recompute_layers >= largest_chunk(plan):
         return replace(plan, recompute_layers=None)
     return plan
