@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,19 @@ def load_model(name_or_path: str) -> ModelSpec:
     data = read_json(path, "model file")
     if isinstance(data, dict) and str(data.get("schema", "")).startswith("autotune.model"):
         return model_from_dict(data, str(path))
-    return model_from_hf_config(data, str(path))
+    return _as_catalog_twin(model_from_hf_config(data, str(path)))
+
+
+def _as_catalog_twin(spec: ModelSpec) -> ModelSpec:
+    """A config.json that describes a catalog model exactly (every field but the name and the source: the shape
+    and the training settings) takes the catalog model's name, the name trainers know it by: torchtitan ships
+    its MoE models and flavors by name, so Qwen/Qwen3-30B-A3B's config.json plans for torchtitan as
+    `--model qwen3-30b-a3b` does. Any other config keeps its path as its name."""
+    for name in model_names():
+        twin = load_model(name)
+        if replace(spec, name=twin.name, source=twin.source) == twin:
+            return replace(spec, name=twin.name, source=f"{spec.source}: the catalog model {twin.name} exactly")
+    return spec
 
 
 def load_hardware(name_or_path: str) -> HardwareSpec:

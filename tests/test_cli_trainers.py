@@ -141,3 +141,15 @@ def test_scale_with_a_trainer(capsys):
 def test_help_documents_trainer_and_fork(capsys):
     code, out, _ = _run(capsys, "plan", "--help")
     assert code == 0 and "--fork" in out and "vocab-parallel" in out and "zero-bubble" in out
+
+
+def test_torchtitan_plans_the_hub_config_of_a_model_it_ships(capsys, tmp_path):
+    """Qwen3-30B-A3B's config.json is the catalog's qwen3-30b-a3b, which torchtitan ships: planned for it, not
+    refused as a model torchtitan lacks."""
+    from tests.costmodel.test_moe import HF, HUB_SETTINGS
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**HF["qwen3_moe"], **HUB_SETTINGS["qwen3_moe"]}))
+    doc = _json(capsys, "plan", "--model", str(path), "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "512",
+                "--seq-len", "4096", "--trainer", "torchtitan", "--top", "0")
+    assert doc["model_spec"]["name"] == "qwen3-30b-a3b" and doc["trainer"] == "torchtitan"

@@ -50,16 +50,36 @@ def binding_term(stage: StageCost) -> tuple[str, int]:
 
 
 def memory_findings(est: Estimate) -> list[Finding]:
-    """One error per stage over the usable memory."""
-    out = []
+    """One error per binding term over the stages past the usable memory (a 64-stage pipeline that does not fit
+    is one line, not 64): the stages, the largest of them, and the term to cut first."""
     usable = est.usable_memory_bytes
+    by_term: dict[str, list[StageCost]] = {}
     for s in est.stages:
         if s.memory.total > usable:
-            term, size = binding_term(s)
-            out.append(Finding("error", f"stage {s.index} is predicted out of memory: {gib(s.memory.total):.2f} GiB "
-                                        f"of {gib(usable):.2f} GiB usable; binding term: {term} "
-                                        f"{gib(size):.2f} GiB", EXIT_OOM))
+            by_term.setdefault(binding_term(s)[0], []).append(s)
+    out = []
+    for term, stages in by_term.items():
+        worst = max(stages, key=lambda s: s.memory.total)
+        size = max(binding_term(s)[1] for s in stages)
+        if len(stages) == 1:
+            what = f"stage {worst.index} is predicted out of memory: {gib(worst.memory.total):.2f} GiB"
+        else:
+            what = (f"stages {_ranges([s.index for s in stages])} are predicted out of memory: up to "
+                    f"{gib(worst.memory.total):.2f} GiB (stage {worst.index})")
+        out.append(Finding("error", f"{what} of {gib(usable):.2f} GiB usable; binding term: {term} "
+                                    f"{'up to ' if len(stages) > 1 else ''}{gib(size):.2f} GiB", EXIT_OOM))
     return out
+
+
+def _ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def gain_pct(current: Estimate, best: Estimate) -> float:

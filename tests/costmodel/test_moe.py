@@ -5,6 +5,7 @@ memory sharding by hand, and the active-parameter FLOP count."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import replace
 
@@ -119,6 +120,27 @@ def test_hf_configs_parse_to_the_catalog_shape(family, catalog) -> None:
                   "kv_lora_rank", "head_dim", "router", "expert_bias", "mtp_layers", "moe_router_groups",
                   "moe_router_group_topk", "moe_router_scaling", "router_bias"):
         assert getattr(parsed, field) == getattr(ours, field), field
+
+
+#: The settings the hub's config.json of each model adds to HF's trimmed keys (as the catalog entries record them)
+HUB_SETTINGS = {"qwen3_moe": {"rope_theta": 1e6, "rms_norm_eps": 1e-6},
+                "deepseek_v3": {"rope_theta": 1e4, "rms_norm_eps": 1e-6, "rope_scaling": {"type": "yarn", "factor": 40}},
+                "gpt_oss": {"rope_theta": 1.5e5, "rms_norm_eps": 1e-5, "sliding_window": 128, "swiglu_limit": 7.0,
+                            "layer_types": ["sliding_attention", "full_attention"] * 18}}
+
+
+@pytest.mark.parametrize(("family", "catalog"), [("qwen3_moe", "qwen3-30b-a3b"), ("deepseek_v3", "deepseek-v3"),
+                                                  ("gpt_oss", "gpt-oss-120b")])
+def test_a_hub_config_of_a_catalog_model_takes_its_name(tmp_path, family, catalog) -> None:
+    """torchtitan knows its MoE models by name: the hub's config.json of one is that catalog model (its shape and
+    training settings), named so; one layer more and it is a model of its own, named by its path."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**HF[family], **HUB_SETTINGS[family]}))
+    parsed = load_model(str(path))
+    assert parsed.name == catalog and replace(parsed, source="") == replace(load_model(catalog), source="")
+    assert str(path) in parsed.source
+    path.write_text(json.dumps({**HF[family], **HUB_SETTINGS[family], "num_hidden_layers": 40}))
+    assert load_model(str(path)).name == str(path)
 
 
 def test_llama4_text_config_parses_its_interleaved_moe_layers() -> None:
