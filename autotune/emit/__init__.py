@@ -14,7 +14,7 @@ from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
-from autotune.specs.trainers import TRAINER_CAPS, TrainerCaps
+from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -72,7 +72,8 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
         return EmitResult(result.files, (warning, *result.warnings))
     result = _emit_one(trainer, inp, torchtitan_format)
     extra = tuple(w for w in (full_attention_warning(trainer, inp), dispatcher_warning(caps, inp),
-                              capacity_warning(trainer, inp), mtp_warning(trainer, inp)) if w)
+                              capacity_warning(trainer, inp), mtp_warning(trainer, inp),
+                              rope_scaling_warning(trainer, inp)) if w)
     return EmitResult(result.files, (*result.warnings, *extra)) if extra else result
 
 
@@ -103,6 +104,18 @@ def mtp_warning(trainer: str, inp: EmitInput) -> str | None:
         return None
     return (f"{inp.model.name}: its {inp.model.mtp_layers} multi-token prediction module(s) are not trained by "
             f"{trainer}; the config leaves them out, as the header's figures do (--trainer megatron trains them)")
+
+
+def rope_scaling_warning(trainer: str, inp: EmitInput) -> str | None:
+    """A model whose config.json carries YaRN rope scaling (a released DeepSeek-V3 or GPT-OSS checkpoint): only
+    torchtitan's own models of them build it; the other configs train plain RoPE, which is what pretraining at
+    the original context does but not what continuing the released checkpoint needs."""
+    m = inp.model
+    if m.rope_scaling != "yarn" or (trainer == "torchtitan" and m.name in TORCHTITAN_MOE_MODELS):
+        return None
+    return (f"{m.name}: its YaRN rope scaling (factor {m.rope_scaling_factor:g}) is not in the {trainer} config, "
+            f"which trains plain RoPE (base {m.rope_theta:g}): right for pretraining, not for continuing a "
+            "checkpoint trained with YaRN (set the trainer's YaRN options for that)")
 
 
 def full_attention_warning(trainer: str, inp: EmitInput) -> str | None:

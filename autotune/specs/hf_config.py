@@ -190,15 +190,17 @@ def _hf_window_and_clamp(data: dict[str, Any], model_type: str) -> dict[str, Any
 
 def _hf_training_keys(data: dict[str, Any]) -> dict[str, Any]:
     """RoPE base and scaling, norm epsilon and init std of a Llama-style config.json, where given (Llama 3.1's
-    rope_scaling is {"rope_type": "llama3", "factor": 8.0, ...}; other scaling types are not carried)."""
+    rope_scaling is {"rope_type": "llama3", "factor": 8.0, ...}, DeepSeek-V3's {"type": "yarn", "factor": 40,
+    ...}; YaRN's other settings and other scaling types are not carried)."""
     out: dict[str, Any] = {}
     for key, ours in (("rope_theta", "rope_theta"), ("rms_norm_eps", "norm_eps"), ("layer_norm_eps", "norm_eps"),
                       ("initializer_range", "init_std")):
         if isinstance(data.get(key), (int, float)) and not isinstance(data.get(key), bool) and data[key] > 0:
             out[ours] = float(data[key])
     scaling = data.get("rope_scaling")
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "llama3":
-        out["rope_scaling"] = "llama3"
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+    if kind in ("llama3", "yarn"):
+        out["rope_scaling"] = kind
         if isinstance(scaling.get("factor"), (int, float)) and scaling["factor"] > 0:
             out["rope_scaling_factor"] = float(scaling["factor"])
     return out

@@ -126,7 +126,9 @@ def test_hf_configs_parse_to_the_catalog_shape(family, catalog) -> None:
 HUB_SETTINGS = {"qwen3_moe": {"rope_theta": 1e6, "rms_norm_eps": 1e-6},
                 "deepseek_v3": {"rope_theta": 1e4, "rms_norm_eps": 1e-6, "rope_scaling": {"type": "yarn", "factor": 40}},
                 "gpt_oss": {"rope_theta": 1.5e5, "rms_norm_eps": 1e-5, "sliding_window": 128, "swiglu_limit": 7.0,
-                            "layer_types": ["sliding_attention", "full_attention"] * 18}}
+                            "layer_types": ["sliding_attention", "full_attention"] * 18,
+                            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                             "original_max_position_embeddings": 4096, "truncate": False}}}
 
 
 @pytest.mark.parametrize(("family", "catalog"), [("qwen3_moe", "qwen3-30b-a3b"), ("deepseek_v3", "deepseek-v3"),
@@ -139,6 +141,7 @@ def test_a_hub_config_of_a_catalog_model_takes_its_name(tmp_path, family, catalo
     parsed = load_model(str(path))
     assert parsed.name == catalog and replace(parsed, source="") == replace(load_model(catalog), source="")
     assert str(path) in parsed.source
+    assert parsed.rope_scaling == ("none" if family == "qwen3_moe" else "yarn")
     path.write_text(json.dumps({**HF[family], **HUB_SETTINGS[family], "num_hidden_layers": 40}))
     assert load_model(str(path)).name == str(path)
 

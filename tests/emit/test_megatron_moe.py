@@ -157,6 +157,22 @@ def test_sliding_window_models_warn_that_the_script_trains_full_attention() -> N
                                                    CASES["mixtral_8x22b"][1])) is None
 
 
+def test_yarn_models_warn_that_the_config_trains_plain_rope() -> None:
+    """DeepSeek-V3's and GPT-OSS's config.json carry YaRN (factor 40 and 32); the Megatron config writes plain
+    RoPE and says so; torchtitan's own models of them build YaRN themselves (no warning); Llama 3.1's llama3
+    scaling is written, so no warning either."""
+    from autotune.emit import emit, rope_scaling_warning
+
+    model, plan = CASES["deepseek_v3_pipelined"]
+    inp = _inp(model, "h100-sxm", JOB, plan)
+    warning = rope_scaling_warning("megatron", inp)
+    assert warning is not None and "YaRN rope scaling (factor 40)" in warning and "base 10000" in warning
+    assert warning in emit("megatron", inp).warnings
+    assert rope_scaling_warning("torchtitan", inp) is None
+    dense = Plan(tp=2, pp=1, dp=4, mbs=1, num_microbatches=1024, layers_per_stage=(32,))
+    assert rope_scaling_warning("megatron", _inp("llama3.1-8b", "h100-sxm", JOB, dense)) is None
+
+
 def test_a_trainer_without_deepep_says_its_config_runs_alltoall() -> None:
     """A plan priced with DeepEP, emitted for torchtitan (NCCL all-to-alls): a warning that the step will be
     slower; for Megatron, none. A search restricted to a trainer or fork without DeepEP refuses it up front."""
