@@ -41,7 +41,7 @@ from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.search.baseline import baseline_plans
 from autotune.search.bounds import forced_recompute_s, memory_possible, pivot_path_floor, quick_bound, stage_time_floor
 from autotune.search.budget import Budget
-from autotune.search.coarse import coarse_bound, coarse_bounds
+from autotune.search.coarse import coarse_bounds
 from autotune.search.joint import pipe_sync_floor
 from autotune.search.losers import RunnerUp, empty_space_message, infeasible_message, memory_losers
 from autotune.search.partition import Hint, solve_partition
@@ -161,18 +161,15 @@ class _Search:
         self.L = cm.model.num_layers
         self.memo: dict = {}  # sync bounds shared between candidates of this search
         self.coarse_memo: dict = {}
-        coarse: list[tuple[float, bool | None]] = []
-        for i in range(0, len(cands), COARSE_BLOCK):
-            # bounding a large space takes seconds; once the wall clock strikes, the rest get the trivial bound 0
-            # and are bounded when first visited (_sharpen), so a plan still comes back soon
-            if budget.clock_struck():
-                coarse += [(0.0, None)] * (len(cands) - i)
-                break
-            coarse += coarse_bounds(cm, cands[i:i + COARSE_BLOCK], self.coarse_memo)
-        self.may_fit: list[bool | None] = [fits for _, fits in coarse]
+        self.may_fit: list[bool] = []
         # (bound, index, level, costs): the index breaks ties, so the order never reaches the costs
-        self.heap: list[tuple[float, int, int, CandidateCosts | None]] = [
-            (lb, idx, COARSE, None) for idx, (lb, _) in enumerate(coarse)]
+        self.heap: list[tuple[float, int, int, CandidateCosts | None]] = []
+        self.unbounded = 0
+        """The first candidate not coarse-bounded yet (len(cands) once all are)."""
+        # bounding a large space takes seconds; once the wall clock strikes, the rest wait outside the heap and are
+        # bounded a block at a time only if the bounded ones give no plan (prove), so a plan still comes back soon
+        while self.unbounded < len(cands) and not budget.clock_struck():
+            self._bound_block()
         heapq.heapify(self.heap)
         self.found: dict[tuple, Estimate] = {}
         """Per strategy: the fastest plan met on the way (the solver's, or an even or balanced split)."""
@@ -184,6 +181,15 @@ class _Search:
         self.solved = 0
         self.open_bound = math.inf  # the smallest bound of a candidate left without proof
 
+    def _bound_block(self) -> None:
+        """Coarse-bound the next COARSE_BLOCK candidates onto the heap."""
+        i = self.unbounded
+        block = coarse_bounds(self.cm, self.cands[i:i + COARSE_BLOCK], self.coarse_memo)
+        self.may_fit += [fits for _, fits in block]
+        for idx, (lb, _) in enumerate(block, start=i):
+            heapq.heappush(self.heap, (lb, idx, COARSE, None))
+        self.unbounded = i + len(block)
+
     def threshold(self) -> float:
         """Step time a candidate must beat to matter: the best plan known."""
         return math.inf if self.best is None else self.best.step_time_s
@@ -191,7 +197,10 @@ class _Search:
     def prove(self, progress: Progress | None) -> None:
         """Visit candidates in bound order until none left can beat the best plan, or a limit strikes."""
         visits = 0
-        while self.heap:
+        while self.heap or self.unbounded < len(self.cands):
+            if not self.heap:  # the clock struck while bounding, and no bounded candidate gave a plan
+                self._bound_block()
+                continue
             lb, idx, level, cc = self.heap[0]
             if lb >= self.threshold():
                 break
@@ -215,12 +224,11 @@ class _Search:
                 heapq.heappush(self.heap, (summed, idx, SUMMED, cc))
             else:
                 self._solve(lb, idx, cc, exact=level == EXACT)
+        if self.unbounded < len(self.cands):  # never bounded (the clock struck): only the trivial bound 0 holds
+            self.open_bound = 0.0
 
     def _sharpen(self, lb: float, idx: int) -> None:
         """First visit: the memory check of the coarse bound, then quick_bound."""
-        if self.may_fit[idx] is None:  # not bounded before the clock struck
-            coarse, self.may_fit[idx] = coarse_bound(self.cm, self.cands[idx], self.coarse_memo)
-            lb = max(lb, coarse)
         if not self.may_fit[idx]:
             self.too_big.append((lb, idx))
             return
