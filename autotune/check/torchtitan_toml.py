@@ -24,6 +24,7 @@ from autotune.catalog import model_names
 from autotune.check.bash import Shell, tokenize
 from autotune.check.reading import Reading, check_sizes
 from autotune.check.script import launch_words
+from autotune.check.torchtitan_configs import config_defaults, with_overrides
 from autotune.emit.torchtitan import own_config_names
 from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY
 from autotune.errors import SpecError
@@ -51,6 +52,9 @@ KNOWN = {
     "model": {"name", "flavor", "converters", "tokenizer_path", "hf_assets_path", "norm_type"},
 }
 SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "v-half"}
+#: torch.distributed.pipelining's other schedules (get_schedule_class), which run but autotune does not cost.
+OTHER_SCHEDULES = ("GPipe", "LoopedBFS", "InterleavedZeroBubble", "DualPipeV", "PipelineScheduleSingle",
+                   "PipelineScheduleMulti")
 #: torchtitan's flavor names (0.2.x) and config functions (0.3.x) -> the first catalog model of that shape.
 FLAVORS = {flavor: name for name, (_, flavor) in reversed(REGISTRY.items())}
 CONFIGS = {config: name for name, (config, _) in reversed(REGISTRY.items())}
@@ -91,31 +95,42 @@ def read_overrides(text: str) -> Reading:
         words = [w for word in tokenize(text) if not isinstance(word, str) for w in shell.expand(word)]
         notes = list(shell.notes)
     tree: dict[str, Any] = {}
-    model = None
+    model, config = None, ""
     i = 0
     while i < len(words):
-        word = words[i]
+        # tyro takes `--section.key value` and `--section.key=value`, with `-` or `_` inside names alike
+        word, _, inline = words[i].partition("=") if words[i].startswith("--") else (words[i], "", "")
+        word = "--" + word[2:].replace("-", "_") if word.startswith("--") else word
         j = i + 1
-        while j < len(words) and not words[j].startswith("-") and ":" not in words[j]:
+        while j < len(words) and not inline and (_is_number(words[j]) or not words[j].startswith("-")) \
+                and ":" not in words[j]:
             j += 1
-        values = words[i + 1:j]
-        if word.startswith("activation-checkpoint:"):
+        values = [inline] if inline else words[i + 1:j]
+        if word.replace("_", "-").startswith("activation-checkpoint:"):
             tree.setdefault("activation_checkpoint", {})["mode"] = word.split(":", 1)[1]
         elif word in ("--module", "--config"):
             if word == "--config" and values:
-                model = CONFIGS.get(values[0])
+                config, model = values[0], CONFIGS.get(values[0])
                 if model is None and values[0]:
                     notes.append(f"--config {values[0]}: not a torchtitan config function autotune knows; the model "
                                  "comes from --model")
-        elif word in NEUTRAL_OPTIONS or word.split("=", 1)[0] in NEUTRAL_OPTIONS:
+        elif word in NEUTRAL_OPTIONS:
             pass
         elif word.startswith("--") and "." in word:
             section, _, key = word[2:].partition(".")
             tree.setdefault(section, {})[key.removeprefix("no_")] = _value(values, not key.startswith("no_"))
         elif word:
-            notes.append(f"argument {word!r} ignored")
+            notes.append(f"argument {words[i]!r} ignored")
         i = j
-    return reading_from_tree(tree, "cli", model, notes)
+    return reading_from_tree(with_overrides(config_defaults(config), tree), "cli", model, notes)
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def _value(values: list[str], positive: bool) -> Any:
@@ -211,10 +226,7 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     gbs = _get(tree, "training", "global_batch_size", int, -1)
     seq = _get(tree, "training", "seq_len", int, 2048)
     schedule_name = _get(tree, "parallelism", "pipeline_parallel_schedule", str, "1F1B")
-    if pp > 1 and schedule_name not in SCHEDULES:
-        raise SpecError(f"parallelism.pipeline_parallel_schedule {schedule_name!r}: autotune costs "
-                        f"{', '.join(SCHEDULES)}; use one of them")
-    schedule = SCHEDULES.get(schedule_name, "1f1b") if pp > 1 else "1f1b"
+    schedule = _schedule(schedule_name) if pp > 1 else "1f1b"
     if schedule == "v-half":
         notes.append("ZBVZeroBubble read as v-half (the same V placement of 2 stages per rank); it keeps about "
                      "1F1B's activation memory, above the v-half prediction")
@@ -245,6 +257,19 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
         recompute_every=recompute_every, zero=zero, sequence_parallel=sp,
         tp_overlap=async_tp, layers_per_stage=layers, split=split, split_extra=extra, dtype=dtype,
         fused_kernels=_get(tree, "compile", "enable", bool, False), model_name=model, notes=tuple(notes))
+
+
+def _schedule(name: str) -> str:
+    """autotune's schedule for torchtitan's name of it, which torch's get_schedule_class matches ignoring case."""
+    ours = {k.lower(): v for k, v in SCHEDULES.items()}.get(name.lower())
+    if ours is not None:
+        return ours
+    costs = f"autotune costs {', '.join(SCHEDULES)}"
+    if name.lower() in (n.lower() for n in OTHER_SCHEDULES):
+        raise SpecError(f"parallelism.pipeline_parallel_schedule {name!r}: a torchtitan schedule autotune does not "
+                        f"model ({costs}); check the config with one of them")
+    raise SpecError(f"parallelism.pipeline_parallel_schedule {name!r}: not a torchtitan schedule (torch's "
+                    f"get_schedule_class refuses it); {costs}")
 
 
 def _pipeline(tree: dict[str, Any], pp: int,

@@ -1,0 +1,61 @@
+"""What torchtitan 0.3.0's config functions set, which a launch's command-line overrides start from.
+
+`-m torchtitan.train --module llama3 --config llama3_70b --parallelism.data_parallel_shard_degree 8` trains tp 8,
+8 sequences of 8192 tokens per rank with full activation checkpointing: llama3_70b() sets them, the overrides
+change only what they name. Read from torchtitan/models/*/config_registry.py of torchtitan 0.3.0, and pinned to
+the functions themselves by tests/check/test_torchtitan_configs.py; only the settings check reads (the sections
+and keys of torchtitan_toml.KNOWN) and those that differ from torchtitan's own defaults are listed.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from autotune.emit.torchtitan import BF16_CONFIG, bf16_config_name, moe_config_name
+from autotune.emit.torchtitan_mapping import MOE_REGISTRY
+
+#: config function -> {section: {key: value}}; activation_checkpoint "mode" stands for the function's FullAC /
+#: SelectiveAC config, model "converters" for its Float8 linear converter.
+CONFIG_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
+    "llama3_8b": {"training": {"local_batch_size": 1, "seq_len": 8192},
+                  "activation_checkpoint": {"mode": "selective"}},
+    "llama3_70b": {"training": {"local_batch_size": 8, "seq_len": 8192},
+                   "parallelism": {"tensor_parallel_degree": 8}, "activation_checkpoint": {"mode": "full"}},
+    "llama3_405b": {"training": {"local_batch_size": 2, "seq_len": 8192},
+                    "parallelism": {"tensor_parallel_degree": 8}, "activation_checkpoint": {"mode": "full"},
+                    "compile": {"enable": True, "enable_async_tensor_parallel": True},
+                    "model": {"converters": ["float8"]}},
+    "qwen3_30b_a3b": {"training": {"local_batch_size": 2, "seq_len": 4096},
+                      "activation_checkpoint": {"mode": "full"}},
+    "deepseek_v3_671b": {"training": {"local_batch_size": 4, "seq_len": 4096},
+                         "parallelism": {"expert_parallel_degree": 2,
+                                         "pipeline_parallel_schedule": "Interleaved1F1B"},
+                         "activation_checkpoint": {"mode": "selective"}, "compile": {"enable": True}},
+    "gpt_oss_120b": {"training": {"local_batch_size": 1, "seq_len": 8192}, "activation_checkpoint": {"mode": "full"}},
+    "gpt_oss_20b": {"training": {"local_batch_size": 1, "seq_len": 8192}, "activation_checkpoint": {"mode": "full"}},
+}
+
+
+def _own_bases() -> dict[str, str]:
+    """The config functions autotune's launch writes (emit/torchtitan.py) -> the function each replaces only the
+    model and learning rate of: the bf16 Llama 3 on llama3_70b's recipe, an MoE flavor on its `base`."""
+    out = {bf16_config_name(config): "llama3_70b" for config in BF16_CONFIG}
+    out.update((moe_config_name(m), m.base) for m in MOE_REGISTRY.values() if not m.config)
+    return out
+
+
+def config_defaults(name: str) -> dict[str, dict[str, Any]]:
+    """The settings config function `name` starts a launch from (empty for one autotune does not know)."""
+    return copy.deepcopy(CONFIG_DEFAULTS.get(_own_bases().get(name, name), {}))
+
+
+def with_overrides(defaults: dict[str, dict[str, Any]], tree: dict[str, Any]) -> dict[str, Any]:
+    """The config function's settings with the launch's overrides on top, key by key."""
+    out: dict[str, Any] = {section: dict(body) for section, body in defaults.items()}
+    for section, body in tree.items():
+        if isinstance(body, dict) and isinstance(out.get(section), dict):
+            out[section].update(body)
+        else:
+            out[section] = body
+    return out

@@ -1,0 +1,89 @@
+"""torchtitan 0.3.0 launches read back from their config function plus overrides: a bare `--config NAME` reads as
+what the function itself sets (pinned to torchtitan's own functions, CPU only), overrides change only what they
+name, in every spelling tyro accepts; schedule names match as torch matches them."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from autotune.check.torchtitan_configs import CONFIG_DEFAULTS, config_defaults
+from autotune.check.torchtitan_toml import read_overrides, read_toml
+from autotune.errors import SpecError
+
+#: torchtitan's model modules, each the prefix of its config functions' names
+MODULES = ("llama3", "qwen3", "deepseek_v3", "gpt_oss")
+
+
+def _module(config: str) -> str:
+    return next(m for m in MODULES if config.startswith(m))
+
+
+def _torchtitan_config(name: str, monkeypatch) -> tuple:
+    """torchtitan's own config function called on a CPU, and the model converters it asks for: Float8's converter
+    checks for torchao and an SM89+ GPU when it is built, which reading the settings does not need."""
+    pytest.importorskip("torchtitan.config")
+    float8 = importlib.import_module("torchtitan.components.quantization.float8")
+    monkeypatch.setattr(float8.Float8LinearConverter, "__init__", lambda self, config: setattr(self, "config", config))
+    monkeypatch.setattr(float8.Float8LinearConverter, "convert", lambda self, model_config: model_config, raising=False)
+    registry = importlib.import_module(f"torchtitan.models.{_module(name)}.config_registry")
+    seen: list = []
+    real = registry.model_registry
+    monkeypatch.setattr(registry, "model_registry", lambda *a, converters=None, **k: (
+        seen.extend(converters or []), real(*a, converters=converters, **k))[1])
+    return getattr(registry, name)(), seen
+
+
+@pytest.mark.parametrize("name", sorted(CONFIG_DEFAULTS))
+def test_a_bare_config_reads_as_the_function_sets_it(name, monkeypatch) -> None:
+    cfg, converters = _torchtitan_config(name, monkeypatch)
+    r = read_overrides(f"--module {_module(name)} --config {name}")
+    p, t = cfg.parallelism, cfg.training
+    assert (r.tp, r.pp, r.cp, r.ep) == (p.tensor_parallel_degree, p.pipeline_parallel_degree,
+                                        p.context_parallel_degree, p.expert_parallel_degree)
+    assert (r.mbs, r.seq_len, r.global_batch) == (t.local_batch_size, t.seq_len, None)
+    ac = type(cfg.activation_checkpoint).__qualname__.split(".")[0]
+    assert r.recompute == {"FullAC": "full", "SelectiveAC": "selective"}[ac]
+    assert r.fused_kernels == cfg.compile.enable and r.tp_overlap == cfg.compile.enable_async_tensor_parallel
+    assert (r.dtype == "fp8") == any("Float8" in type(c).__qualname__ for c in converters), converters
+    sections = {"training": t, "parallelism": p, "compile": cfg.compile}
+    for section, body in CONFIG_DEFAULTS[name].items():  # every listed value is the function's own
+        for key, value in body.items():
+            if section in sections:
+                assert getattr(sections[section], key) == value, (section, key)
+
+
+def test_overrides_change_only_what_they_name() -> None:
+    """The issue's launch: llama3_70b() sets tp 8, so 8-way FSDP over it is a 64-GPU job of 8 x 8192 tokens per
+    rank under full checkpointing."""
+    r = read_overrides("torchrun --nproc_per_node=8 --nnodes=8 -m torchtitan.train --module llama3 --config "
+                       "llama3_70b --parallelism.data_parallel_shard_degree 8")
+    assert (r.tp, r.dp, r.mbs, r.seq_len, r.recompute) == (8, 8, 8, 8192, "full")
+    r = read_overrides("--module qwen3 --config qwen3_30b_a3b --training.seq_len 2048 activation-checkpoint:none")
+    assert (r.seq_len, r.recompute, r.mbs) == (2048, "none", 2)
+
+
+def test_every_tyro_spelling_is_read() -> None:
+    """tyro takes `-` and `_` in names alike, `--key=value`, and negative numbers as values."""
+    r = read_overrides("--module qwen3 --config qwen3_30b_a3b --parallelism.expert-parallel-degree 8 "
+                       "--parallelism.tensor_parallel_degree=2 --parallelism.data-parallel-shard-degree -1 "
+                       "--config=qwen3_30b_a3b")
+    assert (r.ep, r.tp, r.dp) == (8, 2, None)
+    assert not [n for n in r.notes if "ignored" in n]
+
+
+def test_config_defaults_of_autotunes_own_functions_are_their_bases() -> None:
+    assert config_defaults("llama3_405b_bf16") == CONFIG_DEFAULTS["llama3_70b"]
+    assert config_defaults("qwen3_235b_a22b") == CONFIG_DEFAULTS["qwen3_30b_a3b"]
+    assert config_defaults("not_a_function") == {}
+
+
+def test_schedule_names_ignore_case_and_other_schedules_are_named() -> None:
+    toml = '[model]\nflavor = "8B"\n[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "{}"\n'
+    assert read_toml(toml.format("interleaved1f1b")).schedule == "interleaved"
+    assert read_toml(toml.format("zbvzerobubble")).schedule == "v-half"
+    with pytest.raises(SpecError, match="'GPipe': a torchtitan schedule autotune does not model"):
+        read_toml(toml.format("GPipe"))
+    with pytest.raises(SpecError, match="not a torchtitan schedule"):
+        read_toml(toml.format("Zigzag"))
