@@ -57,10 +57,9 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     notes = [f"{where}: {key} ignored (not a setting autotune reads)" for key in sorted(set(config) - KNOWN - NEUTRAL)]
     batch_keys = [k for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
                   if k in config]
-    if len(batch_keys) < 2:
-        missing = [k for k in ("train_batch_size", "train_micro_batch_size_per_gpu") if k not in config]
-        raise SpecError(f"{where}: missing {' and '.join(missing)}; DeepSpeed needs two of train_batch_size, "
-                        "train_micro_batch_size_per_gpu and gradient_accumulation_steps")
+    if not {"train_batch_size", "train_micro_batch_size_per_gpu"} & set(batch_keys):
+        raise SpecError(f"{where}: neither train_batch_size nor train_micro_batch_size_per_gpu; DeepSpeed needs one "
+                        "of them (and takes gradient_accumulation_steps 1 when only one of the three is given)")
     zero_cfg = config.get("zero_optimization", {})
     if not isinstance(zero_cfg, dict):
         raise SpecError(f"{where}: zero_optimization must be an object")
@@ -106,7 +105,8 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
             notes.append(f"mpu.sequence_parallel_world_size {cp}: DeepSpeed-Ulysses, costed as context parallelism")
     elif "pipeline" in config:
         raise SpecError(f"{where} has a pipeline section, but the stage count and tensor-parallel degree are "
-                        "PipelineModule/mpu arguments: put ds_pipeline.json (num_stages, mpu) beside it")
+                        "PipelineModule/mpu arguments, not JSON: write them beside it as ds_pipeline.json, "
+                        '{"num_stages": P, "mpu": {"tensor_model_parallel_size": T}}')
     if not isinstance(interval, int) or isinstance(interval, bool) or interval < 0:
         raise SpecError(f"activation_checkpoint_interval must be a whole number, got {interval!r}")
     if interval > 1:
@@ -116,6 +116,8 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     mbs = _int(config, "train_micro_batch_size_per_gpu", where) if "train_micro_batch_size_per_gpu" in config else None
     gas = _int(config, "gradient_accumulation_steps", where) if "gradient_accumulation_steps" in config else None
     tbs = _int(config, "train_batch_size", where) if "train_batch_size" in config else None
+    if len(batch_keys) == 1:  # DeepSpeed's _set_batch_related_parameters: no accumulation
+        gas = 1
     if mbs is not None and gas is not None:
         per_dp = mbs * gas
         dp = tbs // per_dp if tbs is not None and per_dp and tbs % per_dp == 0 else None

@@ -20,7 +20,7 @@ from autotune.check.megatron_layout import check_layout, parse_layout
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, mla_model_fields, moe_model_fields, routing_imbalance)
 from autotune.check.megatron_recompute import recompute_setting
-from autotune.check.reading import Reading, check_sizes
+from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.check.script import launch_words
 from autotune.errors import SpecError
 from autotune.specs.limits import check_max
@@ -96,7 +96,11 @@ DEPRECATED = {
     "--checkpoint-activations": "--recompute-granularity full --recompute-method uniform",
     "--use-flash-attn": "--attention-backend flash",
     "--use-rotary-position-embeddings": "--position-embedding-type rope",
+    "--moe-enable-deepep": "--moe-flex-dispatcher-backend deepep",
 }
+NEUTRAL_SWITCH |= {"--moe-enable-deepep"}  # the flex dispatcher's default backend already
+#: Every flag the reader knows, for telling a slip of one from a flag it does not (reading.misspelling_of).
+KNOWN_FLAGS = frozenset(VALUE | SWITCH | LIST_VALUE | NEUTRAL_VALUE | NEUTRAL_SWITCH | set(DEPRECATED))
 
 
 def read_megatron(text: str) -> Reading:
@@ -140,11 +144,16 @@ def parse_args(argv: list[str], notes: list[str]) -> dict[str, Any]:
         elif flag in VALUE:
             if inline:
                 args[flag], i = inline, i + 1
-            elif i + 1 < len(argv):
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 args[flag], i = argv[i + 1], i + 2
-            else:
-                raise SpecError(f"{flag} needs a value; give one, as in pretrain_gpt.py {flag} N")
+            else:  # most often a variable the script never sets: autotune reads it with an empty environment
+                raise SpecError(f"{flag} has no value; if the script gives it from a variable, set the variable in "
+                                "the script (${{TP:-8}} or : ${{TP:=8}}): autotune reads it with an empty environment")
         else:
+            meant = misspelling_of(flag, KNOWN_FLAGS)
+            if meant is not None:
+                raise SpecError(f"unknown flag {flag}: pretrain_gpt.py refuses arguments it does not define "
+                                f"(argparse, allow_abbrev=False); did you mean {meant}?")
             j = i + 1
             while j < len(argv) and not argv[j].startswith("--"):
                 j += 1
@@ -195,6 +204,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(strategy, 3)
     if args.get("--use-torch-fsdp2"):
         zero = 3
+    _overlap_rules(args, tp or 1)
     if args.get("--fp16") and args.get("--bf16"):
         raise SpecError("--fp16 and --bf16: Megatron trains in one of them (validate_args); drop one")
     dtype = "fp16" if args.get("--fp16") else "bf16"
@@ -219,6 +229,20 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         moe_imbalance=routing_imbalance(args), moe_capacity=capacity(args, _float), model_fields=model,
         model_soft=_soft(args),
         notes=tuple(notes))
+
+
+def _overlap_rules(args: dict[str, Any], tp: int) -> None:
+    """validate_args' refusals of overlap and activation-distribution switches (TRAINERS.md 1.2)."""
+    if args.get("--overlap-param-gather"):
+        if not (args.get("--use-distributed-optimizer") or args.get("--use-megatron-fsdp")):
+            raise SpecError("--overlap-param-gather without --use-distributed-optimizer: Megatron refuses it "
+                            "(validate_args); add --use-distributed-optimizer or drop --overlap-param-gather")
+        if not args.get("--overlap-grad-reduce"):
+            raise SpecError("--overlap-param-gather without --overlap-grad-reduce: Megatron refuses it "
+                            "(validate_args); add --overlap-grad-reduce or drop --overlap-param-gather")
+    if args.get("--distribute-saved-activations") and tp == 1:
+        raise SpecError("--distribute-saved-activations with --tensor-model-parallel-size 1: Megatron refuses it "
+                        "(it splits the saved activations over tp); drop it or use tp > 1")
 
 
 def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
@@ -266,6 +290,9 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
     fields["mtp_layers"] = check_max(_int(args, "--mtp-num-layers", 0) or 0, MAX_MTP_LAYERS, "--mtp-num-layers")
     if args.get("--tokenizer-type") == "NullTokenizer" and "--vocab-size" in args:
         fields["vocab_size"] = (_int(args, "--vocab-size") or 0) + 1  # NullTokenizer adds the EOD token
+    elif "--vocab-size" in args:
+        notes.append(f"--vocab-size {args['--vocab-size']}: only Megatron's NullTokenizer reads it; the tokenizer "
+                     "sets the vocabulary, so the model's is costed (give --model to name it)")
     if args.get("--squared-relu"):
         notes.append("--squared-relu: costed as GeLU (same two-matrix MLP)")
     return fields

@@ -16,6 +16,12 @@ def recompute_setting(granularity: str | None, args: dict[str, Any], notes: list
     if granularity in (None, "none"):
         return "none", None
     if granularity == "selective":
+        for flag, why in (("--recompute-method", "validate_args: recompute method is not yet supported for selective"),
+                          ("--recompute-num-layers", "TransformerConfig: selective recomputes no layer count"),
+                          ("--distribute-saved-activations", "validate_args: it applies to full granularity")):
+            if args.get(flag) not in (None, False):
+                raise SpecError(f"--recompute-granularity selective with {flag}: Megatron refuses it ({why}); drop "
+                                f"{flag}, or use --recompute-granularity full")
         modules = args.get("--recompute-modules")
         if isinstance(modules, str) and modules != "core_attn":
             notes.append(f"--recompute-modules {modules}: costed as Megatron's default selective recompute "

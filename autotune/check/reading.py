@@ -84,3 +84,27 @@ def check_sizes(where: str, *, degrees: tuple[int, ...] = (), layers: int | None
     check_max(product, MAX_GPUS, "the product of the parallel degrees", where)
     if layers is not None:
         check_max(layers, MAX_LAYERS, "the number of layers", where)
+
+
+def misspelling_of(name: str, known: frozenset[str] | set[str]) -> str | None:
+    """The known name `name` is a slip of (one letter added, dropped or changed, or `_` written for `-`), so a
+    reader can refuse it as the trainer's own strict parser would, instead of ignoring a setting that matters;
+    None when it is no such slip: an unknown setting that may be real (autotune does not know every one, and real
+    ones sit close to known ones: --fp4-recipe beside --fp8-recipe, so a changed digit is no slip)."""
+    dashed = name.replace("_", "-")
+    if dashed != name and dashed in known:
+        return dashed
+    if len(name) < 8:
+        return None
+    near = sorted(k for k in known if abs(len(k) - len(name)) <= 1 and _one_letter_apart(name, k))
+    return near[0] if near else None
+
+
+def _one_letter_apart(a: str, b: str) -> bool:
+    """a and b differ by one letter inserted, deleted or replaced (not a digit)."""
+    if len(a) < len(b):
+        a, b = b, a
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), len(b))
+    if len(a) == len(b):
+        return i < len(a) and a[i + 1:] == b[i + 1:] and a[i].isalpha() and b[i].isalpha()
+    return a[i + 1:] == b[i:] and a[i].isalpha()

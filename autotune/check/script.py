@@ -167,7 +167,11 @@ def launch_words(text: str, is_program: Callable[[str], bool], what: str,
             continue
         if not active:
             continue
-        if head == ":":  # the no-op builtin (`: "${DATA_PATH:?set it}"` guards): nothing the plan depends on
+        if head == ":":  # the no-op builtin: `: "${TP:=8}"` sets defaults; `: "${DATA_PATH:?set it}"` guards a path
+            seen = len(shell.notes)
+            for word in cmd.words[1:]:
+                shell.expand(word)
+            del shell.notes[seen:]  # a guard's "required" is nothing the plan depends on
             continue
         words = _assign(shell, cmd)
         if not words:

@@ -22,7 +22,7 @@ from typing import Any
 
 from autotune.catalog import model_names
 from autotune.check.bash import Shell, tokenize
-from autotune.check.reading import Reading, check_sizes
+from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.check.script import launch_words
 from autotune.check.torchtitan_configs import config_defaults, with_overrides
 from autotune.emit.torchtitan import own_config_names
@@ -165,6 +165,10 @@ def _check_known(tree: dict[str, Any], notes: list[str]) -> None:
             notes.append(f"section [{section}] ignored (not one autotune reads)")
             continue
         for key in sorted(set(body) - KNOWN[section]):
+            meant = misspelling_of(key, KNOWN[section])
+            if meant is not None:
+                raise SpecError(f"{section}.{key}: torchtitan refuses settings its config does not define; did you "
+                                f"mean {section}.{meant}?")
             notes.append(f"{section}.{key} ignored (not a setting autotune reads)")
 
 

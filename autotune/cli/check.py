@@ -28,7 +28,7 @@ from autotune.render.estimate import estimate_json
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.plan import check_plan
-from autotune.specs.trainers import runs_mtp
+from autotune.specs.trainers import TRAINER_CAPS, runs_mtp, seq_len_issue
 from autotune.units import gib
 
 FORMATS = ("text", "github")
@@ -73,6 +73,8 @@ def check_command(
         check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
     except InvalidPlanError as exc:
         raise InvalidPlanError(f"{config}: the plan it runs breaks a rule: {exc}") from None
+    if (issue := seq_len_issue(TRAINER_CAPS[u.trainer], u.plan, u.job.seq_len)) is not None:
+        raise SpecError(f"{config}: {issue} (the trainer refuses it at start-up); change the sequence length")
     check_simulation_size(u.plan, str(config))
     if u.model.is_moe and u.job.moe_dispatcher == "deepep" and (why := deepep_refusal(hw)):
         raise SpecError(f"{config}: --moe-flex-dispatcher-backend deepep: {why}; use --moe-token-dispatcher-type "
@@ -183,9 +185,10 @@ def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, h
         lines.append(f"best plan for {u.trainer}: none fits on these GPUs")
     else:
         gain = gain_pct(est, best)
-        verdict = (f"{gain:.1f}% faster than the config" if gain >= 0.05 else
-                   f"the config is {-gain:.1f}% faster (it uses what the search leaves out)" if gain <= -0.05 else
-                   "the config is as fast as the best plan")
+        verdict = ("the config does not fit, so its step time is no comparison" if not est.fits else
+                   f"{gain:.1f}% faster than the config" if gain >= 0.05 else
+                   f"the config is {-gain:.1f}% faster (it uses a setting the search for {u.trainer} does not try)"
+                   if gain <= -0.05 else "the config is as fast as the best plan")
         lines += [f"best plan for {u.trainer} on the same GPUs, batch and sequence: {plan_line(best.plan)}",
                   f"  step {best.step_time_s:.3f} s, {best.tokens_per_s:,.0f} tokens/s, MFU {100 * best.mfu:.1f}%, "
                   f"peak memory {gib(best.peak_memory_bytes):.2f} GiB: {verdict}"]

@@ -269,10 +269,18 @@ def _layer_rules(caps: TrainerCaps, p: Plan, model: ModelSpec, job: JobSpec) -> 
         out.append(f"recompute full on {p.recompute_layers} layer(s) per chunk: {n} recomputes all layers or none")
     if model.tied_embeddings and p.pp > 1 and not caps.tied_with_pp:
         out.append(f"tied embeddings with pp {p.pp}: {n} does not tie them across pipeline stages")
-    divisor = (p.tp if p.sequence_parallel else 1) * (2 * p.cp if p.cp > 1 else 1)
-    if caps.sp_seq_divisor and job.seq_len % divisor:
-        out.append(f"seq_len {job.seq_len}: {n} needs it divisible by tp (sequence parallel) x 2cp = {divisor}")
+    if (issue := seq_len_issue(caps, p, job.seq_len)) is not None:
+        out.append(issue)
     return out
+
+
+def seq_len_issue(caps: TrainerCaps, p: Plan, seq_len: int) -> str | None:
+    """The sequence does not split as the trainer splits it (torchtitan's seq_len_divisor; Megatron's sequence
+    parallel scatter): None when it does."""
+    divisor = (p.tp if p.sequence_parallel else 1) * (2 * p.cp if p.cp > 1 else 1)
+    if caps.sp_seq_divisor and seq_len % divisor:
+        return f"seq_len {seq_len}: {caps.name} needs it divisible by tp (sequence parallel) x 2cp = {divisor}"
+    return None
 
 
 def refusal(caps: TrainerCaps, plan: Plan) -> str | None:

@@ -154,6 +154,25 @@ def test_out_of_memory_exits_5_naming_stage_and_term(cli, tmp_path: Path) -> Non
     assert "stage 0 is predicted out of memory" in github.stdout and "binding term: optimizer states" in github.stdout
 
 
+def test_out_of_memory_config_is_not_compared_for_speed(cli, tmp_path: Path) -> None:
+    """A config that does not fit has no step time to set against the best plan: the report says so instead of
+    calling it faster or slower."""
+    path = _write(tmp_path, "oom.txt", ARGS.replace("PARALLEL", "--tensor-model-parallel-size 1"))
+    result = cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "16")
+    assert result.exit_code == 5
+    assert "the config does not fit, so its step time is no comparison" in result.stdout
+
+
+def test_a_sequence_that_sequence_parallelism_cannot_split_is_refused(cli, tmp_path: Path) -> None:
+    """8191 tokens over tp 2 with --sequence-parallel: Megatron's scatter along the sequence fails at start-up."""
+    text = ARGS.replace("PARALLEL", "--tensor-model-parallel-size 2 --sequence-parallel").replace(
+        "--seq-length 8192", "--seq-length 8191")
+    from autotune.errors import SpecError
+
+    with pytest.raises(SpecError, match="seq_len 8191: megatron needs it divisible by tp"):
+        cli("check", str(_write(tmp_path, "seq.txt", text)), "--gpu", "h100-sxm", "--gpus", "16")
+
+
 def test_emit_better_round_trips(cli, tmp_path: Path) -> None:
     """--emit-better writes the best plan for the same trainer; checking that config finds no gap."""
     path = _write(tmp_path, "slow.txt", ARGS.replace("PARALLEL", "--tensor-model-parallel-size 8"))
@@ -178,9 +197,9 @@ BAD = {
     "no-launch.sh": ("#!/bin/bash\necho training\npython train.py --lr 1\n", [], "no pretrain_gpt.py call"),
     "bad.toml": ('[parallelism]\ntensor_parallel_degree = "2"\n[model]\nflavor = "8B"\n', [],
                  "parallelism.tensor_parallel_degree must be an integer"),
-    "ds_config.json": ('{"train_batch_size": 64, "zero_optimization": {"stage": 1}}', ["--model", "llama3-8b",
-                                                                                      "--seq-len", "4096"],
-                       "missing train_micro_batch_size_per_gpu"),
+    "ds_config.json": ('{"gradient_accumulation_steps": 4, "zero_optimization": {"stage": 1}}',
+                       ["--model", "llama3-8b", "--seq-len", "4096"],
+                       "neither train_batch_size nor train_micro_batch_size_per_gpu"),
     "degrees.toml": ("[model]\nflavor = \"8B\"\n[parallelism]\ndata_parallel_shard_degree = 4\n"
                      "tensor_parallel_degree = 2\n", [], "but --gpus is 16"),
     "args.txt": (ARGS.replace("PARALLEL", "--tensor-model-parallel-size 3"), [], "does not divide --gpus 16"),

@@ -205,6 +205,14 @@ _LLAMA = ("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --swiglu 
     ("--recompute-granularity full", "needs --recompute-method"),
     ("--recompute-granularity full --recompute-method block", "needs --recompute-num-layers"),
     ("--bf16 --fp16", "--fp16 and --bf16"),
+    ("--overlap-param-gather --overlap-grad-reduce", "without --use-distributed-optimizer"),
+    ("--overlap-param-gather --use-distributed-optimizer", "without --overlap-grad-reduce"),
+    ("--recompute-granularity selective --recompute-method uniform", "selective with --recompute-method"),
+    ("--recompute-granularity selective --recompute-num-layers 2", "selective with --recompute-num-layers"),
+    ("--recompute-granularity selective --distribute-saved-activations", "with --distribute-saved-activations"),
+    ("--tensor_model_parallel_size 8", "did you mean --tensor-model-parallel-size"),
+    ("--sequence-paralel", "did you mean --sequence-parallel"),
+    ("--use-distributed-optimiser", "did you mean --use-distributed-optimizer"),
 ])
 def test_megatron_refusals_are_refused_here(flags: str, message: str) -> None:
     """What Megatron refuses at start-up (validate_args, megatron-core's TransformerConfig and
@@ -255,3 +263,62 @@ def test_megatron_moe_refusals_are_refused_here(flags: str, message: str) -> Non
                       "--moe-router-enable-expert-bias\n")
     assert (r.model_fields["moe_router_groups"], r.model_fields["moe_router_group_topk"],
             r.model_fields["router_bias"]) == (4, 2, True)
+
+
+def test_only_slips_of_known_flags_are_refused() -> None:
+    """A flag one letter (or an underscore) away from one the reader knows is a slip Megatron's parser refuses;
+    every megatron-core config field spelled as a flag that the reader does not know stays an ignored note (real
+    flags sit close to known ones: --fp4-recipe beside --fp8-recipe)."""
+    import dataclasses
+
+    from autotune.check.megatron_args import KNOWN_FLAGS
+    from autotune.check.reading import misspelling_of
+
+    core = pytest.importorskip("megatron.core.transformer.transformer_config")
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+
+    flags = {"--" + f.name.replace("_", "-") for config in (core.TransformerConfig, core.MLATransformerConfig,
+                                                            OptimizerConfig, DistributedDataParallelConfig)
+             for f in dataclasses.fields(config)}
+    assert len(flags) > 300
+    assert [f for f in sorted(flags - KNOWN_FLAGS) if misspelling_of(f, KNOWN_FLAGS)] == []
+    r = read_megatron(_LLAMA + "--fp4-recipe nvfp4 --moe-enable-deepep\n")
+    assert any("unknown flag --fp4-recipe ignored" in n for n in r.notes)
+    assert any("--moe-enable-deepep is a deprecated spelling" in n for n in r.notes)
+    assert misspelling_of("--bf61", KNOWN_FLAGS) is None and misspelling_of("--num-layer", KNOWN_FLAGS) == "--num-layers"
+
+
+def test_vocab_size_without_null_tokenizer_is_noted() -> None:
+    r = read_megatron(_LLAMA + "--vocab-size 32000 --tokenizer-type HuggingFaceTokenizer\n")
+    assert any("only Megatron's NullTokenizer reads it" in n for n in r.notes)
+    assert "vocab_size" not in (r.model_fields or {})
+
+
+def test_torchtitan_slips_of_known_keys_are_refused() -> None:
+    with pytest.raises(SpecError, match="did you mean parallelism.tensor_parallel_degree"):
+        read_toml('[model]\nflavor = "70B"\n[parallelism]\ntensor_paralel_degree = 8\n')
+    r = read_toml('[model]\nflavor = "70B"\n[parallelism]\nfsdp_bucket_cap_mb = 8\n')  # unknown, not a slip
+    assert any("fsdp_bucket_cap_mb ignored" in n for n in r.notes)
+
+
+def test_colon_defaults_are_followed_and_unset_values_named() -> None:
+    """`: ${TP:=8}` sets a default as bash does; a flag whose variable the script never sets has no value, which
+    is said as such (autotune reads a script with an empty environment), not as a garbled number."""
+    body = ("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --seq-length 4096 "
+            "--max-position-embeddings 4096 --tensor-model-parallel-size $TP --pipeline-model-parallel-size $PP")
+    r = read_megatron(': ${TP:=8}\n: "${PP:=4}"\n: "${DATA:?set DATA}"\ntorchrun pretrain_gpt.py ' + body + "\n")
+    assert (r.tp, r.pp) == (8, 4) and not [n for n in r.notes if "DATA" in n]
+    with pytest.raises(SpecError, match="--tensor-model-parallel-size has no value; .* empty environment"):
+        read_megatron("torchrun pretrain_gpt.py " + body + "\n")
+
+
+def test_deepspeed_takes_one_batch_key_as_deepspeed_does() -> None:
+    """DeepSpeed's _set_batch_related_parameters: the micro-batch alone or the train batch alone means gradient
+    accumulation 1; neither is an error."""
+    r = read_deepspeed({"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True}}, None, 8, "ds.json")
+    assert (r.mbs, r.num_microbatches, r.global_batch, r.dp) == (4, 1, 32, 8)
+    r = read_deepspeed({"train_batch_size": 64, "bf16": {"enabled": True}}, None, 8, "ds.json")
+    assert (r.mbs, r.num_microbatches, r.global_batch) == (8, 1, 64)
+    with pytest.raises(SpecError, match="neither train_batch_size nor train_micro_batch_size_per_gpu"):
+        read_deepspeed({"gradient_accumulation_steps": 4}, None, 8, "ds.json")
