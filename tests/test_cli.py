@@ -190,6 +190,34 @@ def test_a_plan_document_is_recosted_with_the_job_it_was_planned_with(cli, tmp_p
         cli("estimate", *moe, "--plan", str(path), "--moe-capacity-factor", "1.0")
 
 
+def test_a_plan_document_alone_is_recosted(cli, tmp_path):
+    """`estimate --plan plan.json` with no job flags: the document's job block and model give them; a bare plan
+    object has none, so the missing flags are named."""
+    doc = _estimate_json(cli, *JOB, *PLAN, "--dtype", "fp8")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    again = _estimate_json(cli, "--plan", str(path))
+    assert (again["step_time_s"], again["job"], again["model_spec"]) == (doc["step_time_s"], doc["job"],
+                                                                        doc["model_spec"])
+    assert _estimate_json(cli, "--plan", str(path), "--gpu", "h100-sxm")["step_time_s"] == doc["step_time_s"]
+    path.write_text(json.dumps(doc["plan"]))
+    with pytest.raises(SpecError, match="estimate needs --model, --gpu, --gpus, --global-batch, --seq-len: "):
+        cli("estimate", "--plan", str(path))
+    with pytest.raises(SpecError, match=r"estimate needs --gpus \(or --plan FILE"):
+        cli("estimate", *JOB[:4], *JOB[6:], *PLAN)
+
+
+def test_estimate_pins_an_uneven_split_as_balanced_and_names_megatrons_etp(cli):
+    """Uneven --layers-per-stage puts the vocabulary layers where the fewer layers are (balanced), as plan infers;
+    an MoE plan with tp > 1 and no --etp says that Megatron's default differs."""
+    doc = _estimate_json(cli, "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64",
+                         "--seq-len", "8192", "--tp", "2", "--pp", "4", "--layers-per-stage", "7,9,9,7")
+    assert (doc["plan"]["vocab"], doc["plan"]["layers_per_stage"]) == ("balanced", [7, 9, 9, 7])
+    result = cli("estimate", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "256",
+                 "--seq-len", "4096", "--tp", "2", "--pp", "2", "--ep", "4", "--brief")
+    assert result.exit_code == 0 and "Megatron's own default is etp = tp = 2" in result.stderr
+
+
 def test_plan_from_stdin(cli):
     doc = _estimate_json(cli, *JOB, *PLAN)
     result = cli("estimate", *JOB, "--plan", "-", "--json", input=json.dumps(doc["plan"]))

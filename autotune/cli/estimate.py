@@ -7,16 +7,18 @@ from typing import Annotated
 import typer
 
 from autotune.catalog import load_model
-from autotune.cli.inputs import (coverage_warnings, load_cost_profile, plan_source, read_plan,
-                                 settle_job_settings, single_plan)
-from autotune.cli.options import (BatchOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt, EpOpt, EtpOpt,
-                                  ForceProfileOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, JsonOpt, KernelsOpt,
-                                  LayersOpt, MbsOpt, MicroOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt,
-                                  MoeImbalanceOpt, MoePadOpt, NoFlashOpt, OverlapOpt, Pins, PlanFileOpt, PpOpt,
-                                  ProfileOpt, RecomputeLayersOpt, RecomputeOpt, ScheduleOpt, SeqOpt, SpOpt, TpModeOpt,
-                                  TpOpt, UnfusedOpt, VocabOpt, VppOpt, ZeroOpt, build_job, check_simulation_size,
-                                  check_whole_nodes, load_cluster, show, show_warnings, time_limited)
+from autotune.cli.inputs import (coverage_warnings, job_from_plan_document, load_cost_profile, plan_source,
+                                 read_plan, settle_job_settings, single_plan)
+from autotune.cli.options import (BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt,
+                                  EpOpt, EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt, GpusPerNodeOpt,
+                                  GradOpt, JsonOpt, KernelsOpt, LayersOpt, MbsOpt, MicroOpt, ModelOrPlanOpt,
+                                  MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt,
+                                  OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
+                                  ScheduleOpt, SeqOrPlanOpt, SpOpt, TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt,
+                                  ZeroOpt, build_job, check_simulation_size, check_whole_nodes, load_cluster, show,
+                                  show_warnings, time_limited)
 from autotune.costmodel.estimate import CostModel
+from autotune.emit.document import document_model
 from autotune.errors import SpecError
 from autotune.render.common import brief_line
 from autotune.render.estimate import estimate_json, estimate_report
@@ -25,8 +27,9 @@ from autotune.specs.plan import check_plan
 
 
 def estimate(
-    ctx: typer.Context, model: ModelOpt, gpu: GpuOpt, gpus: GpusOpt, global_batch: BatchOpt, seq_len: SeqOpt,
-    gpus_per_node: GpusPerNodeOpt = None, dtype: DtypeOpt = "bf16", tp: TpOpt = None, pp: PpOpt = None,
+    ctx: typer.Context, model: ModelOrPlanOpt = None, gpu: GpuOrPlanOpt = None, gpus: GpusOrPlanOpt = None,
+    global_batch: BatchOrPlanOpt = None, seq_len: SeqOrPlanOpt = None, gpus_per_node: GpusPerNodeOpt = None,
+    dtype: DtypeOpt = "bf16", tp: TpOpt = None, pp: PpOpt = None,
     dp: DpOpt = None, cp: CpOpt = None, mbs: MbsOpt = None, vpp: VppOpt = None, recompute: RecomputeOpt = None,
     schedule: ScheduleOpt = None, zero: ZeroOpt = None, vocab: VocabOpt = None, tp_mode: TpModeOpt = None,
     layers_per_stage: LayersOpt = None, num_microbatches: MicroOpt = None,
@@ -45,8 +48,6 @@ def estimate(
     """Evaluate one plan and explain its step time and memory term by term."""
     if brief and json_out:
         raise SpecError("--brief and --json each replace the tables; pick one")
-    spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
-    check_whole_nodes(gpus, hw)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, num_microbatches=num_microbatches,
                 recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel,
@@ -55,21 +56,34 @@ def estimate(
                 "grad_reduce": grad_reduce, "kernels": kernels, "moe_imbalance": moe_imbalance,
                 "moe_dispatcher": moe_dispatcher, "moe_capacity_factor": moe_capacity_factor,
                 "moe_pad_to_capacity": moe_pad_to_capacity}
-    plan = None
-    if plan_file is not None:  # re-costed with the job settings it was planned with
-        plan, recorded = read_plan(plan_file, pins)
+    plan, recorded, doc, where = None, {}, None, ""
+    if plan_file is not None:  # re-costed with the job it was planned with, unless the command line gives one
+        plan, recorded, doc = read_plan(plan_file, pins)
+        where = plan_source(plan_file, "--plan")
+    given_job = {"model": model, "gpu": gpu, "gpus": gpus, "gpus_per_node": gpus_per_node,
+                 "global_batch": global_batch, "seq_len": seq_len}
+    filled = job_from_plan_document(given_job, recorded, where)
+    gpus, global_batch, seq_len = filled["gpus"], filled["global_batch"], filled["seq_len"]
+    spec = load_model(model) if model is not None else document_model(doc, recorded, where)
+    hw = load_cluster(filled["gpu"], filled["gpus_per_node"])
+    check_whole_nodes(gpus, hw)
+    if plan_file is not None:
         # by name: typer builds its commands with its own copy of click, whose enum is not click's
         given = {name for name in settings if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"}
         fixed = {"model": spec.name, "gpu": hw.name, "gpus": gpus, "gpus_per_node": hw.gpus_per_node,
                  "global_batch": global_batch, "seq_len": seq_len}
-        settings = settle_job_settings(recorded, plan_source(plan_file, "--plan"), settings, given, fixed)
+        settings = settle_job_settings(recorded, where, settings, given, fixed)
     job = build_job(global_batch, seq_len, settings["dtype"], settings["no_flash_attention"], settings["unfused"],
                     settings["grad_reduce"], settings["kernels"], settings["moe_imbalance"],
                     settings["moe_dispatcher"], settings["moe_capacity_factor"], settings["moe_pad_to_capacity"])
-    plan = plan if plan is not None else single_plan(pins, spec, job, gpus)
+    if plan is None:
+        plan = single_plan(pins, spec, job, gpus)
+        if spec.is_moe and etp is None and plan.tp > 1:
+            show_warnings([f"etp 1 (the default here): experts whole on each GPU of their ep group; Megatron's own "
+                           f"default is etp = tp = {plan.tp} (give --etp {plan.tp} to cost that)"])
     check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
     check_simulation_size(plan, "estimate")
-    measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
+    measured = load_cost_profile(profile, filled["gpu"], spec, hw, job, force_profile)
     cm = CostModel(spec, hw, job, measured)
     with time_limited(time_limit, "estimate"):
         est, coverage = cm.estimate(plan), cm.op_coverage(plan)

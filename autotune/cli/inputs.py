@@ -17,7 +17,8 @@ from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.limits import MAX_JSON_BYTES
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, even_split, plan_from_dict
+from autotune.specs.plan import (DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, even_split, is_even_split,
+                                 plan_from_dict)
 from autotune.specs.profile import Profile, load_profile
 from autotune.specs.tpgrid import MODES
 
@@ -63,14 +64,15 @@ def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
         recompute=_one_choice(pins.recompute, "--recompute", RECOMPUTES, "none"),
         recompute_layers=pins.recompute_layers, zero=_one_int(pins.zero, "--zero", 0, minimum=0),
         sequence_parallel=(tp > 1 and tp_mode == "1d") if pins.sequence_parallel is None else pins.sequence_parallel,
-        vocab=_one_choice(pins.vocab, "--vocab", VOCABS, "ends"), layers_per_stage=layers,
+        vocab=_one_choice(pins.vocab, "--vocab", VOCABS, "ends" if is_even_split(layers) else "balanced"),
+        layers_per_stage=layers,
         bucket_size=DEFAULT_BUCKET if pins.bucket_size is None else pins.bucket_size, tp_mode=tp_mode,
         tp_overlap=bool(pins.tp_overlap), ep=_one_int(pins.ep, "--ep", 1), etp=_one_int(pins.etp, "--etp", 1))
 
 
-def read_plan(path: str, pins: Pins) -> tuple[Plan, dict[str, Any]]:
-    """A plan from a JSON file (or stdin for '-'), and the job block a whole `plan --json` document records
-    ({} for a bare plan object); the command line may not pin anything beside it."""
+def read_plan(path: str, pins: Pins) -> tuple[Plan, dict[str, Any], Any]:
+    """A plan from a JSON file (or stdin for '-'), the job block a whole `plan --json` document records ({} for a
+    bare plan object) and the document; the command line may not pin anything beside it."""
     given = pins.given()
     if given:
         raise SpecError(f"--plan {path} gives the whole plan; drop {', '.join(given)} or drop --plan")
@@ -79,7 +81,7 @@ def read_plan(path: str, pins: Pins) -> tuple[Plan, dict[str, Any]]:
     job = doc.get("job") if isinstance(doc, dict) and "plan" in doc else None
     if job is not None and not isinstance(job, dict):
         raise SpecError(f"{where}: 'job' must be an object, as `autotune plan --json` writes it")
-    return plan_from_dict(doc, where), job or {}
+    return plan_from_dict(doc, where), job or {}, doc
 
 
 #: A plan document's job settings estimate re-costs it with: (key of its "job" block, the value's JSON type,
@@ -96,6 +98,26 @@ JOB_SETTINGS = (("dtype", str, "dtype", "--dtype", False),
 #: What the document's job block must share with the command line: (key, the value's flag)
 JOB_FIXED = (("model", "--model"), ("gpu", "--gpu"), ("gpus", "--gpus"), ("gpus_per_node", "--gpus-per-node"),
              ("global_batch", "--global-batch"), ("seq_len", "--seq-len"))
+
+
+def job_from_plan_document(given: dict[str, Any], recorded: dict[str, Any], where: str) -> dict[str, Any]:
+    """estimate's model, cluster and batch (`given`, by key of JOB_FIXED; None where the command line leaves one
+    out) with the plan document's job block filling the gaps: a value neither gives is an error naming its flag."""
+    out = dict(given)
+    for key, flag in JOB_FIXED:
+        if out.get(key) is None and key in recorded:
+            value = recorded[key]
+            text_key = key in ("model", "gpu")
+            if (not isinstance(value, str) or not value) if text_key else (
+                    not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise SpecError(f"{where}: job.{key} {value!r} is not what `autotune plan --json` writes; give {flag} "
+                                "or fix the document")
+            out[key] = value
+    missing = [flag for key, flag in JOB_FIXED if out.get(key) is None and key != "gpus_per_node"]
+    if missing:
+        raise SpecError(f"estimate needs {', '.join(missing)}" + (f": {where} records no job block with them"
+                        if where else " (or --plan FILE, a `plan --json` document that records them)"))
+    return out
 
 
 def settle_job_settings(recorded: dict[str, Any], where: str, values: dict[str, Any], given: set[str],

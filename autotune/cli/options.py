@@ -35,6 +35,18 @@ GpusPerNodeOpt = Annotated[int | None, typer.Option("--gpus-per-node", min=1, ma
 BatchOpt = Annotated[int, typer.Option("--global-batch", help=f"Sequences per optimizer step (at most "
                                        f"{MAX_GLOBAL_BATCH:,}).")]
 SeqOpt = Annotated[int, typer.Option("--seq-len", help=f"Tokens per sequence (at most {MAX_SEQ_LEN:,}).")]
+_RECORDED = "; with --plan, the plan document's when not given"
+#: estimate's job options: with --plan FILE, a `plan --json` document's job block gives any left out.
+ModelOrPlanOpt = Annotated[str | None, typer.Option("--model", metavar="NAME|FILE", help="Catalog model (see "
+                                                    "`autotune models`) or a config.json path" + _RECORDED + ".")]
+GpuOrPlanOpt = Annotated[str | None, typer.Option("--gpu", metavar="NAME|FILE", help="Catalog GPU (see `autotune "
+                                                  "hardware`) or a hardware file path" + _RECORDED + ".")]
+GpusOrPlanOpt = Annotated[int | None, typer.Option("--gpus", min=1, max=MAX_GPUS, help=f"GPUs in the job (at most "
+                                                   f"{MAX_GPUS:,})" + _RECORDED + ".")]
+BatchOrPlanOpt = Annotated[int | None, typer.Option("--global-batch", help=f"Sequences per optimizer step (at most "
+                                                    f"{MAX_GLOBAL_BATCH:,})" + _RECORDED + ".")]
+SeqOrPlanOpt = Annotated[int | None, typer.Option("--seq-len", help=f"Tokens per sequence (at most {MAX_SEQ_LEN:,})"
+                                                  + _RECORDED + ".")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", metavar="bf16|fp16|fp8", help="Matmul dtype.")]
 NoFlashOpt = Annotated[bool, typer.Option("--no-flash-attention", help="Unfused attention (s x s scores in HBM).")]
 UnfusedOpt = Annotated[bool, typer.Option("--unfused", help="No fused bias/activation/softmax kernels.")]
@@ -100,7 +112,7 @@ MoeDispatcherOpt = Annotated[str, typer.Option(
     "alltoall (NCCL, Megatron's default) or deepep (DeepEP's kernels, Megatron's flex dispatcher; Megatron only, "
     "DeepEP must be installed).")]
 EpOpt = _pin("--ep", "Expert-parallel degree, MoE models (default: 1).")
-EtpOpt = _pin("--etp", "Expert-tensor-parallel degree, MoE models (default: 1).")
+EtpOpt = _pin("--etp", "Expert-tensor-parallel degree, MoE models (default: 1; Megatron's own is tp).")
 SEpOpt = _pin("--ep", "Expert-parallel degree, MoE models; one value or a comma list (default: searched).")
 SEtpOpt = _pin("--etp", "Expert-tensor-parallel degree, MoE models; one value or a comma list (default: 1 or "
                "tp, searched).")

@@ -37,7 +37,7 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
     if missing:
         raise SpecError(f"{where}: missing {', '.join(missing)}; save the plan with `autotune plan --json` or "
                         "`autotune plan --out DIR` (plan.json)")
-    spec = _document_model(doc, job, where)
+    spec = document_model(doc, job, where)
     if model is not None:
         _check_same_model(spec, model, where)
     job_spec = JobSpec(global_batch=positive_int(job, "global_batch", f"{where}: job"),
@@ -83,7 +83,7 @@ def document_trainer(doc: Any, where: str) -> str | None:
     return name
 
 
-def _document_model(doc: dict[str, Any], job: dict[str, Any], where: str) -> ModelSpec:
+def document_model(doc: dict[str, Any], job: dict[str, Any], where: str) -> ModelSpec:
     if "model_spec" not in doc:
         return load_model(text(job, "model", f"{where}: job"))
     data = doc["model_spec"]
