@@ -18,7 +18,8 @@ from typing import Any
 from autotune.check.bash import tokenize
 from autotune.check.megatron_layout import check_layout, parse_layout
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
-                                              capacity, mla_model_fields, moe_model_fields, routing_imbalance)
+                                              capacity, dispatcher, mla_model_fields, moe_model_fields,
+                                              routing_imbalance)
 from autotune.check.megatron_recompute import recompute_setting
 from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.check.script import launch_words
@@ -225,7 +226,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         layers_per_stage=layers, split=split, split_extra=extra, bucket_size=_int(args, "--ddp-bucket-size"),
         dtype=dtype, flash_attention=backend != "unfused",
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
-        grad_reduce="bf16" if args.get("--grad-reduce-in-bf16") else "fp32", moe_dispatcher=_dispatcher(args, notes),
+        grad_reduce="bf16" if args.get("--grad-reduce-in-bf16") else "fp32", moe_dispatcher=dispatcher(args, notes),
         moe_imbalance=routing_imbalance(args), moe_capacity=capacity(args, _float), model_fields=model,
         model_soft=_soft(args),
         notes=tuple(notes))
@@ -343,6 +344,9 @@ def _partition(args: dict[str, Any], pp: int | None, num_layers: int | None,
                         "pipeline-rank")
     if per_chunk and num_layers:
         per_rank = (num_layers + emb + loss) // pp
+        if (num_layers + emb + loss) % pp:
+            raise SpecError(f"--num-layers {num_layers} does not split over --pipeline-model-parallel-size {pp} "
+                            "(TransformerConfig); give a pp that divides it, or uneven first/last stages")
         if per_rank % per_chunk:
             raise SpecError(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: the {per_rank} layers of a "
                             "pipeline stage are not a multiple of it (validate_args); give a divisor of "
@@ -384,16 +388,3 @@ def _check_chunks(per_rank: int, vpp: int) -> None:
 def vocab_padded(vocab: int, tp: int, divisor: int) -> int:
     """Megatron's padded vocabulary: a multiple of make_vocab_size_divisible_by x tp."""
     return math.ceil(vocab / (divisor * tp)) * divisor * tp
-
-
-def _dispatcher(args: dict[str, Any], notes: list[str]) -> str:
-    """The MoE token dispatcher as the cost model prices it: flex with the DeepEP backend (Megatron's default
-    backend for flex) -> deepep; alltoall -> alltoall; anything else is read as alltoall, with a note."""
-    kind = args.get("--moe-token-dispatcher-type", "allgather" if "--num-experts" in args else "alltoall")
-    backend = args.get("--moe-flex-dispatcher-backend", "deepep")
-    if kind == "flex" and backend == "deepep":
-        return "deepep"
-    if kind != "alltoall" and "--num-experts" in args:
-        notes.append(f"--moe-token-dispatcher-type {kind}" + (f" ({backend})" if kind == "flex" else "")
-                     + ": costed as the alltoall dispatcher (autotune prices alltoall and DeepEP)")
-    return "alltoall"

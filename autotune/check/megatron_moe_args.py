@@ -150,3 +150,16 @@ def routing_imbalance(args: dict[str, Any]) -> float | None:
     """The busiest expert's load over the mean the config runs: 1.0 with --moe-router-force-load-balancing
     (benchmarks route every token evenly), else None (the cost model's stated default for learned routing)."""
     return 1.0 if args.get("--moe-router-force-load-balancing") and "--num-experts" in args else None
+
+
+def dispatcher(args: dict[str, Any], notes: list[str]) -> str:
+    """The MoE token dispatcher as the cost model prices it: flex with the DeepEP backend (Megatron's default
+    backend for flex) -> deepep; alltoall -> alltoall; anything else is read as alltoall, with a note."""
+    kind = args.get("--moe-token-dispatcher-type", "allgather" if "--num-experts" in args else "alltoall")
+    backend = args.get("--moe-flex-dispatcher-backend", "deepep")
+    if kind == "flex" and backend == "deepep":
+        return "deepep"
+    if kind != "alltoall" and "--num-experts" in args:
+        notes.append(f"--moe-token-dispatcher-type {kind}" + (f" ({backend})" if kind == "flex" else "")
+                     + ": costed as the alltoall dispatcher (autotune prices alltoall and DeepEP)")
+    return "alltoall"

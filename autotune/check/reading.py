@@ -6,6 +6,7 @@ understood.py turns a Reading plus --gpus, --gpu and --model into the Plan, Mode
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,3 +109,39 @@ def _one_letter_apart(a: str, b: str) -> bool:
     if len(a) == len(b):
         return i < len(a) and a[i + 1:] == b[i + 1:] and a[i].isalpha() and b[i].isalpha()
     return a[i + 1:] == b[i:] and a[i].isalpha()
+
+
+#: Per trainer, the config's names for the plan and model words a rule's message uses (specs/plan.check_plan
+#: speaks autotune's plan; a user of `check` reads their config).
+CONFIG_TERMS = {
+    "megatron": {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+                 "cp": "--context-parallel-size", "ep": "--expert-model-parallel-size",
+                 "etp": "--expert-tensor-parallel-size", "vpp": "--num-virtual-stages-per-pipeline-rank",
+                 "mbs": "--micro-batch-size", "micro-batch": "--micro-batch-size",
+                 "global batch": "--global-batch-size", "sequence_parallel": "--sequence-parallel",
+                 "tp_overlap": "--tp-comm-overlap", "zero 3": "--use-torch-fsdp2/--use-megatron-fsdp",
+                 "zero": "--use-distributed-optimizer", "seq_len": "--seq-length", "num_experts": "--num-experts",
+                 "num_layers": "--num-layers", "num_heads": "--num-attention-heads",
+                 "num_kv_heads": "--num-query-groups"},
+    "torchtitan": {"tp": "parallelism.tensor_parallel_degree", "pp": "parallelism.pipeline_parallel_degree",
+                   "cp": "parallelism.context_parallel_degree", "ep": "parallelism.expert_parallel_degree",
+                   "etp": "parallelism.expert_tensor_parallel_degree", "mbs": "training.local_batch_size",
+                   "micro-batch": "training.local_batch_size", "global batch": "training.global_batch_size",
+                   "tp_overlap": "compile.enable_async_tensor_parallel", "seq_len": "training.seq_len",
+                   "zero": "parallelism.data_parallel_shard_degree"},
+    "deepspeed": {"mbs": "train_micro_batch_size_per_gpu", "micro-batch": "train_micro_batch_size_per_gpu",
+                  "global batch": "train_batch_size", "zero": "zero_optimization.stage",
+                  "tp": "mpu.tensor_model_parallel_size", "pp": "num_stages"},
+}
+
+
+def in_config_terms(message: str, trainer: str) -> str:
+    """`message` with the config's names of the plan words it uses appended, e.g. "... [in the megatron config:
+    ep is --expert-model-parallel-size]"; unchanged when it uses none."""
+    terms = CONFIG_TERMS.get(trainer, {})
+    seen = [word for word in sorted(terms, key=len, reverse=True)
+            if re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", message)]
+    named = [w for w in seen if not any(w != o and w in o.split() for o in seen)]  # "zero 3" over "zero"
+    if not named:
+        return message
+    return message + f" [in the {trainer} config: " + ", ".join(f"{w} is {terms[w]}" for w in sorted(named)) + "]"

@@ -12,6 +12,7 @@ import typer
 
 from autotune.check.findings import (EXIT_LIMIT, Finding, binding_term, exit_code, gain_pct, gap_finding,
                                      github_line, memory_findings, trainer_space)
+from autotune.check.reading import in_config_terms
 from autotune.check.understood import CHECK_TRAINERS, Understood, read_config, understand
 from autotune.cli.inputs import load_cost_profile
 from autotune.cli.launch import launch_config
@@ -68,11 +69,14 @@ def check_command(
         check_target(Path(emit_better), directory=True, flag="--emit-better")
     hw = load_cluster(gpu, gpus_per_node)
     kind, reading, fmt = read_config(config, trainer, gpus)
-    u = understand(config, reading, trainer=kind, fmt=fmt, gpus=gpus, model_arg=model, seq_len_arg=seq_len)
+    try:
+        u = understand(config, reading, trainer=kind, fmt=fmt, gpus=gpus, model_arg=model, seq_len_arg=seq_len)
+    except SpecError as exc:
+        raise type(exc)(in_config_terms(str(exc), kind)) from None
     try:
         check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
     except InvalidPlanError as exc:
-        raise InvalidPlanError(f"{config}: the plan it runs breaks a rule: {exc}") from None
+        raise InvalidPlanError(in_config_terms(f"{config}: the plan it runs breaks a rule: {exc}", kind)) from None
     if (issue := seq_len_issue(TRAINER_CAPS[u.trainer], u.plan, u.job.seq_len)) is not None:
         raise SpecError(f"{config}: {issue} (the trainer refuses it at start-up); change the sequence length")
     check_simulation_size(u.plan, str(config))

@@ -322,3 +322,28 @@ def test_deepspeed_takes_one_batch_key_as_deepspeed_does() -> None:
     assert (r.mbs, r.num_microbatches, r.global_batch) == (8, 1, 64)
     with pytest.raises(SpecError, match="neither train_batch_size nor train_micro_batch_size_per_gpu"):
         read_deepspeed({"gradient_accumulation_steps": 4}, None, 8, "ds.json")
+
+
+def test_rule_messages_name_the_configs_flags() -> None:
+    """check_plan speaks autotune's plan (ep, micro-batch); a check of a config appends the config's own names of
+    the words it uses, longest match first ("zero 3", not "zero")."""
+    from autotune.check.reading import in_config_terms
+
+    assert in_config_terms("ep 256 must divide num_experts 128", "megatron") == (
+        "ep 256 must divide num_experts 128 [in the megatron config: ep is --expert-model-parallel-size, "
+        "num_experts is --num-experts]")
+    assert in_config_terms("zero 3 with pp 4", "megatron").endswith(
+        "[in the megatron config: pp is --pipeline-model-parallel-size, zero 3 is --use-torch-fsdp2/"
+        "--use-megatron-fsdp]")
+    assert in_config_terms("global batch 64 is not divisible by micro-batch 3", "deepspeed").endswith(
+        "global batch is train_batch_size, micro-batch is train_micro_batch_size_per_gpu]")
+    assert in_config_terms("--tensor-model-parallel-size 3 does not divide 8", "megatron") == (
+        "--tensor-model-parallel-size 3 does not divide 8")
+
+
+def test_a_pipeline_size_that_does_not_divide_the_layers_is_named_first() -> None:
+    """pp 3 with 80 layers and --num-layers-per-virtual-pipeline-stage: the layers not splitting over pp is the
+    problem Megatron reports, not the virtual stage size."""
+    flags = _LLAMA.replace("--pipeline-model-parallel-size 4", "--pipeline-model-parallel-size 3")
+    with pytest.raises(SpecError, match="--num-layers 80 does not split over --pipeline-model-parallel-size 3"):
+        read_megatron(flags + "--num-layers-per-virtual-pipeline-stage 5\n")
