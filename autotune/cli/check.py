@@ -76,7 +76,10 @@ def check_command(
     try:
         check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
     except InvalidPlanError as exc:
-        raise InvalidPlanError(in_config_terms(f"{config}: the plan it runs breaks a rule: {exc}", kind)) from None
+        default = (f" (no --global-batch-size: Megatron's default is --micro-batch-size x data-parallel size = "
+                   f"{u.job.global_batch})" if kind == "megatron" and reading.global_batch is None else "")
+        raise InvalidPlanError(in_config_terms(f"{config}: the plan it runs breaks a rule: {exc}{default}", kind)
+                               ) from None
     if (issue := seq_len_issue(TRAINER_CAPS[u.trainer], u.plan, u.job.seq_len)) is not None:
         raise SpecError(f"{config}: {issue} (the trainer refuses it at start-up); change the sequence length")
     check_simulation_size(u.plan, str(config))

@@ -331,3 +331,15 @@ def test_an_unknown_torchtitan_flavor_is_named_in_the_error(cli, tmp_path: Path)
                   '[training]\nlocal_batch_size = 8\nseq_len = 4096\n')
     with pytest.raises(SpecError, match="flavor '8b': not a torchtitan model autotune knows"):
         cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "8")
+
+
+def test_a_missing_global_batch_is_said_to_default(cli, tmp_path: Path) -> None:
+    """Without --global-batch-size Megatron trains micro-batch x dp sequences, one micro-batch: the interleaved
+    schedule's rule then fails, and the message says where the batch came from."""
+    from autotune.errors import SpecError
+
+    text = ARGS.replace("PARALLEL", "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 4"
+                        ).replace("--global-batch-size 64 ", "")
+    with pytest.raises(SpecError, match=r"no --global-batch-size: Megatron's default is --micro-batch-size x "
+                                        r"data-parallel size = 8\)"):
+        cli("check", str(_write(tmp_path, "nogbs.txt", text)), "--gpu", "h100-sxm", "--gpus", "16")
