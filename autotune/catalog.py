@@ -70,14 +70,20 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def _as_catalog_twin(spec: ModelSpec) -> ModelSpec:
     """A config.json that describes a catalog model exactly (every field but the name and the source: the shape
-    and the training settings) takes the catalog model's name, the name trainers know it by: torchtitan ships
-    its MoE models and flavors by name, so Qwen/Qwen3-30B-A3B's config.json plans for torchtitan as
-    `--model qwen3-30b-a3b` does. Any other config keeps its path as its name."""
+    and the training settings) records that model as its catalog_name, the name trainers know it by: torchtitan
+    ships its MoE models and flavors by name, so Qwen/Qwen3-30B-A3B's config.json plans for torchtitan as
+    `--model qwen3-30b-a3b` does. It keeps its path as its name, which saved plans and profiles record."""
+    twin = catalog_twin(spec)
+    return spec if twin is None else replace(spec, catalog_name=twin.name)
+
+
+def catalog_twin(spec: ModelSpec) -> ModelSpec | None:
+    """The catalog model `spec` is exactly, but for its name, source and catalog_name; None if none."""
     for name in model_names():
         twin = load_model(name)
-        if replace(spec, name=twin.name, source=twin.source) == twin:
-            return replace(spec, name=twin.name, source=f"{spec.source}: the catalog model {twin.name} exactly")
-    return spec
+        if replace(spec, name=twin.name, source=twin.source, catalog_name="") == twin:
+            return twin
+    return None
 
 
 def load_hardware(name_or_path: str) -> HardwareSpec:

@@ -152,4 +152,9 @@ def test_torchtitan_plans_the_hub_config_of_a_model_it_ships(capsys, tmp_path):
     path.write_text(json.dumps({**HF["qwen3_moe"], **HUB_SETTINGS["qwen3_moe"]}))
     doc = _json(capsys, "plan", "--model", str(path), "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "512",
                 "--seq-len", "4096", "--trainer", "torchtitan", "--top", "0")
-    assert doc["model_spec"]["name"] == "qwen3-30b-a3b" and doc["trainer"] == "torchtitan"
+    assert (doc["model_spec"]["name"], doc["model_spec"]["catalog_name"]) == (str(path), "qwen3-30b-a3b")
+    assert doc["trainer"] == "torchtitan" and doc["job"]["model"] == str(path)
+    doc["model_spec"]["num_layers"] = 40  # a saved plan naming a twin it is not: refused, not emitted as Qwen3
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    assert "catalog_name 'qwen3-30b-a3b' is not this model's catalog twin" in _error(
+        capsys, "emit", "--plan", str(tmp_path / "plan.json"), "--trainer", "torchtitan")

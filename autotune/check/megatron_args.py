@@ -149,7 +149,7 @@ def parse_args(argv: list[str], notes: list[str]) -> dict[str, Any]:
                 args[flag], i = argv[i + 1], i + 2
             else:  # most often a variable the script never sets: autotune reads it with an empty environment
                 raise SpecError(f"{flag} has no value; if the script gives it from a variable, set the variable in "
-                                "the script (${{TP:-8}} or : ${{TP:=8}}): autotune reads it with an empty environment")
+                                "the script (${TP:-8} or : ${TP:=8}): autotune reads it with an empty environment")
         else:
             meant = misspelling_of(flag, KNOWN_FLAGS)
             if meant is not None:
@@ -241,9 +241,12 @@ def _overlap_rules(args: dict[str, Any], tp: int) -> None:
         if not args.get("--overlap-grad-reduce"):
             raise SpecError("--overlap-param-gather without --overlap-grad-reduce: Megatron refuses it "
                             "(validate_args); add --overlap-grad-reduce or drop --overlap-param-gather")
-    if args.get("--distribute-saved-activations") and tp == 1:
-        raise SpecError("--distribute-saved-activations with --tensor-model-parallel-size 1: Megatron refuses it "
-                        "(it splits the saved activations over tp); drop it or use tp > 1")
+    legacy = bool(args.get("--checkpoint-activations"))  # sets full granularity and the uniform method
+    full = legacy or args.get("--recompute-granularity") == "full"
+    if args.get("--distribute-saved-activations") and (tp == 1 or not full or not (
+            legacy or "--recompute-method" in args)):
+        raise SpecError("--distribute-saved-activations: Megatron takes it only with tp > 1, --recompute-granularity "
+                        "full and a --recompute-method (validate_args); add them or drop it")
 
 
 def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:

@@ -157,6 +157,10 @@ def dispatcher(args: dict[str, Any], notes: list[str]) -> str:
     backend for flex) -> deepep; alltoall -> alltoall; anything else is read as alltoall, with a note."""
     kind = args.get("--moe-token-dispatcher-type", "allgather" if "--num-experts" in args else "alltoall")
     backend = args.get("--moe-flex-dispatcher-backend", "deepep")
+    if args.get("--moe-enable-deepep") and "--num-experts" in args and (kind != "flex" or backend == "hybridep"):
+        raise SpecError("--moe-enable-deepep needs --moe-token-dispatcher-type flex and no hybridep backend "
+                        "(megatron-core's TransformerConfig refuses it otherwise); write --moe-token-dispatcher-type "
+                        "flex --moe-flex-dispatcher-backend deepep")
     if kind == "flex" and backend == "deepep":
         return "deepep"
     if kind != "alltoall" and "--num-experts" in args:

@@ -171,7 +171,8 @@ def launch_words(text: str, is_program: Callable[[str], bool], what: str,
             seen = len(shell.notes)
             for word in cmd.words[1:]:
                 shell.expand(word)
-            del shell.notes[seen:]  # a guard's "required" is nothing the plan depends on
+            # a guard's "required" is nothing the plan depends on; other notes (a $(...) not run) stay
+            shell.notes[seen:] = [n for n in shell.notes[seen:] if "is required and has no default" not in n]
             continue
         words = _assign(shell, cmd)
         if not words:

@@ -31,7 +31,8 @@ CONFIG_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
     "deepseek_v3_671b": {"training": {"local_batch_size": 4, "seq_len": 4096},
                          "parallelism": {"expert_parallel_degree": 2,
                                          "pipeline_parallel_schedule": "Interleaved1F1B"},
-                         "activation_checkpoint": {"mode": "selective"}, "compile": {"enable": True}},
+                         "activation_checkpoint": {"mode": "selective"},
+                         "compile": {"enable": True, "components": ["loss"]}},
     "gpt_oss_120b": {"training": {"local_batch_size": 1, "seq_len": 8192}, "activation_checkpoint": {"mode": "full"}},
     "gpt_oss_20b": {"training": {"local_batch_size": 1, "seq_len": 8192}, "activation_checkpoint": {"mode": "full"}},
 }

@@ -162,6 +162,10 @@ def _check_known(tree: dict[str, Any], notes: list[str]) -> None:
         if not isinstance(body, dict):
             raise SpecError(f"[{section}] must be a table, got {body!r}")
         if section not in KNOWN:
+            meant = misspelling_of(section, set(KNOWN) | set(NEUTRAL_SECTIONS))
+            if meant is not None:
+                raise SpecError(f"[{section}]: torchtitan refuses sections its config does not define; did you mean "
+                                f"[{meant}]?")
             notes.append(f"section [{section}] ignored (not one autotune reads)")
             continue
         for key in sorted(set(body) - KNOWN[section]):
@@ -260,7 +264,15 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
         seq_len=seq, vpp=vpp, schedule=schedule, recompute=recompute,
         recompute_every=recompute_every, zero=zero, sequence_parallel=sp,
         tp_overlap=async_tp, layers_per_stage=layers, split=split, split_extra=extra, dtype=dtype,
-        fused_kernels=_get(tree, "compile", "enable", bool, False), model_name=model, notes=tuple(notes))
+        fused_kernels=_compiled_model(tree), model_name=model, notes=tuple(notes))
+
+
+def _compiled_model(tree: dict[str, Any]) -> bool:
+    """torch.compile on the model, torchtitan's fused kernels: compile.enable with "model" among its components
+    (torchtitan's default ["model", "loss"]; deepseek_v3_671b() compiles the loss alone)."""
+    components = tree.get("compile", {}).get("components", ["model", "loss"])
+    names = [c for group in components for c in (group if isinstance(group, list) else [group])]
+    return _get(tree, "compile", "enable", bool, False) and "model" in names
 
 
 def _schedule(name: str) -> str:

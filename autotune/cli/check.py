@@ -165,7 +165,7 @@ def _check_json(config: Path, u: Understood, est: Estimate, best: Estimate | Non
                        "binding_gib": round(gib(size), 6), "fits": s.memory.total <= est.usable_memory_bytes})
     return {"config": str(config), "trainer": u.trainer, "torchtitan_format": u.torchtitan_format,
             "notes": list(u.notes), "stages": stages, "best": _brief(best),
-            "gain_pct": None if best is None else round(gain_pct(est, best), 6), "max_gap_pct": max_gap,
+            "gain_pct": None if best is None or not est.fits else round(gain_pct(est, best), 6), "max_gap_pct": max_gap,
             "findings": [f.as_dict() for f in findings], "emitted": [str(p) for p in written], "exit_code": code}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from autotune.catalog import load_model
+from autotune.catalog import catalog_twin, load_model
 from autotune.emit import EmitInput
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.specs._strict import boolean, choice, nonneg_float, positive_float, positive_int, text
@@ -89,7 +89,13 @@ def document_model(doc: dict[str, Any], job: dict[str, Any], where: str) -> Mode
     data = doc["model_spec"]
     if isinstance(data, dict) and data.get("max_position_embeddings") == 0:  # 0 = none, which the reader omits
         data = {k: v for k, v in data.items() if k != "max_position_embeddings"}
-    return model_from_dict(data, f"{where}: model_spec")
+    spec = model_from_dict(data, f"{where}: model_spec")
+    if spec.catalog_name:  # trainers' registries go by it: it must be the catalog model it names
+        twin = catalog_twin(spec)
+        if twin is None or twin.name != spec.catalog_name:
+            raise SpecError(f"{where}: model_spec.catalog_name {spec.catalog_name!r} is not this model's catalog "
+                            "twin (its shape differs); drop catalog_name or fix the shape")
+    return spec
 
 
 def _check_same_model(spec: ModelSpec, name: str, where: str) -> None:

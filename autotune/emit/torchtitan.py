@@ -85,10 +85,10 @@ def cli_overrides(m: Mapping) -> list[str]:
 
 def _config_function(inp: EmitInput) -> tuple[str, str, tuple[tuple[str, str], ...]]:
     """(TT_MODULE default, TT_CONFIG default or "" when the user must give one, extra files)."""
-    moe = MOE_REGISTRY.get(inp.model.name)
+    moe = MOE_REGISTRY.get(inp.model.known_as)
     if moe is not None:
         return _moe_config_function(inp, moe)
-    registry = REGISTRY.get(inp.model.name)
+    registry = REGISTRY.get(inp.model.known_as)
     if registry is None:
         return "llama3", "", ()
     if registry[0] not in BF16_CONFIG:
@@ -197,7 +197,7 @@ def _toml_value(value: object) -> str:
 def _toml(inp: EmitInput, m: Mapping) -> str:
     plan = inp.plan
     nodes, per_node = launch_shape(plan.num_gpus, inp.gpus_per_node)
-    registry = REGISTRY.get(inp.model.name)
+    registry = REGISTRY.get(inp.model.known_as)
     paths = "" if inp.mock_data else (' --training.dataset_path "$DATA_PATH" --model.hf_assets_path '
                                       '"$TOKENIZER_MODEL" --job.dump_folder "$CHECKPOINT_DIR"')
     head = header_lines(inp, "torchtitan", TARGET["toml"], "toml", toml_runs) + [
@@ -216,7 +216,7 @@ def _toml(inp: EmitInput, m: Mapping) -> str:
     sections["metrics"].append(_toml_line("log_freq", s.log_interval))
     sections["job"].append(_toml_line("description", f"autotune plan for {inp.model.name}: tp {plan.tp}, pp "
                                       f"{plan.pp}, dp {plan.dp}, cp {plan.cp}"))
-    moe = MOE_REGISTRY.get(inp.model.name)
+    moe = MOE_REGISTRY.get(inp.model.known_as)
     if moe is not None:  # torchtitan's own MoE model (0.2.x: the same module names and flavors)
         sections["model"] += [_toml_line("name", moe.module), _toml_line("flavor", moe.flavor)]
     else:

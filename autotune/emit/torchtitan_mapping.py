@@ -164,7 +164,7 @@ def map_plan(inp: EmitInput, fmt: str) -> Mapping:
 def refuse_missing_moe(inp: EmitInput) -> None:
     """An MoE model torchtitan lacks is refused: a dense llama3 config of it would train something else."""
     m = inp.model
-    if m.is_moe and m.name not in MOE_REGISTRY:
+    if m.is_moe and m.known_as not in MOE_REGISTRY:
         ships = ", ".join(f"{name} ({t.module} {t.flavor})" for name, t in MOE_REGISTRY.items())
         raise SpecError(f"--trainer torchtitan: torchtitan 0.3.0 has no model for the mixture of experts {m.name} "
                         f"(its MoE models: {ships}); use --trainer megatron")
@@ -202,7 +202,7 @@ def _model_warnings(inp: EmitInput, fmt: str) -> list[str]:
         if m.tied_embeddings and plan.pp > 1:
             out.append("tied embeddings: torchtitan does not support weight tying with pipeline parallelism")
         return out
-    if m.name not in REGISTRY:
+    if m.known_as not in REGISTRY:
         where = "a config_registry function (TT_CONFIG)" if fmt == "cli" else "a llama3 flavor"
         out.append(f"model {m.name}: not in torchtitan's registry; the launch needs {where} with "
                    f"{model_shape(inp, fmt)}")
@@ -219,7 +219,7 @@ def _model_warnings(inp: EmitInput, fmt: str) -> list[str]:
     elif m.tied_embeddings and plan.pp > 1:
         out.append("tied embeddings: torchtitan does not support weight tying with pipeline parallelism; the config "
                    "function must untie them (the LM head gets its own weights on the last stage)")
-    if m.name in REGISTRY and m.position_embedding == "rope" and m.rope_scaling != "llama3":
+    if m.known_as in REGISTRY and m.position_embedding == "rope" and m.rope_scaling != "llama3":
         out.append(f"model {m.name}: torchtitan's llama3 flavors are Llama 3.1's (RoPE theta 500000 with Llama 3.1 "
                    "frequency scaling); this model's RoPE is unscaled, so its low RoPE frequencies differ")
     return out

@@ -105,7 +105,7 @@ def _check_experts(space: SearchSpace, model: ModelSpec) -> None:
 
 def _check_moe(caps: TrainerCaps, model: ModelSpec) -> None:
     """An MoE model the chosen trainer cannot build (specs/trainers.py's row says which it can)."""
-    if not model.is_moe or (caps.moe and (caps.moe_models is None or model.name in caps.moe_models)):
+    if not model.is_moe or (caps.moe and (caps.moe_models is None or model.known_as in caps.moe_models)):
         return
     if caps.moe:
         raise SpecError(f"--trainer {caps.name}: it has no model {model.name} (its MoE models: "

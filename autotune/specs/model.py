@@ -113,6 +113,9 @@ class ModelSpec:
     cross-entropy, all on the last pipeline stage (costmodel/mtp.py)."""
     source: str = ""
     """Where the shape comes from."""
+    catalog_name: str = ""
+    """The catalog model this one is exactly (a hub config.json of a catalog model; catalog.load_model sets it):
+    the name trainers that ship models by name know it by (known_as); "" for any other."""
     # Training hyperparameters the launch files need (not the cost model): defaults are the RoPE paper's base,
     # the common RMSNorm/LayerNorm epsilon and GPT-2's init std, which Hugging Face configs also default to.
     rope_theta: float = 10000.0
@@ -127,6 +130,11 @@ class ModelSpec:
     """Epsilon of the normalization layers."""
     init_std: float = 0.02
     """Standard deviation of the weight initialization (Hugging Face initializer_range)."""
+
+    @property
+    def known_as(self) -> str:
+        """The name a trainer's registry knows this model by: its catalog twin's, else its own."""
+        return self.catalog_name or self.name
 
     @property
     def gated(self) -> bool:
@@ -181,8 +189,8 @@ class ModelSpec:
 _REQUIRED = ("name", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "activation",
              "norm", "tied_embeddings")
 _OPTIONAL = ("schema", "num_kv_heads", "head_dim", "bias", "dropout", "causal", "position_embedding",
-             "max_position_embeddings", "source", "published_params_B", "description", "rope_theta", "rope_scaling",
-             "rope_scaling_factor", "norm_eps", "init_std")
+             "max_position_embeddings", "source", "catalog_name", "published_params_B", "description", "rope_theta",
+             "rope_scaling", "rope_scaling_factor", "norm_eps", "init_std")
 ROPE_SCALINGS = ("none", "llama3", "yarn")
 #: More multi-token prediction modules than any published model trains (DeepSeek-V3: 1)
 MAX_MTP_LAYERS = 16
@@ -337,6 +345,7 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
         position_embedding=position,  # type: ignore[arg-type]
         max_position_embeddings=max_pos,
         source=data.get("source", ""),
+        catalog_name=check_name(data["catalog_name"], "catalog_name", where) if data.get("catalog_name") else "",
         rope_theta=positive_float(data, "rope_theta", where) if "rope_theta" in data else 10000.0,
         rope_scaling=choice(data, "rope_scaling", ROPE_SCALINGS, where)  # type: ignore[arg-type]
         if "rope_scaling" in data else "none",

@@ -230,7 +230,7 @@ def _moe_rules(caps: TrainerCaps, p: Plan, model: ModelSpec) -> list[str]:
     if not caps.moe:
         why = DEEPSPEED_MOE if n == "deepspeed" else f"autotune writes no expert-parallel config for {n}"
         return [f"MoE model: {why}; megatron (and torchtitan for {', '.join(TORCHTITAN_MOE_MODELS)}) run it"]
-    if caps.moe_models is not None and model.name not in caps.moe_models:
+    if caps.moe_models is not None and model.known_as not in caps.moe_models:
         return [f"MoE model {model.name}: {n} has no such model (its MoE models: {', '.join(caps.moe_models)})"]
     issue = expert_layout_issue(caps, p.tp, p.cp, p.zero, p.ep, p.etp)
     return [issue] if issue else []

@@ -161,6 +161,8 @@ def test_out_of_memory_config_is_not_compared_for_speed(cli, tmp_path: Path) -> 
     result = cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "16")
     assert result.exit_code == 5
     assert "the config does not fit, so its step time is no comparison" in result.stdout
+    doc, code = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16")
+    assert code == 5 and doc["check"]["gain_pct"] is None
 
 
 def test_a_sequence_that_sequence_parallelism_cannot_split_is_refused(cli, tmp_path: Path) -> None:

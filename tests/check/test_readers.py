@@ -210,6 +210,7 @@ _LLAMA = ("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --swiglu 
     ("--recompute-granularity selective --recompute-method uniform", "selective with --recompute-method"),
     ("--recompute-granularity selective --recompute-num-layers 2", "selective with --recompute-num-layers"),
     ("--recompute-granularity selective --distribute-saved-activations", "with --distribute-saved-activations"),
+    ("--distribute-saved-activations", "only with tp > 1, --recompute-granularity full and a --recompute-method"),
     ("--tensor_model_parallel_size 8", "did you mean --tensor-model-parallel-size"),
     ("--sequence-paralel", "did you mean --sequence-parallel"),
     ("--use-distributed-optimiser", "did you mean --use-distributed-optimizer"),
@@ -286,7 +287,8 @@ def test_only_slips_of_known_flags_are_refused() -> None:
     r = read_megatron(_LLAMA + "--fp4-recipe nvfp4 --moe-enable-deepep\n")
     assert any("unknown flag --fp4-recipe ignored" in n for n in r.notes)
     assert any("--moe-enable-deepep is a deprecated spelling" in n for n in r.notes)
-    assert misspelling_of("--bf61", KNOWN_FLAGS) is None and misspelling_of("--num-layer", KNOWN_FLAGS) == "--num-layers"
+    assert misspelling_of("--bf61", KNOWN_FLAGS) is None
+    assert misspelling_of("--num-layer", KNOWN_FLAGS) == "--num-layers"
 
 
 def test_vocab_size_without_null_tokenizer_is_noted() -> None:
@@ -309,8 +311,11 @@ def test_colon_defaults_are_followed_and_unset_values_named() -> None:
             "--max-position-embeddings 4096 --tensor-model-parallel-size $TP --pipeline-model-parallel-size $PP")
     r = read_megatron(': ${TP:=8}\n: "${PP:=4}"\n: "${DATA:?set DATA}"\ntorchrun pretrain_gpt.py ' + body + "\n")
     assert (r.tp, r.pp) == (8, 4) and not [n for n in r.notes if "DATA" in n]
-    with pytest.raises(SpecError, match="--tensor-model-parallel-size has no value; .* empty environment"):
+    with pytest.raises(SpecError, match="--tensor-model-parallel-size has no value; .* empty environment") as err:
         read_megatron("torchrun pretrain_gpt.py " + body + "\n")
+    assert "(${TP:-8} or : ${TP:=8})" in str(err.value)
+    r = read_megatron(': "${NAME^^}"\nTP=8\nPP=4\ntorchrun pretrain_gpt.py ' + body + "\n")
+    assert any("${NAME^^}: not an expansion autotune follows" in n for n in r.notes)  # kept, unlike a guard's
 
 
 def test_deepspeed_takes_one_batch_key_as_deepspeed_does() -> None:
@@ -347,3 +352,12 @@ def test_a_pipeline_size_that_does_not_divide_the_layers_is_named_first() -> Non
     flags = _LLAMA.replace("--pipeline-model-parallel-size 4", "--pipeline-model-parallel-size 3")
     with pytest.raises(SpecError, match="--num-layers 80 does not split over --pipeline-model-parallel-size 3"):
         read_megatron(flags + "--num-layers-per-virtual-pipeline-stage 5\n")
+
+
+def test_moe_enable_deepep_is_read_as_megatron_core_takes_it() -> None:
+    """The deprecated switch means the DeepEP backend of the flex dispatcher; megatron-core refuses it with any
+    other dispatcher."""
+    moe = _LLAMA + "--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 8 --moe-enable-deepep "
+    assert read_megatron(moe + "--moe-token-dispatcher-type flex\n").moe_dispatcher == "deepep"
+    with pytest.raises(SpecError, match="--moe-enable-deepep needs --moe-token-dispatcher-type flex"):
+        read_megatron(moe + "--moe-token-dispatcher-type alltoall\n")

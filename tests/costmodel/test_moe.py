@@ -124,7 +124,8 @@ def test_hf_configs_parse_to_the_catalog_shape(family, catalog) -> None:
 
 #: The settings the hub's config.json of each model adds to HF's trimmed keys (as the catalog entries record them)
 HUB_SETTINGS = {"qwen3_moe": {"rope_theta": 1e6, "rms_norm_eps": 1e-6},
-                "deepseek_v3": {"rope_theta": 1e4, "rms_norm_eps": 1e-6, "rope_scaling": {"type": "yarn", "factor": 40}},
+                "deepseek_v3": {"rope_theta": 1e4, "rms_norm_eps": 1e-6,
+                                "rope_scaling": {"type": "yarn", "factor": 40}},
                 "gpt_oss": {"rope_theta": 1.5e5, "rms_norm_eps": 1e-5, "sliding_window": 128, "swiglu_limit": 7.0,
                             "layer_types": ["sliding_attention", "full_attention"] * 18,
                             "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -135,15 +136,16 @@ HUB_SETTINGS = {"qwen3_moe": {"rope_theta": 1e6, "rms_norm_eps": 1e-6},
                                                   ("gpt_oss", "gpt-oss-120b")])
 def test_a_hub_config_of_a_catalog_model_takes_its_name(tmp_path, family, catalog) -> None:
     """torchtitan knows its MoE models by name: the hub's config.json of one is that catalog model (its shape and
-    training settings), named so; one layer more and it is a model of its own, named by its path."""
+    training settings), known as its catalog name while keeping its path as its name (what saved plans and
+    profiles record); one layer more and it is a model of its own."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**HF[family], **HUB_SETTINGS[family]}))
     parsed = load_model(str(path))
-    assert parsed.name == catalog and replace(parsed, source="") == replace(load_model(catalog), source="")
-    assert str(path) in parsed.source
+    assert (parsed.name, parsed.catalog_name, parsed.known_as) == (str(path), catalog, catalog)
+    assert replace(parsed, name=catalog, source="", catalog_name="") == replace(load_model(catalog), source="")
     assert parsed.rope_scaling == ("none" if family == "qwen3_moe" else "yarn")
     path.write_text(json.dumps({**HF[family], **HUB_SETTINGS[family], "num_hidden_layers": 40}))
-    assert load_model(str(path)).name == str(path)
+    assert load_model(str(path)).known_as == str(path)
 
 
 def test_llama4_text_config_parses_its_interleaved_moe_layers() -> None:

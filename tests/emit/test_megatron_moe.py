@@ -169,6 +169,7 @@ def test_yarn_models_warn_that_the_config_trains_plain_rope() -> None:
     assert warning is not None and "YaRN rope scaling (factor 40)" in warning and "base 10000" in warning
     assert warning in emit("megatron", inp).warnings
     assert rope_scaling_warning("torchtitan", inp) is None
+    assert "by type and factor only" in rope_scaling_warning("deepspeed", inp)  # its model dict carries them
     dense = Plan(tp=2, pp=1, dp=4, mbs=1, num_microbatches=1024, layers_per_stage=(32,))
     assert rope_scaling_warning("megatron", _inp("llama3.1-8b", "h100-sxm", JOB, dense)) is None
 
