@@ -10,15 +10,13 @@ from __future__ import annotations
 import heapq
 import math
 
-import numpy as np
-
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.schedules import pipeline_lower_bound
 from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params, vocab_parallel_comm,
                                        vocab_placement, zero3_exposed)
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunks, shell_plan, smallest_stage_params,
-                                    sync_collectives, tied_sync_seconds, window_s)
+                                    sync_collectives, tied_sync_seconds)
 
 
 def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s: float = 0.0,
@@ -220,120 +218,3 @@ def stage_time_floor(cc: CandidateCosts, num_layers: int) -> float:
         top, i, j = heapq.heappop(heap)
         heapq.heappush(heap, (level(pieces[i], j + 1), i, j + 1))
     return max(top * (1 - 1e-12), max(p[0] for p in pieces) - a, 0.0)
-
-
-def pivot_path_floor(cc: CandidateCosts, num_layers: int, *, with_step: bool = False) -> float:
-    """The least, over every partition within the memory caps, of the longest pivot path (exactly).
-
-    Rank k's pivot path is the first micro-batch's forward down to k, every pass of k, and (1F1B, interleaved)
-    the last micro-batch's backward back up: m*t_k + r*S_k with S_k the time of the ranks before k and r as in
-    schedules.pipeline_lower_bound (0 for v-half). With t_k = n_k*a + c_k (a: a layer chunk at the cheapest
-    recomputation, c_k: the rank's fixed terms), a dynamic program over ranks and chunks used finds the
-    partition minimizing the largest of them (numpy, O(p * chunks^2)). Every path is a lower bound on the
-    pipeline time, so this is one too; it is tight for balanced 1F1B pipelines, where the bubble is exactly
-    that of the path through the last rank. ZB-H1's rank k also has the path that leaves after its last B (its
-    k deferred W passes and one more come after it), having come down the F and B chains of the ranks before
-    it, and then runs rank 0's last W (search/partition.py, _pivot_paths): m*t_k - min(k+1, m)*W_k +
-    sum_{i<k} (F_i + B_i) + W_0, exact for equal stages (with m <= k every W of rank k comes after its last B).
-
-    with_step: each rank's paths also carry what its stage alone adds to the step (_sync_and_adam). The
-    exposed sync and the Adam step are each the largest over the stages, so the step time is at least
-    max_k(path_k + sync_k + adam_k) + the tied-embedding sync, which this then returns: the pipeline and the
-    sync bounded together, as the CP-SAT relaxation sees them (a balanced pipeline leaves stage 0 most of its
-    gradients to reduce with no earlier stage's window to hide them)."""
-    c = cc.cand
-    r = _pivot_share(cc)
-    total = num_layers // c.vpp
-    best = np.full(total + 1, np.inf)
-    best[0] = 0.0
-    before = {"all": 0.0, "fb": 0.0, "w0": 0.0}  # for stage_pivot_paths
-    ranges = [chunk_range(cc, k, num_layers) for k in range(c.pp)]
-    if any(lo > hi for lo, hi in ranges):
-        return math.inf
-    rest = np.cumsum([lo for lo, _ in ranges][::-1])[::-1]  # fewest chunks the ranks from k on need
-    windows = {"bwd": 0.0, "fwd": 0.0}  # fixed windows of the ranks before k, for with_step
-    for k in range(len(cc.stages)):
-        lo, hi = ranges[k]
-        n = np.arange(lo, hi + 1)
-        used = np.flatnonzero(np.isfinite(best))  # the chunk counts the ranks before k can have used
-        # value[u, j]: the largest pivot so far after giving n[j] chunks to rank k having used u before it
-        pivot = stage_pivot_paths(cc, k, n, used, r, before)
-        if with_step:
-            pivot = pivot + _sync_and_adam(cc, k, n, used, windows)
-        value = np.maximum(best[used][:, None], pivot)
-        nxt = np.full(total + 1, np.inf)
-        target = used[:, None] + n[None, :]
-        ok = target <= total - (rest[k + 1] if k + 1 < c.pp else 0)  # leave the later ranks their fewest
-        np.minimum.at(nxt, target[ok], value[ok])
-        best = nxt
-    return float(best[total]) + (cc.tied_sync_s if with_step else 0.0)
-
-
-def stage_pivot_paths(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, r: float,
-                      before: dict[str, float]) -> np.ndarray:
-    """[u, j]: the longest pivot path of rank k (pivot_path_floor) holding n[j] chunks after used[u] on the ranks
-    before it, r = _pivot_share(cc) (passed in: it reads every stage). `before` holds the fixed time of the ranks
-    before k ("all": every pass; "fb": F and B) and rank 0's W ("w0"), all 0.0 for k = 0, and takes stage k's."""
-    c, s = cc.cand, cc.stages[k]
-    v, m = c.vpp, c.num_microbatches
-    f_l, b_l, w_l = cc.layer_fbw
-    a = v * (f_l + b_l + w_l)  # one chunk's worth of layers on a rank, every pass
-    pivot = m * (n[None, :] * a + s.time_s) + r * (used[:, None] * a + before["all"])
-    if c.schedule == "zb-h1":
-        f_fix, b_fix, w_fix = s.chunk_fixed[0]
-        drain = m * (n * a + s.time_s) - min(k + 1, m) * (n * v * w_l + w_fix)
-        pivot = np.maximum(pivot, drain[None, :] + used[:, None] * v * (f_l + b_l) + before["fb"] + before["w0"])
-        before["fb"] += f_fix + b_fix
-        if k == 0:
-            before["w0"] = int(n[0]) * v * w_l + w_fix  # at rank 0's fewest chunks
-    before["all"] += s.time_s
-    return pivot
-
-
-def _sync_and_adam(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, windows: dict[str, float]
-                   ) -> np.ndarray:
-    """[u, j]: what stage k holding n[j] chunks after used[u] on the ranks before it adds to the step at the
-    least: its exposed data-parallel syncs (the fluid terms of partition_terms.dp_sync: its buckets' communication
-    less its own window and the windows of the stages before it), at the bucket that hides the most, and its
-    Adam step. `windows` holds the fixed windows of the ranks before k and takes stage k's."""
-    c, s = cc.cand, cc.stages[k]
-    v, lp = c.vpp, cc.layer.params
-    exposed: np.ndarray | float = 0.0
-    for b in range(len(cc.buckets) if cc.syncs else 0):
-        total: np.ndarray | float = 0.0
-        for sync in cc.syncs:
-            own, slack = fluid_sync(cc, k, sync, b, n, used, windows)
-            total = total + np.maximum(0.0, own[None, :] - slack[:, None])
-        exposed = total if b == 0 else np.minimum(exposed, total)
-    for name in windows:
-        windows[name] += window_s(cc, k, 0, name)
-    return exposed + ((n * v * lp + s.vocab_params) * cc.adam_s_per_param)[None, :]
-
-
-def fluid_sync(cc: CandidateCosts, k: int, sync: Sync, b: int, n: np.ndarray, used: np.ndarray,
-               windows: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
-    """(own[j], slack[u]) of one sync at bucket cc.buckets[b]: the fluid term of partition_terms.dp_sync for
-    stage k holding n[j] chunks (the communication of its parameters less its own window) and the windows of the
-    stages before it holding used[u] chunks (`windows`: their fixed windows). Seconds per parameter are taken
-    first, as partition_terms.dp_sync takes them, so every bound rounds the same way."""
-    v, lp = cc.cand.vpp, cc.layer.params
-    per_param = sync.per_bucket[b] / cc.buckets[b]
-    window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
-    own = n * v * (lp * per_param - window) + cc.stages[k].vocab_params * per_param - window_s(cc, k, 0, sync.window)
-    return own, used * v * window + windows[sync.window]
-
-
-def _pivot_share(cc: CandidateCosts) -> float:
-    """r of pivot_path_floor: the share of each earlier rank's time on the pivot path's forward and backward
-    chains (see schedules.pipeline_lower_bound)."""
-    c = cc.cand
-    if c.schedule == "v-half" or c.pp == 1:
-        return 0.0
-    if c.schedule == "interleaved":
-        return 1 / c.vpp
-    if c.schedule == "zb-h1":
-        f_l, b_l, w_l = cc.layer_fbw
-        shares = [f_l / (f_l + b_l + w_l + max(cc.full_extra_s, 0.0)) if f_l > 0 else 0.0, 0.5]
-        shares += [fb[0] / sum(fb) for s in cc.stages for fb in s.chunk_fixed if sum(fb) > 0]
-        return min(shares)
-    return 1.0

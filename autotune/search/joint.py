@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from autotune.search.bounds import _pivot_share, fluid_sync, pivot_path_floor, stage_pivot_paths
+from autotune.search.pivots import PivotTerms, fluid_sync, pivot_path_floor
 from autotune.search.tables import CandidateCosts, chunk_range, window_s
 
 #: Pipeline thresholds between the pivot floor and the best plan known: the bound is within (best - floor) / GRID
@@ -45,19 +45,18 @@ def _least_sync(cc: CandidateCosts, num_layers: int, ranges: list[tuple[int, int
     """[j]: over every bucket and every partition whose pivot paths are all at most levels[j], the least
     max over stages of (exposed syncs + Adam step)."""
     c = cc.cand
-    r = _pivot_share(cc)
     total = num_layers // c.vpp
     rest = np.cumsum([lo for lo, _ in ranges][::-1])[::-1]
     used = np.arange(total + 1)
     nb = max(len(cc.buckets) if cc.syncs else 1, 1)
     best = np.full((nb, len(levels), total + 1), np.inf)
     best[:, :, 0] = 0.0
-    before = {"all": 0.0, "fb": 0.0, "w0": 0.0}  # for stage_pivot_paths
+    terms = PivotTerms(cc, total, ranges[0][0])
     windows = {"bwd": 0.0, "fwd": 0.0}
     for k in range(len(cc.stages)):
         lo, hi = ranges[k]
         n = np.arange(lo, hi + 1)
-        pivot = stage_pivot_paths(cc, k, n, used, r, before)
+        pivot = terms.paths(k, lo, hi, slice(0, total + 1))
         sync = _stage_sync(cc, k, n, used, windows)  # [bucket, u, j]
         allowed = pivot[None, :, :] <= levels[:, None, None]  # [level, u, j]
         value = np.maximum(best[:, :, :, None], sync[:, None, :, :])  # [bucket, level, u, j]

@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.search.baseline import baseline_plans
-from autotune.search.bounds import forced_recompute_s, memory_possible, pivot_path_floor, quick_bound, stage_time_floor
+from autotune.search.bounds import forced_recompute_s, memory_possible, quick_bound, stage_time_floor
 from autotune.search.budget import Budget
 from autotune.search.coarse import coarse_bounds
 from autotune.search.joint import pipe_sync_floor
+from autotune.search.pivots import pivot_path_floor
 from autotune.search.losers import RunnerUp, empty_space_message, infeasible_message, memory_losers
 from autotune.search.partition import Hint, solve_partition
 from autotune.search.space import Candidate, SearchSpace, enumerate_candidates, pinned_layers

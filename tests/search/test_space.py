@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from autotune.catalog import load_hardware
 from autotune.costmodel.estimate import CostModel
 from autotune.search.space import MAX_MICROBATCH_TOKENS, Candidate, SearchSpace, divisors
-from autotune.search.bounds import (fluid_sync, forced_recompute_s, memory_possible,
-                                    pivot_path_floor, quick_bound, stage_time_floor)
+from autotune.search.bounds import forced_recompute_s, memory_possible, quick_bound, stage_time_floor
+from autotune.search.pivots import fluid_sync, pivot_path_floor
 from autotune.search.coarse import coarse_bound
 from autotune.search.tables import candidate_costs, window_s
 from autotune.specs.job import JobSpec
