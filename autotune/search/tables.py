@@ -8,6 +8,7 @@ Most candidates never reach the solver: bounds.quick_bound needs only the cached
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
@@ -18,6 +19,7 @@ from autotune.costmodel.stages import (chunk_durations, fixed_state_bytes, in_fl
                                        stage_params, stage_vocab_activations, vocab_parallel_comm, vocab_placement,
                                        zero3_exposed, zero3_transient)
 from autotune.search.space import Candidate
+from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import WEIGHT_BYTES
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
 
@@ -121,15 +123,21 @@ def tied_sync_seconds(cm: CostModel, c: Candidate) -> float:
 
 def sync_collectives(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[Sync, ...]:
     """The bucketed collectives of the candidate, as estimate.dp_sync_exposed runs them."""
-    n = c.dp * c.cp
-    if n == 1 or c.zero >= 3:
+    return _collectives(cm.hw, cm.job.grad_bytes, c.dp * c.cp, c.tp, c.zero, buckets)
+
+
+@lru_cache(maxsize=4096)
+def _collectives(hw: HardwareSpec, grad_bytes: int, n: int, tp: int, zero: int, buckets: tuple[int, ...]
+                 ) -> tuple[Sync, ...]:
+    """sync_collectives from what it reads: kept, since thousands of candidates of a search share a few
+    hundred (issue 13: a tenth of quick_bound's time went into recomputing them)."""
+    if n == 1 or zero >= 3:
         return ()
-    link = comm.group_link(cm.hw, n, c.tp)
-    reduce, kind = (comm.all_reduce, "all_reduce") if c.zero == 0 else (comm.reduce_scatter, "reduce_scatter")
-    out = [] if c.zero == 2 else [Sync(cm.job.grad_bytes, tuple(reduce(b * cm.job.grad_bytes, n, link)
-                                                               for b in buckets), "bwd",
-                                        comm.linear_pieces(kind, n, link))]
-    if c.zero in (1, 2):
+    link = comm.group_link(hw, n, tp)
+    reduce, kind = (comm.all_reduce, "all_reduce") if zero == 0 else (comm.reduce_scatter, "reduce_scatter")
+    out = [] if zero == 2 else [Sync(grad_bytes, tuple(reduce(b * grad_bytes, n, link) for b in buckets), "bwd",
+                                     comm.linear_pieces(kind, n, link))]
+    if zero in (1, 2):
         out.append(Sync(WEIGHT_BYTES, tuple(comm.all_gather(b * WEIGHT_BYTES, n, link) for b in buckets), "fwd",
                         comm.linear_pieces("all_gather", n, link)))
     return tuple(out)
