@@ -14,7 +14,7 @@ from dataclasses import replace
 from autotune.costmodel.estimate import CostModel, Estimate, dp_sync_exposed
 from autotune.errors import InvalidPlanError
 from autotune.search.partition import Hint
-from autotune.search.tables import CandidateCosts, chunk_range, to_plan
+from autotune.search.tables import CandidateCosts, chunk_ranges, to_plan
 from autotune.search.validate import validate_plan
 from autotune.specs.plan import even_split
 
@@ -27,7 +27,7 @@ def baseline_splits(cc: CandidateCosts, num_layers: int, pinned: tuple[int, ...]
     v = c.vpp
     if num_layers % v:
         return []
-    ranges = [chunk_range(cc, i, num_layers) for i in range(c.pp)]
+    ranges = chunk_ranges(cc, num_layers)
     if pinned is not None:
         splits = [tuple(n // v for n in pinned)] if all(n % v == 0 for n in pinned) else []
     else:
@@ -38,7 +38,7 @@ def baseline_splits(cc: CandidateCosts, num_layers: int, pinned: tuple[int, ...]
     return [k for k in splits if all(lo <= n <= hi for n, (lo, hi) in zip(k, ranges))]
 
 
-def _balanced(cc: CandidateCosts, ranges: list[tuple[int, int]], total: int) -> tuple[int, ...] | None:
+def _balanced(cc: CandidateCosts, ranges: tuple[tuple[int, int], ...], total: int) -> tuple[int, ...] | None:
     """Water-filling: every stage at its fewest chunks, then each further chunk to the stage whose time per
     micro-batch (fixed terms + chunks x one chunk's layers) stays the smallest; ties to the lower rank."""
     k = [lo for lo, _ in ranges]

@@ -15,7 +15,7 @@ from autotune.costmodel.schedules import pipeline_lower_bound
 from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params, vocab_parallel_comm,
                                        vocab_placement, zero3_exposed)
 from autotune.search.space import Candidate
-from autotune.search.tables import (CandidateCosts, Sync, chunk_range, max_chunks, shell_plan, smallest_stage_params,
+from autotune.search.tables import (CandidateCosts, Sync, chunk_ranges, shell_plan, smallest_stage_params, stage_caps,
                                     sync_collectives, tied_sync_seconds)
 
 
@@ -143,7 +143,7 @@ def sync_bound(s: Sync, buckets: tuple[int, ...], layer_params: int, num_layers:
 def memory_possible(cc: CandidateCosts, num_layers: int) -> bool:
     """A necessary condition for a fitting partition: every stage's range is non-empty and the stages
     together can hold every layer."""
-    lo_hi = [chunk_range(cc, i, num_layers) for i in range(cc.cand.pp)]
+    lo_hi = chunk_ranges(cc, num_layers)
     if any(lo > hi for lo, hi in lo_hi) or num_layers % cc.cand.vpp:
         return False
     total = num_layers // cc.cand.vpp
@@ -159,6 +159,7 @@ def forced_recompute_s(cc: CandidateCosts, num_layers: int) -> float:
         return 0.0  # (the last: every layer is recomputed already, quick_bound counts it)
     total = num_layers // c.vpp
     free, options = 0, []
+    caps = stage_caps(cc, num_layers)
     for i, s in enumerate(cc.stages):
         room = cc.usable - s.memory
         per_chunk = c.vpp * cc.layer_state + s.in_flight * cc.act_base
@@ -166,7 +167,7 @@ def forced_recompute_s(cc: CandidateCosts, num_layers: int) -> float:
         free += base_cap
         saving = s.in_flight * (cc.act_base - cc.act_full)
         if saving > 0:
-            options.append((per_chunk / saving, max_chunks(cc, i, num_layers) - base_cap))
+            options.append((per_chunk / saving, caps[i] - base_cap))
     need = total - free
     extra = 0.0
     for ratio, room_chunks in sorted(options):
@@ -191,11 +192,12 @@ def stage_time_floor(cc: CandidateCosts, num_layers: int) -> float:
     a, d = v * cc.layer_time_s, v * max(cc.full_extra_s, 0.0)
     need = num_layers // v
     pieces = []
+    caps = stage_caps(cc, num_layers)
     for i, s in enumerate(cc.stages):
         room = cc.usable - s.memory
         alpha = v * cc.layer_state + s.in_flight * cc.act_base
         sigma = s.in_flight * (cc.act_base - cc.act_full) if c.full_max else 0
-        pieces.append((s.time_s, max(0.0, room / alpha) if alpha else math.inf, max(0, max_chunks(cc, i, num_layers)),
+        pieces.append((s.time_s, max(0.0, room / alpha) if alpha else math.inf, max(0, caps[i]),
                        room, alpha, sigma))
     if sum(p[2] for p in pieces) < need:
         return math.inf

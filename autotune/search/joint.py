@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from autotune.search.pivots import PivotTerms, fluid_sync, pivot_path_floor
-from autotune.search.tables import CandidateCosts, chunk_range, window_s
+from autotune.search.tables import CandidateCosts, chunk_ranges, window_s
 
 #: Pipeline thresholds between the pivot floor and the best plan known: the bound is within (best - floor) / GRID
 #: of what the grid would give with every threshold.
@@ -27,11 +27,10 @@ GRID = 12
 
 def pipe_sync_floor(cc: CandidateCosts, num_layers: int, best_s: float) -> float:
     """A step time no partition of cc beats, or at least `best_s` when none can beat that (see the module)."""
-    c = cc.cand
     floor = pivot_path_floor(cc, num_layers)
     if not math.isfinite(best_s) or floor >= best_s or not math.isfinite(floor):
         return floor
-    ranges = [chunk_range(cc, k, num_layers) for k in range(c.pp)]
+    ranges = chunk_ranges(cc, num_layers)
     if any(lo > hi for lo, hi in ranges):
         return math.inf
     levels = np.append(floor + (best_s - floor) * np.arange(1, GRID + 1) / GRID, math.inf)  # the T_j+1
@@ -40,7 +39,7 @@ def pipe_sync_floor(cc: CandidateCosts, num_layers: int, best_s: float) -> float
     return float(np.min(below + least)) + cc.tied_sync_s
 
 
-def _least_sync(cc: CandidateCosts, num_layers: int, ranges: list[tuple[int, int]], levels: np.ndarray
+def _least_sync(cc: CandidateCosts, num_layers: int, ranges: tuple[tuple[int, int], ...], levels: np.ndarray
                 ) -> np.ndarray:
     """[j]: over every bucket and every partition whose pivot paths are all at most levels[j], the least
     max over stages of (exposed syncs + Adam step)."""

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from autotune.search.tables import CandidateCosts, Sync, chunk_range, window_s
+from autotune.search.tables import CandidateCosts, Sync, chunk_ranges, window_s
 
 
 def pivot_path_floor(cc: CandidateCosts, num_layers: int, *, with_step: bool = False) -> float:
@@ -39,7 +39,7 @@ def pivot_path_floor(cc: CandidateCosts, num_layers: int, *, with_step: bool = F
     gradients to reduce with no earlier stage's window to hide them)."""
     c = cc.cand
     total = num_layers // c.vpp
-    ranges = [chunk_range(cc, k, num_layers) for k in range(c.pp)]
+    ranges = chunk_ranges(cc, num_layers)
     if any(lo > hi for lo, hi in ranges):
         return math.inf
     terms = PivotTerms(cc, total, ranges[0][0])

@@ -7,7 +7,7 @@ Most candidates never reach the solver: bounds.quick_bound needs only the cached
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from autotune.costmodel import comm
@@ -84,6 +84,8 @@ class CandidateCosts:
     """One layer's (F, B, W) seconds per micro-batch with the base recomputation (B without W)."""
     ticks: tuple[int, int, int]
     """The proportions a v-half order is built for (stages.schedule_ticks)."""
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+    """What the bounds derive from these terms more than once (chunk_ranges, stage_caps)."""
 
     @property
     def layer_fwd_s(self) -> float:
@@ -117,8 +119,14 @@ def tied_sync_seconds(cm: CostModel, c: Candidate) -> float:
     model = cm.model
     if not model.tied_embeddings or c.pp == 1 or c.schedule == "v-half":
         return 0.0
-    link = comm.group_link(cm.hw, c.pp, c.tp * c.cp * c.dp)
-    return comm.all_reduce(model.vocab_size * model.hidden_size // c.tp * cm.job.grad_bytes, 2, link)
+    return _tied_sync(cm.hw, model.vocab_size * model.hidden_size // c.tp * cm.job.grad_bytes, c.pp,
+                      c.tp * c.cp * c.dp)
+
+
+@lru_cache(maxsize=4096)
+def _tied_sync(hw: HardwareSpec, nbytes: int, pp: int, stride: int) -> float:
+    """tied_sync_seconds from what it reads, kept like _collectives."""
+    return comm.all_reduce(nbytes, 2, comm.group_link(hw, pp, stride))
 
 
 def sync_collectives(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[Sync, ...]:
@@ -210,11 +218,27 @@ def _min_chunks(c: Candidate, i: int, num_layers: int) -> int:
     return 0 if (i in (0, c.pp - 1) and c.vpp == 1) else 1
 
 
+def chunk_ranges(cc: CandidateCosts, num_layers: int) -> tuple[tuple[int, int], ...]:
+    """chunk_range of every stage, kept on cc: the memory check, each bound and the baseline ask for them."""
+    key = ("ranges", num_layers)
+    if (out := cc.memo.get(key)) is None:
+        cc.memo[key] = out = tuple(chunk_range(cc, i, num_layers) for i in range(cc.cand.pp))
+    return out
+
+
+def stage_caps(cc: CandidateCosts, num_layers: int) -> tuple[int, ...]:
+    """max_chunks of every stage, kept on cc."""
+    key = ("caps", num_layers)
+    if (out := cc.memo.get(key)) is None:
+        cc.memo[key] = out = tuple(max_chunks(cc, i, num_layers) for i in range(cc.cand.pp))
+    return out
+
+
 def chunk_range(cc: CandidateCosts, i: int, num_layers: int) -> tuple[int, int]:
     """Allowed chunks' worth of layers (k, n = k*vpp) on stage i: structure, vocab placement and memory."""
     c = cc.cand
     total = num_layers // c.vpp
-    lo, hi = _min_chunks(c, i, num_layers), min(total, max_chunks(cc, i, num_layers))
+    lo, hi = _min_chunks(c, i, num_layers), min(total, stage_caps(cc, num_layers)[i])
     if c.even_only:  # n_i in {floor(L/p), ceil(L/p)} and a multiple of vpp
         lo = max(lo, -(-(num_layers // c.pp) // c.vpp))
         hi = min(hi, -(-num_layers // c.pp) // c.vpp)
