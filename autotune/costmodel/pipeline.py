@@ -108,7 +108,7 @@ def _orders(schedule: str, pp: int, v: int, m: int, ticks: Ticks) -> tuple[tuple
     if schedule == "v-half":
         return _v_half(pp, m, ticks)
     passes = _pass_table(v, m)
-    if schedule == "interleaved":
+    if schedule == "interleaved" and m % pp == 0:  # (Megatron's rule: another m has no order)
         return tuple(_interleaved(i, pp, v, m, passes) for i in range(pp))
     if schedule == "zb-h1":
         return tuple(_zb_h1(i, pp, m, passes) for i in range(pp))
@@ -361,6 +361,20 @@ def peak_in_flight(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT
 
 @cache
 def _peaks(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> tuple[int, ...]:
+    # The fixed orders' counts in closed form (tests/costmodel/test_schedules.py checks them against the orders):
+    # building an order to count it was most of a search's candidate_costs (issue 13). 1F1B and interleaved
+    # hold the warm-up's forwards plus one; ZB-H1 defers rank i's W by i backwards, which keeps min(p, m).
+    if schedule == "1f1b":
+        return tuple(min(min(pp - i - 1, m) + 1, m) for i in range(pp))
+    if schedule == "interleaved" and m % pp == 0:  # (Megatron's rule: another m has no order)
+        return tuple(min(min((pp - i - 1) * 2 + (vpp - 1) * pp, m * vpp) + 1, m * vpp) for i in range(pp))
+    if schedule == "zb-h1":
+        return (min(pp, m),) * pp
+    return _counted_peaks(schedule, pp, vpp, m, ticks)
+
+
+def _counted_peaks(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> tuple[int, ...]:
+    """peak_in_flight counted along the orders."""
     release = "W" if schedule in SPLIT_BACKWARD else "B"
     peaks = []
     for order in rank_orders(schedule, pp, vpp, m, ticks):

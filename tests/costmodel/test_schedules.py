@@ -4,6 +4,7 @@ timelines, the papers' closed forms for equal stages, and the activations each s
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 
 import pytest
@@ -218,6 +219,14 @@ def test_interleaved_rank_0_holds_p_times_1_plus_p_minus_1_over_pv(p, v):
 def test_zb_h1_holds_1f1b_peak_on_every_rank(p):
     """ZB-H1 keeps rank i's i pending weight gradients' activations: p on every rank, 1F1B's peak."""
     assert pipeline.peak_in_flight("zb-h1", p, 1, 4 * p) == (p,) * p
+
+
+def test_peak_closed_forms_count_the_orders():
+    """The closed forms peak_in_flight takes for the fixed orders are the counts along the orders themselves."""
+    for p, m in itertools.product(range(1, 13), list(range(1, 30)) + [64, 96]):
+        for schedule, v in (("1f1b", 1), ("zb-h1", 1), *(("interleaved", v) for v in range(2, 5) if m % p == 0)):
+            assert pipeline.peak_in_flight(schedule, p, v, m) == pipeline._counted_peaks(schedule, p, v, m,
+                                                                                        pipeline.UNIT_TICKS)
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
