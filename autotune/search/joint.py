@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from autotune.search.pivots import PivotTerms, fluid_sync, pivot_path_floor
+from autotune.search.pivots import PivotTerms, fluid_syncs, pivot_path_floor
 from autotune.search.tables import CandidateCosts, chunk_ranges, window_s
 
 #: Pipeline thresholds between the pivot floor and the best plan known: the bound is within (best - floor) / GRID
@@ -78,17 +78,17 @@ def _stage_sync(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, win
     v, lp = c.vpp, cc.layer.params
     params = n * v * lp + s.vocab_params
     adam = (params * cc.adam_s_per_param)[None, :]
-    out = []
-    for b, bucket in enumerate(cc.buckets if cc.syncs else ()):
-        total = 0.0
+    if not cc.syncs:
+        out = np.stack([np.zeros((len(used), 1)) + adam])
+    else:  # every bucket at once: [bucket, u, j]
+        total: np.ndarray | float = 0.0
         for sync in cc.syncs:
-            own, slack = fluid_sync(cc, k, sync, b, n, used, windows)
+            own, slack = fluid_syncs(cc, k, sync, n, used, windows)
             whole = np.min([pa + slope * sync.bytes_per_param * params for pa, slope in sync.pieces], axis=0)
-            last = np.where(params >= bucket, sync.per_bucket[b], whole)
-            total = total + np.maximum(0.0, np.maximum(own, last)[None, :] - slack[:, None])
-        out.append(total + adam)
-    if not out:
-        out.append(np.zeros((len(used), 1)) + adam)
+            last = np.where(params[None, :] >= np.array(cc.buckets)[:, None], np.array(sync.per_bucket)[:, None],
+                            whole[None, :])
+            total = total + np.maximum(0.0, np.maximum(own, last)[:, None, :] - slack[None, :, None])
+        out = total + adam[None]
     for name in windows:
         windows[name] += window_s(cc, k, 0, name)
-    return np.stack(out)
+    return out

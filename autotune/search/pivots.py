@@ -152,12 +152,12 @@ def _sync_and_adam(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, 
     c, s = cc.cand, cc.stages[k]
     v, lp = c.vpp, cc.layer.params
     exposed: np.ndarray | float = 0.0
-    for b in range(len(cc.buckets) if cc.syncs else 0):
-        total: np.ndarray | float = 0.0
+    if cc.syncs:
+        total: np.ndarray | float = 0.0  # [b, u, j], every bucket at once
         for sync in cc.syncs:
-            own, slack = fluid_sync(cc, k, sync, b, n, used, windows)
-            total = total + np.maximum(0.0, own[None, :] - slack[:, None])
-        exposed = total if b == 0 else np.minimum(exposed, total)
+            own, slack = fluid_syncs(cc, k, sync, n, used, windows)
+            total = total + np.maximum(0.0, own[:, None, :] - slack[None, :, None])
+        exposed = total.min(axis=0)
     for name in windows:
         windows[name] += window_s(cc, k, 0, name)
     return exposed + ((n * v * lp + s.vocab_params) * cc.adam_s_per_param)[None, :]
@@ -169,10 +169,18 @@ def fluid_sync(cc: CandidateCosts, k: int, sync: Sync, b: int, n: np.ndarray, us
     stage k holding n[j] chunks (the communication of its parameters less its own window) and the windows of the
     stages before it holding used[u] chunks (`windows`: their fixed windows). Seconds per parameter are taken
     first, as partition_terms.dp_sync takes them, so every bound rounds the same way."""
+    own, slack = fluid_syncs(cc, k, sync, n, used, windows)
+    return own[b], slack
+
+
+def fluid_syncs(cc: CandidateCosts, k: int, sync: Sync, n: np.ndarray, used: np.ndarray,
+                windows: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """fluid_sync at every bucket at once: (own[b, j], slack[u]), the same operations for each b."""
     v, lp = cc.cand.vpp, cc.layer.params
-    per_param = sync.per_bucket[b] / cc.buckets[b]
+    per_param = np.array(sync.per_bucket) / np.array(cc.buckets)
     window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
-    own = n * v * (lp * per_param - window) + cc.stages[k].vocab_params * per_param - window_s(cc, k, 0, sync.window)
+    own = ((n * v)[None, :] * (lp * per_param - window)[:, None] + (cc.stages[k].vocab_params * per_param)[:, None]
+           - window_s(cc, k, 0, sync.window))
     return own, used * v * window + windows[sync.window]
 
 
