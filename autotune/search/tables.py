@@ -222,27 +222,37 @@ def chunk_ranges(cc: CandidateCosts, num_layers: int) -> tuple[tuple[int, int], 
     """chunk_range of every stage, kept on cc: the memory check, each bound and the baseline ask for them."""
     key = ("ranges", num_layers)
     if (out := cc.memo.get(key)) is None:
-        cc.memo[key] = out = tuple(chunk_range(cc, i, num_layers) for i in range(cc.cand.pp))
+        c = cc.cand
+        total = num_layers // c.vpp
+        even = (-(-(num_layers // c.pp) // c.vpp), -(-num_layers // c.pp) // c.vpp) if c.even_only else None
+        out = []
+        for i, cap in enumerate(stage_caps(cc, num_layers)):
+            lo, hi = _min_chunks(c, i, num_layers), min(total, cap)
+            if even:  # n_i in {floor(L/p), ceil(L/p)} and a multiple of vpp
+                lo, hi = max(lo, even[0]), min(hi, even[1])
+            out.append((lo, hi))
+        cc.memo[key] = out = tuple(out)
     return out
 
 
 def stage_caps(cc: CandidateCosts, num_layers: int) -> tuple[int, ...]:
-    """max_chunks of every stage, kept on cc."""
+    """max_chunks of every stage, kept on cc (the same arithmetic, what all stages share taken once)."""
     key = ("caps", num_layers)
     if (out := cc.memo.get(key)) is None:
-        cc.memo[key] = out = tuple(max_chunks(cc, i, num_layers) for i in range(cc.cand.pp))
+        c = cc.cand
+        act = cc.act_full if c.full_max > 0 else cc.act_base
+        layers, most = c.vpp * cc.layer_state, num_layers // c.vpp
+        out = []
+        for s in cc.stages:
+            per_chunk, room = layers + s.in_flight * act, cc.usable - s.memory
+            out.append(-1 if room < 0 else min(most, room // per_chunk if per_chunk else num_layers))
+        cc.memo[key] = out = tuple(out)
     return out
 
 
 def chunk_range(cc: CandidateCosts, i: int, num_layers: int) -> tuple[int, int]:
     """Allowed chunks' worth of layers (k, n = k*vpp) on stage i: structure, vocab placement and memory."""
-    c = cc.cand
-    total = num_layers // c.vpp
-    lo, hi = _min_chunks(c, i, num_layers), min(total, stage_caps(cc, num_layers)[i])
-    if c.even_only:  # n_i in {floor(L/p), ceil(L/p)} and a multiple of vpp
-        lo = max(lo, -(-(num_layers // c.pp) // c.vpp))
-        hi = min(hi, -(-num_layers // c.pp) // c.vpp)
-    return lo, hi
+    return chunk_ranges(cc, num_layers)[i]
 
 
 def max_chunks(cc: CandidateCosts, i: int, num_layers: int) -> int:
