@@ -31,7 +31,26 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     `t_max_floor` is a bound on t_max found elsewhere (the memory-capped water level, see stage_time_floor),
     `pipe_floor` one on the pipeline time (pivot_path_floor).
     `memo` (one dict per search) keeps the sync bound, shared by every candidate with the same layer, data
-    and pipeline degrees, schedule and vocabulary placement (which decide the smallest stage)."""
+    and pipeline degrees, schedule and vocabulary placement (which decide the smallest stage), and each
+    candidate's own terms (_quick_terms) for its refined bound."""
+    L = cm.model.num_layers
+    terms = None if memo is None else memo.get(("terms", c))
+    if terms is None:
+        terms = _quick_terms(cm, c, buckets, memo)
+        if memo is not None:  # the refined bound of a candidate takes the same terms again (issue 13)
+            memo["terms", c] = terms
+    per_layer, base_work, fixed_max, fixed_min, t_last, share, sync, tied, adam = terms
+    work = base_work + forced_s
+    chunks = L // c.vpp
+    t_max = max(work / c.pp, fixed_max, c.vpp * math.ceil(chunks / c.pp) * per_layer + fixed_min, t_max_floor)
+    pipe = max(pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, c.pp, t_max, t_last, work, share),
+               pipe_floor)
+    return pipe + sync + tied + adam
+
+
+def _quick_terms(cm: CostModel, c: Candidate, buckets: tuple[int, ...], memo: dict | None) -> tuple:
+    """What quick_bound takes from candidate c alone: (per_layer, L * per_layer + the fixed sum, fixed max and
+    min, the last rank's time, the path share, the sync bound, the tied-embedding sync, Adam)."""
     L = cm.model.num_layers
     layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp),
                     cm.vocab(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base))
@@ -50,17 +69,13 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
                               stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2)
         fixed = tuple(x + extra for x in fixed)
     fixed_sum, fixed_max, fixed_min, fixed_last = fixed
-    work = L * per_layer + fixed_sum + forced_s
     chunks = L // c.vpp
-    t_max = max(work / c.pp, fixed_max, c.vpp * math.ceil(chunks / c.pp) * per_layer + fixed_min, t_max_floor)
     last_layers = c.vpp * ((chunks // c.pp) if c.even_only else (1 if c.vpp > 1 else 0))
     t_last = fixed_last + last_layers * layer.time(c.base)
     # ZB-H1's path share: the forward's part of a rank's time is at least the smallest part among its terms
     # (layers at the most recomputation, point-to-point hops: half, vocabulary layers)
     share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
                 vocab_path_share(vocab))
-    pipe = max(pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, c.pp, t_max, t_last, work, share),
-               pipe_floor)
     key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.dp, c.zero, c.pp, c.vpp, c.schedule, c.vocab, c.ep,
            c.etp)
     if memo is None or key not in memo:
@@ -71,7 +86,8 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
         sync = memo[key]
     adam_shards = c.dp * c.cp if c.zero >= 1 else 1
     adam = total_params / c.pp * ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory)
-    return pipe + sync + tied_sync_seconds(cm, c) + adam
+    return (per_layer, L * per_layer + fixed_sum, fixed_max, fixed_min, t_last, share, sync, tied_sync_seconds(cm, c),
+            adam)
 
 
 def _fixed_terms(cm: CostModel, c: Candidate, layer, vocab, p2p: float, tokens: int
