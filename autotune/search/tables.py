@@ -13,11 +13,11 @@ from functools import lru_cache
 from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
-from autotune.costmodel.pipeline import UNIT_TICKS, chunks_per_rank
-from autotune.costmodel.stages import (chunk_durations, fixed_state_bytes, in_flight_chunks, layer_passes,
-                                       layer_state_bytes, p2p_seconds, schedule_ticks, stage_bwd_s, stage_fwd_s,
-                                       stage_params, stage_vocab_activations, vocab_parallel_comm, vocab_placement,
-                                       zero3_exposed, zero3_transient)
+from autotune.costmodel.pipeline import UNIT_TICKS, chunks_per_rank, peak_in_flight
+from autotune.costmodel.stages import (chunk_durations, fixed_state_bytes, layer_passes, layer_state_bytes,
+                                       p2p_seconds, rank_placements, schedule_ticks, stage_bwd_s, stage_fwd_s,
+                                       stage_params, stage_vocab_activations, vocab_parallel_comm,
+                                       vocab_parallel_in_flight, vocab_placement, zero3_exposed, zero3_transient)
 from autotune.search.space import Candidate
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import WEIGHT_BYTES
@@ -167,9 +167,10 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
     ticks = schedule_ticks(plan, layer) if c.schedule == "v-half" else UNIT_TICKS
     stages = []
     alike: dict = {}  # ranks with the same vocabulary placement (all the middle ones) share their terms
-    for i in range(c.pp):
-        place = vocab_placement(c.schedule, plan.vocab, c.pp, c.vpp, i)
-        if place not in alike:
+    built: dict = {}  # and, holding as much in flight, the same StageTerms
+    peaks, extra = peak_in_flight(c.schedule, c.pp, c.vpp, c.num_microbatches, ticks), vocab_parallel_in_flight(plan)
+    for i, (place, pid) in enumerate(rank_placements(c.schedule, plan.vocab, c.pp, c.vpp)):
+        if pid not in alike:
             vparams = stage_params(0, layer, vocab, first=place.embed, last=place.head, pp=c.pp,
                                    shared=place.shared)
             zero3 = 0.0
@@ -180,13 +181,14 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
             fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
             state = fixed_state_bytes(layer, vocab, vparams, place.head, chunks_per_rank(c.schedule, c.vpp), c.zero,
                                       shards, plan.expert_dp, cm.job.grad_bytes)
-            alike[place] = (vparams, fixed, sum(state)
-                            + zero3_transient(plan, layer))
-        vparams, fixed, memory = alike[place]
+            alike[pid] = (vparams, fixed, sum(state) + zero3_transient(plan, layer))
+        vparams, fixed, memory = alike[pid]
         if place.embed or place.head:  # the embedding's share depends on the rank's micro-batches in flight
             memory += stage_vocab_activations(plan, i, vocab, ticks)
-        stages.append(StageTerms(place.embed, place.head, fixed, sum(map(sum, fixed)), memory,
-                                 in_flight_chunks(plan, i, ticks), vparams))
+        if (pid, memory, peaks[i]) not in built:  # in flight as stages.in_flight_chunks counts it
+            built[pid, memory, peaks[i]] = StageTerms(place.embed, place.head, fixed, sum(map(sum, fixed)), memory,
+                                                      peaks[i] + extra, vparams)
+        stages.append(built[pid, memory, peaks[i]])
     adam_shards = shards if c.zero >= 1 else 1
     base = layer.recompute_time(c.base)
     return CandidateCosts(
