@@ -49,13 +49,18 @@ def coarse_bounds(cm: CostModel, cands: list[Candidate], memo: dict) -> list[tup
     may_full = [f > 0 for f in full_max]
     time_keys = list(zip(repeat("time"), tp, cp, mbs, sp, mode, overlap, ep, etp, base, may_full))
     state_keys = list(zip(repeat("state"), tp, mode, ep, etp, cp, dp, zero))
-    timing = {key: _timing(cm, key, memo) for key in dict.fromkeys(time_keys)}
+    # each distinct key's terms once, then spread to the candidates by the key's number (one dict lookup each)
+    numbers: dict = {}
+    time_ids = np.array([numbers.setdefault(k, len(numbers)) for k in time_keys])
+    timing = [_timing(cm, key, memo) for key in numbers]
     shapes = dict(zip(state_keys, zip(tp, cp, mbs, sp, mode, overlap, ep, etp)))  # a layer shape of each key
-    sharded = {key: _sharded(cm, key, shape, memo) for key, shape in shapes.items()}
-    per_layer, share = (np.array([timing[k][i] for k in time_keys], dtype=np.float64) for i in (0, 2))
-    act = np.array([timing[k][1] for k in time_keys], dtype=np.int64)
-    state = np.array([sharded[k][0] for k in state_keys], dtype=np.int64)
-    adam = np.array([sharded[k][1] for k in state_keys], dtype=np.float64)
+    sharded = [_sharded(cm, key, shape, memo) for key, shape in shapes.items()]
+    numbers = {key: i for i, key in enumerate(shapes)}
+    state_ids = np.array([numbers[k] for k in state_keys])
+    per_layer, share = (np.array([t[i] for t in timing], dtype=np.float64)[time_ids] for i in (0, 2))
+    act = np.array([t[1] for t in timing], dtype=np.int64)[time_ids]
+    state = np.array([x[0] for x in sharded], dtype=np.int64)[state_ids]
+    adam = np.array([x[1] for x in sharded], dtype=np.float64)[state_ids]
     pp_a, vpp_a, m_a = (np.array(x, dtype=np.int64) for x in (pp, vpp, m))
     L = cm.model.num_layers
     fullest = -(-(L // vpp_a) // pp_a)
