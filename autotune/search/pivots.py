@@ -46,7 +46,7 @@ def pivot_path_floor(cc: CandidateCosts, num_layers: int, *, with_step: bool = F
     limits = [total] * c.pp  # the most chunks ranks 0..k may use: the later ranks need their fewest
     for k in range(c.pp - 2, -1, -1):
         limits[k] = limits[k + 1] - ranges[k + 1][0]
-    best = np.full(total + 1, np.inf)
+    best, spare = np.full(total + 1, np.inf), np.empty(total + 1)  # spare: the next rank's, filled anew each time
     best[0] = 0.0
     used: np.ndarray | None = None  # the chunk counts the ranks before k can have used, where no range
     first, rows = 0, 1  # else their range
@@ -76,7 +76,7 @@ def pivot_path_floor(cc: CandidateCosts, num_layers: int, *, with_step: bool = F
         least = cells[:rows * width].reshape(rows, width).min(axis=0)
         first += lo
         rows = max(0, min(width, limits[k] - first + 1))
-        best = np.empty(total + 1)
+        best, spare = spare, best
         best.fill(np.inf)
         best[first:first + rows] = least[:rows]
         if not rows:
@@ -96,7 +96,9 @@ def _with_step(pivot: np.ndarray, cc: CandidateCosts, k: int, lo: int, hi: int, 
 
 class PivotTerms:
     """The terms of every rank's pivot paths (pivot_path_floor) that do not depend on the chunks used before
-    it, for every chunk count 0..total: one call per term for all ranks rather than one per rank."""
+    it, for every chunk count 0..total: one call per term for all ranks rather than one per rank. They are
+    kept with the axis a rank's step broadcasts them along ([k, 1, n] for rank k's own chunks, [k, u, 1] for
+    those used before it), so that a step takes each as one view."""
 
     def __init__(self, cc: CandidateCosts, total: int, first_lo: int) -> None:
         """`first_lo`: rank 0's fewest chunks (ZB-H1's paths end with rank 0's last W at that count)."""
@@ -112,14 +114,14 @@ class PivotTerms:
             times.append(s.time_s)
             before.append(acc)
             acc += s.time_s
-        self.own = m * (a[None, :] + np.array(times)[:, None])  # [k, n]: m * t_k
-        self.earlier = r * (a[None, :] + np.array(before)[:, None])  # [k, u]: r * S_k
+        self.own = (m * (a[None, :] + np.array(times)[:, None]))[:, None, :]  # [k, 1, n]: m * t_k
+        self.earlier = (r * (a[None, :] + np.array(before)[:, None]))[:, :, None]  # [k, u, 1]: r * S_k
         self.zb = c.schedule == "zb-h1"
         if self.zb:  # the path leaving after rank k's last B (pivot_path_floor)
             w_fix = np.array([s.chunk_fixed[0][2] for s in cc.stages])
             drains = np.array([min(k + 1, m) for k in range(c.pp)])
-            self.drain = self.own - drains[:, None] * ((chunks * v * w_l)[None, :] + w_fix[:, None])
-            self.fb = chunks * v * (f_l + b_l)  # [u]: the F and B chains of the layers before rank k
+            self.drain = self.own - (drains[:, None] * ((chunks * v * w_l)[None, :] + w_fix[:, None]))[:, None, :]
+            self.fb = (chunks * v * (f_l + b_l))[:, None]  # [u, 1]: the F and B chains of the layers before rank k
             self.fb_fixed, self.w0 = [], []  # per rank: the F and B fixed terms before it, rank 0's last W
             acc, w0 = 0.0, 0.0
             for k, s in enumerate(cc.stages):
@@ -134,9 +136,9 @@ class PivotTerms:
               ) -> np.ndarray:
         """[u, j]: the longest pivot path of rank k holding lo + j chunks after used[u] on the ranks before it
         (`used`: the counts, or their range); into `out` if given."""
-        pivot = np.add(self.own[k, lo:hi + 1][None, :], self.earlier[k, used][:, None], out=out)
+        pivot = np.add(self.own[k, :, lo:hi + 1], self.earlier[k, used], out=out)
         if self.zb:
-            chain = self.drain[k, lo:hi + 1][None, :] + self.fb[used][:, None]
+            chain = self.drain[k, :, lo:hi + 1] + self.fb[used]
             chain += self.fb_fixed[k]
             chain += self.w0[k]
             np.maximum(pivot, chain, out=pivot)
