@@ -108,7 +108,7 @@ def _orders(schedule: str, pp: int, v: int, m: int, ticks: Ticks) -> tuple[tuple
     if schedule == "v-half":
         return _v_half(pp, m, ticks)
     passes = _pass_table(v, m)
-    if schedule == "interleaved" and m % pp == 0:  # (Megatron's rule: another m has no order)
+    if schedule == "interleaved":
         return tuple(_interleaved(i, pp, v, m, passes) for i in range(pp))
     if schedule == "zb-h1":
         return tuple(_zb_h1(i, pp, m, passes) for i in range(pp))

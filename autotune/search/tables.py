@@ -238,7 +238,7 @@ def chunk_ranges(cc: CandidateCosts, num_layers: int) -> tuple[tuple[int, int], 
 
 
 def stage_caps(cc: CandidateCosts, num_layers: int) -> tuple[int, ...]:
-    """max_chunks of every stage, kept on cc (the same arithmetic, what all stages share taken once)."""
+    """max_chunks of every stage (-1 where even the fixed terms overflow), kept on cc."""
     key = ("caps", num_layers)
     if (out := cc.memo.get(key)) is None:
         c = cc.cand
@@ -260,13 +260,7 @@ def chunk_range(cc: CandidateCosts, i: int, num_layers: int) -> tuple[int, int]:
 def max_chunks(cc: CandidateCosts, i: int, num_layers: int) -> int:
     """Most chunks' worth of layers stage i can hold with the most recomputation allowed (memory is linear
     in k; the scratch of full recompute is left out, so this is an upper bound)."""
-    c, s = cc.cand, cc.stages[i]
-    act = cc.act_full if c.full_max > 0 else cc.act_base
-    per_chunk = c.vpp * cc.layer_state + s.in_flight * act
-    room = cc.usable - s.memory
-    if room < 0:
-        return -1
-    return min(num_layers // c.vpp, room // per_chunk if per_chunk else num_layers)
+    return stage_caps(cc, num_layers)[i]
 
 
 def window_s(cc: CandidateCosts, i: int, k: int, window: str) -> float:
