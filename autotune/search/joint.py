@@ -3,7 +3,7 @@
 The relaxation's objective is max_k(pivot path_k) + the exposed syncs (each a maximum over the stages, for one
 bucket shared by all) + the largest Adam step: a sum of maxima over the stages. A pipeline balances its stages
 while the sync wants the first stages small (they have no earlier backward to hide behind), so the two pull
-apart and max_k(path_k + sync_k) (bounds.pivot_path_floor with_step) falls well short of the sum. This bound
+apart and max_k(path_k + sync_k) (pivots.pivot_path_floor with_step) falls well short of the sum. This bound
 gets the sum: for a pipeline threshold T, a dynamic program over the ranks and the chunks used finds the least
 sync (+ Adam) of any partition whose pivot paths all stay within T, for each bucket. Any partition has its
 longest pivot path P in some interval (T_j, T_j+1] of a grid from the pivot floor to the best plan known, so

@@ -9,7 +9,7 @@ visit sharpens the candidate's bound and puts it back, so work goes only to the 
 3. second visit: its per-stage terms, the memory check of its stage ranges and a refined bound (the
    recomputation memory forces, the memory-capped stage time, the pivot paths of the schedule);
 4. with data-parallel syncs, a third visit: the pivot paths again, each with what its stage's sync and Adam
-   step add (bounds.pivot_path_floor with_step: the pipeline and the sync bounded together);
+   step add (pivots.pivot_path_floor with_step: the pipeline and the sync bounded together);
 5. next visit: its even and balanced splits are timed by the cost model (search/baseline.py). The faster
    is the candidate's incumbent: when it reaches the bound the candidate is solved without CP-SAT; otherwise
    it goes back with the pipeline and the syncs bounded as a sum (search/joint.py: what CP-SAT's relaxation
