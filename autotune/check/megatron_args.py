@@ -99,7 +99,6 @@ DEPRECATED = {
     "--use-rotary-position-embeddings": "--position-embedding-type rope",
     "--moe-enable-deepep": "--moe-flex-dispatcher-backend deepep",
 }
-NEUTRAL_SWITCH |= {"--moe-enable-deepep"}  # the flex dispatcher's default backend already
 #: Every flag the reader knows, for telling a slip of one from a flag it does not (reading.misspelling_of).
 KNOWN_FLAGS = frozenset(VALUE | SWITCH | LIST_VALUE | NEUTRAL_VALUE | NEUTRAL_SWITCH | set(DEPRECATED))
 

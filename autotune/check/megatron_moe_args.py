@@ -32,7 +32,7 @@ MOE_NEUTRAL_VALUE = frozenset("""
 """.split())
 MOE_NEUTRAL_SWITCH = frozenset("""
 --moe-router-pre-softmax --moe-permute-fusion --moe-router-fusion
---moe-shared-expert-overlap --moe-per-layer-logging
+--moe-shared-expert-overlap --moe-per-layer-logging --moe-enable-deepep
 """.split())
 
 #: Megatron-LM's argparse defaults for the latent-attention sizes (arguments.py _add_mla_args).

@@ -165,19 +165,12 @@ def _sync_and_adam(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, 
     return exposed + ((n * v * lp + s.vocab_params) * cc.adam_s_per_param)[None, :]
 
 
-def fluid_sync(cc: CandidateCosts, k: int, sync: Sync, b: int, n: np.ndarray, used: np.ndarray,
-               windows: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
-    """(own[j], slack[u]) of one sync at bucket cc.buckets[b]: the fluid term of partition_terms.dp_sync for
-    stage k holding n[j] chunks (the communication of its parameters less its own window) and the windows of the
-    stages before it holding used[u] chunks (`windows`: their fixed windows). Seconds per parameter are taken
-    first, as partition_terms.dp_sync takes them, so every bound rounds the same way."""
-    own, slack = fluid_syncs(cc, k, sync, n, used, windows)
-    return own[b], slack
-
-
 def fluid_syncs(cc: CandidateCosts, k: int, sync: Sync, n: np.ndarray, used: np.ndarray,
                 windows: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
-    """fluid_sync at every bucket at once: (own[b, j], slack[u]), the same operations for each b."""
+    """(own[b, j], slack[u]) of one sync at every bucket cc.buckets[b]: the fluid term of partition_terms.dp_sync
+    for stage k holding n[j] chunks (the communication of its parameters less its own window) and the windows of
+    the stages before it holding used[u] chunks (`windows`: their fixed windows). Seconds per parameter are taken
+    first, as partition_terms.dp_sync takes them, so every bound rounds the same way."""
     v, lp = cc.cand.vpp, cc.layer.params
     per_param = np.array(sync.per_bucket) / np.array(cc.buckets)
     window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s

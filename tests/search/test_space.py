@@ -19,7 +19,7 @@ from autotune.catalog import load_hardware
 from autotune.costmodel.estimate import CostModel
 from autotune.search.space import MAX_MICROBATCH_TOKENS, Candidate, SearchSpace, divisors
 from autotune.search.bounds import forced_recompute_s, memory_possible, quick_bound, stage_time_floor
-from autotune.search.pivots import fluid_sync, pivot_path_floor
+from autotune.search.pivots import fluid_syncs, pivot_path_floor
 from autotune.search.coarse import coarse_bound
 from autotune.search.tables import candidate_costs, window_s
 from autotune.specs.job import JobSpec
@@ -173,7 +173,8 @@ def test_fluid_sync_by_hand() -> None:
     n, used = np.array([1, 2, 3]), np.array([0, 1, 2])
     for sync, b in itertools.product(cc.syncs, range(len(buckets))):
         fixed = {"bwd": window_s(cc, 0, 0, "bwd"), "fwd": window_s(cc, 0, 0, "fwd")}  # rank 0's layer-free part
-        own, slack = fluid_sync(cc, 1, sync, b, n, used, fixed)
+        own, slack = fluid_syncs(cc, 1, sync, n, used, fixed)
+        own = own[b]
         for j, nj in enumerate(n):
             params = nj * cc.layer.params + cc.stages[1].vocab_params
             hand = params * sync.per_bucket[b] / buckets[b] - window_s(cc, 1, int(nj), sync.window)
