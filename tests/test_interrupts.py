@@ -21,20 +21,39 @@ from autotune.interrupts import EXIT_CODE, deadline
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not hasattr(signal, "sigwait"), reason="POSIX signals")
 
-#: (label, arguments, delays in seconds). Each command runs well past its last delay.
+#: (label, arguments, when to interrupt as fractions of the command's own uninterrupted wall time, measured first
+#: on this machine, so every delay falls inside the run however fast the machine is (none past 0.4: a loaded
+#: machine may run the measured pass slower than the interrupted one); none earlier than IMPORTS_S, while autotune
+#: imports, after Python has started).
 COMMANDS = [
     ("plan --out", ["plan", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "16384", "--global-batch", "1024",
                     "--seq-len", "8192", "--time-limit", "60", "--trainer", "megatron", "--out", "{out}"],
-     (0.3, 0.8, 1.5, 3.0)),
+     (0.0, 0.1, 0.25, 0.4)),
     ("scale", ["scale", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "4096,8192,16384", "--global-batch",
-               "1024", "--seq-len", "8192", "--time-limit", "60"], (1.0, 2.5)),
+               "1024", "--seq-len", "8192", "--time-limit", "60"], (0.15, 0.35)),
 ]
 
 
-def _interrupt(args: list[str], delay: float, cwd: Path) -> subprocess.CompletedProcess[str]:
+IMPORTS_S = 0.3
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "COLUMNS": "120"}
-    proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+def _wall_time(args: list[str], cwd: Path) -> float:
+    """Seconds the command takes uninterrupted (it must succeed)."""
+    start = time.monotonic()
+    proc = _run(args, cwd)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return time.monotonic() - start
+
+
+def _interrupt(args: list[str], delay: float, cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = _run(args, cwd)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()
@@ -49,8 +68,10 @@ def _temporary_files(directory: Path) -> list[Path]:
 
 @pytest.mark.parametrize("label,args,delays", COMMANDS, ids=[c[0] for c in COMMANDS])
 def test_sigint_at_any_point_gives_one_line_and_130(label, args, delays, tmp_path):
-    for delay in delays:
-        out = tmp_path / f"out-{delay}"
+    wall = _wall_time([a.replace("{out}", str(tmp_path / "uninterrupted")) for a in args], tmp_path)
+    for fraction in delays:
+        out = tmp_path / f"out-{fraction}"
+        delay = max(IMPORTS_S, fraction * wall)
         proc = _interrupt([a.replace("{out}", str(out)) for a in args], delay, tmp_path)
         assert (proc.returncode, proc.stderr) == (EXIT_CODE, "error: interrupted\n"), (label, delay, proc.stderr)
         assert not _temporary_files(tmp_path), (label, delay)
