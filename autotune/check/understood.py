@@ -215,8 +215,10 @@ def _resolve_shape(reading: Reading, found: dict[str, Any] | None, model_arg: st
         near = min(((shape_diffs(found, m, seq_len), m.name) for m in (load_model(n) for n in model_names())),
                    key=lambda d: len(d[0]))
         hint = f" (the closest catalog model, {near[1]}, differs in {', '.join(near[0])})" if len(near[0]) <= 2 else ""
+        why = ("the tokenizer sets it; --vocab-size counts only with --tokenizer-type NullTokenizer"
+               if reading.trainer == "megatron" else "the tokenizer sets it")
         raise SpecError(f"the config defines a model that is not in the catalog{hint} and does not give its "
-                        "vocabulary size (the tokenizer sets it); pass --model NAME or a config.json path")
+                        f"vocabulary size ({why}); pass --model NAME or a config.json path")
     notes.append(f"the config's model matches no catalog model; checked as {fallback}, the shape its flags give")
     known = {f.name for f in fields(ModelSpec)}
     extra = {k: v for k, v in soft.items() if k in known}
@@ -267,7 +269,8 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
     plan = build_plan(r, model, gpus)
     job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=seq_len,
                   dtype=r.dtype, flash_attention=r.flash_attention,  # type: ignore[arg-type]
-                  fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, trainer=trainer,  # type: ignore[arg-type]
+                  fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, optimizer_states=r.optimizer_states,
+                  trainer=trainer,  # type: ignore[arg-type]
                   moe_dispatcher=r.moe_dispatcher)  # type: ignore[arg-type]
     if r.moe_imbalance is not None:
         job = replace(job, moe_imbalance=r.moe_imbalance)

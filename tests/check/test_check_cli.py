@@ -205,6 +205,11 @@ BAD = {
     "degrees.toml": ("[model]\nflavor = \"8B\"\n[parallelism]\ndata_parallel_shard_degree = 4\n"
                      "tensor_parallel_degree = 2\n", [], "but --gpus is 16"),
     "args.txt": (ARGS.replace("PARALLEL", "--tensor-model-parallel-size 3"), [], "does not divide --gpus 16"),
+    # a model the catalog lacks, whose --vocab-size Megatron ignores without the NullTokenizer
+    "uncatalogued.txt": (ARGS.replace("--num-layers 32", "--num-layers 30").replace("NullTokenizer",
+                                                                                    "HuggingFaceTokenizer")
+                         .replace("PARALLEL", ""), [],
+                         "--vocab-size counts only with --tokenizer-type NullTokenizer"),
 }
 
 
