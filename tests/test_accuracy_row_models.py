@@ -9,7 +9,7 @@ from autotune.catalog import load_model
 from autotune.costmodel.memory import active_params, total_params
 from autotune.reports.accuracy.common import PUBLIC_DATA, read_rows
 from autotune.reports.accuracy.row_models import catalog_match, row_moe_model
-from autotune.reports.accuracy.rules import (RowSkipped, moe_case, moe_recipe, recipe_layout, row_case,
+from autotune.reports.accuracy.rules import (MoeRecipe, RowSkipped, moe_case, moe_recipe, recipe_layout, row_case,
                                              row_dense_model, row_model)
 
 
@@ -83,10 +83,13 @@ def test_columns_that_make_no_model_skip_the_row(qwen_row, column, value, messag
 
 
 def test_recipes_follow_the_matched_name(qwen_row) -> None:
-    assert moe_recipe({**qwen_row, "model": "Qwen3_235B_a22b"}, load_model("qwen3-235b-a22b")) == ("none", "deepep")
-    assert moe_recipe({**qwen_row, "model": "DeepSeekV3"}, load_model("deepseek-v3")) == ("selective", "deepep")
+    assert moe_recipe({**qwen_row, "model": "Qwen3_235B_a22b"}, load_model("qwen3-235b-a22b")) == \
+        MoeRecipe("none", "deepep", "fp32", "fp32")
+    assert moe_recipe({**qwen_row, "model": "DeepSeekV3"}, load_model("deepseek-v3")) == \
+        MoeRecipe("selective", "deepep", "bf16", "bf16")
     assert moe_recipe({**qwen_row, "model": "Grok-1"}, load_model("qwen3-30b-a3b")) is None
-    assert moe_recipe({**qwen_row, "model": "Kimi-K2"}, load_model("kimi-k2")) == ("selective", "alltoall")
+    assert moe_recipe({**qwen_row, "model": "Kimi-K2"}, load_model("kimi-k2")) == \
+        MoeRecipe("selective", "alltoall", "bf16", "fp32")
 
 
 @pytest.fixture(scope="module")

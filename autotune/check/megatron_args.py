@@ -20,6 +20,7 @@ from autotune.check.megatron_layout import check_layout, parse_layout
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, dispatcher, mla_model_fields, moe_model_fields,
                                               routing_imbalance)
+from autotune.check.megatron_precision import PRECISION_SWITCH, PRECISION_VALUE, grad_reduce, optimizer_states
 from autotune.check.megatron_recompute import recompute_setting
 from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.check.script import launch_words
@@ -81,11 +82,11 @@ VALUE = frozenset("""
 SWITCH = frozenset("""
 --group-query-attention --swiglu --untie-embeddings-and-output-weights --disable-bias-linear --add-qkv-bias
 --sequence-parallel --tp-comm-overlap --bf16 --fp16 --fp8-hybrid --use-distributed-optimizer --use-megatron-fsdp
---use-torch-fsdp2 --recompute-activations --checkpoint-activations --grad-reduce-in-bf16
+--use-torch-fsdp2 --recompute-activations --checkpoint-activations
 --no-masked-softmax-fusion --no-bias-dropout-fusion --enable-vocab-parallel --account-for-embedding-in-pipeline-split
 --account-for-loss-in-pipeline-split --squared-relu --distribute-saved-activations --qk-layernorm
 """.split())
-VALUE, SWITCH = VALUE | MOE_VALUE, SWITCH | MOE_SWITCH  # megatron_moe_args.py: the MoE and MLA flags
+VALUE, SWITCH = VALUE | MOE_VALUE | PRECISION_VALUE, SWITCH | MOE_SWITCH | PRECISION_SWITCH  # megatron_moe/precision
 NEUTRAL_VALUE, NEUTRAL_SWITCH = NEUTRAL_VALUE | MOE_NEUTRAL_VALUE, NEUTRAL_SWITCH | MOE_NEUTRAL_SWITCH
 #: Value flags that take a list (argparse nargs='*').
 LIST_VALUE = {"--recompute-modules"}
@@ -225,7 +226,8 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         layers_per_stage=layers, split=split, split_extra=extra, bucket_size=_int(args, "--ddp-bucket-size"),
         dtype=dtype, flash_attention=backend != "unfused",
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
-        grad_reduce="bf16" if args.get("--grad-reduce-in-bf16") else "fp32", moe_dispatcher=dispatcher(args, notes),
+        grad_reduce=grad_reduce(args), optimizer_states=optimizer_states(args, notes),
+        moe_dispatcher=dispatcher(args, notes),
         moe_imbalance=routing_imbalance(args), moe_capacity=capacity(args, _float), model_fields=model,
         model_soft=_soft(args),
         notes=tuple(notes))

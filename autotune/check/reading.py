@@ -54,6 +54,8 @@ class Reading:
     flash_attention: bool = True
     fused_kernels: bool = True
     grad_reduce: str = "fp32"
+    optimizer_states: str = "fp32"
+    """Adam moments' dtype (JobSpec.optimizer_states)."""
     moe_dispatcher: str = "alltoall"
     """MoE token dispatcher (JobSpec.moe_dispatcher)."""
     moe_capacity: tuple[float, bool] = (0.0, False)

@@ -13,7 +13,7 @@ from autotune.cli.options import (BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, Cr
                                   EpOpt, EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt, GpusPerNodeOpt,
                                   GradOpt, JsonOpt, KernelsOpt, LayersOpt, MbsOpt, MicroOpt, ModelOrPlanOpt,
                                   MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt,
-                                  OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
+                                  OptimizerStatesOpt, OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
                                   ScheduleOpt, SeqOrPlanOpt, SpOpt, TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt,
                                   ZeroOpt, build_job, check_simulation_size, check_whole_nodes, load_cluster, show,
                                   show_warnings, time_limited)
@@ -42,6 +42,7 @@ def estimate(
     force_profile: ForceProfileOpt = False, ep: EpOpt = None, etp: EtpOpt = None,
     moe_imbalance: MoeImbalanceOpt = None, moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
+    optimizer_states: OptimizerStatesOpt = "fp32",
     time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock limit in seconds "
                                               "(exit 3 when it strikes).")] = DEFAULT_TIME_LIMIT_S,
 ) -> None:
@@ -55,7 +56,7 @@ def estimate(
     settings = {"dtype": dtype, "no_flash_attention": no_flash_attention, "unfused": unfused,
                 "grad_reduce": grad_reduce, "kernels": kernels, "moe_imbalance": moe_imbalance,
                 "moe_dispatcher": moe_dispatcher, "moe_capacity_factor": moe_capacity_factor,
-                "moe_pad_to_capacity": moe_pad_to_capacity}
+                "moe_pad_to_capacity": moe_pad_to_capacity, "optimizer_states": optimizer_states}
     plan, recorded, doc, where = None, {}, None, ""
     if plan_file is not None:  # re-costed with the job it was planned with, unless the command line gives one
         plan, recorded, doc = read_plan(plan_file, pins)
@@ -75,7 +76,8 @@ def estimate(
         settings = settle_job_settings(recorded, where, settings, given, fixed)
     job = build_job(global_batch, seq_len, settings["dtype"], settings["no_flash_attention"], settings["unfused"],
                     settings["grad_reduce"], settings["kernels"], settings["moe_imbalance"],
-                    settings["moe_dispatcher"], settings["moe_capacity_factor"], settings["moe_pad_to_capacity"])
+                    settings["moe_dispatcher"], settings["moe_capacity_factor"], settings["moe_pad_to_capacity"],
+                    settings["optimizer_states"])
     if plan is None:
         plan = single_plan(pins, spec, job, gpus)
         if spec.is_moe and etp is None and plan.tp > 1:

@@ -22,7 +22,7 @@ from autotune.specs.job import JobSpec
 from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_PIPELINE_PASSES, MAX_SEQ_LEN
 from autotune.specs.plan import DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan
 from autotune.specs.tpgrid import MODES
-from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS, check_dispatcher
+from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS, check_job_settings
 
 # ----------------------------------------------------------------------------------- options shared by commands
 ModelOpt = Annotated[str, typer.Option("--model", metavar="NAME|FILE",
@@ -71,7 +71,7 @@ RecomputeOpt = _pin("--recompute", "Activation recomputation (default: none).", 
 ScheduleOpt = _pin("--schedule", "Pipeline schedule (default: interleaved if vpp > 1, else 1f1b; v-half has "
                    "vpp 2).",
                    "|".join(SCHEDULES))
-ZeroOpt = _pin("--zero", "ZeRO stage (default: 0).", "0|1|2|3")
+ZeroOpt = _pin("--zero", "ZeRO stage (default: 0; 1 with --optimizer-states bf16).", "0|1|2|3")
 VocabOpt = _pin("--vocab", "Where the vocabulary layers go: ends (even split), balanced (uneven split) or "
                 "parallel (split over all pipeline ranks) (default: ends).", "|".join(VOCABS))
 LayersOpt = _pin("--layers-per-stage", "Layers per pipeline stage (default: even split).", "N,N,...")
@@ -91,6 +91,10 @@ OverlapOpt = Annotated[bool | None, typer.Option("--tp-overlap/--no-tp-overlap",
                                                       "--tp-comm-overlap, torchtitan async TP; default: off).")]
 GradOpt = Annotated[str, typer.Option("--grad-reduce", metavar="fp32|bf16",
                                       help="Gradient buffer and reduction dtype (Megatron default fp32).")]
+OptimizerStatesOpt = Annotated[str, typer.Option(
+    "--optimizer-states", metavar="fp32|bf16",
+    help="Dtype of Adam's moments: bf16 is Megatron's precision-aware optimizer (master weights kept as 16-bit "
+         "remainders; needs ZeRO >= 1).")]
 KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
                                                 help="Whose kernels and overlap to cost (default: the --trainer, "
                                                      "else megatron).")]
@@ -277,7 +281,8 @@ def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
 
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
               grad_reduce: str = "fp32", kernels: str | None = None, moe_imbalance: float | None = None,
-              moe_dispatcher: str = "alltoall", moe_capacity: float | None = None, moe_pad: bool = False) -> JobSpec:
+              moe_dispatcher: str = "alltoall", moe_capacity: float | None = None, moe_pad: bool = False,
+              optimizer_states: str = "fp32") -> JobSpec:
     imbalance = DEFAULT_MOE_IMBALANCE if moe_imbalance is None else moe_imbalance
     if not 1.0 <= imbalance <= MAX_MOE_IMBALANCE:  # also NaN
         raise SpecError(f"--moe-imbalance {imbalance:g}: the busiest expert's tokens over the mean must be >= 1.0 "
@@ -286,8 +291,9 @@ def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfus
                   flash_attention=not no_flash, fused_kernels=not unfused, moe_imbalance=imbalance,
                   moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
                   moe_capacity_factor=0.0 if moe_capacity is None else moe_capacity, moe_pad_to_capacity=moe_pad,
-                  grad_reduce=grad_reduce, trainer=kernels or "megatron")  # type: ignore[arg-type]
-    check_dispatcher(TRAINER_CAPS[job.trainer], job)  # the kernels' trainer must run the dispatcher priced
+                  grad_reduce=grad_reduce, optimizer_states=optimizer_states,  # type: ignore[arg-type]
+                  trainer=kernels or "megatron")  # type: ignore[arg-type]
+    check_job_settings(TRAINER_CAPS[job.trainer], job)  # the kernels' trainer must run what is priced
     return job
 
 

@@ -15,7 +15,7 @@ from autotune.cli.launch import check_emit_options, save_plan, trainer_caps
 from autotune.cli.options import (BatchOpt, BriefOpt, CompareOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt,
                                   FormatOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, IdleOpt, JsonOpt, KernelsOpt,
                                   MockDataOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt,
-                                  NoFlashOpt, NoTimingsOpt, Pins, PlanOutOpt, ProfileOpt, RunTokensOpt, SCpOpt,
+                                  NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins, PlanOutOpt, ProfileOpt, RunTokensOpt, SCpOpt,
                                   SDpOpt, SEpOpt, SEtpOpt, SeqOpt, SLayersOpt, SMbsOpt, SOverlapOpt, SPpOpt,
                                   SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt, StrictOpt, SVocabOpt,
                                   SVppOpt, SZeroOpt, TimeLimitOpt, TopOpt, TrainerOpt, UnfusedOpt, WorkLimitOpt,
@@ -30,7 +30,7 @@ from autotune.render.trainers import trainers_json, trainers_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
 from autotune.search.trainers import best_per_trainer, reestimator
-from autotune.specs.trainers import check_dispatcher
+from autotune.specs.trainers import check_job_settings
 
 
 def plan(
@@ -49,6 +49,7 @@ def plan(
     mock_data: MockDataOpt = False, train_tokens: RunTokensOpt = DEFAULT_TRAIN_TOKENS, ep: SEpOpt = None,
     etp: SEtpOpt = None, moe_imbalance: MoeImbalanceOpt = None, moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
+    optimizer_states: OptimizerStatesOpt = "fp32",
 ) -> None:
     """Search for the fastest plan that fits; show it, the runners-up and why they lost (exit 3: not proven).
     With --trainer T, only plans T runs; with --out DIR, also write DIR/plan.json and T's launch config(s)."""
@@ -66,8 +67,8 @@ def plan(
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
     check_whole_nodes(gpus, hw)
     job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels or trainer,
-                    moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity)
-    check_dispatcher(caps, job)
+                    moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity, optimizer_states)
+    check_job_settings(caps, job)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode,
                 tp_overlap=tp_overlap, ep=ep, etp=etp)

@@ -23,7 +23,7 @@ from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.space import for_trainer
 from autotune.search.scaling import (DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, available_cores,
                                      global_batch_for_tokens, scale)
-from autotune.specs.trainers import check_dispatcher
+from autotune.specs.trainers import check_job_settings
 
 
 def scale_command(
@@ -84,7 +84,7 @@ def scale_command(
     caps = trainer_caps(trainer, fork)
     job = build_job(batch, seq_len, dtype, no_flash_attention, unfused, kernels=trainer, moe_imbalance=moe_imbalance,
                     moe_dispatcher=moe_dispatcher, moe_capacity=moe_capacity_factor, moe_pad=moe_pad_to_capacity)
-    check_dispatcher(caps, job)
+    check_job_settings(caps, job)
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = for_trainer(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), caps)

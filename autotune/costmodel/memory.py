@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.costmodel.ops import LayerShape
-from autotune.specs.job import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+from autotune.specs.job import StateBytes
 from autotune.specs.model import ModelSpec
 from autotune.units import FP32_BYTES, whole_bytes
 
@@ -219,34 +219,33 @@ def head_transient(model: ModelSpec, shape: LayerShape) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- states
-def state_bytes_per_param(zero: int, shards: int, grad_bytes: int = GRAD_BYTES) -> tuple[float, float, float]:
+def state_bytes_per_param(zero: int, shards: int, state: StateBytes = StateBytes()) -> tuple[float, float, float]:
     """(weight, gradient, optimizer) bytes per parameter under mixed-precision Adam and a ZeRO stage.
 
-    16-bit weights, fp32 main gradients, fp32 master weights + Adam m and v (Megatron-LM's distributed
-    optimizer docs: 18 bytes/param, 6 + 12/d with the distributed optimizer). ZeRO (Rajbhandari et al. 2020)
-    stage 1 shards the optimizer states over the `shards` data-parallel ranks, stage 2 also the gradients,
-    stage 3 also the weights.
+    By default 16-bit weights, fp32 main gradients, fp32 master weights + Adam m and v (Megatron-LM's distributed
+    optimizer docs: 18 bytes/param, 6 + 12/d with the distributed optimizer); other dtypes per JobSpec.state_bytes.
+    ZeRO (Rajbhandari et al. 2020) stage 1 shards the optimizer states over the `shards` data-parallel ranks,
+    stage 2 also the gradients, stage 3 also the weights. Only a distributed optimizer (stage >= 1) keeps a copy
+    of its gradient shard.
     """
-    weight = WEIGHT_BYTES / (shards if zero >= 3 else 1)
-    grad = grad_bytes / (shards if zero >= 2 else 1)
-    # 16-bit gradients: the distributed optimizer keeps its shard of them in fp32 too (4 + 16/d, not 6 + 12/d)
-    fp32_grad_shard = FP32_BYTES if zero >= 1 and grad_bytes < FP32_BYTES else 0
-    opt = (OPTIMIZER_BYTES + fp32_grad_shard) / (shards if zero >= 1 else 1)
+    weight = state.weight / (shards if zero >= 3 else 1)
+    grad = state.grad / (shards if zero >= 2 else 1)
+    opt = (state.optimizer + (state.grad_copy if zero >= 1 else 0)) / (shards if zero >= 1 else 1)
     return weight, grad, opt
 
 
-def state_bytes(params: int, zero: int, shards: int, grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
+def state_bytes(params: int, zero: int, shards: int, state: StateBytes = StateBytes()) -> tuple[int, int, int]:
     """Whole bytes of (weights, gradients, optimizer states) for `params` parameters."""
-    w, g, o = state_bytes_per_param(zero, shards, grad_bytes)
+    w, g, o = state_bytes_per_param(zero, shards, state)
     return whole_bytes(params * w), whole_bytes(params * g), whole_bytes(params * o)
 
 
 def split_state_bytes(params: int, experts: int, zero: int, shards: int, expert_shards: int,
-                      grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
+                      state: StateBytes = StateBytes()) -> tuple[int, int, int]:
     """state_bytes of `params` parameters of which `experts` are routed experts, sharded by ZeRO over the
     `expert_shards` expert-data-parallel ranks rather than the `shards` data-parallel ones."""
     if not experts:
-        return state_bytes(params, zero, shards, grad_bytes)
-    rest = state_bytes(params - experts, zero, shards, grad_bytes)
-    routed = state_bytes(experts, zero, expert_shards, grad_bytes)
+        return state_bytes(params, zero, shards, state)
+    rest = state_bytes(params - experts, zero, shards, state)
+    routed = state_bytes(experts, zero, expert_shards, state)
     return rest[0] + routed[0], rest[1] + routed[1], rest[2] + routed[2]

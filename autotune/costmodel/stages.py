@@ -12,7 +12,7 @@ from autotune.costmodel.memory import split_state_bytes, state_bytes
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, chunks_per_rank, pass_ticks, peak_in_flight
 from autotune.specs.hardware import HardwareSpec
-from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES
+from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES, StateBytes
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan, chunk_layers
 from autotune.units import ACTIVATION_BYTES, FP32_BYTES, whole_bytes
@@ -253,7 +253,7 @@ def schedule_ticks(plan: Plan, layer: LayerCost) -> Ticks:
 
 
 def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float,
-                 vp_comm: tuple[float, float] = (0.0, 0.0), grad_bytes: int = GRAD_BYTES,
+                 vp_comm: tuple[float, float] = (0.0, 0.0), param_bytes: StateBytes = StateBytes(),
                  ticks: Ticks | None = None, memo: dict | None = None) -> tuple[StageCost, ...]:
     """Assemble every stage of `plan` from per-layer and vocabulary costs (what does not depend on the stage
     is computed once: estimates are called thousands of times per second). `ticks`: schedule_ticks(plan,
@@ -262,7 +262,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     v = chunks_per_rank(plan.schedule, plan.vpp)
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
-    per_state = layer_state_bytes(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, grad_bytes)
+    per_state = layer_state_bytes(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, param_bytes)
     layer_compute = layer.fwd.seconds + layer.bwd.seconds
     layer_tp = layer.tp_fwd_s + layer.tp_bwd_s
     layer_cp = layer.cp_fwd_s + layer.cp_bwd_s
@@ -295,9 +295,9 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp, shared=place.shared)
             fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
             bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
-            zero3 = zero3_exposed(plan, hw, params, fwd, bwd, grad_bytes, n + (first > 0) + (last > 0))
+            zero3 = zero3_exposed(plan, hw, params, fwd, bwd, param_bytes.grad, n + (first > 0) + (last > 0))
             fixed = fixed_state_bytes(layer, vocab, params - n * layer.params, last, v, plan.zero,
-                                      plan.dp * plan.cp, plan.expert_dp, grad_bytes)
+                                      plan.dp * plan.cp, plan.expert_dp, param_bytes)
             shared[key] = (
                 params, fwd, bwd, tuple(by_category), n * layer_compute + vocab_compute,
                 n * layer_tp + first * vocab.embed_comm_s + last * vocab.head_comm_s + sum(vp_comm),
@@ -324,21 +324,21 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
 
 
 def layer_state_bytes(layer: LayerCost, zero: int, shards: int, expert_shards: int,
-                      grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
+                      state: StateBytes = StateBytes()) -> tuple[int, int, int]:
     """(weights, gradients, optimizer) bytes of one layer as a stage is charged: its routed experts (MoE) sharded
     over the expert-data-parallel group (Megatron's distributed optimizer does), the rest over data parallel."""
-    return split_state_bytes(layer.stage_params, layer.stage_expert_params, zero, shards, expert_shards, grad_bytes)
+    return split_state_bytes(layer.stage_params, layer.stage_expert_params, zero, shards, expert_shards, state)
 
 
 def fixed_state_bytes(layer: LayerCost, vocab: VocabCost, vparams: int, head: float, chunks: int, zero: int,
-                      shards: int, expert_shards: int, grad_bytes: int = GRAD_BYTES) -> tuple[int, int, int]:
+                      shards: int, expert_shards: int, state: StateBytes = StateBytes()) -> tuple[int, int, int]:
     """A rank's (weights, gradients, optimizer) bytes besides n x its layer's: `vparams` vocabulary parameters
     (the `head` share of the MTP experts over the expert-data-parallel group), and per model chunk (each its own
     window of layers) the pattern's surplus (LayerCost.surplus_params)."""
     experts = math.ceil(head * vocab.head_expert_params)
-    own = split_state_bytes(vparams, experts, zero, shards, expert_shards, grad_bytes)
+    own = split_state_bytes(vparams, experts, zero, shards, expert_shards, state)
     surplus = split_state_bytes(chunks * layer.surplus_params, chunks * layer.surplus_expert_params, zero, shards,
-                                expert_shards, grad_bytes)
+                                expert_shards, state)
     return own[0] + surplus[0], own[1] + surplus[1], own[2] + surplus[2]
 
 

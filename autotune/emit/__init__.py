@@ -73,7 +73,7 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
     result = _emit_one(trainer, inp, torchtitan_format)
     extra = tuple(w for w in (full_attention_warning(trainer, inp), dispatcher_warning(caps, inp),
                               capacity_warning(trainer, inp), mtp_warning(trainer, inp),
-                              rope_scaling_warning(trainer, inp)) if w)
+                              rope_scaling_warning(trainer, inp), optimizer_states_warning(trainer, inp)) if w)
     return EmitResult(result.files, (*result.warnings, *extra)) if extra else result
 
 
@@ -94,6 +94,16 @@ def capacity_warning(trainer: str, inp: EmitInput) -> str | None:
         return None
     return (f"--moe-capacity-factor {inp.job.moe_capacity_factor:g}: {trainer}'s MoE routes every token (dropless); "
             "the config sets no capacity, as the header's figures assume")
+
+
+def optimizer_states_warning(trainer: str, inp: EmitInput) -> str | None:
+    """bf16 Adam states only Megatron's precision-aware optimizer keeps: the other configs keep fp32 ones, as the
+    header's re-estimate does (specs/trainers.py as_run_job)."""
+    caps = TRAINER_CAPS.get(trainer)
+    if inp.job.optimizer_states == "fp32" or (caps is not None and inp.job.optimizer_states in caps.optimizer_states):
+        return None
+    return (f"--optimizer-states {inp.job.optimizer_states}: {trainer} keeps fp32 Adam states, and so does its "
+            "config; the header's figures are re-estimated so (more memory than planned)")
 
 
 def mtp_warning(trainer: str, inp: EmitInput) -> str | None:

@@ -49,6 +49,8 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
                        else True,
                        grad_reduce=choice(job, "grad_reduce", ("fp32", "bf16"), f"{where}: job")
                        if "grad_reduce" in job else "fp32",
+                       optimizer_states=choice(job, "optimizer_states", ("fp32", "bf16"), f"{where}: job")
+                       if "optimizer_states" in job else "fp32",
                        moe_dispatcher=choice(job, "moe_dispatcher", MOE_DISPATCHERS, f"{where}: job")
                        if "moe_dispatcher" in job else "alltoall",
                        **({"moe_imbalance": positive_float(job, "moe_imbalance", f"{where}: job")}

@@ -178,11 +178,18 @@ def _parallel_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
 
 
 def _precision_flags(inp: EmitInput) -> list[Flag]:
-    if inp.job.dtype == "fp16":
-        return [("--fp16", None)]
-    if inp.job.dtype == "fp8":
-        return [("--bf16", None), ("--fp8-format", "hybrid")]
-    return [("--bf16", None)]
+    job = inp.job
+    flags: list[Flag] = [("--fp16", None)] if job.dtype == "fp16" else [("--bf16", None)]
+    if job.dtype == "fp8":
+        flags.append(("--fp8-format", "hybrid"))
+    if job.grad_reduce == "bf16":  # the gradient buffers and their reduction, as costed (JobSpec.grad_reduce)
+        flags.append(("--grad-reduce-in-bf16", None))
+    if job.optimizer_states == "bf16":  # megatron-core OptimizerConfig's fields (JobSpec.optimizer_states)
+        flags += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", "bf16"),
+                  ("--exp-avg-sq-dtype", "bf16")]
+        if job.grad_reduce == "bf16":  # the optimizer steps on the bf16 buffer itself, as DeepSeek-V3's recipe
+            flags.append(("--main-grads-dtype", "bf16"))
+    return flags
 
 
 def _recompute_flags(plan: Plan, mtp_layers: int = 0) -> list[Flag]:

@@ -52,7 +52,7 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
         "job": {"model": model.name, "gpu": hw.name, "gpus": est.plan.num_gpus, "gpus_per_node": hw.gpus_per_node,
                 "global_batch": job.global_batch, "seq_len": job.seq_len, "dtype": job.dtype,
                 "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
-                "grad_reduce": job.grad_reduce, "kernels": job.trainer}
+                "grad_reduce": job.grad_reduce, "optimizer_states": job.optimizer_states, "kernels": job.trainer}
         | ({"moe_dispatcher": job.moe_dispatcher, "moe_imbalance": job.moe_imbalance} if model.is_moe else {})
         | ({"moe_capacity_factor": job.moe_capacity_factor, "moe_pad_to_capacity": job.moe_pad_to_capacity}
            if model.is_moe and job.moe_capacity_factor else {}),

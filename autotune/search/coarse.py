@@ -103,7 +103,7 @@ def _sharded(cm: CostModel, key: tuple, shape: tuple, memo: dict) -> tuple[int, 
         _, tp, _, ep, etp, cp, dp, zero = key
         layer = cm.layer(*shape)
         shards = dp * cp
-        state = sum(layer_state_bytes(layer, zero, shards, expert_dp(tp, cp, dp, ep, etp), cm.job.grad_bytes))
+        state = sum(layer_state_bytes(layer, zero, shards, expert_dp(tp, cp, dp, ep, etp), cm.job.state_bytes))
         adam = layer.params * ADAM_STEP_BYTES / (shards if zero >= 1 else 1) / (cm.hw.hbm_bandwidth
                                                                                * cm.hw.efficiency.memory)
         memo[key] = value = (state, adam)

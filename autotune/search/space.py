@@ -245,7 +245,7 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
             continue
         # what depends on the degrees alone is taken once, not per candidate (issue 13: a third of the time
         # went into these calls); the loops below yield in the same order as ones that asked each time
-        zeros = _allowed(_zero_options(space.trainer, pp), space.zero)
+        zeros = _allowed(_zero_options(space.trainer, job, pp), space.zero)
         layouts = {zero: _expert_layouts(model, space, gpus_per_node, deepep, tp, cp, dp, zero) for zero in zeros}
         sps = moe_sequence_parallel(model, tp, [True, False] if tp > 1 and mode == "1d" else [False])
         sp_overlap = [(sp, overlap) for sp in _allowed(_trainer_sp(space.trainer, job, sps, tp, cp),
@@ -282,9 +282,12 @@ def _expert_layouts(model: ModelSpec, space: SearchSpace, gpus_per_node: int, de
     return out
 
 
-def _zero_options(caps: TrainerCaps | None, pp: int) -> list[int]:
-    """ZeRO stages: 2 and 3 shard gradients, which a pipeline forbids; the trainer's own stages."""
+def _zero_options(caps: TrainerCaps | None, job: JobSpec, pp: int) -> list[int]:
+    """ZeRO stages: 2 and 3 shard gradients, which a pipeline forbids; bf16 optimizer states live in a distributed
+    optimizer (>= 1); the trainer's own stages."""
     stages = [0, 1] if pp > 1 else [0, 1, 2, 3]
+    if job.optimizer_states != "fp32":
+        stages.remove(0)
     return stages if caps is None else [z for z in stages if z in caps.zero_stages(pp)]
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 
 from autotune.errors import SpecError
 from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_max
+from autotune.units import FP32_BYTES
 
 DTYPES = ("bf16", "fp16", "fp8")
 #: MoE token dispatchers the cost model prices (JobSpec.moe_dispatcher)
@@ -33,6 +34,12 @@ class JobSpec:
     """Dtype of the gradient buffers and their data-parallel reduction: fp32 is Megatron-LM's default; bf16
     (--grad-reduce-in-bf16, NeMo's performance recipes) halves both, and the distributed optimizer then keeps
     an fp32 copy of its gradient shard (Megatron's distributed-optimizer docs: 4 + 16/d bytes per parameter)."""
+    optimizer_states: Literal["fp32", "bf16"] = "fp32"
+    """Dtype of Adam's moments. bf16: Megatron's precision-aware optimizer (--use-precision-aware-optimizer
+    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; DeepSeek-V3 trained so, its report's Section 3.3.3), which
+    also keeps the fp32 master weights as the 16 bits the bf16 weights lack (Transformer Engine's
+    store_param_remainders, on by default) and steps on the gradient buffer itself (no fp32 copy of its
+    shard). It needs the distributed optimizer (ZeRO >= 1). StateBytes has the bytes."""
     async_tp_backward: bool = True
     """Megatron issues the backward's tensor-parallel input-gradient collectives asynchronously, behind the
     weight-gradient GEMMs (since late 2021; the SC'21 paper's runs predate it). Only Megatron has it."""
@@ -67,6 +74,8 @@ class JobSpec:
             raise SpecError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.grad_reduce not in ("fp32", "bf16"):
             raise SpecError(f"--grad-reduce must be fp32 or bf16, got {self.grad_reduce!r}")
+        if self.optimizer_states not in ("fp32", "bf16"):
+            raise SpecError(f"--optimizer-states must be fp32 or bf16, got {self.optimizer_states!r}")
         if not 1.0 <= self.moe_imbalance <= 64.0:
             raise SpecError(f"moe_imbalance must be in [1, 64] (busiest expert's tokens over the mean), got "
                             f"{self.moe_imbalance}")
@@ -99,6 +108,17 @@ class JobSpec:
         return 2 if self.grad_reduce == "bf16" else GRAD_BYTES
 
     @property
+    def state_bytes(self) -> StateBytes:
+        """Bytes per parameter of the training state this job keeps (StateBytes)."""
+        if self.optimizer_states == "fp32":
+            # 16-bit gradients: the distributed optimizer keeps its shard of them in fp32 too
+            return StateBytes(grad=self.grad_bytes, grad_copy=FP32_BYTES if self.grad_bytes < GRAD_BYTES else 0)
+        # master weights as 16-bit remainders beside bf16 weights (Megatron's distrib_optimizer allocates them
+        # as int16 when store_param_remainders and bf16), whole fp32 beside fp16 ones; bf16 m and v
+        master = WEIGHT_BYTES if self.dtype != "fp16" else FP32_BYTES
+        return StateBytes(grad=self.grad_bytes, optimizer=master + 2 * 2)
+
+    @property
     def tokens_per_step(self) -> int:
         """Tokens consumed by one optimizer step."""
         return self.global_batch * self.seq_len
@@ -109,3 +129,18 @@ class JobSpec:
 WEIGHT_BYTES = 2
 GRAD_BYTES = 4
 OPTIMIZER_BYTES = 12
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per parameter of mixed-precision Adam's training state, by what ZeRO shards: the 16-bit weights
+    (stage 3), the gradient buffer (stage 2), and what the optimizer holds (stage 1). The defaults are Megatron-LM's
+    (the docs of its distributed optimizer: 2 + 4 + 12, 6 + 12/d bytes with it)."""
+
+    weight: int = WEIGHT_BYTES
+    grad: int = GRAD_BYTES
+    """The gradient buffer's element (what data parallelism reduces)."""
+    optimizer: int = OPTIMIZER_BYTES
+    """Master weights and Adam's m and v."""
+    grad_copy: int = 0
+    """The fp32 copy of its gradient shard a distributed optimizer steps on (16-bit buffers only)."""

@@ -79,6 +79,9 @@ class TrainerCaps:
     ep > 1 the experts are split by ep alone (etp 1); with ep 1 they follow the attention's tp (etp = tp)."""
     moe_dispatchers: tuple[str, ...] = ("alltoall",)
     """MoE token dispatchers it runs (JobSpec.moe_dispatcher): Megatron adds DeepEP (its flex dispatcher)."""
+    optimizer_states: tuple[str, ...] = ("fp32",)
+    """Dtypes of Adam's moments it keeps (JobSpec.optimizer_states): Megatron adds bf16, its precision-aware
+    optimizer (megatron-core OptimizerConfig.use_precision_aware_optimizer, exp_avg_dtype, exp_avg_sq_dtype)."""
     mtp: bool = False
     """Trains the model's multi-token prediction modules (ModelSpec.mtp_layers): Megatron's --mtp-num-layers.
     Where False the modules are left out of the run, and of its estimate."""
@@ -104,7 +107,7 @@ _MEGATRON = TrainerCaps(
     # --use-distributed-optimizer (1); Megatron FSDP --data-parallel-sharding-strategy optim_grads(_params) (2, 3),
     # which is not used with pipelining
     zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1), cp=True, tp_overlap=True, max_vpp=8, moe=True, sp_seq_divisor=True,
-    moe_dispatchers=("alltoall", "deepep"), mtp=True,
+    moe_dispatchers=("alltoall", "deepep"), mtp=True, optimizer_states=("fp32", "bf16"),
     source="Megatron-LM core_r0.16: no zero-bubble or V schedule, no vocabulary parallelism (TRAINERS.md 1.1); "
            "any split through --pipeline-model-parallel-layout")
 TRAINER_CAPS: dict[str, TrainerCaps] = {
@@ -145,12 +148,15 @@ TRAINER_CAPS: dict[str, TrainerCaps] = {
 FORK_CAPS: dict[str, TrainerCaps] = {
     "vocab-parallel": replace(
         _MEGATRON, name="megatron+vocab-parallel", vocabs=("ends", "balanced", "parallel"),
-        moe_dispatchers=("alltoall",),
+        # its flags are core_v0.10.0's plus its own (TRAINERS.md section 4): the precision-aware optimizer is not
+        # recorded among them, so only fp32 Adam states are planned for it
+        moe_dispatchers=("alltoall",), optimizer_states=("fp32",),
         source="sail-sg/VocabularyParallelism (HEAD 6191c3b, Megatron-LM core 0.9): --enable-vocab-parallel with "
                "1F1B, pp > 1, untied embeddings (TRAINERS.md section 4)"),
     "zero-bubble": replace(
         _MEGATRON, name="megatron+zero-bubble", schedules=("1f1b", "interleaved", "zb-h1", "v-half"),
-        moe_dispatchers=("alltoall",),  # both forks branch from Megatron-LM before its flex dispatcher
+        # both forks branch from Megatron-LM before its flex dispatcher; neither records the precision-aware optimizer
+        moe_dispatchers=("alltoall",), optimizer_states=("fp32",),
         source="sail-sg/zero-bubble-pipeline-parallelism: ZB-H1 and V-Half (its flags are not recorded: the "
                "launch script does not switch them on)"),
 }
@@ -185,11 +191,14 @@ def deepspeed_split(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(base + (i < extra) for i in range(pp))
 
 
-def check_dispatcher(caps: TrainerCaps | None, job: JobSpec) -> None:
-    """A search restricted to a trainer (or fork) prices only a token dispatcher it runs."""
+def check_job_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
+    """A search restricted to a trainer (or fork) prices only a token dispatcher and Adam state dtype it runs."""
     if caps is not None and job.moe_dispatcher not in caps.moe_dispatchers:
         raise SpecError(f"--moe-dispatcher {job.moe_dispatcher}: {caps.name} runs "
                         f"{', '.join(caps.moe_dispatchers)}; use --moe-dispatcher alltoall")
+    if caps is not None and job.optimizer_states not in caps.optimizer_states:
+        raise SpecError(f"--optimizer-states {job.optimizer_states}: {caps.name} keeps "
+                        f"{', '.join(caps.optimizer_states)} Adam states; use --optimizer-states fp32")
 
 
 def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
@@ -217,6 +226,11 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
         out += _moe_rules(caps, plan, model)
         if job.moe_dispatcher not in caps.moe_dispatchers and plan.ep * plan.etp > 1:
             out.append(f"the {job.moe_dispatcher} token dispatcher: {n} runs {', '.join(caps.moe_dispatchers)}")
+    if job.optimizer_states not in caps.optimizer_states:
+        out.append(f"{job.optimizer_states} Adam states: {n} keeps {', '.join(caps.optimizer_states)}")
+    elif job.optimizer_states != "fp32" and p.zero == 0:
+        out.append(f"{job.optimizer_states} Adam states with zero 0: {n}'s precision-aware optimizer needs the "
+                   "distributed optimizer (zero >= 1)")
     if model.mtp_layers and not caps.mtp:
         out.append(f"{model.mtp_layers} multi-token prediction module(s): {n} trains none (its figures leave them "
                    "out)")
@@ -347,11 +361,12 @@ def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
     """The job as `trainer`'s emitted config runs it (what `check` reads back from the file): the trainer's own
     kernels, and the settings its emitter fixes. torchtitan: FlashAttention through SDPA, fp32 gradient reduction
     (FSDP2's default), FP8 only in the 0.2.x TOML (float8 converters; the 0.3.0 overrides write none); DeepSpeed:
-    fp16 or bf16 (no FP8), fused kernels, fp32 reduction; only Megatron drops tokens at a capacity factor.
+    fp16 or bf16 (no FP8), fused kernels, fp32 reduction; only Megatron drops tokens at a capacity factor and keeps
+    bf16 Adam states.
     `fmt`: torchtitan's format, "cli" or "toml"."""
     out = replace(job, trainer=trainer)  # type: ignore[arg-type]
     if trainer != "megatron":  # only Megatron's config drops tokens at a capacity (emit: capacity_warning)
-        out = replace(out, moe_capacity_factor=0.0, moe_pad_to_capacity=False)
+        out = replace(out, moe_capacity_factor=0.0, moe_pad_to_capacity=False, optimizer_states="fp32")
     if trainer == "torchtitan":
         return replace(out, dtype="fp8" if job.dtype == "fp8" and fmt == "toml" else "bf16", flash_attention=True,
                        grad_reduce="fp32")

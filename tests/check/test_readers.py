@@ -211,6 +211,9 @@ _LLAMA = ("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --swiglu 
     ("--recompute-granularity selective --recompute-num-layers 2", "selective with --recompute-num-layers"),
     ("--recompute-granularity selective --distribute-saved-activations", "with --distribute-saved-activations"),
     ("--distribute-saved-activations", "only with tp > 1, --recompute-granularity full and a --recompute-method"),
+    ("--use-precision-aware-optimizer --exp-avg-dtype bf16", "without --use-distributed-optimizer"),
+    ("--use-distributed-optimizer --exp-avg-dtype bf16", "without --use-precision-aware-optimizer"),
+    ("--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype bf17", "one of fp32, fp16"),
     ("--tensor_model_parallel_size 8", "did you mean --tensor-model-parallel-size"),
     ("--sequence-paralel", "did you mean --sequence-parallel"),
     ("--use-distributed-optimiser", "did you mean --use-distributed-optimizer"),
@@ -221,6 +224,24 @@ def test_megatron_refusals_are_refused_here(flags: str, message: str) -> None:
     with pytest.raises(SpecError, match=message) as err:
         read_megatron(_LLAMA + flags + "\n")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("flags, states, grads, noted", [
+    ("", "fp32", "fp32", False),
+    ("--grad-reduce-in-bf16", "fp32", "bf16", False),
+    ("--use-distributed-optimizer --use-precision-aware-optimizer", "fp32", "fp32", False),
+    ("--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
+     "bf16", "fp32", False),
+    # DeepSeek-V3's recipe: bf16 main gradients keep the buffers in bf16 without --grad-reduce-in-bf16
+    ("--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 "
+     "--main-grads-dtype bf16", "bf16", "bf16", False),
+    ("--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype bf16",
+     "bf16", "fp32", True),
+])
+def test_megatron_optimizer_precision_is_read_back(flags: str, states: str, grads: str, noted: bool) -> None:
+    r = read_megatron(_LLAMA + flags + "\n")
+    assert (r.optimizer_states, r.grad_reduce) == (states, grads)
+    assert any("costed as bf16" in n for n in r.notes) == noted
 
 
 def test_megatron_valid_virtual_stages_still_read() -> None:

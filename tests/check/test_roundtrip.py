@@ -264,6 +264,18 @@ def test_moe_capacity_factor_roundtrip(tmp_path: Path, capacity: float, pad: boo
     _check_roundtrip(tmp_path, _inp("mixtral-8x7b", "h100-sxm", job, plan), *TRAINERS[0])
 
 
+@pytest.mark.parametrize("grad_reduce", ["fp32", "bf16"])
+def test_optimizer_state_precision_roundtrip(tmp_path: Path, grad_reduce: str) -> None:
+    """A Megatron config with bf16 Adam states (and bf16 or fp32 gradient buffers) reads back as the same job,
+    plan and estimate."""
+    from emit.test_megatron import _inp
+
+    plan = Plan(tp=2, pp=2, dp=2, mbs=1, num_microbatches=32, zero=1, sequence_parallel=True,
+                layers_per_stage=(16, 16))
+    job = JobSpec(global_batch=64, seq_len=4096, grad_reduce=grad_reduce, optimizer_states="bf16")
+    _check_roundtrip(tmp_path, _inp("llama3-8b", "h100-sxm", job, plan), *TRAINERS[0])
+
+
 def test_the_bf16_405b_config_function_reads_back_as_its_model(tmp_path: Path) -> None:
     """The launch trains Llama 3 405B through a config function of its own (llama3_405b_bf16, torchtitan's turns on
     Float8): `check` reads it back as that model without --model."""

@@ -17,7 +17,7 @@ from autotune.costmodel.layer import layer_cost, layer_shape
 from autotune.costmodel.memory import layer_activations, state_bytes_per_param
 from autotune.costmodel.ops import Op, backward_ops, layer_forward_ops
 from autotune.costmodel.stages import comm_interference, zero3_exposed
-from autotune.specs.job import JobSpec
+from autotune.specs.job import JobSpec, StateBytes
 from autotune.specs.plan import Plan, even_split
 
 from ._helpers import gpt_model, toy_hardware
@@ -119,13 +119,48 @@ def test_eager_rmsnorm_is_a_chain_of_fp32_passes():
 
 
 # ----------------------------------------------------------------------------------------- state bytes
+def _state(**job) -> StateBytes:
+    return JobSpec(global_batch=8, seq_len=8, **job).state_bytes
+
+
 @pytest.mark.parametrize("d", [1, 8, 64])
 def test_distributed_optimizer_bytes_follow_megatrons_table(d):
     """Megatron-LM docs (distributed optimizer): bf16 params with fp32 grads 6 + 12/d bytes per parameter;
     bf16 params with bf16 grads 4 + 16/d (the optimizer keeps its gradient shard in fp32)."""
-    assert sum(state_bytes_per_param(1, d, 4)) == pytest.approx(6 + 12 / d)
-    assert sum(state_bytes_per_param(1, d, 2)) == pytest.approx(4 + 16 / d)
-    assert sum(state_bytes_per_param(0, d, 2)) == pytest.approx(16)  # no distributed optimizer: 2 + 2 + 12
+    assert sum(state_bytes_per_param(1, d, _state())) == pytest.approx(6 + 12 / d)
+    assert sum(state_bytes_per_param(1, d, _state(grad_reduce="bf16"))) == pytest.approx(4 + 16 / d)
+    # no distributed optimizer: 2 + 2 + 12
+    assert sum(state_bytes_per_param(0, d, _state(grad_reduce="bf16"))) == pytest.approx(16)
+
+
+@pytest.mark.parametrize("d", [1, 8, 64])
+def test_precision_aware_optimizer_bytes_follow_megatron_core(d):
+    """megatron-core 0.16 with --use-precision-aware-optimizer and bf16 moments (distrib_optimizer.py: exp_avg and
+    exp_avg_sq allocated in exp_avg_dtype; the master parameter as an int16 remainder when store_param_remainders
+    and bf16; `decoupled_grad = shard_model_grad`, the buffer itself): bf16 weights 2 + gradient buffer g +
+    (2 + 2 + 2)/d, by hand. DeepSeek-V3's recipe (bf16 buffer too) gives 4 + 6/d, against 4 + 16/d without."""
+    assert sum(state_bytes_per_param(1, d, _state(optimizer_states="bf16"))) == pytest.approx(6 + 6 / d)
+    assert sum(state_bytes_per_param(1, d, _state(optimizer_states="bf16", grad_reduce="bf16"))) == \
+        pytest.approx(4 + 6 / d)
+    # fp16 training has no bf16 weights to share 16 bits with: the master stays fp32 (4 + 2 + 2)
+    assert sum(state_bytes_per_param(1, d, _state(optimizer_states="bf16", dtype="fp16"))) == \
+        pytest.approx(6 + 8 / d)
+    # ZeRO-3 shards all of it: (2 + 2 + 6)/d
+    assert sum(state_bytes_per_param(3, d, _state(optimizer_states="bf16", grad_reduce="bf16"))) == \
+        pytest.approx(10 / d)
+
+
+def test_bf16_optimizer_states_shrink_only_the_optimizer_term():
+    """The same plan with bf16 moments: weights and gradients unchanged, the optimizer term 6/12 of fp32's
+    (no fp32 gradient copy either way with fp32 buffers), the step time unchanged."""
+    plan = Plan(tp=2, pp=2, dp=2, mbs=1, num_microbatches=4, zero=1, layers_per_stage=(2, 2))
+    job = JobSpec(global_batch=8, seq_len=4096)
+    fp32 = CostModel(LLAMA, HW, job).estimate(plan)
+    bf16 = CostModel(LLAMA, HW, replace(job, optimizer_states="bf16")).estimate(plan)
+    assert bf16.step_time_s == fp32.step_time_s
+    for a, b in zip(fp32.stages, bf16.stages):
+        assert (b.memory.weights, b.memory.gradients) == (a.memory.weights, a.memory.gradients)
+        assert b.memory.optimizer == pytest.approx(a.memory.optimizer / 2, rel=1e-6)
 
 
 # ----------------------------------------------------------------------------------------- overlap

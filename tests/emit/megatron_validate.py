@@ -81,6 +81,13 @@ _FLAGS: tuple[tuple[str, str, dict], ...] = (
     ("--data-parallel-sharding-strategy", "str",
      {"choices": ["no_shard", "optim", "optim_grads", "optim_grads_params"], "default": "no_shard"}),
     ("--no-gradient-accumulation-fusion", "false", {"dest": "gradient_accumulation_fusion"}),
+    # gradient and optimizer-state precision: --grad-reduce-in-bf16 (arguments.py _add_mixed_precision_args), and
+    # megatron-core OptimizerConfig's precision-aware optimizer fields as Megatron-LM spells them
+    ("--grad-reduce-in-bf16", "true", {}), ("--use-precision-aware-optimizer", "true", {}),
+    ("--exp-avg-dtype", "str", {"choices": ["fp32", "fp16", "bf16", "fp8"], "default": "fp32"}),
+    ("--exp-avg-sq-dtype", "str", {"choices": ["fp32", "fp16", "bf16", "fp8"], "default": "fp32"}),
+    ("--main-grads-dtype", "str", {"choices": ["fp32", "bf16"], "default": "fp32"}),
+    ("--main-params-dtype", "str", {"choices": ["fp32", "fp16"], "default": "fp32"}),
     ("--ckpt-format", "str", {"choices": ["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
                               "default": "torch_dist"}),
     # kernels
@@ -421,6 +428,31 @@ def _layers(a: argparse.Namespace, config) -> tuple[tuple[tuple[int, ...], ...],
     return layers, (0, 0), (pp - 1, vpp - 1)
 
 
+def _optimizer_config(cls, a: argparse.Namespace, params_dtype):
+    """megatron-core's OptimizerConfig of the flags. With the precision-aware optimizer its __post_init__ asserts
+    adam and the distributed optimizer, then reads Transformer Engine's version and imports its FusedAdam, neither
+    of which has a CPU build: with the version read as a current one (what the script targets), the import's
+    failure, after every assertion has passed, is the CPU's pass."""
+    from unittest import mock
+
+    import torch
+
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    try:
+        with mock.patch("megatron.core.optimizer.optimizer_config.is_te_min_version", return_value=True):
+            return cls(optimizer="adam", lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay, bf16=a.bf16,
+                       fp16=a.fp16, params_dtype=params_dtype, clip_grad=a.clip_grad,
+                       use_distributed_optimizer=a.use_distributed_optimizer,
+                       use_precision_aware_optimizer=a.use_precision_aware_optimizer,
+                       main_grads_dtype=dtypes[a.main_grads_dtype], main_params_dtype=dtypes[a.main_params_dtype],
+                       exp_avg_dtype=dtypes.get(a.exp_avg_dtype, torch.uint8),
+                       exp_avg_sq_dtype=dtypes.get(a.exp_avg_sq_dtype, torch.uint8))
+    except RuntimeError as exc:
+        if a.use_precision_aware_optimizer and "requires FusedAdam from TransformerEngine" in str(exc):
+            return None
+        raise
+
+
 def validate_args(argv: list[str] | tuple[str, ...], world_size: int, *, fork: bool = False,
                   tokenizer_vocab: int | None = None) -> Validated:
     """Parse, replay validate_args and build the megatron-core configs; raise MegatronArgsError on rejection.
@@ -442,10 +474,12 @@ def validate_args(argv: list[str] | tuple[str, ...], world_size: int, *, fork: b
         ddp = DistributedDataParallelConfig(
             overlap_grad_reduce=a.overlap_grad_reduce, overlap_param_gather=a.overlap_param_gather,
             use_distributed_optimizer=a.use_distributed_optimizer, bucket_size=a.ddp_bucket_size,
-            use_megatron_fsdp=a.use_megatron_fsdp, data_parallel_sharding_strategy=a.data_parallel_sharding_strategy)
-        OptimizerConfig(optimizer="adam", lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay, bf16=a.bf16,
-                        fp16=a.fp16, params_dtype=config.params_dtype, clip_grad=a.clip_grad,
-                        use_distributed_optimizer=a.use_distributed_optimizer)
+            use_megatron_fsdp=a.use_megatron_fsdp, data_parallel_sharding_strategy=a.data_parallel_sharding_strategy,
+            # validate_args: bf16 buffers with --grad-reduce-in-bf16, or with the precision-aware optimizer's bf16
+            # main gradients; fp32 otherwise (accumulate_allreduce_grads_in_fp32)
+            grad_reduce_in_fp32=not (a.grad_reduce_in_bf16 or (a.use_precision_aware_optimizer
+                                                                and a.main_grads_dtype == "bf16")))
+        _optimizer_config(OptimizerConfig, a, config.params_dtype)
         scheduler = _scheduler(a) if a.train_iters is not None else None
     except (ValueError, AssertionError) as exc:
         raise MegatronArgsError(f"megatron-core: {exc}") from exc

@@ -81,6 +81,10 @@ def assert_matches_plan(inp: EmitInput, v: Validated, world_size: int) -> None:
     assert ddp.use_distributed_optimizer == (p.zero >= 1) and ddp.overlap_grad_reduce
     assert ddp.use_megatron_fsdp == (p.zero >= 2) and ddp.bucket_size == p.bucket_size
     assert ddp.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}.get(p.zero, "no_shard")
+    assert ddp.grad_reduce_in_fp32 == (inp.job.grad_reduce == "fp32")
+    bf16_states = inp.job.optimizer_states == "bf16"
+    assert a.use_precision_aware_optimizer == bf16_states
+    assert (a.exp_avg_dtype, a.exp_avg_sq_dtype) == (("bf16", "bf16") if bf16_states else ("fp32", "fp32"))
     assert (c.num_layers, c.hidden_size, c.num_attention_heads, c.num_query_groups, c.kv_channels,
             c.ffn_hidden_size) == (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
                                    m.ffn_hidden_size)
@@ -394,6 +398,33 @@ def test_unfused_kernels_and_fp8() -> None:
     assert {"--no-masked-softmax-fusion", "--no-bias-dropout-fusion", "--no-bias-gelu-fusion"} <= set(argv)
     assert argv[argv.index("--fp8-format") + 1] == "hybrid" and "--bf16" in argv
     _validate(inp)
+
+
+@pytest.mark.parametrize("grad_reduce", ["fp32", "bf16"])
+@pytest.mark.parametrize("states", ["fp32", "bf16"])
+def test_gradient_and_optimizer_state_precision(grad_reduce: str, states: str) -> None:
+    """The job's gradient-buffer and Adam-state dtypes are what the config runs: --grad-reduce-in-bf16, and the
+    precision-aware optimizer with bf16 moments (bf16 main gradients beside bf16 buffers, as DeepSeek-V3's recipe)."""
+    inp = _inp("llama3-8b", "h100-sxm", JobSpec(global_batch=64, seq_len=4096, grad_reduce=grad_reduce,
+                                                 optimizer_states=states),
+               Plan(tp=2, pp=2, dp=2, mbs=1, num_microbatches=32, zero=1, sequence_parallel=True,
+                    layers_per_stage=(16, 16)))
+    argv = megatron_argv(inp)
+    assert ("--grad-reduce-in-bf16" in argv) == (grad_reduce == "bf16")
+    assert ("--main-grads-dtype" in argv) == (states == grad_reduce == "bf16")
+    _validate(inp)
+
+
+@pytest.mark.parametrize("drop, add, why", [
+    (("--use-distributed-optimizer", "--overlap-param-gather"), (), "only supported with distributed optimizer"),
+    (("--use-precision-aware-optimizer",), (), "can only be fp32 when not using precision-aware optimizer"),
+])
+def test_precision_aware_optimizer_rules_are_megatron_cores(drop, add, why) -> None:
+    inp = _inp("llama3-8b", "h100-sxm", JobSpec(global_batch=64, seq_len=4096, optimizer_states="bf16"),
+               Plan(tp=2, pp=2, dp=2, mbs=1, num_microbatches=32, zero=1, sequence_parallel=True,
+                    layers_per_stage=(16, 16)))
+    with pytest.raises(MegatronArgsError, match=why):
+        validate_args(_argv(inp, drop=drop, add=add), 8)
 
 
 def test_targets_megatron_core_0_16() -> None:

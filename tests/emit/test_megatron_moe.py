@@ -178,7 +178,7 @@ def test_a_trainer_without_deepep_says_its_config_runs_alltoall() -> None:
     """A plan priced with DeepEP, emitted for torchtitan (NCCL all-to-alls): a warning that the step will be
     slower; for Megatron, none. A search restricted to a trainer or fork without DeepEP refuses it up front."""
     from autotune.emit import dispatcher_warning
-    from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS, check_dispatcher
+    from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS, check_job_settings
     from autotune.errors import SpecError
 
     model, plan = CASES["qwen3_235b_etp"]
@@ -187,10 +187,10 @@ def test_a_trainer_without_deepep_says_its_config_runs_alltoall() -> None:
     assert warning is not None and "deepep" in warning and "slower than predicted" in warning
     assert dispatcher_warning(TRAINER_CAPS["megatron"], inp) is None
     assert dispatcher_warning(TRAINER_CAPS["torchtitan"], replace(inp, job=JOB)) is None
-    check_dispatcher(TRAINER_CAPS["megatron"], inp.job)
+    check_job_settings(TRAINER_CAPS["megatron"], inp.job)
     for caps in (TRAINER_CAPS["torchtitan"], FORK_CAPS["vocab-parallel"], FORK_CAPS["zero-bubble"]):
         with pytest.raises(SpecError, match="--moe-dispatcher deepep"):
-            check_dispatcher(caps, inp.job)
+            check_job_settings(caps, inp.job)
 
 
 @pytest.mark.parametrize("capacity,pad", [(1.25, False), (2.0, True)])

@@ -66,9 +66,11 @@ RULES: tuple[tuple[str, str], ...] = (
                    "gpt_oss.py) no recompute and alltoall; Kimi-K2 (recipes/kimi/kimi_k2.py) selective and "
                    "alltoall; DeepSeek-V3's and Kimi-K2's pipeline layout for (pp, vp) where the recipe maps one "
                    "(set_deepseek_v3_pipeline_model_parallel_layout: E+4 | 4 x 14 | 1 + MTP + loss at pp 16), "
-                   "else the even split. NeMo "
+                   "else the even split; gradients reduced in bf16 for DeepSeek-V3 and Kimi-K2 (their recipes set "
+                   "grad_reduce_in_fp32 = False), fp32 for the others, and DeepSeek-V3's bf16 Adam moments "
+                   "(use_precision_aware_optimizer, exp_avg(_sq)_dtype bf16). NeMo "
                    "2.5's qwen3_30b_a3b recipe sets the same recompute. The performance scripts (not on PyPI) "
-                   "override the recipes' parallelism; that they keep these two settings is assumed, not read"),
+                   "override the recipes' parallelism; that they keep these settings is assumed, not read"),
     ("zero", "torchtitan with fsdp yes -> 3 (FSDP2 shards weights, gradients and optimizer state), without -> 0; "
              "NeMo/Megatron -> 1: they use the distributed optimizer by default (NeMo 1.0 distributed_fused_adam, "
              "NeMo 2.0 use_distributed_optimizer=True), unless the row says fsdp yes (-> 3); FSDP with pp > 1 "
@@ -92,12 +94,27 @@ RULES: tuple[tuple[str, str], ...] = (
              "a 405B proxy counts as Llama3.1-405B)"),
 )
 RULE_KEYS = tuple(k for k, _ in RULES)
-#: (recompute, token dispatcher) of the MoE models' Megatron-Bridge pretrain recipes (RULES 'moe_recipe'), by
-#: catalog name
-MOE_RECIPES = {"qwen3-30b-a3b": ("full", "deepep"), "qwen3-235b-a22b": ("none", "deepep"),
-               "deepseek-v3": ("selective", "deepep"), "gpt-oss-120b": ("none", "alltoall"),
-               "gpt-oss-20b": ("none", "alltoall"),
-               "kimi-k2": ("selective", "alltoall")}
+
+
+@dataclass(frozen=True, slots=True)
+class MoeRecipe:
+    """What a Megatron-Bridge MoE pretrain recipe sets that the rows leave blank (RULES 'moe_recipe')."""
+
+    recompute: str
+    dispatcher: str
+    grad_reduce: str = "fp32"
+    """fp32 where the recipe keeps ddp.grad_reduce_in_fp32 = True (_pretrain_common's default)."""
+    optimizer_states: str = "fp32"
+    """bf16 where it turns on the precision-aware optimizer with bf16 exp_avg and exp_avg_sq."""
+
+
+#: The MoE models' Megatron-Bridge 0.3.1 pretrain recipes, by catalog name: DeepSeek-V3's sets
+#: grad_reduce_in_fp32 = False and use_precision_aware_optimizer with bf16 moments and main gradients; Kimi-K2's
+#: (adam) grad_reduce_in_fp32 = False; the others keep the defaults
+MOE_RECIPES = {"qwen3-30b-a3b": MoeRecipe("full", "deepep"), "qwen3-235b-a22b": MoeRecipe("none", "deepep"),
+               "deepseek-v3": MoeRecipe("selective", "deepep", "bf16", "bf16"),
+               "gpt-oss-120b": MoeRecipe("none", "alltoall"), "gpt-oss-20b": MoeRecipe("none", "alltoall"),
+               "kimi-k2": MoeRecipe("selective", "alltoall", "bf16")}
 MOE_RECIPE_SOURCES = ("megatron_bridge_perf_summary",)
 #: Decoder layers per virtual stage (in virtual order) of the recipes' explicit pipeline layouts, by catalog
 #: name and (pp, vp): megatron-bridge 0.3.1 recipes/deepseek/deepseek_v3.py
@@ -214,11 +231,11 @@ def row_recompute(row: dict[str, str], trainer: str, model: ModelSpec) -> str:
     if trainer == "torchtitan":
         return "selective" if row_family(model.name).endswith("-8B") else "full"
     recipe = moe_recipe(row, model)
-    return recipe[0] if recipe else "none"
+    return recipe.recompute if recipe else "none"
 
 
-def moe_recipe(row: dict[str, str], model: ModelSpec) -> tuple[str, str] | None:
-    """RULES 'moe_recipe': (recompute, dispatcher) of the row's MoE model recipe, or None."""
+def moe_recipe(row: dict[str, str], model: ModelSpec) -> MoeRecipe | None:
+    """RULES 'moe_recipe': the row's MoE model recipe, or None."""
     if not model.is_moe or row["source_id"].strip() not in MOE_RECIPE_SOURCES:
         return None
     name = row_models.catalog_match(row["model"])
@@ -350,7 +367,9 @@ def _case(row: dict[str, str]) -> Case:
         job = row_job(row, trainer)
         recipe = moe_recipe(row, model)
         if recipe:
-            job = replace(job, moe_dispatcher=recipe[1])  # type: ignore[arg-type]
+            job = replace(job, moe_dispatcher=recipe.dispatcher,  # type: ignore[arg-type]
+                          grad_reduce=recipe.grad_reduce,  # type: ignore[arg-type]
+                          optimizer_states=recipe.optimizer_states)  # type: ignore[arg-type]
         plan, note = representable(published_plan(row, model, job, trainer), model, job, hw)
         step = float(row["step_time_s"])
     except (SpecError, ValueError) as exc:

@@ -1,0 +1,83 @@
+"""--optimizer-states (bf16 Adam moments, Megatron's precision-aware optimizer): it reaches the estimate and the
+plan search, the JSON names it, a saved plan is re-costed with it, the Megatron script carries it and `check`
+reads it back; where it cannot run, a one-line error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+JOB = ("--model", "deepseek-v3", "--gpu", "h100-sxm", "--gpus", "1024", "--global-batch", "4096", "--seq-len", "4096")
+#: Megatron-Bridge 0.3.1's DeepSeek-V3 recipe at 1024 GPUs (recipes/deepseek/deepseek_v3.py): tp 2, pp 16, ep 64,
+#: selective recompute, the E+4 | 4 x 14 | 1 + MTP + loss layout, bf16 gradients and bf16 Adam moments
+RECIPE = ("--tp", "2", "--pp", "16", "--ep", "64", "--etp", "1", "--mbs", "1", "--zero", "1", "--recompute",
+          "selective", "--layers-per-stage", ",".join(["4"] * 15 + ["1"]), "--grad-reduce", "bf16")
+
+
+def _json(cli, *args: str) -> dict:
+    result = cli(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_deepseek_v3_recipe_fits_only_with_its_optimizer_precision(cli) -> None:
+    """The recipe ran on 80 GB H100s; its stage 0 fits with the precision-aware optimizer it sets, not
+    without (the experts' optimizer state is unsharded: ep 64 leaves an expert-data-parallel group of 1)."""
+    fp32 = _json(cli, "estimate", *JOB, *RECIPE)
+    bf16 = _json(cli, "estimate", *JOB, *RECIPE, "--optimizer-states", "bf16")
+    assert (fp32["job"]["optimizer_states"], bf16["job"]["optimizer_states"]) == ("fp32", "bf16")
+    assert not fp32["fits"] and bf16["fits"]
+    assert bf16["step_time_s"] == fp32["step_time_s"]
+
+
+def test_a_saved_plan_keeps_it(cli, tmp_path: Path) -> None:
+    doc = _json(cli, "estimate", *JOB, *RECIPE, "--optimizer-states", "bf16")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    again = _json(cli, "estimate", "--plan", str(path))
+    assert (again["job"], again["peak_memory_gib"]) == (doc["job"], doc["peak_memory_gib"])
+
+
+def test_plan_searches_zero_1_and_up_and_megatron_carries_it(cli, tmp_path: Path) -> None:
+    job = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096")
+    out = tmp_path / "run"
+    result = cli("plan", *job, "--optimizer-states", "bf16", "--grad-reduce", "bf16", "--trainer", "megatron",
+                 "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["solver"]["status"] == "OPTIMAL" and doc["plan"]["zero"] >= 1
+    assert all(r["plan"]["zero"] >= 1 for r in doc["runners_up"])
+    script = (out / "launch_megatron.sh").read_text()
+    for flag in ("--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16",
+                 "--main-grads-dtype bf16", "--grad-reduce-in-bf16"):
+        assert flag in script
+    check = cli("check", str(out / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "16", "--json")
+    read = json.loads(check.stdout)["job"]
+    assert (read["optimizer_states"], read["grad_reduce"]) == ("bf16", "bf16")
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (("--optimizer-states", "fp8"), "--optimizer-states must be fp32 or bf16"),
+    (("--optimizer-states", "bf16", "--kernels", "torchtitan"), "--optimizer-states bf16: torchtitan keeps fp32"),
+    (("--optimizer-states", "bf16", "--zero", "0"), "use zero >= 1 or --optimizer-states fp32"),
+])
+def test_bad_optimizer_states_are_one_line_errors(extra, words, autotune_proc) -> None:
+    proc = autotune_proc("estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch",
+                         "8", "--seq-len", "4096", "--tp", "2", "--pp", "1", *extra)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_estimate_defaults_to_the_distributed_optimizer_it_needs(cli) -> None:
+    doc = _json(cli, "estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8",
+                "--seq-len", "4096", "--tp", "2", "--pp", "1", "--optimizer-states", "bf16")
+    assert doc["plan"]["zero"] == 1
+
+
+def test_plan_for_a_trainer_without_it_is_refused(autotune_proc) -> None:
+    proc = autotune_proc("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8",
+                         "--seq-len", "4096", "--optimizer-states", "bf16", "--trainer", "deepspeed")
+    assert proc.returncode == 1 and "deepspeed keeps fp32 Adam states" in proc.stderr
