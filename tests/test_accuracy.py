@@ -221,6 +221,16 @@ def test_h200_row(public_rows):
     assert (c.hw.name, c.job.grad_reduce) == ("h200", "fp32")
 
 
+@pytest.mark.parametrize("gpu, name", [("B200", "b200"), ("b200", "b200"), ("H200", "h200")])
+def test_b200_rows_run_on_the_catalog_b200(public_rows, gpu, name):
+    """RULES 'hardware': a DGX B200 row (held out: the public rows are H100/H200) runs on profiles/hardware/b200.json
+    with the row's GPUs per node; a GPU without a catalog file is skipped with the reason."""
+    row = {**public_rows[346], "gpu_type": gpu}
+    assert row_hardware(row).name == name
+    with pytest.raises(RowSkipped, match="GB200"):
+        row_hardware({**row, "gpu_type": "GB200"})
+
+
 def test_grad_reduce_rule_over_every_row(public_rows):
     """RULES 'grad_reduce': bf16 exactly on the dgxc rows."""
     for row_id, row in public_rows.items():

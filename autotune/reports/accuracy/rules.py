@@ -39,7 +39,8 @@ RULES: tuple[tuple[str, str], ...] = (
               "(squared ReLU, costed as GeLU) and LayerNorm; Nemotron-H (Mamba hybrids) are skipped"),
     ("hardware", "H100 -> h100-sxm (80 GB HBM3, 700 W); torchtitan's Grand Teton H100 (gpu_note '96GB HBM2e') -> "
                  "catalog h100-hbm2e-96gb when it exists, else h100-sxm with 96 GiB and 2.4 TB/s HBM; H200 -> "
-                 "h200; gpus_per_node from the row"),
+                 "h200; B200 -> b200 (DGX B200: its kernel efficiencies are the H100's, as its file says); "
+                 "gpus_per_node from the row; other GPUs (GB200's NVLink domain of 72 is not modelled) are skipped"),
     ("trainer", "NeMo, Megatron-Core, Megatron-LM and Megatron-Bridge rows -> megatron; torchtitan rows -> "
                 "torchtitan"),
     ("dtype", "fp8 when precision is fp8 (TE hybrid/current scaling, torchao float8 tensorwise/rowwise alike: "
@@ -201,8 +202,8 @@ def row_hardware(row: dict[str, str]) -> HardwareSpec:
                          memory_bytes=from_gib(96), hbm_bandwidth=2.4e12)
     elif gpu == "H100":
         hw = load_hardware("h100-sxm")
-    elif gpu == "H200":
-        hw = load_hardware("h200")
+    elif gpu in ("H200", "B200"):
+        hw = load_hardware(gpu.lower())
     else:
         raise RowSkipped(f"gpu_type {row['gpu_type']!r} has no catalog hardware file")
     per_node = column_int(row, "gpus_per_node", hw.gpus_per_node)
