@@ -10,8 +10,8 @@ from autotune.catalog import load_model
 from autotune.cli.inputs import load_cost_profile
 from autotune.cli.launch import trainer_caps
 from autotune.cli.options import (BriefOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt, GpuOpt, GpusPerNodeOpt,
-                                  JsonOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt,
-                                  NoFlashOpt, NoTimingsOpt, Pins, ProfileOpt, SCpOpt, SeqOpt, SMbsOpt, SPpOpt,
+                                  GradOpt, JsonOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt,
+                                  MoePadOpt, NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins, ProfileOpt, SCpOpt, SeqOpt, SMbsOpt, SPpOpt,
                                   SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt, SVocabOpt, SVppOpt,
                                   SZeroOpt, UnfusedOpt, WorkLimitOpt, build_job, check_whole_nodes, fail,
                                   load_cluster, parse_int_list, show)
@@ -65,6 +65,7 @@ def scale_command(
     no_timings: NoTimingsOpt = False, moe_imbalance: MoeImbalanceOpt = None,
     moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
+    grad_reduce: GradOpt = "fp32", optimizer_states: OptimizerStatesOpt = "fp32",
 ) -> None:
     """The best plan at each GPU count: throughput, MFU, time and cost to train, where the winning strategy
     changes and where more GPUs stop paying (exit 2: no size fits; 3: a size not proven)."""
@@ -82,8 +83,9 @@ def scale_command(
         check_whole_nodes(size, hw)
     batch = global_batch if global_batch is not None else global_batch_for_tokens(tokens_per_step, seq_len)
     caps = trainer_caps(trainer, fork)
-    job = build_job(batch, seq_len, dtype, no_flash_attention, unfused, kernels=trainer, moe_imbalance=moe_imbalance,
-                    moe_dispatcher=moe_dispatcher, moe_capacity=moe_capacity_factor, moe_pad=moe_pad_to_capacity)
+    job = build_job(batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels=trainer,
+                    moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher, moe_capacity=moe_capacity_factor,
+                    moe_pad=moe_pad_to_capacity, optimizer_states=optimizer_states)
     check_job_settings(caps, job)
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)

@@ -81,3 +81,11 @@ def test_plan_for_a_trainer_without_it_is_refused(autotune_proc) -> None:
     proc = autotune_proc("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8",
                          "--seq-len", "4096", "--optimizer-states", "bf16", "--trainer", "deepspeed")
     assert proc.returncode == 1 and "deepspeed keeps fp32 Adam states" in proc.stderr
+
+
+def test_scale_takes_it(cli, autotune_proc) -> None:
+    job = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8,16", "--global-batch", "64", "--seq-len", "4096")
+    doc = _json(cli, "scale", *job, "--optimizer-states", "bf16", "--grad-reduce", "bf16")
+    assert all(p["status"] == "OPTIMAL" and p["plan"]["zero"] >= 1 for p in doc["points"])
+    proc = autotune_proc("scale", *job, "--optimizer-states", "bf16", "--trainer", "torchtitan")
+    assert proc.returncode == 1 and "torchtitan keeps fp32 Adam states" in proc.stderr
