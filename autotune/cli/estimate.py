@@ -9,11 +9,11 @@ import typer
 from autotune.catalog import load_model
 from autotune.cli.inputs import (coverage_warnings, job_from_plan_document, load_cost_profile, plan_source,
                                  read_plan, settle_job_settings, single_plan)
-from autotune.cli.options import (BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt,
-                                  EpOpt, EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt, GpusPerNodeOpt,
-                                  GradOpt, JsonOpt, KernelsOpt, LayersOpt, MbsOpt, MicroOpt, ModelOrPlanOpt,
-                                  MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt,
-                                  OptimizerStatesOpt, OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
+from autotune.cli.options import (BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt, EpOpt,
+                                  EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt, GpusPerNodeOpt, GradOpt,
+                                  JsonOpt, KernelsOpt, LayersOpt, MbsOpt, MicroOpt, ModelOrPlanOpt, MoeCapacityOpt,
+                                  MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt, OptimizerStatesOpt,
+                                  OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
                                   ScheduleOpt, SeqOrPlanOpt, SpOpt, TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt,
                                   ZeroOpt, build_job, check_simulation_size, check_whole_nodes, load_cluster, show,
                                   show_warnings, time_limited)

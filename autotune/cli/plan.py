@@ -15,11 +15,11 @@ from autotune.cli.launch import check_emit_options, save_plan, trainer_caps
 from autotune.cli.options import (BatchOpt, BriefOpt, CompareOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt,
                                   FormatOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, IdleOpt, JsonOpt, KernelsOpt,
                                   MockDataOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt,
-                                  NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins, PlanOutOpt, ProfileOpt, RunTokensOpt, SCpOpt,
-                                  SDpOpt, SEpOpt, SEtpOpt, SeqOpt, SLayersOpt, SMbsOpt, SOverlapOpt, SPpOpt,
-                                  SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt, StrictOpt, SVocabOpt,
-                                  SVppOpt, SZeroOpt, TimeLimitOpt, TopOpt, TrainerOpt, UnfusedOpt, WorkLimitOpt,
-                                  build_job, check_whole_nodes, load_cluster, show, show_warnings)
+                                  NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins, PlanOutOpt, ProfileOpt,
+                                  RunTokensOpt, SCpOpt, SDpOpt, SEpOpt, SEtpOpt, SeqOpt, SLayersOpt, SMbsOpt,
+                                  SOverlapOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt,
+                                  StrictOpt, SVocabOpt, SVppOpt, SZeroOpt, TimeLimitOpt, TopOpt, TrainerOpt, UnfusedOpt,
+                                  WorkLimitOpt, build_job, check_whole_nodes, load_cluster, show, show_warnings)
 from autotune.cli.searching import compare_plan, distinct_fitting, run_search, search_space, without_timings
 from autotune.costmodel.estimate import CostModel
 from autotune.errors import SolverLimitError, SpecError

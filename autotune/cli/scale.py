@@ -11,10 +11,10 @@ from autotune.cli.inputs import load_cost_profile
 from autotune.cli.launch import trainer_caps
 from autotune.cli.options import (BriefOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt, GpuOpt, GpusPerNodeOpt,
                                   GradOpt, JsonOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt,
-                                  MoePadOpt, NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins, ProfileOpt, SCpOpt, SeqOpt, SMbsOpt, SPpOpt,
-                                  SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt, SVocabOpt, SVppOpt,
-                                  SZeroOpt, UnfusedOpt, WorkLimitOpt, build_job, check_whole_nodes, fail,
-                                  load_cluster, parse_int_list, show)
+                                  MoePadOpt, NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins, ProfileOpt, SCpOpt,
+                                  SeqOpt, SMbsOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt,
+                                  SVocabOpt, SVppOpt, SZeroOpt, UnfusedOpt, WorkLimitOpt, build_job, check_whole_nodes,
+                                  fail, load_cluster, parse_int_list, show)
 from autotune.cli.searching import pins_space, without_timings
 from autotune.emit import TRAINERS
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
