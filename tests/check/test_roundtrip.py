@@ -81,6 +81,8 @@ def as_run(plan: Plan, trainer: str, fmt: str | None, inp: EmitInput) -> Plan:
 
 def as_run_job(inp: EmitInput, trainer: str, fmt: str | None):
     job = replace(inp.job, trainer=trainer)
+    if trainer != "megatron":  # only Megatron's precision-aware optimizer keeps bf16 Adam states
+        job = replace(job, optimizer_states="fp32")
     if trainer == "torchtitan":
         dtype = "fp8" if inp.job.dtype == "fp8" and fmt == "toml" else "bf16"
         job = replace(job, dtype=dtype, flash_attention=True, grad_reduce="fp32")
@@ -262,6 +264,23 @@ def test_moe_capacity_factor_roundtrip(tmp_path: Path, capacity: float, pad: boo
     job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=4096, moe_capacity_factor=capacity,
                   moe_pad_to_capacity=pad)
     _check_roundtrip(tmp_path, _inp("mixtral-8x7b", "h100-sxm", job, plan), *TRAINERS[0])
+
+
+#: Job settings a launch config must carry (the Megatron script once dropped --grad-reduce bf16): each variant of
+#: the default job, emitted for every trainer and read back.
+JOB_VARIANTS = {"fp8": {"dtype": "fp8"}, "fp16": {"dtype": "fp16"}, "no-flash": {"flash_attention": False},
+                "unfused": {"fused_kernels": False}, "bf16-grads": {"grad_reduce": "bf16"},
+                "bf16-states": {"optimizer_states": "bf16"},
+                "bf16-grads-and-states": {"grad_reduce": "bf16", "optimizer_states": "bf16"}}
+
+
+@pytest.mark.parametrize("trainer,fmt,name", TRAINERS, ids=[t[2] for t in TRAINERS])
+@pytest.mark.parametrize("variant", list(JOB_VARIANTS))
+def test_every_job_setting_roundtrips(tmp_path: Path, variant: str, trainer: str, fmt: str | None, name: str) -> None:
+    """What the config runs is what `check` reads back, for every job setting the cost model prices: the job as
+    the trainer's emitted config runs it (as_run_job: the trainer's own kernels and what its config can say)."""
+    inp = GOLDEN["even"]
+    _check_roundtrip(tmp_path, replace(inp, job=replace(inp.job, **JOB_VARIANTS[variant])), trainer, fmt, name)
 
 
 @pytest.mark.parametrize("grad_reduce", ["fp32", "bf16"])
