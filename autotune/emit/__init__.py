@@ -14,7 +14,7 @@ from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
-from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps
+from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps, as_run_job
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -73,7 +73,7 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
     result = _emit_one(trainer, inp, torchtitan_format)
     extra = tuple(w for w in (full_attention_warning(trainer, inp), dispatcher_warning(caps, inp),
                               capacity_warning(trainer, inp), mtp_warning(trainer, inp),
-                              rope_scaling_warning(trainer, inp), optimizer_states_warning(trainer, inp)) if w)
+                              rope_scaling_warning(trainer, inp), state_precision_warning(trainer, inp)) if w)
     return EmitResult(result.files, (*result.warnings, *extra)) if extra else result
 
 
@@ -96,14 +96,18 @@ def capacity_warning(trainer: str, inp: EmitInput) -> str | None:
             "the config sets no capacity, as the header's figures assume")
 
 
-def optimizer_states_warning(trainer: str, inp: EmitInput) -> str | None:
-    """bf16 Adam states only Megatron's precision-aware optimizer keeps: the other configs keep fp32 ones, as the
-    header's re-estimate does (specs/trainers.py as_run_job)."""
-    caps = TRAINER_CAPS.get(trainer)
-    if inp.job.optimizer_states == "fp32" or (caps is not None and inp.job.optimizer_states in caps.optimizer_states):
+def state_precision_warning(trainer: str, inp: EmitInput) -> str | None:
+    """bf16 gradient buffers or Adam states the trainer's config does not keep (torchtitan and DeepSpeed reduce in
+    fp32; only Megatron's precision-aware optimizer keeps bf16 states): the header re-estimates what it runs
+    (specs/trainers.py as_run_job), with more memory than planned."""
+    run = as_run_job(inp.job, trainer)
+    lost = [f"--{flag} {getattr(inp.job, name)}" for name, flag in (("grad_reduce", "grad-reduce"),
+                                                                     ("optimizer_states", "optimizer-states"))
+            if getattr(inp.job, name) != getattr(run, name)]
+    if not lost:
         return None
-    return (f"--optimizer-states {inp.job.optimizer_states}: {trainer} keeps fp32 Adam states, and so does its "
-            "config; the header's figures are re-estimated so (more memory than planned)")
+    return (f"{' and '.join(lost)}: {trainer}'s config keeps fp32 there, so the header's figures are re-estimated "
+            "for it (more memory than planned)")
 
 
 def mtp_warning(trainer: str, inp: EmitInput) -> str | None:

@@ -89,3 +89,16 @@ def test_scale_takes_it(cli, autotune_proc) -> None:
     assert all(p["status"] == "OPTIMAL" and p["plan"]["zero"] >= 1 for p in doc["points"])
     proc = autotune_proc("scale", *job, "--optimizer-states", "bf16", "--trainer", "torchtitan")
     assert proc.returncode == 1 and "torchtitan keeps fp32 Adam states" in proc.stderr
+
+
+def test_emitting_for_a_trainer_without_it_says_what_its_config_keeps(cli, autotune_proc, tmp_path: Path) -> None:
+    job = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096")
+    doc = _json(cli, "plan", *job, "--optimizer-states", "bf16", "--grad-reduce", "bf16")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    proc = autotune_proc("emit", "--plan", str(path), "--trainer", "torchtitan", "--out", str(tmp_path / "tt"))
+    assert proc.returncode == 0, proc.stderr
+    assert ("warning: --grad-reduce bf16 and --optimizer-states bf16: torchtitan's config keeps fp32 there"
+            in proc.stderr)
+    megatron = autotune_proc("emit", "--plan", str(path), "--trainer", "megatron", "--out", str(tmp_path / "mg"))
+    assert megatron.returncode == 0 and "keeps fp32 there" not in megatron.stderr
