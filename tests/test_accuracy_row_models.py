@@ -86,10 +86,10 @@ def test_recipes_follow_the_matched_name(qwen_row) -> None:
     assert moe_recipe({**qwen_row, "model": "Qwen3_235B_a22b"}, load_model("qwen3-235b-a22b")) == \
         MoeRecipe("none", "deepep", "fp32", "fp32")
     assert moe_recipe({**qwen_row, "model": "DeepSeekV3"}, load_model("deepseek-v3")) == \
-        MoeRecipe("selective", "deepep", "bf16", "bf16")
+        MoeRecipe("selective", "deepep", "bf16", "bf16-moments")
     assert moe_recipe({**qwen_row, "model": "Grok-1"}, load_model("qwen3-30b-a3b")) is None
     assert moe_recipe({**qwen_row, "model": "Kimi-K2"}, load_model("kimi-k2")) == \
-        MoeRecipe("selective", "alltoall", "bf16", "fp32")
+        MoeRecipe("selective", "alltoall", "fp32", "fp32")
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,10 @@ precision group), kept apart from megatron_args.py.
 The names are megatron-core 0.16's OptimizerConfig fields as Megatron-LM spells its flags
 (use_precision_aware_optimizer, main_grads_dtype, main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype); its
 __post_init__ refuses a dtype other than fp32 without the precision-aware optimizer, and the precision-aware
-optimizer without the distributed one. Megatron-LM reduces gradients in bf16 with --grad-reduce-in-bf16, and keeps
-its gradient buffers in bf16 too when the precision-aware optimizer's main gradients are bf16.
+optimizer without the distributed one or with another optimizer than adam. Which master weights it keeps follows
+--fp8-recipe (optimizer_config.py: the delayed recipe, Megatron-LM's default, keeps 16-bit remainders).
+Megatron-LM reduces gradients in bf16 with --grad-reduce-in-bf16, and keeps its gradient buffers in bf16 too when
+the precision-aware optimizer's main gradients are bf16.
 """
 
 from __future__ import annotations
@@ -31,8 +33,15 @@ def _dtype(args: dict[str, Any], flag: str) -> str:
     return value
 
 
+#: Bytes of one Adam moment element by --exp-avg(-sq)-dtype.
+MOMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
 def optimizer_states(args: dict[str, Any], notes: list[str]) -> str:
-    """JobSpec.optimizer_states of the flags: 'bf16' for 16-bit Adam moments, else 'fp32'."""
+    """JobSpec.optimizer_states of the flags. megatron-core (OptimizerConfig.use_precision_aware_optimizer_no_fp8_
+    or_ds_fp8) keeps 16-bit master remainders and no gradient copy when the fp8 recipe is delayed (Megatron-LM's
+    default) or --main-params-dtype is not fp32: 'bf16'; under another recipe whole fp32 master weights and an fp32
+    gradient copy: 'bf16-moments'. Moment dtypes other than bf16 pairs are costed at the nearest, with a note."""
     dtypes = {flag: _dtype(args, flag) for flag in DTYPE_CHOICES}
     aware = bool(args.get("--use-precision-aware-optimizer"))
     if not aware:
@@ -42,16 +51,25 @@ def optimizer_states(args: dict[str, Any], notes: list[str]) -> str:
                             "megatron-core refuses it (OptimizerConfig keeps fp32 then); add the switch or drop the "
                             "flag")
         return "fp32"
+    if str(args.get("--optimizer", "adam")) != "adam":
+        raise SpecError(f"--use-precision-aware-optimizer with --optimizer {args['--optimizer']}: megatron-core takes "
+                        "it with adam only (OptimizerConfig); drop one")
     if not (args.get("--use-distributed-optimizer") or args.get("--use-megatron-fsdp")):
         raise SpecError("--use-precision-aware-optimizer without --use-distributed-optimizer: megatron-core refuses "
                         "it (OptimizerConfig); add --use-distributed-optimizer")
-    moments = {dtypes["--exp-avg-dtype"], dtypes["--exp-avg-sq-dtype"]}
-    if moments == {"fp32"}:
+    moments = [MOMENT_BYTES[dtypes[flag]] for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype")]
+    remainders = str(args.get("--fp8-recipe", "delayed")) == "delayed" or dtypes["--main-params-dtype"] != "fp32"
+    if moments == [4, 4]:
+        notes.append("--use-precision-aware-optimizer with fp32 moments: costed as fp32 Adam states"
+                     + (" (its 16-bit master remainders and no gradient copy, up to 6 bytes per parameter over the "
+                        "ZeRO shards, are not modelled)" if remainders else ""))
         return "fp32"
-    if moments != {"bf16"}:
-        notes.append(f"Adam moments in {' and '.join(sorted(moments))}: costed as bf16 (2 bytes each), the only "
-                     "16-bit or smaller moment dtype autotune models")
-    return "bf16"
+    if moments != [2, 2]:
+        notes.append(f"Adam moments of {moments[0]} and {moments[1]} bytes: costed as 2 bytes each (bf16)")
+    if dtypes["--main-params-dtype"] != "fp32":
+        notes.append("--main-params-dtype fp16: costed with the master weights Megatron keeps beside bf16 weights "
+                     "(16-bit remainders)")
+    return "bf16" if remainders else "bf16-moments"
 
 
 def grad_reduce(args: dict[str, Any]) -> str:

@@ -71,7 +71,7 @@ RecomputeOpt = _pin("--recompute", "Activation recomputation (default: none).", 
 ScheduleOpt = _pin("--schedule", "Pipeline schedule (default: interleaved if vpp > 1, else 1f1b; v-half has "
                    "vpp 2).",
                    "|".join(SCHEDULES))
-ZeroOpt = _pin("--zero", "ZeRO stage (default: 0; 1 with --optimizer-states bf16).", "0|1|2|3")
+ZeroOpt = _pin("--zero", "ZeRO stage (default: 0; 1 with 16-bit --optimizer-states).", "0|1|2|3")
 VocabOpt = _pin("--vocab", "Where the vocabulary layers go: ends (even split), balanced (uneven split) or "
                 "parallel (split over all pipeline ranks) (default: ends).", "|".join(VOCABS))
 LayersOpt = _pin("--layers-per-stage", "Layers per pipeline stage (default: even split).", "N,N,...")
@@ -92,9 +92,10 @@ OverlapOpt = Annotated[bool | None, typer.Option("--tp-overlap/--no-tp-overlap",
 GradOpt = Annotated[str, typer.Option("--grad-reduce", metavar="fp32|bf16",
                                       help="Gradient buffer and reduction dtype (Megatron default fp32).")]
 OptimizerStatesOpt = Annotated[str, typer.Option(
-    "--optimizer-states", metavar="fp32|bf16",
-    help="Dtype of Adam's moments: bf16 is Megatron's precision-aware optimizer (master weights kept as 16-bit "
-         "remainders; needs ZeRO >= 1).")]
+    "--optimizer-states", metavar="fp32|bf16|bf16-moments",
+    help="Adam's state (Megatron only, ZeRO-1): bf16 is its precision-aware optimizer with bf16 moments as "
+         "Megatron-LM runs it (master weights kept as 16-bit remainders); bf16-moments as it runs under a "
+         "non-delayed fp8 recipe, Megatron-Bridge's default (fp32 master weights).")]
 KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
                                                 help="Whose kernels and overlap to cost (default: the --trainer, "
                                                      "else megatron).")]

@@ -104,6 +104,10 @@ def state_precision_warning(trainer: str, inp: EmitInput) -> str | None:
     lost = [f"--{flag} {getattr(inp.job, name)}" for name, flag in (("grad_reduce", "grad-reduce"),
                                                                      ("optimizer_states", "optimizer-states"))
             if getattr(inp.job, name) != getattr(run, name)]
+    if not lost and trainer == "megatron" and inp.plan.vocab == "parallel" and inp.job.optimizer_states != "fp32":
+        return (f"--optimizer-states {inp.job.optimizer_states} with vocabulary parallelism: the fork's flags "
+                "(core_v0.10.0's and its own) do not record --use-precision-aware-optimizer, so with VOCAB_PARALLEL=1 "
+                "the script may stop on it; plan with --fork vocab-parallel for a plan the fork runs")
     if not lost:
         return None
     return (f"{' and '.join(lost)}: {trainer}'s config keeps fp32 there, so the header's figures are re-estimated "

@@ -184,10 +184,12 @@ def _precision_flags(inp: EmitInput) -> list[Flag]:
         flags.append(("--fp8-format", "hybrid"))
     if job.grad_reduce == "bf16":  # the gradient buffers and their reduction, as costed (JobSpec.grad_reduce)
         flags.append(("--grad-reduce-in-bf16", None))
-    if job.optimizer_states == "bf16":  # megatron-core OptimizerConfig's fields (JobSpec.optimizer_states)
+    if job.optimizer_states != "fp32":  # megatron-core OptimizerConfig's fields (JobSpec.optimizer_states)
         flags += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", "bf16"),
                   ("--exp-avg-sq-dtype", "bf16")]
-        if job.grad_reduce == "bf16":  # the optimizer steps on the bf16 buffer itself, as DeepSeek-V3's recipe
+        if job.optimizer_states == "bf16-moments":  # the optimizer's fp32-master path follows the fp8 recipe
+            flags.append(("--fp8-recipe", "tensorwise"))
+        elif job.grad_reduce == "bf16":  # it steps on the bf16 buffer itself, as DeepSeek-V3's recipe sets
             flags.append(("--main-grads-dtype", "bf16"))
     return flags
 

@@ -21,6 +21,10 @@ def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, g
         raise SpecError(why)
     _check_degrees(space, model, job, gpus, gpus_per_node)
     _check_choices(space, model)
+    if job.optimizer_states != "fp32" and space.zero is not None and 1 not in space.zero:
+        raise SpecError(f"--zero {','.join(map(str, space.zero))} with --optimizer-states {job.optimizer_states}: "
+                        "16-bit Adam states are costed in Megatron's distributed optimizer, zero 1; pin --zero 1 "
+                        "or use --optimizer-states fp32")
     if space.trainer is not None:
         _check_trainer(space, space.trainer)
         _check_moe(space.trainer, model)

@@ -283,11 +283,11 @@ def _expert_layouts(model: ModelSpec, space: SearchSpace, gpus_per_node: int, de
 
 
 def _zero_options(caps: TrainerCaps | None, job: JobSpec, pp: int) -> list[int]:
-    """ZeRO stages: 2 and 3 shard gradients, which a pipeline forbids; bf16 optimizer states live in a distributed
-    optimizer (>= 1); the trainer's own stages."""
+    """ZeRO stages: 2 and 3 shard gradients, which a pipeline forbids; 16-bit optimizer states are costed in
+    Megatron's distributed optimizer (1) only; the trainer's own stages."""
     stages = [0, 1] if pp > 1 else [0, 1, 2, 3]
     if job.optimizer_states != "fp32":
-        stages.remove(0)
+        stages = [1]
     return stages if caps is None else [z for z in stages if z in caps.zero_stages(pp)]
 
 

@@ -57,6 +57,8 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
         own = replace(job, trainer=name) if own_kernels else job
         if own.moe_dispatcher not in caps.moe_dispatchers:  # what it runs instead: NCCL's all-to-all
             own = replace(own, moe_dispatcher="alltoall")
+        if own.optimizer_states not in caps.optimizer_states:  # and Adam's usual fp32 state
+            own = replace(own, optimizer_states="fp32")
         try:
             check_space(restricted, model, own, gpus, hw.gpus_per_node)
             result = search(model, hw, own, gpus, restricted, top_k=0, profile=profile, work_limit=work_limit,

@@ -12,6 +12,8 @@ from autotune.units import FP32_BYTES
 DTYPES = ("bf16", "fp16", "fp8")
 #: MoE token dispatchers the cost model prices (JobSpec.moe_dispatcher)
 MOE_DISPATCHERS = ("alltoall", "deepep")
+#: Adam state layouts the cost model prices (JobSpec.optimizer_states)
+OPTIMIZER_STATES = ("fp32", "bf16", "bf16-moments")
 #: Trainers whose kernels and overlap the cost model knows (their differences: costmodel/layer.py, ops.py)
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -34,12 +36,15 @@ class JobSpec:
     """Dtype of the gradient buffers and their data-parallel reduction: fp32 is Megatron-LM's default; bf16
     (--grad-reduce-in-bf16, NeMo's performance recipes) halves both, and the distributed optimizer then keeps
     an fp32 copy of its gradient shard (Megatron's distributed-optimizer docs: 4 + 16/d bytes per parameter)."""
-    optimizer_states: Literal["fp32", "bf16"] = "fp32"
-    """Dtype of Adam's moments. bf16: Megatron's precision-aware optimizer (--use-precision-aware-optimizer
-    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; DeepSeek-V3 trained so, its report's Section 3.3.3), which
-    also keeps the fp32 master weights as the 16 bits the bf16 weights lack (Transformer Engine's
-    store_param_remainders, on by default) and steps on the gradient buffer itself (no fp32 copy of its
-    shard). It needs the distributed optimizer (ZeRO >= 1). StateBytes has the bytes."""
+    optimizer_states: Literal["fp32", "bf16", "bf16-moments"] = "fp32"
+    """Adam's state under Megatron's distributed optimizer (ZeRO-1). bf16: its precision-aware optimizer
+    (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; DeepSeek-V3 trained with bf16
+    moments, its report's Section 3.3.3) as Megatron-LM runs it by default (bf16, or fp8 with the delayed recipe):
+    the fp32 master weights kept as the 16 bits the bf16 weights lack (Transformer Engine's
+    store_param_remainders) and no fp32 copy of the gradient shard. bf16-moments: the same optimizer under another
+    fp8 recipe (tensorwise, blockwise, mxfp8; Megatron-Bridge sets tensorwise even for bf16 runs), where
+    megatron-core keeps whole fp32 master weights and an fp32 gradient copy, so only the moments shrink.
+    StateBytes has the bytes (megatron-core 0.16 distrib_optimizer.py)."""
     async_tp_backward: bool = True
     """Megatron issues the backward's tensor-parallel input-gradient collectives asynchronously, behind the
     weight-gradient GEMMs (since late 2021; the SC'21 paper's runs predate it). Only Megatron has it."""
@@ -74,8 +79,9 @@ class JobSpec:
             raise SpecError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.grad_reduce not in ("fp32", "bf16"):
             raise SpecError(f"--grad-reduce must be fp32 or bf16, got {self.grad_reduce!r}")
-        if self.optimizer_states not in ("fp32", "bf16"):
-            raise SpecError(f"--optimizer-states must be fp32 or bf16, got {self.optimizer_states!r}")
+        if self.optimizer_states not in OPTIMIZER_STATES:
+            raise SpecError(f"--optimizer-states must be one of {', '.join(OPTIMIZER_STATES)}, got "
+                            f"{self.optimizer_states!r}")
         if not 1.0 <= self.moe_imbalance <= 64.0:
             raise SpecError(f"moe_imbalance must be in [1, 64] (busiest expert's tokens over the mean), got "
                             f"{self.moe_imbalance}")
@@ -110,13 +116,14 @@ class JobSpec:
     @property
     def state_bytes(self) -> StateBytes:
         """Bytes per parameter of the training state this job keeps (StateBytes)."""
+        # an fp32 copy of the 16-bit gradient shard, unless the precision-aware optimizer steps on the buffer
+        copy = FP32_BYTES if self.grad_bytes < GRAD_BYTES and self.optimizer_states != "bf16" else 0
         if self.optimizer_states == "fp32":
-            # 16-bit gradients: the distributed optimizer keeps its shard of them in fp32 too
-            return StateBytes(grad=self.grad_bytes, grad_copy=FP32_BYTES if self.grad_bytes < GRAD_BYTES else 0)
-        # master weights as 16-bit remainders beside bf16 weights (Megatron's distrib_optimizer allocates them
-        # as int16 when store_param_remainders and bf16), whole fp32 beside fp16 ones; bf16 m and v
-        master = WEIGHT_BYTES if self.dtype != "fp16" else FP32_BYTES
-        return StateBytes(grad=self.grad_bytes, optimizer=master + 2 * 2)
+            return StateBytes(grad=self.grad_bytes, grad_copy=copy)
+        # bf16 m and v; the master weights as 16-bit remainders beside bf16 weights (distrib_optimizer.py allocates
+        # them as int16 when store_param_remainders and bf16), whole fp32 beside fp16 ones or under bf16-moments
+        master = WEIGHT_BYTES if self.optimizer_states == "bf16" and self.dtype != "fp16" else FP32_BYTES
+        return StateBytes(grad=self.grad_bytes, optimizer=master + 2 * 2, grad_copy=copy)
 
     @property
     def tokens_per_step(self) -> int:

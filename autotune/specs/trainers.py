@@ -80,8 +80,8 @@ class TrainerCaps:
     moe_dispatchers: tuple[str, ...] = ("alltoall",)
     """MoE token dispatchers it runs (JobSpec.moe_dispatcher): Megatron adds DeepEP (its flex dispatcher)."""
     optimizer_states: tuple[str, ...] = ("fp32",)
-    """Dtypes of Adam's moments it keeps (JobSpec.optimizer_states): Megatron adds bf16, its precision-aware
-    optimizer (megatron-core OptimizerConfig.use_precision_aware_optimizer, exp_avg_dtype, exp_avg_sq_dtype)."""
+    """Adam state layouts it keeps (JobSpec.optimizer_states): Megatron adds its precision-aware optimizer's
+    (megatron-core OptimizerConfig.use_precision_aware_optimizer, exp_avg_dtype, exp_avg_sq_dtype)."""
     mtp: bool = False
     """Trains the model's multi-token prediction modules (ModelSpec.mtp_layers): Megatron's --mtp-num-layers.
     Where False the modules are left out of the run, and of its estimate."""
@@ -107,7 +107,7 @@ _MEGATRON = TrainerCaps(
     # --use-distributed-optimizer (1); Megatron FSDP --data-parallel-sharding-strategy optim_grads(_params) (2, 3),
     # which is not used with pipelining
     zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1), cp=True, tp_overlap=True, max_vpp=8, moe=True, sp_seq_divisor=True,
-    moe_dispatchers=("alltoall", "deepep"), mtp=True, optimizer_states=("fp32", "bf16"),
+    moe_dispatchers=("alltoall", "deepep"), mtp=True, optimizer_states=("fp32", "bf16", "bf16-moments"),
     source="Megatron-LM core_r0.16: no zero-bubble or V schedule, no vocabulary parallelism (TRAINERS.md 1.1); "
            "any split through --pipeline-model-parallel-layout")
 TRAINER_CAPS: dict[str, TrainerCaps] = {
@@ -228,9 +228,9 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
             out.append(f"the {job.moe_dispatcher} token dispatcher: {n} runs {', '.join(caps.moe_dispatchers)}")
     if job.optimizer_states not in caps.optimizer_states:
         out.append(f"{job.optimizer_states} Adam states: {n} keeps {', '.join(caps.optimizer_states)}")
-    elif job.optimizer_states != "fp32" and p.zero == 0:
-        out.append(f"{job.optimizer_states} Adam states with zero 0: {n}'s precision-aware optimizer needs the "
-                   "distributed optimizer (zero >= 1)")
+    elif job.optimizer_states != "fp32" and p.zero != 1:
+        out.append(f"{job.optimizer_states} Adam states with zero {p.zero}: costed in {n}'s distributed optimizer "
+                   "(zero 1) only")
     if model.mtp_layers and not caps.mtp:
         out.append(f"{model.mtp_layers} multi-token prediction module(s): {n} trains none (its figures leave them "
                    "out)")

@@ -214,6 +214,7 @@ _LLAMA = ("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --swiglu 
     ("--use-precision-aware-optimizer --exp-avg-dtype bf16", "without --use-distributed-optimizer"),
     ("--use-distributed-optimizer --exp-avg-dtype bf16", "without --use-precision-aware-optimizer"),
     ("--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype bf17", "one of fp32, fp16"),
+    ("--use-distributed-optimizer --use-precision-aware-optimizer --optimizer sgd", "with adam only"),
     ("--tensor_model_parallel_size 8", "did you mean --tensor-model-parallel-size"),
     ("--sequence-paralel", "did you mean --sequence-parallel"),
     ("--use-distributed-optimiser", "did you mean --use-distributed-optimizer"),
@@ -226,22 +227,27 @@ def test_megatron_refusals_are_refused_here(flags: str, message: str) -> None:
     assert "\n" not in str(err.value)
 
 
+_AWARE = "--use-distributed-optimizer --use-precision-aware-optimizer"
+
+
 @pytest.mark.parametrize("flags, states, grads, noted", [
-    ("", "fp32", "fp32", False),
-    ("--grad-reduce-in-bf16", "fp32", "bf16", False),
-    ("--use-distributed-optimizer --use-precision-aware-optimizer", "fp32", "fp32", False),
-    ("--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16",
-     "bf16", "fp32", False),
+    ("", "fp32", "fp32", ""),
+    ("--grad-reduce-in-bf16", "fp32", "bf16", ""),
+    (_AWARE, "fp32", "fp32", "costed as fp32 Adam states (its 16-bit master remainders"),
+    (_AWARE + " --fp8-recipe tensorwise", "fp32", "fp32", "costed as fp32 Adam states"),
+    (_AWARE + " --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", "bf16", "fp32", ""),
     # DeepSeek-V3's recipe: bf16 main gradients keep the buffers in bf16 without --grad-reduce-in-bf16
-    ("--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 "
-     "--main-grads-dtype bf16", "bf16", "bf16", False),
-    ("--use-distributed-optimizer --use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype bf16",
-     "bf16", "fp32", True),
+    (_AWARE + " --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --main-grads-dtype bf16", "bf16", "bf16", ""),
+    # another fp8 recipe: megatron-core keeps whole fp32 master weights and an fp32 gradient copy
+    (_AWARE + " --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --fp8-format hybrid --fp8-recipe tensorwise",
+     "bf16-moments", "fp32", ""),
+    (_AWARE + " --exp-avg-dtype fp8 --exp-avg-sq-dtype bf16", "bf16", "fp32", "Adam moments of 1 and 2 bytes"),
+    (_AWARE + " --exp-avg-dtype bf16", "bf16", "fp32", "Adam moments of 2 and 4 bytes"),
 ])
-def test_megatron_optimizer_precision_is_read_back(flags: str, states: str, grads: str, noted: bool) -> None:
+def test_megatron_optimizer_precision_is_read_back(flags: str, states: str, grads: str, noted: str) -> None:
     r = read_megatron(_LLAMA + flags + "\n")
     assert (r.optimizer_states, r.grad_reduce) == (states, grads)
-    assert any("costed as bf16" in n for n in r.notes) == noted
+    assert any(noted in n for n in r.notes) if noted else not any("Adam" in n for n in r.notes)
 
 
 def test_megatron_valid_virtual_stages_still_read() -> None:

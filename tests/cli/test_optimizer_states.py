@@ -22,14 +22,19 @@ def _json(cli, *args: str) -> dict:
     return json.loads(result.stdout)
 
 
-def test_deepseek_v3_recipe_fits_only_with_its_optimizer_precision(cli) -> None:
-    """The recipe ran on 80 GB H100s; its stage 0 fits with the precision-aware optimizer it sets, not
-    without (the experts' optimizer state is unsharded: ep 64 leaves an expert-data-parallel group of 1)."""
-    fp32 = _json(cli, "estimate", *JOB, *RECIPE)
-    bf16 = _json(cli, "estimate", *JOB, *RECIPE, "--optimizer-states", "bf16")
-    assert (fp32["job"]["optimizer_states"], bf16["job"]["optimizer_states"]) == ("fp32", "bf16")
-    assert not fp32["fits"] and bf16["fits"]
-    assert bf16["step_time_s"] == fp32["step_time_s"]
+def test_deepseek_v3_recipe_optimizer_terms_by_hand(cli) -> None:
+    """The recipe's optimizer term under each state layout, by hand from megatron-core's distrib_optimizer.py with
+    bf16 gradient buffers: fp32 states 12 bytes + an fp32 gradient copy 4 = 16 per parameter of the ZeRO shard;
+    bf16 (Megatron-LM's default path) 2 (master remainder) + 2 + 2 = 6, no copy; bf16-moments (what the recipe
+    runs: Megatron-Bridge's default fp8_recipe tensorwise) 4 + 2 + 2 + copy 4 = 12. Experts (ep 64: an
+    expert-data-parallel group of 1) and the rest (dp 32) scale alike, so the ratios are exact: 6/16 and 12/16."""
+    runs = {states: _json(cli, "estimate", *JOB, *RECIPE, "--optimizer-states", states)
+            for states in ("fp32", "bf16", "bf16-moments")}
+    optimizer = {k: doc["stages"][1]["memory_gib"]["optimizer"] for k, doc in runs.items()}  # four MoE layers
+    assert optimizer["bf16"] / optimizer["fp32"] == pytest.approx(6 / 16, rel=1e-5)
+    assert optimizer["bf16-moments"] / optimizer["fp32"] == pytest.approx(12 / 16, rel=1e-5)
+    assert len({doc["step_time_s"] for doc in runs.values()}) == 1
+    assert {k: doc["job"]["optimizer_states"] for k, doc in runs.items()} == {k: k for k in runs}
 
 
 def test_a_saved_plan_keeps_it(cli, tmp_path: Path) -> None:
@@ -47,8 +52,8 @@ def test_plan_searches_zero_1_and_up_and_megatron_carries_it(cli, tmp_path: Path
                  "--out", str(out), "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["solver"]["status"] == "OPTIMAL" and doc["plan"]["zero"] >= 1
-    assert all(r["plan"]["zero"] >= 1 for r in doc["runners_up"])
+    assert doc["solver"]["status"] == "OPTIMAL" and doc["plan"]["zero"] == 1
+    assert all(r["plan"]["zero"] == 1 for r in doc["runners_up"])
     script = (out / "launch_megatron.sh").read_text()
     for flag in ("--use-precision-aware-optimizer", "--exp-avg-dtype bf16", "--exp-avg-sq-dtype bf16",
                  "--main-grads-dtype bf16", "--grad-reduce-in-bf16"):
@@ -59,9 +64,10 @@ def test_plan_searches_zero_1_and_up_and_megatron_carries_it(cli, tmp_path: Path
 
 
 @pytest.mark.parametrize(("extra", "words"), [
-    (("--optimizer-states", "fp8"), "--optimizer-states must be fp32 or bf16"),
+    (("--optimizer-states", "fp8"), "--optimizer-states must be one of fp32, bf16, bf16-moments"),
     (("--optimizer-states", "bf16", "--kernels", "torchtitan"), "--optimizer-states bf16: torchtitan keeps fp32"),
-    (("--optimizer-states", "bf16", "--zero", "0"), "use zero >= 1 or --optimizer-states fp32"),
+    (("--optimizer-states", "bf16", "--zero", "0"), "use zero 1 or --optimizer-states fp32"),
+    (("--optimizer-states", "bf16-moments", "--zero", "3"), "use zero 1 or --optimizer-states fp32"),
 ])
 def test_bad_optimizer_states_are_one_line_errors(extra, words, autotune_proc) -> None:
     proc = autotune_proc("estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch",
@@ -86,7 +92,8 @@ def test_plan_for_a_trainer_without_it_is_refused(autotune_proc) -> None:
 def test_scale_takes_it(cli, autotune_proc) -> None:
     job = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8,16", "--global-batch", "64", "--seq-len", "4096")
     doc = _json(cli, "scale", *job, "--optimizer-states", "bf16", "--grad-reduce", "bf16")
-    assert all(p["status"] == "OPTIMAL" and p["plan"]["zero"] >= 1 for p in doc["points"])
+    assert all(p["status"] == "OPTIMAL" and p["plan"]["zero"] == 1 for p in doc["points"])
+    assert (doc["grad_reduce"], doc["optimizer_states"]) == ("bf16", "bf16")
     proc = autotune_proc("scale", *job, "--optimizer-states", "bf16", "--trainer", "torchtitan")
     assert proc.returncode == 1 and "torchtitan keeps fp32 Adam states" in proc.stderr
 
@@ -102,3 +109,25 @@ def test_emitting_for_a_trainer_without_it_says_what_its_config_keeps(cli, autot
             in proc.stderr)
     megatron = autotune_proc("emit", "--plan", str(path), "--trainer", "megatron", "--out", str(tmp_path / "mg"))
     assert megatron.returncode == 0 and "keeps fp32 there" not in megatron.stderr
+
+
+def test_a_bad_value_in_a_plan_file_names_the_file(cli, tmp_path: Path) -> None:
+    from autotune.errors import SpecError
+
+    doc = _json(cli, "estimate", *JOB, *RECIPE, "--optimizer-states", "bf16")
+    doc["job"]["optimizer_states"] = "fp8"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match=r"plan.json: job.optimizer_states 'fp8' must be one of fp32, bf16"):
+        cli("estimate", "--plan", str(path))
+
+
+def test_vocab_parallel_with_bf16_states_warns_of_the_fork(cli, autotune_proc, tmp_path: Path) -> None:
+    """A plan no trainer runs as planned (vocabulary parallelism needs the fork, which records no precision-aware
+    optimizer): the Megatron script says so."""
+    job = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096")
+    doc = _json(cli, "estimate", *job, "--tp", "2", "--pp", "2", "--vocab", "parallel", "--optimizer-states", "bf16")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    proc = autotune_proc("emit", "--plan", str(path), "--trainer", "megatron", "--out", str(tmp_path / "mg"))
+    assert proc.returncode == 0 and "do not record --use-precision-aware-optimizer" in proc.stderr, proc.stderr

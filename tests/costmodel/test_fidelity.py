@@ -150,6 +150,17 @@ def test_precision_aware_optimizer_bytes_follow_megatron_core(d):
         pytest.approx(10 / d)
 
 
+@pytest.mark.parametrize("d", [1, 8, 64])
+def test_bf16_moments_keep_fp32_master_weights_and_the_gradient_copy(d):
+    """Under a non-delayed fp8 recipe (Megatron-Bridge's default tensorwise) megatron-core's precision-aware
+    optimizer keeps an fp32 master (`clone().float()`) and an fp32 gradient copy (`.float()`, the buffer itself when
+    it is fp32 already): only the moments shrink, 4 + 4 = 8 bytes, so 4 + (8 + 4)/d with bf16 buffers, against
+    4 + 16/d without it."""
+    assert sum(state_bytes_per_param(1, d, _state(optimizer_states="bf16-moments", grad_reduce="bf16"))) == \
+        pytest.approx(4 + 12 / d)
+    assert sum(state_bytes_per_param(1, d, _state(optimizer_states="bf16-moments"))) == pytest.approx(6 + 8 / d)
+
+
 def test_bf16_optimizer_states_shrink_only_the_optimizer_term():
     """The same plan with bf16 moments: weights and gradients unchanged, the optimizer term 6/12 of fp32's
     (no fp32 gradient copy either way with fp32 buffers), the step time unchanged."""

@@ -73,6 +73,8 @@ _FLAGS: tuple[tuple[str, str, dict], ...] = (
     # batch, precision, recompute
     ("--micro-batch-size", "int", {}), ("--global-batch-size", "int", {}),
     ("--bf16", "true", {}), ("--fp16", "true", {}), ("--fp8-format", "str", {"choices": ["e4m3", "hybrid"]}),
+    ("--fp8-recipe", "str", {"choices": ["tensorwise", "delayed", "mxfp8", "blockwise", "custom"],
+                             "default": "delayed"}),
     ("--recompute-granularity", "str", {"choices": ["full", "selective"]}),
     ("--recompute-method", "str", {"choices": ["uniform", "block"]}), ("--recompute-num-layers", "int", {}),
     # data-parallel gradients and optimizer state
@@ -442,7 +444,7 @@ def _optimizer_config(cls, a: argparse.Namespace, params_dtype):
         with mock.patch("megatron.core.optimizer.optimizer_config.is_te_min_version", return_value=True):
             return cls(optimizer="adam", lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay, bf16=a.bf16,
                        fp16=a.fp16, params_dtype=params_dtype, clip_grad=a.clip_grad,
-                       use_distributed_optimizer=a.use_distributed_optimizer,
+                       use_distributed_optimizer=a.use_distributed_optimizer, fp8_recipe=a.fp8_recipe,
                        use_precision_aware_optimizer=a.use_precision_aware_optimizer,
                        main_grads_dtype=dtypes[a.main_grads_dtype], main_params_dtype=dtypes[a.main_params_dtype],
                        exp_avg_dtype=dtypes.get(a.exp_avg_dtype, torch.uint8),

@@ -82,9 +82,11 @@ def assert_matches_plan(inp: EmitInput, v: Validated, world_size: int) -> None:
     assert ddp.use_megatron_fsdp == (p.zero >= 2) and ddp.bucket_size == p.bucket_size
     assert ddp.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}.get(p.zero, "no_shard")
     assert ddp.grad_reduce_in_fp32 == (inp.job.grad_reduce == "fp32")
-    bf16_states = inp.job.optimizer_states == "bf16"
+    bf16_states = inp.job.optimizer_states != "fp32"
     assert a.use_precision_aware_optimizer == bf16_states
     assert (a.exp_avg_dtype, a.exp_avg_sq_dtype) == (("bf16", "bf16") if bf16_states else ("fp32", "fp32"))
+    if bf16_states:  # megatron-core's use_precision_aware_optimizer_no_fp8_or_ds_fp8: remainders, no grad copy
+        assert (a.fp8_recipe in (None, "delayed")) == (inp.job.optimizer_states == "bf16")
     assert (c.num_layers, c.hidden_size, c.num_attention_heads, c.num_query_groups, c.kv_channels,
             c.ffn_hidden_size) == (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
                                    m.ffn_hidden_size)
@@ -401,7 +403,7 @@ def test_unfused_kernels_and_fp8() -> None:
 
 
 @pytest.mark.parametrize("grad_reduce", ["fp32", "bf16"])
-@pytest.mark.parametrize("states", ["fp32", "bf16"])
+@pytest.mark.parametrize("states", ["fp32", "bf16", "bf16-moments"])
 def test_gradient_and_optimizer_state_precision(grad_reduce: str, states: str) -> None:
     """The job's gradient-buffer and Adam-state dtypes are what the config runs: --grad-reduce-in-bf16, and the
     precision-aware optimizer with bf16 moments (bf16 main gradients beside bf16 buffers, as DeepSeek-V3's recipe)."""
@@ -412,6 +414,7 @@ def test_gradient_and_optimizer_state_precision(grad_reduce: str, states: str) -
     argv = megatron_argv(inp)
     assert ("--grad-reduce-in-bf16" in argv) == (grad_reduce == "bf16")
     assert ("--main-grads-dtype" in argv) == (states == grad_reduce == "bf16")
+    assert ("--fp8-recipe" in argv) == (states == "bf16-moments")
     _validate(inp)
 
 

@@ -67,9 +67,10 @@ RULES: tuple[tuple[str, str], ...] = (
                    "gpt_oss.py) no recompute and alltoall; Kimi-K2 (recipes/kimi/kimi_k2.py) selective and "
                    "alltoall; DeepSeek-V3's and Kimi-K2's pipeline layout for (pp, vp) where the recipe maps one "
                    "(set_deepseek_v3_pipeline_model_parallel_layout: E+4 | 4 x 14 | 1 + MTP + loss at pp 16), "
-                   "else the even split; gradients reduced in bf16 for DeepSeek-V3 and Kimi-K2 (their recipes set "
-                   "grad_reduce_in_fp32 = False), fp32 for the others, and DeepSeek-V3's bf16 Adam moments "
-                   "(use_precision_aware_optimizer, exp_avg(_sq)_dtype bf16). NeMo "
+                   "else the even split; DeepSeek-V3's bf16 gradients (grad_reduce_in_fp32 = False) and bf16 Adam "
+                   "moments (use_precision_aware_optimizer, exp_avg(_sq)_dtype bf16) with fp32 master weights (the "
+                   "recipe's default fp8_recipe tensorwise selects them), fp32 for the others; Kimi-K2's default "
+                   "recipe runs the Muon optimizer, costed as Adam. NeMo "
                    "2.5's qwen3_30b_a3b recipe sets the same recompute. The performance scripts (not on PyPI) "
                    "override the recipes' parallelism; that they keep these settings is assumed, not read"),
     ("zero", "torchtitan with fsdp yes -> 3 (FSDP2 shards weights, gradients and optimizer state), without -> 0; "
@@ -106,16 +107,17 @@ class MoeRecipe:
     grad_reduce: str = "fp32"
     """fp32 where the recipe keeps ddp.grad_reduce_in_fp32 = True (_pretrain_common's default)."""
     optimizer_states: str = "fp32"
-    """bf16 where it turns on the precision-aware optimizer with bf16 exp_avg and exp_avg_sq."""
+    """JobSpec.optimizer_states of its precision-aware optimizer settings."""
 
 
 #: The MoE models' Megatron-Bridge 0.3.1 pretrain recipes, by catalog name: DeepSeek-V3's sets
-#: grad_reduce_in_fp32 = False and use_precision_aware_optimizer with bf16 moments and main gradients; Kimi-K2's
-#: (adam) grad_reduce_in_fp32 = False; the others keep the defaults
+#: grad_reduce_in_fp32 = False and use_precision_aware_optimizer with bf16 moments and main gradients, under
+#: MixedPrecisionConfig's default fp8_recipe "tensorwise", which megatron-core's optimizer reads even in a bf16 run
+#: (so whole fp32 master weights: bf16-moments); the others, Kimi-K2's default Muon variant included, keep fp32
 MOE_RECIPES = {"qwen3-30b-a3b": MoeRecipe("full", "deepep"), "qwen3-235b-a22b": MoeRecipe("none", "deepep"),
-               "deepseek-v3": MoeRecipe("selective", "deepep", "bf16", "bf16"),
+               "deepseek-v3": MoeRecipe("selective", "deepep", "bf16", "bf16-moments"),
                "gpt-oss-120b": MoeRecipe("none", "alltoall"), "gpt-oss-20b": MoeRecipe("none", "alltoall"),
-               "kimi-k2": MoeRecipe("selective", "alltoall", "bf16")}
+               "kimi-k2": MoeRecipe("selective", "alltoall")}
 MOE_RECIPE_SOURCES = ("megatron_bridge_perf_summary",)
 #: Decoder layers per virtual stage (in virtual order) of the recipes' explicit pipeline layouts, by catalog
 #: name and (pp, vp): megatron-bridge 0.3.1 recipes/deepseek/deepseek_v3.py
