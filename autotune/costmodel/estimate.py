@@ -207,7 +207,8 @@ class CostModel:
             if len(self._stage_memo) >= STAGE_MEMO_PLANS:  # bounded: drop the oldest shape
                 del self._stage_memo[next(iter(self._stage_memo))]
             memo = self._stage_memo[shape] = {}
-        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.job.state_bytes, ticks, memo)
+        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.job.state_bytes, ticks, memo,
+                            dense_first=self.model.first_dense_layers if plan.tp_mode == "1d" else 0)
 
     def timeline(self, plan: Plan) -> Timeline:
         """Every pass of every rank in one step, as the schedule runs them (for the text timeline)."""

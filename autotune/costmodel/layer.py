@@ -70,6 +70,10 @@ class LayerCost:
     memory_params)."""
     surplus_expert_params: int = 0
     """The routed experts inside surplus_params."""
+    dense_params: int = 0
+    """Parameters of one dense layer on this GPU where the model has dense-first layers (an MoE model's mean
+    layer): a stage holding some is charged that much less per dense layer than stage_params (stages.py
+    dense_first_credit); 0 for other layers."""
     sac_gather_s: float = 0.0
     """torchtitan's backward re-gather of the block inputs, which only its selective checkpointing runs
     (tpcomm.recomputed_gathers_s): charged with that recomputation, not in tp_bwd_s."""
@@ -224,7 +228,8 @@ def blend_layers(moe: LayerCost, dense: LayerCost, w: float, freq: int = 1) -> L
                      memory_params=math.ceil((moe.params + (freq - 1) * dense.params) / freq),
                      memory_expert_params=math.ceil(moe.expert_params / freq),
                      surplus_params=moe.params - math.ceil((moe.params + (freq - 1) * dense.params) / freq),
-                     surplus_expert_params=moe.expert_params - math.ceil(moe.expert_params / freq))
+                     surplus_expert_params=moe.expert_params - math.ceil(moe.expert_params / freq),
+                     dense_params=dense.params)
 
 
 def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,

@@ -8,7 +8,7 @@ from functools import cache
 
 from autotune.costmodel import comm
 from autotune.costmodel.layer import LayerCost, VocabCost
-from autotune.costmodel.memory import split_state_bytes, state_bytes
+from autotune.costmodel.state import dense_first_credit, fixed_state_bytes, layer_state_bytes
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, chunks_per_rank, pass_ticks, peak_in_flight
 from autotune.specs.hardware import HardwareSpec
@@ -254,15 +254,19 @@ def schedule_ticks(plan: Plan, layer: LayerCost) -> Ticks:
 
 def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float,
                  vp_comm: tuple[float, float] = (0.0, 0.0), param_bytes: StateBytes = StateBytes(),
-                 ticks: Ticks | None = None, memo: dict | None = None) -> tuple[StageCost, ...]:
+                 ticks: Ticks | None = None, memo: dict | None = None, dense_first: int = 0
+                 ) -> tuple[StageCost, ...]:
     """Assemble every stage of `plan` from per-layer and vocabulary costs (what does not depend on the stage
     is computed once: estimates are called thousands of times per second). `ticks`: schedule_ticks(plan,
     layer), if the caller has it. `memo`: a dict kept across calls for plans that differ only in their
-    partition (with the same costs), which then share every stage of equal index and layer count."""
+    partition (with the same costs), which then share every stage of equal index and layer count.
+    `dense_first`: the model's dense-first layers, which open rank 0's first chunk (dense_first_credit)."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
     per_state = layer_state_bytes(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, param_bytes)
+    credit = dense_first_credit(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, param_bytes) \
+        if dense_first else (0, 0, 0)
     layer_compute = layer.fwd.seconds + layer.bwd.seconds
     layer_tp = layer.tp_fwd_s + layer.tp_bwd_s
     layer_cp = layer.cp_fwd_s + layer.cp_bwd_s
@@ -282,7 +286,8 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             out.append(built[index, n])
             continue
         place, pid = placements[index]
-        key = (n, pid)
+        dense = min(chunk_layers(n, v)[0], dense_first) if index == 0 else 0  # rank 0's first chunk opens the model
+        key = (n, pid, dense)
         if key not in shared:
             first, last = place.embed, place.head
             biggest = -(-n // v)  # chunks may differ by one layer; memory is counted at the largest
@@ -301,15 +306,15 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             shared[key] = (
                 params, fwd, bwd, tuple(by_category), n * layer_compute + vocab_compute,
                 n * layer_tp + first * vocab.embed_comm_s + last * vocab.head_comm_s + sum(vp_comm),
-                (n * per_state[0] + fixed[0], n * per_state[1] + fixed[1], n * per_state[2] + fixed[2]), zero3,
+                tuple(n * per + f - dense * c for per, f, c in zip(per_state, fixed, credit)), zero3,
                 chunk_durations(plan, n, layer, vocab, place, rc, p2p_s, vp_comm, zero3),
                 rc_layers, rc * layer.act.full + (biggest - rc) * act_base,
                 (layer.act.none if rc else 0) + transient_zero3, n * rec_base + rc_layers * (rec_full - rec_base))
         (params, fwd, bwd, by_category, compute, tp_comm, state, zero3, chunks, rc_layers, act_chunk, transient,
          recompute) = shared[key]
         peak = peaks[index]
-        if (n, pid, peak) not in memories:  # ranks alike in layers, placement and peak hold alike
-            memories[n, pid, peak] = StageMemory(
+        if key + (peak,) not in memories:  # ranks alike in layers, placement, dense layers and peak hold alike
+            memories[key + (peak,)] = StageMemory(
                 weights=state[0], gradients=state[1], optimizer=state[2],
                 activations=(peak + extra_in_flight) * act_chunk,
                 vocab_activations=vocab_activations(plan, place, peak, vocab), transient=transient)
@@ -317,29 +322,10 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             index=index, layers=n, recomputed_layers=rc_layers, has_embedding=place.embed > 0,
             has_head=place.head > 0, compute_s=compute, recompute_s=recompute, tp_comm_s=tp_comm,
             cp_comm_s=n * layer_cp, pp_comm_s=p2p_s, zero3_comm_s=zero3, fwd_s=fwd, bwd_s=bwd,
-            by_category=by_category, params=params, memory=memories[n, pid, peak], chunks=chunks,
+            by_category=by_category, params=params, memory=memories[key + (peak,)], chunks=chunks,
             expert_params=n * layer.expert_params)
         out.append(built[index, n])
     return tuple(out)
-
-
-def layer_state_bytes(layer: LayerCost, zero: int, shards: int, expert_shards: int,
-                      state: StateBytes = StateBytes()) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer) bytes of one layer as a stage is charged: its routed experts (MoE) sharded
-    over the expert-data-parallel group (Megatron's distributed optimizer does), the rest over data parallel."""
-    return split_state_bytes(layer.stage_params, layer.stage_expert_params, zero, shards, expert_shards, state)
-
-
-def fixed_state_bytes(layer: LayerCost, vocab: VocabCost, vparams: int, head: float, chunks: int, zero: int,
-                      shards: int, expert_shards: int, state: StateBytes = StateBytes()) -> tuple[int, int, int]:
-    """A rank's (weights, gradients, optimizer) bytes besides n x its layer's: `vparams` vocabulary parameters
-    (the `head` share of the MTP experts over the expert-data-parallel group), and per model chunk (each its own
-    window of layers) the pattern's surplus (LayerCost.surplus_params)."""
-    experts = math.ceil(head * vocab.head_expert_params)
-    own = split_state_bytes(vparams, experts, zero, shards, expert_shards, state)
-    surplus = split_state_bytes(chunks * layer.surplus_params, chunks * layer.surplus_expert_params, zero, shards,
-                                expert_shards, state)
-    return own[0] + surplus[0], own[1] + surplus[1], own[2] + surplus[2]
 
 
 def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost, ticks: Ticks) -> int:

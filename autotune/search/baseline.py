@@ -68,7 +68,7 @@ def least_recompute(cc: CandidateCosts, chunks: tuple[int, ...]) -> int | None:
 
 def _stage_bytes(cc: CandidateCosts, i: int, k: int, rc: int) -> int:
     s = cc.stages[i]
-    total = k * (cc.cand.vpp * cc.layer_state + s.in_flight * cc.act_base) + s.memory
+    total = k * (cc.cand.vpp * cc.layer_state + s.in_flight * cc.act_base) + s.memory - cc.credit(i, k)
     if rc:
         total += rc * s.in_flight * (cc.act_full - cc.act_base) + cc.act_none
     return total

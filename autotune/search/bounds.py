@@ -177,7 +177,7 @@ def forced_recompute_s(cc: CandidateCosts, num_layers: int) -> float:
     free, options = 0, []
     caps = stage_caps(cc, num_layers)
     for i, s in enumerate(cc.stages):
-        room = cc.usable - s.memory
+        room = cc.usable - s.memory + cc.most_credit(i)
         per_chunk = c.vpp * cc.layer_state + s.in_flight * cc.act_base
         base_cap = max(0.0, room / per_chunk)  # fractional: a relaxation must not discard leftover memory
         free += base_cap
@@ -210,7 +210,7 @@ def stage_time_floor(cc: CandidateCosts, num_layers: int) -> float:
     pieces = []
     caps = stage_caps(cc, num_layers)
     for i, s in enumerate(cc.stages):
-        room = cc.usable - s.memory
+        room = cc.usable - s.memory + cc.most_credit(i)
         alpha = v * cc.layer_state + s.in_flight * cc.act_base
         sigma = s.in_flight * (cc.act_base - cc.act_full) if c.full_max else 0
         pieces.append((s.time_s, max(0.0, room / alpha) if alpha else math.inf, max(0, caps[i]),

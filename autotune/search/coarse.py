@@ -14,7 +14,7 @@ import numpy as np
 
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.schedules import pipeline_lower_bound
-from autotune.costmodel.stages import layer_state_bytes
+from autotune.costmodel.state import dense_first_credit, layer_state_bytes
 from autotune.search.bounds import vocab_path_share
 from autotune.search.experts import expert_dp
 from autotune.search.space import Candidate
@@ -31,10 +31,10 @@ def coarse_bound(cm: CostModel, c: Candidate, memo: dict) -> tuple[float, bool]:
     recomputation allowed. `memo` (one dict per search) keeps the per-layer terms."""
     shape = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp)
     (per_layer, act, share) = _timing(cm, ("time", *shape, c.base, c.full_max > 0), memo)
-    (state, adam) = _sharded(cm, ("state", c.tp, c.tp_mode, c.ep, c.etp, c.cp, c.dp, c.zero), shape, memo)
+    (state, adam, credit) = _sharded(cm, ("state", c.tp, c.tp_mode, c.ep, c.etp, c.cp, c.dp, c.zero), shape, memo)
     L = cm.model.num_layers
     fullest = -(-(L // c.vpp) // c.pp)  # chunks on the stage with the most
-    fits = fullest * (c.vpp * state + act) <= cm.hw.usable_memory_bytes
+    fits = fullest * (c.vpp * state + act) - credit <= cm.hw.usable_memory_bytes
     work = L * per_layer
     t_max = max(work / c.pp, c.vpp * fullest * per_layer)
     pipe = pipeline_lower_bound(c.schedule, c.num_microbatches, c.vpp, c.pp, t_max, 0.0, work, share)
@@ -61,10 +61,11 @@ def coarse_bounds(cm: CostModel, cands: list[Candidate], memo: dict) -> list[tup
     act = np.array([t[1] for t in timing], dtype=np.int64)[time_ids]
     state = np.array([x[0] for x in sharded], dtype=np.int64)[state_ids]
     adam = np.array([x[1] for x in sharded], dtype=np.float64)[state_ids]
+    credit = np.array([x[2] for x in sharded], dtype=np.int64)[state_ids]
     pp_a, vpp_a, m_a = (np.array(x, dtype=np.int64) for x in (pp, vpp, m))
     L = cm.model.num_layers
     fullest = -(-(L // vpp_a) // pp_a)
-    fits = fullest * (vpp_a * state + act) <= cm.hw.usable_memory_bytes
+    fits = fullest * (vpp_a * state + act) - credit <= cm.hw.usable_memory_bytes
     work = L * per_layer
     t_max = np.maximum(work / pp_a, (vpp_a * fullest) * per_layer)
     bound = m_a * t_max
@@ -95,16 +96,20 @@ def _timing(cm: CostModel, key: tuple, memo: dict) -> tuple[float, int, float]:
     return value
 
 
-def _sharded(cm: CostModel, key: tuple, shape: tuple, memo: dict) -> tuple[int, float]:
-    """Per layer of the candidates sharing `key`: weights, gradients and optimizer bytes; the Adam step's time.
+def _sharded(cm: CostModel, key: tuple, shape: tuple, memo: dict) -> tuple[int, float, int]:
+    """Per layer of the candidates sharing `key`: weights, gradients and optimizer bytes; the Adam step's time;
+    and the most bytes the dense-first layers take off a stage (state.dense_first_credit, all of them on one).
     A layer's parameters depend on its tensor-parallel mode and degree and its expert layout only, so `key`
     leaves out the rest of the layer `shape` (any shape of the key gives the same bytes)."""
     if (value := memo.get(key)) is None:
         _, tp, _, ep, etp, cp, dp, zero = key
         layer = cm.layer(*shape)
         shards = dp * cp
-        state = sum(layer_state_bytes(layer, zero, shards, expert_dp(tp, cp, dp, ep, etp), cm.job.state_bytes))
+        edp = expert_dp(tp, cp, dp, ep, etp)
+        state = sum(layer_state_bytes(layer, zero, shards, edp, cm.job.state_bytes))
+        dense = cm.model.first_dense_layers if key[2] == "1d" else 0
+        credit = dense * sum(dense_first_credit(layer, zero, shards, edp, cm.job.state_bytes)) if dense else 0
         adam = layer.params * ADAM_STEP_BYTES / (shards if zero >= 1 else 1) / (cm.hw.hbm_bandwidth
                                                                                * cm.hw.efficiency.memory)
-        memo[key] = value = (state, adam)
+        memo[key] = value = (state, adam, credit)
     return value

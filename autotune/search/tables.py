@@ -14,10 +14,11 @@ from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.pipeline import UNIT_TICKS, chunks_per_rank, peak_in_flight
-from autotune.costmodel.stages import (chunk_durations, fixed_state_bytes, layer_passes, layer_state_bytes,
-                                       p2p_seconds, rank_placements, schedule_ticks, stage_bwd_s, stage_fwd_s,
-                                       stage_params, stage_vocab_activations, vocab_parallel_comm,
-                                       vocab_parallel_in_flight, vocab_placement, zero3_exposed, zero3_transient)
+from autotune.costmodel.stages import (chunk_durations, layer_passes, p2p_seconds, rank_placements, schedule_ticks,
+                                       stage_bwd_s, stage_fwd_s, stage_params, stage_vocab_activations,
+                                       vocab_parallel_comm, vocab_parallel_in_flight, vocab_placement, zero3_exposed,
+                                       zero3_transient)
+from autotune.costmodel.state import dense_first_credit, fixed_state_bytes, layer_state_bytes
 from autotune.search.space import Candidate
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import WEIGHT_BYTES
@@ -84,8 +85,21 @@ class CandidateCosts:
     """One layer's (F, B, W) seconds per micro-batch with the base recomputation (B without W)."""
     ticks: tuple[int, int, int]
     """The proportions a v-half order is built for (stages.schedule_ticks)."""
+    dense_credit: int = 0
+    """Bytes stage 0 is charged less per dense-first layer its first chunk holds (state.dense_first_credit)."""
+    dense_first: int = 0
+    """The model's dense-first layers (0 where no credit applies: none, or a grid tensor-parallel layer)."""
     memo: dict = field(default_factory=dict, compare=False, repr=False)
     """What the bounds derive from these terms more than once (chunk_ranges, stage_caps)."""
+
+    def credit(self, i: int, k: int) -> int:
+        """Bytes stage i with k layers per chunk is charged less for its dense-first layers (rank 0's first
+        chunk opens the model): the memory rule of the estimate (stages.build_stages)."""
+        return self.dense_credit * min(k, self.dense_first) if i == 0 else 0
+
+    def most_credit(self, i: int) -> int:
+        """The largest credit(i, k) of any k, for relaxations (which may only loosen the memory rule)."""
+        return self.dense_credit * self.dense_first if i == 0 else 0
 
     @property
     def layer_fwd_s(self) -> float:
@@ -191,6 +205,8 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
         stages.append(built[pid, memory, peaks[i]])
     adam_shards = shards if c.zero >= 1 else 1
     base = layer.recompute_time(c.base)
+    dense_first = cm.model.first_dense_layers if c.tp_mode == "1d" else 0
+    credit = sum(dense_first_credit(layer, c.zero, shards, plan.expert_dp, cm.job.state_bytes)) if dense_first else 0
     return CandidateCosts(
         cand=c, layer=layer, vocab=vocab, layer_time_s=layer.time(c.base),
         full_extra_s=layer.recompute_time("full") - base,
@@ -199,7 +215,8 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
         act_full=layer.act.full, act_none=layer.act.none, stages=tuple(stages), usable=cm.hw.usable_memory_bytes,
         buckets=buckets, syncs=sync_collectives(cm, c, buckets), tied_sync_s=tied_sync_seconds(cm, c),
         adam_s_per_param=ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory),
-        layer_fbw=layer_passes(layer, c.base), ticks=ticks)
+        layer_fbw=layer_passes(layer, c.base), ticks=ticks, dense_credit=credit,
+        dense_first=dense_first if credit else 0)
 
 
 def smallest_stage_params(c: Candidate, layer: LayerCost, vocab: VocabCost, num_layers: int) -> int:
@@ -245,8 +262,8 @@ def stage_caps(cc: CandidateCosts, num_layers: int) -> tuple[int, ...]:
         act = cc.act_full if c.full_max > 0 else cc.act_base
         layers, most = c.vpp * cc.layer_state, num_layers // c.vpp
         out = []
-        for s in cc.stages:
-            per_chunk, room = layers + s.in_flight * act, cc.usable - s.memory
+        for i, s in enumerate(cc.stages):
+            per_chunk, room = layers + s.in_flight * act, cc.usable - s.memory + cc.most_credit(i)
             out.append(-1 if room < 0 else min(most, room // per_chunk if per_chunk else num_layers))
         cc.memo[key] = out = tuple(out)
     return out

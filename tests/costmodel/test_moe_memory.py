@@ -89,3 +89,36 @@ def test_interleaved_ranks_are_charged_for_every_chunk(pp: int, vpp: int, layers
         vocab = est.stages[r].params - len(held) * CostModel(MAVERICK, H100, JOB).layer(
             4, 1, 1, False, "1d", False, 8, 1).params
         assert est.stages[r].memory.weights >= 2 * (k * moe + (len(held) - k) * dense + vocab), (r, k)
+
+
+def test_dense_first_layers_of_stage_0_are_charged_as_dense_by_hand() -> None:
+    """Megatron-Bridge's DeepSeek-V3 recipe at 1024 H100s: stage 0 holds the embedding, the 3 dense-first layers
+    and 1 MoE layer (tp 2, ep 64, etp 1); its weights are 2 bytes per parameter of exactly those (memory.py's
+    layer counts, not the partition's mean layer), where stage 1 holds 4 MoE layers."""
+    model, tp = load_model("deepseek-v3"), 2
+    plan = Plan(tp=tp, pp=16, dp=32, mbs=1, num_microbatches=128, zero=1, sequence_parallel=True, vocab="balanced",
+                layers_per_stage=(4,) * 15 + (1,), ep=64, etp=1)
+    est = CostModel(model, H100, JobSpec(global_batch=4096, seq_len=4096)).estimate(plan)
+    moe, dense = moe_layer_params(model, tp, 64, 1), dense_layer_params(model, tp)
+    embedding = model.vocab_size * model.hidden_size // tp
+    assert est.stages[0].memory.weights == 2 * (3 * dense + moe + embedding)
+    assert est.stages[1].memory.weights == 2 * 4 * moe
+    # the optimizer term: the dense layers' 12 bytes over dp 32; the MoE layer's experts unsharded (expert dp 1)
+    experts = model.num_experts // 64 * (3 * model.hidden_size * model.moe_ffn_hidden_size)
+    expected = 12 * (3 * dense + moe - experts + embedding) / 32 + 12 * experts
+    assert est.stages[0].memory.optimizer == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_a_first_chunk_shorter_than_the_dense_layers_is_credited_for_what_it_holds(vpp: int) -> None:
+    """With 2 layers per chunk on rank 0, 2 of DeepSeek-V3's 3 dense layers sit there (the third opens rank 1, whose
+    stage is charged as MoE layers: conservative, as the planner charges it)."""
+    model = load_model("deepseek-v3")
+    layers = (2 * vpp,) + (4,) * 14 + (61 - 2 * vpp - 56,)
+    schedule = "interleaved" if vpp > 1 else "1f1b"
+    plan = Plan(tp=2, pp=16, dp=32, mbs=1, num_microbatches=128, zero=1, sequence_parallel=True, vocab="balanced",
+                layers_per_stage=layers, ep=64, etp=1, schedule=schedule, vpp=vpp)
+    est = CostModel(model, H100, JobSpec(global_batch=4096, seq_len=4096)).estimate(plan)
+    moe, dense = moe_layer_params(model, 2, 64, 1), dense_layer_params(model, 2)
+    embedding = model.vocab_size * model.hidden_size // 2
+    assert est.stages[0].memory.weights == 2 * (2 * dense + (2 * vpp - 2) * moe + embedding)
