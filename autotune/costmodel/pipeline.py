@@ -35,6 +35,8 @@ from functools import cache
 from itertools import islice
 from typing import Literal
 
+import numpy as np
+
 Kind = Literal["F", "B", "W"]
 SPLIT_BACKWARD = ("zb-h1", "v-half")
 """Schedules that run the weight gradient (W) apart from the input gradient (B)."""
@@ -251,62 +253,67 @@ class _Graph:
 def _graph(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> _Graph:
     orders = rank_orders(schedule, pp, vpp, m, ticks)
     v = chunks_per_rank(schedule, vpp)
-    owns, needs, rank_slots = _pass_ids(schedule, pp, v, m, orders)
-    index = [-1] * (3 * pp * v * m)
-    ranks: list[int] = []
-    ops: list[Pass] = []
-    prev: list[int] = []
-    dep: list[int] = []
-    slots: list[int] = []
-    ptr, last_on = [0] * pp, [-1] * pp
-    n, total = 0, sum(len(o) for o in orders)
+    ids = _pass_ids(schedule, pp, v, m, orders)
+    owns, needs = np.split(ids.own, ids.starts[1:]), np.split(ids.need, ids.starts[1:])
+    owns, needs = [o.tolist() for o in owns], [d.tolist() for d in needs]
+    index = [-1] * ids.none + [0]  # pass id -> place in the order; `none` (no dependency) is always placed
+    ptr = [0] * pp
+    n, total = 0, len(ids.own)
     while n < total:  # round robin over the ranks, each as far as its dependencies allow
         start = n
         for r in range(pp):
             own, need, k = owns[r], needs[r], ptr[r]
-            first, stop = n, len(own)
-            while k < stop:
-                d = need[k]
-                at = index[d] if d >= 0 else -1
-                if d >= 0 > at:  # what it needs is not placed yet
-                    break
+            stop = len(own)
+            while k < stop and index[need[k]] >= 0:
                 index[own[k]] = n
-                dep.append(at)
                 n, k = n + 1, k + 1
-            if n > first:  # a run of passes on rank r, each after the one before
-                ranks.extend([r] * (n - first))
-                ops.extend(orders[r][ptr[r]:k])
-                slots.extend(rank_slots[r][ptr[r]:k])
-                prev.append(last_on[r])
-                prev.extend(range(first, n - 1))
-                ptr[r], last_on[r] = k, n - 1
+            ptr[r] = k
         if n == start:
             raise AssertionError(f"{schedule} order deadlocks for pp={pp}, vpp={vpp}, m={m}")
-    return _Graph(tuple(ranks), tuple(ops), tuple(prev), tuple(dep), v, tuple(slots),
-                  tuple([p + 2 if p >= 0 else 0 for p in prev]), tuple([d + 2 if d >= 0 else 1 for d in dep]))
+    # every pass's place k, and from it the order's arrays, computed over the passes in rank order (q)
+    at = np.array(index)
+    place = at[ids.own]  # q -> k
+    seq = np.empty(total, dtype=np.int64)
+    seq[place] = np.arange(total)  # k -> q
+    prev = np.concatenate(([-1], place[:-1]))
+    prev[ids.starts] = -1  # a rank's first pass follows nothing
+    prev, dep = prev[seq], np.where(ids.need == ids.none, -1, at[ids.need])[seq]
+    ops = [op for order in orders for op in order]
+    return _Graph(tuple(ids.rank[seq].tolist()), tuple([ops[q] for q in seq.tolist()]), tuple(prev.tolist()),
+                  tuple(dep.tolist()), v, tuple(ids.slot[seq].tolist()),
+                  tuple(np.where(prev >= 0, prev + 2, 0).tolist()), tuple(np.where(dep >= 0, dep + 2, 1).tolist()))
 
 
-def _pass_ids(schedule: str, pp: int, v: int, m: int, orders: tuple[tuple[Pass, ...], ...]
-              ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
-    """Per rank: each pass and the one it depends on (-1: none) as integers, (kind * stages + virtual stage)
-    * m + micro-batch, for _graph to order with list lookups; and each pass's _Graph.slots entry."""
+@dataclass(frozen=True)
+class _PassIds:
+    """Every rank's passes in rank order, as integers (kind * stages + virtual stage) * m + micro-batch:
+    each pass, the one it depends on (`none`: nothing), its rank and its _Graph.slots entry."""
+
+    own: np.ndarray
+    need: np.ndarray
+    rank: np.ndarray
+    slot: np.ndarray
+    starts: np.ndarray  # where each rank's passes begin
+    none: int
+
+
+def _pass_ids(schedule: str, pp: int, v: int, m: int, orders: tuple[tuple[Pass, ...], ...]) -> _PassIds:
     stages = pp * v
-    owns: list[list[int]] = []
-    needs: list[list[int]] = []
-    slots: list[list[int]] = []
-    for r in range(pp):
-        base = {}
-        for c in range(v):
-            s = virtual_stage(schedule, r, c, pp)
-            base["F", c] = (s * m, (s - 1) * m if s > 0 else None, (r * v + c) * 3)
-            base["B", c] = ((stages + s) * m, (stages + s + 1) * m if s < stages - 1 else s * m, (r * v + c) * 3 + 1)
-            base["W", c] = ((2 * stages + s) * m, (stages + s) * m, (r * v + c) * 3 + 2)
-        kinds = [base[op.kind, op.chunk] for op in orders[r]]
-        js = [op.microbatch for op in orders[r]]
-        owns.append([o + j for (o, _, _), j in zip(kinds, js)])
-        needs.append([-1 if d is None else d + j for (_, d, _), j in zip(kinds, js)])
-        slots.append([at for _, _, at in kinds])
-    return owns, needs, slots
+    lengths = [len(order) for order in orders]
+    kind = np.array([_KIND[op.kind] for order in orders for op in order])
+    chunk = np.array([op.chunk for order in orders for op in order])
+    j = np.array([op.microbatch for order in orders for op in order])
+    rank = np.repeat(np.arange(pp), lengths)
+    s = np.where(chunk == 0, rank, 2 * pp - 1 - rank) if schedule == "v-half" else chunk * pp + rank
+    none = 3 * stages * m
+    own = (kind * stages + s) * m + j
+    need = np.select([kind == 0, kind == 2, s < stages - 1],  # F: F on s-1; W: its B; B: B on s+1 (last: its F)
+                     [np.where(s > 0, own - m, none), own - stages * m, own + m], s * m + j)
+    starts = np.cumsum([0] + lengths[:-1])
+    return _PassIds(own, need, rank, (rank * v + chunk) * 3 + kind, starts, none)
+
+
+_KIND = {"F": 0, "B": 1, "W": 2}
 
 
 Durations = tuple[tuple[tuple[float, float, float], ...], ...]
