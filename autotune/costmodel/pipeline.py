@@ -37,6 +37,9 @@ from typing import Literal
 
 import numpy as np
 
+from autotune.costmodel.passids import pass_ids
+from autotune.costmodel.wavefront import Wavefronts, wavefront_makespan, wavefronts
+
 Kind = Literal["F", "B", "W"]
 SPLIT_BACKWARD = ("zb-h1", "v-half")
 """Schedules that run the weight gradient (W) apart from the input gradient (B)."""
@@ -253,7 +256,7 @@ class _Graph:
 def _graph(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> _Graph:
     orders = rank_orders(schedule, pp, vpp, m, ticks)
     v = chunks_per_rank(schedule, vpp)
-    ids = _pass_ids(schedule, pp, v, m, orders)
+    ids = pass_ids(schedule, pp, v, m, orders)
     owns, needs = np.split(ids.own, ids.starts[1:]), np.split(ids.need, ids.starts[1:])
     owns, needs = [o.tolist() for o in owns], [d.tolist() for d in needs]
     index = [-1] * ids.none + [0]  # pass id -> place in the order; `none` (no dependency) is always placed
@@ -284,38 +287,6 @@ def _graph(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) 
                   tuple(np.where(prev >= 0, prev + 2, 0).tolist()), tuple(np.where(dep >= 0, dep + 2, 1).tolist()))
 
 
-@dataclass(frozen=True)
-class _PassIds:
-    """Every rank's passes in rank order, as integers (kind * stages + virtual stage) * m + micro-batch:
-    each pass, the one it depends on (`none`: nothing), its rank and its _Graph.slots entry."""
-
-    own: np.ndarray
-    need: np.ndarray
-    rank: np.ndarray
-    slot: np.ndarray
-    starts: np.ndarray  # where each rank's passes begin
-    none: int
-
-
-def _pass_ids(schedule: str, pp: int, v: int, m: int, orders: tuple[tuple[Pass, ...], ...]) -> _PassIds:
-    stages = pp * v
-    lengths = [len(order) for order in orders]
-    kind = np.array([_KIND[op.kind] for order in orders for op in order])
-    chunk = np.array([op.chunk for order in orders for op in order])
-    j = np.array([op.microbatch for order in orders for op in order])
-    rank = np.repeat(np.arange(pp), lengths)
-    s = np.where(chunk == 0, rank, 2 * pp - 1 - rank) if schedule == "v-half" else chunk * pp + rank
-    none = 3 * stages * m
-    own = (kind * stages + s) * m + j
-    need = np.select([kind == 0, kind == 2, s < stages - 1],  # F: F on s-1; W: its B; B: B on s+1 (last: its F)
-                     [np.where(s > 0, own - m, none), own - stages * m, own + m], s * m + j)
-    starts = np.cumsum([0] + lengths[:-1])
-    return _PassIds(own, need, rank, (rank * v + chunk) * 3 + kind, starts, none)
-
-
-_KIND = {"F": 0, "B": 1, "W": 2}
-
-
 Durations = tuple[tuple[tuple[float, float, float], ...], ...]
 """durations[rank][chunk] = (F, B, W) seconds of one micro-batch; for schedules that do not split the
 backward, B is the whole backward and W is ignored."""
@@ -340,17 +311,33 @@ def simulate(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
 
 def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, ticks: Ticks | None = None) -> float:
     """simulate(...).makespan without building the intervals (estimates call this thousands of times): the
-    same additions in the same order, each pass a few list lookups on the precompiled graph."""
-    g = _graph(schedule, pp, vpp, m, _ticks(schedule, durations, ticks))
+    same additions in the same order, each pass a few list lookups on the precompiled graph, or with many
+    ranks a wavefront of passes at a time in numpy (costmodel/wavefront.py: the same operations)."""
+    ticks = _ticks(schedule, durations, ticks)
+    g = _graph(schedule, pp, vpp, m, ticks)
     if any(len(row) != g.chunks for row in durations):
         raise ValueError(f"durations need {g.chunks} (F, B, W) per rank for {schedule} with vpp={vpp}")
     flat = flat_durations(schedule, durations)
+    if pp >= WAVEFRONT_MIN_PP:
+        return wavefront_makespan(_wavefronts(schedule, pp, vpp, m, ticks), flat)
     end = [0.0, -math.inf]  # then one entry per pass, in g's order (see _Graph.prev_at, dep_at)
     push = end.append
     for p, d, x in zip(g.prev_at, g.dep_at, map(flat.__getitem__, g.slots)):
         a, b = end[p], end[d]
         push((b if b > a else a) + x)
     return max(islice(end, 2, None))
+
+
+#: Ranks from which makespan walks wavefronts (at most one pass per rank each) in numpy rather than passes in
+#: Python: a numpy step costs about as much as 20 passes in Python (measured on 1f1b and zb-h1: twice as
+#: fast at 64 ranks; at 32 only as fast, so grouping the graph would not pay back).
+WAVEFRONT_MIN_PP = 48
+
+
+@cache
+def _wavefronts(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> Wavefronts:
+    g = _graph(schedule, pp, vpp, m, ticks)
+    return wavefronts(g.prev_at, g.dep_at, g.slots)
 
 
 def flat_durations(schedule: str, durations: Durations) -> list:

@@ -12,6 +12,7 @@ import pytest
 from autotune.catalog import load_hardware, load_model
 from autotune.costmodel import pipeline
 from autotune.costmodel.estimate import CostModel
+from autotune.costmodel.wavefront import wavefront_makespan, wavefronts
 from autotune.search.space import SearchSpace, enumerate_candidates
 from autotune.search.tables import to_plan
 from autotune.specs.job import JobSpec
@@ -117,6 +118,38 @@ def test_makespan_is_the_plain_simulation_to_the_last_bit(schedule, pp, vpp, m):
         got = pipeline.makespan(schedule, pp, vpp, m, durations)
         assert repr(got) == repr(_plain_makespan(schedule, pp, vpp, m, durations, ticks))
         assert repr(got) == repr(pipeline.simulate(schedule, pp, vpp, m, durations).makespan)
+
+
+def _random_durations(rnd: random.Random, pp: int, v: int):
+    """Irregular times, zeros and exact ties between ranks."""
+    pick = [rnd.random, lambda: 0.0, lambda: 0.125, lambda: rnd.random() * 1e-3]
+    return tuple(tuple((rnd.choice(pick)(), rnd.choice(pick)(), rnd.choice(pick)()) for _ in range(v))
+                 for _ in range(pp))
+
+
+@pytest.mark.parametrize("schedule,pp,vpp,m", SHAPES)
+def test_wavefronts_give_the_plain_simulation_to_the_last_bit(schedule, pp, vpp, m):
+    """makespan walks wavefronts only with many ranks: here the grouping is checked on every small shape."""
+    rnd = random.Random(f"wave{schedule}{pp}{vpp}{m}")
+    for _ in range(4):
+        durations = _random_durations(rnd, pp, pipeline.chunks_per_rank(schedule, vpp))
+        ticks = pipeline._ticks(schedule, durations, None)
+        g = pipeline._graph(schedule, pp, vpp, m, ticks)
+        got = wavefront_makespan(wavefronts(g.prev_at, g.dep_at, g.slots), pipeline.flat_durations(schedule, durations))
+        assert repr(got) == repr(_plain_makespan(schedule, pp, vpp, m, durations, ticks))
+
+
+@pytest.mark.parametrize("schedule,vpp,m", [("1f1b", 1, 7), ("zb-h1", 1, 70), ("interleaved", 2, 96), ("v-half", 1, 5)])
+def test_makespan_of_many_ranks_is_the_plain_simulation(schedule, vpp, m):
+    pp = pipeline.WAVEFRONT_MIN_PP
+    rnd = random.Random(f"wide{schedule}{m}")
+    durations = _random_durations(rnd, pp, pipeline.chunks_per_rank(schedule, vpp))
+    ticks = pipeline._ticks(schedule, durations, None)
+    assert repr(pipeline.makespan(schedule, pp, vpp, m, durations)) == repr(
+        _plain_makespan(schedule, pp, vpp, m, durations, ticks))
+    integers = tuple(tuple((1, 2, 1) for _ in row) for row in durations)  # a float, as the loop's
+    assert repr(pipeline.makespan(schedule, pp, vpp, m, integers)) == repr(
+        _plain_makespan(schedule, pp, vpp, m, integers, pipeline._ticks(schedule, integers, None)))
 
 
 def test_makespan_rejects_durations_of_the_wrong_width():
