@@ -289,12 +289,13 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
 
     exposures: dict[tuple[int, float], float] = {}  # stages alike (most of them) expose alike
     worst = slack = 0.0
-    for s in stages:
-        w = s.bwd_s if window == "bwd" else s.fwd_s
-        if (s.params, w) not in exposures:
-            exposures[s.params, w] = comm.bucketed_exposure(s.params * bytes_per_param, bucket * bytes_per_param,
-                                                            w, per_bucket)
-        worst = max(worst, exposures[s.params, w] - slack)
+    for params, w in zip([s.params for s in stages], [s.bwd_s if window == "bwd" else s.fwd_s for s in stages]):
+        exposure = exposures.get((params, w))
+        if exposure is None:
+            exposure = exposures[params, w] = comm.bucketed_exposure(params * bytes_per_param,
+                                                                     bucket * bytes_per_param, w, per_bucket)
+        if exposure - slack > worst:  # max(worst, exposure - slack) without the call
+            worst = exposure - slack
         slack += w
     return worst
 
