@@ -29,6 +29,11 @@ class PassIds:
     """Where each rank's passes begin."""
     none: int
 
+    def rank_lists(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Each rank's `own` and `need` as lists, which a Python loop indexes fastest."""
+        return ([o.tolist() for o in np.split(self.own, self.starts[1:])],
+                [d.tolist() for d in np.split(self.need, self.starts[1:])])
+
 
 def pass_ids(schedule: str, pp: int, v: int, m: int, orders: Sequence[Sequence[Pass]]) -> PassIds:
     """Number the passes of the rank orders (pipeline.rank_orders) of a schedule with v chunks per rank."""

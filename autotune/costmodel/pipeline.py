@@ -257,8 +257,7 @@ def _graph(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) 
     orders = rank_orders(schedule, pp, vpp, m, ticks)
     v = chunks_per_rank(schedule, vpp)
     ids = pass_ids(schedule, pp, v, m, orders)
-    owns, needs = np.split(ids.own, ids.starts[1:]), np.split(ids.need, ids.starts[1:])
-    owns, needs = [o.tolist() for o in owns], [d.tolist() for d in needs]
+    owns, needs = ids.rank_lists()
     index = [-1] * ids.none + [0]  # pass id -> place in the order; `none` (no dependency) is always placed
     ptr = [0] * pp
     n, total = 0, len(ids.own)
@@ -313,13 +312,13 @@ def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
     """simulate(...).makespan without building the intervals (estimates call this thousands of times): the
     same additions in the same order, each pass a few list lookups on the precompiled graph, or with many
     ranks a wavefront of passes at a time in numpy (costmodel/wavefront.py: the same operations)."""
-    ticks = _ticks(schedule, durations, ticks)
-    g = _graph(schedule, pp, vpp, m, ticks)
-    if any(len(row) != g.chunks for row in durations):
-        raise ValueError(f"durations need {g.chunks} (F, B, W) per rank for {schedule} with vpp={vpp}")
+    ticks, v = _ticks(schedule, durations, ticks), chunks_per_rank(schedule, vpp)
+    if any(len(row) != v for row in durations):
+        raise ValueError(f"durations need {v} (F, B, W) per rank for {schedule} with vpp={vpp}")
     flat = flat_durations(schedule, durations)
     if pp >= WAVEFRONT_MIN_PP:
         return wavefront_makespan(_wavefronts(schedule, pp, vpp, m, ticks), flat)
+    g = _graph(schedule, pp, vpp, m, ticks)
     end = [0.0, -math.inf]  # then one entry per pass, in g's order (see _Graph.prev_at, dep_at)
     push = end.append
     for p, d, x in zip(g.prev_at, g.dep_at, map(flat.__getitem__, g.slots)):
@@ -336,8 +335,8 @@ WAVEFRONT_MIN_PP = 48
 
 @cache
 def _wavefronts(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> Wavefronts:
-    g = _graph(schedule, pp, vpp, m, ticks)
-    return wavefronts(g.prev_at, g.dep_at, g.slots)
+    v = chunks_per_rank(schedule, vpp)
+    return wavefronts(pass_ids(schedule, pp, v, m, rank_orders(schedule, pp, vpp, m, ticks)))
 
 
 def flat_durations(schedule: str, durations: Durations) -> list:

@@ -17,6 +17,8 @@ from itertools import pairwise
 
 import numpy as np
 
+from autotune.costmodel.passids import PassIds
+
 
 @dataclass(frozen=True, eq=False)
 class Wavefronts:
@@ -30,22 +32,36 @@ class Wavefronts:
     dependencies; contiguous, which numpy gathers fastest) and the slice of the end table its passes fill."""
 
 
-def wavefronts(prev_at: Sequence[int], dep_at: Sequence[int], slots: Sequence[int]) -> Wavefronts:
-    """Group a pass graph given as makespan walks it (pipeline._Graph's prev_at, dep_at and slots)."""
-    n = len(prev_at)
-    depth = [0] * (n + 2)  # the start and "no dependency" are at depth 0
-    for k, (p, d) in enumerate(zip(prev_at, dep_at), 2):
-        a, b = depth[p], depth[d]
-        depth[k] = (a if a > b else b) + 1
-    level = np.array(depth[2:])
-    order = np.argsort(level, kind="stable")  # our pass k is makespan's pass order[k]
-    entry = np.empty(n + 2, dtype=np.int64)  # makespan's end-table entry -> ours
-    entry[:2] = (0, 1)
-    entry[order + 2] = np.arange(2, n + 2)
-    inputs = np.stack((entry[np.asarray(prev_at)[order]], entry[np.asarray(dep_at)[order]]))
+def wavefronts(ids: PassIds) -> Wavefronts:
+    """Group a schedule's passes (passids.pass_ids of its rank orders) by depth, found walking the ranks round
+    robin as pipeline._graph does, each rank as far as its dependencies allow."""
+    owns, needs = ids.rank_lists()
+    depth = [-1] * ids.none + [0]  # pass id -> depth (-1: not reached yet); `none` (no dependency) at 0
+    reached, last = [0] * len(owns), [0] * len(owns)  # per rank: passes reached, the depth of the last one
+    total = len(ids.own)
+    while sum(reached) < total:
+        before = sum(reached)
+        for r, (own, need) in enumerate(zip(owns, needs)):
+            k, at = reached[r], last[r]
+            while k < len(own) and (d := depth[need[k]]) >= 0:
+                at = depth[own[k]] = (d if d > at else at) + 1
+                k += 1
+            reached[r], last[r] = k, at
+        if sum(reached) == before:
+            raise AssertionError("the rank orders deadlock")
+    level = np.array(depth)[ids.own]  # per pass in rank order (q)
+    order = np.argsort(level, kind="stable")  # our pass k is pass order[k] in rank order
+    entry = np.empty(total + 2, dtype=np.int64)  # end-table entry of each pass in rank order, then start, none
+    entry[order] = np.arange(2, total + 2)
+    entry[total:] = (0, 1)
+    prev = np.arange(-1, total - 1)
+    prev[ids.starts] = total  # a rank's first pass follows the step's start
+    at = np.full(ids.none + 1, total + 1)  # pass id -> q; `none` -> the "no dependency" entry
+    at[ids.own] = np.arange(total)
+    inputs = np.stack((entry[prev[order]], entry[at[ids.need[order]]]))
     bounds = (np.searchsorted(level[order], np.arange(1, int(level.max()) + 2)) + 2).tolist()
-    return Wavefronts(np.asarray(slots)[order], tuple((np.ascontiguousarray(inputs[:, a - 2:b - 2]), slice(a, b))
-                                                      for a, b in pairwise(bounds)))
+    return Wavefronts(ids.slot[order], tuple((np.ascontiguousarray(inputs[:, a - 2:b - 2]), slice(a, b))
+                                             for a, b in pairwise(bounds)))
 
 
 def wavefront_makespan(w: Wavefronts, flat: Sequence[float]) -> float:

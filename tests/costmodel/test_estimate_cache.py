@@ -12,6 +12,7 @@ import pytest
 from autotune.catalog import load_hardware, load_model
 from autotune.costmodel import pipeline
 from autotune.costmodel.estimate import CostModel
+from autotune.costmodel.passids import pass_ids
 from autotune.costmodel.wavefront import wavefront_makespan, wavefronts
 from autotune.search.space import SearchSpace, enumerate_candidates
 from autotune.search.tables import to_plan
@@ -134,8 +135,9 @@ def test_wavefronts_give_the_plain_simulation_to_the_last_bit(schedule, pp, vpp,
     for _ in range(4):
         durations = _random_durations(rnd, pp, pipeline.chunks_per_rank(schedule, vpp))
         ticks = pipeline._ticks(schedule, durations, None)
-        g = pipeline._graph(schedule, pp, vpp, m, ticks)
-        got = wavefront_makespan(wavefronts(g.prev_at, g.dep_at, g.slots), pipeline.flat_durations(schedule, durations))
+        v = pipeline.chunks_per_rank(schedule, vpp)
+        ids = pass_ids(schedule, pp, v, m, pipeline.rank_orders(schedule, pp, vpp, m, ticks))
+        got = wavefront_makespan(wavefronts(ids), pipeline.flat_durations(schedule, durations))
         assert repr(got) == repr(_plain_makespan(schedule, pp, vpp, m, durations, ticks))
 
 
