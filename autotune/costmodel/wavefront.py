@@ -38,16 +38,17 @@ def wavefronts(ids: PassIds) -> Wavefronts:
     owns, needs = ids.rank_lists()
     depth = [-1] * ids.none + [0]  # pass id -> depth (-1: not reached yet); `none` (no dependency) at 0
     reached, last = [0] * len(owns), [0] * len(owns)  # per rank: passes reached, the depth of the last one
-    total = len(ids.own)
-    while sum(reached) < total:
-        before = sum(reached)
+    count, total = 0, len(ids.own)
+    while count < total:
+        before = count
         for r, (own, need) in enumerate(zip(owns, needs)):
-            k, at = reached[r], last[r]
-            while k < len(own) and (d := depth[need[k]]) >= 0:
+            k, at, stop = reached[r], last[r], len(own)
+            while k < stop and (d := depth[need[k]]) >= 0:
                 at = depth[own[k]] = (d if d > at else at) + 1
                 k += 1
+            count += k - reached[r]
             reached[r], last[r] = k, at
-        if sum(reached) == before:
+        if count == before:
             raise AssertionError("the rank orders deadlock")
     level = np.array(depth)[ids.own]  # per pass in rank order (q)
     order = np.argsort(level, kind="stable")  # our pass k is pass order[k] in rank order
