@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import lru_cache
+from operator import attrgetter
 
 from autotune.costmodel import comm
 from autotune.costmodel.compute import attention_kernel
@@ -37,6 +38,7 @@ MAKESPAN_CACHE = 4096
 STAGE_MEMO_PLANS = 256
 #: The Plan fields a stage's cost depends on besides its own layer count and index: all but the partition
 PLAN_SHAPE_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "layers_per_stage")
+_plan_shape = attrgetter(*PLAN_SHAPE_FIELDS)  # their values as a tuple, read in C
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +203,7 @@ class CostModel:
         p2p_s, vp_comm = self._pipe_comm[comm_key]
         # what build_stages reads besides the partition (the costs it is handed follow from the plan's fields,
         # but keyed on too, so a memo never serves stages of other inputs)
-        shape = (*(getattr(plan, name) for name in PLAN_SHAPE_FIELDS), ticks, p2p_s, vp_comm)
+        shape = (*_plan_shape(plan), ticks, p2p_s, vp_comm)
         memo = self._stage_memo.get(shape)
         if memo is None:
             if len(self._stage_memo) >= STAGE_MEMO_PLANS:  # bounded: drop the oldest shape
