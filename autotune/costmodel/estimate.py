@@ -114,6 +114,7 @@ class CostModel:
         self._makespan = lru_cache(maxsize=MAKESPAN_CACHE)(makespan)
         # Plans that differ only in their partition (brute force, partition searches) share their stages' costs
         self._stage_memo: dict[tuple, dict] = {}
+        self._exposures: dict[tuple, dict] = {}  # dp_sync_exposed's bucketed exposures by stage shape
         self.model_flops = model_flops_per_step(model, job)
 
     def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d", tp_overlap: bool = False,
@@ -234,7 +235,7 @@ class CostModel:
         m = plan.num_microbatches
         times = [s.time_s for s in stages]
         pipe = self._makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(s.chunks for s in stages), ticks)
-        dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes)
+        dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes, self._exposures)
         opt = optimizer_time(plan, self.hw, stages)
         step = pipe + dp_exposed + opt
         b = times.index(max(times))  # the first of the slowest
@@ -254,7 +255,7 @@ class CostModel:
 
 
 def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], model: ModelSpec,
-                    grad_bytes: int = GRAD_BYTES) -> float:
+                    grad_bytes: int = GRAD_BYTES, memo: dict | None = None) -> float:
     """Data-parallel synchronization left exposed at the end (gradients) and start (parameters) of a step.
 
     Gradients are reduced in buckets while the last micro-batch's backward runs (Megatron's
@@ -263,6 +264,8 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
     the updated 16-bit weights all-gathered bucket by bucket during the next step's first forward
     (overlap_param_gather), where stage i starts sum(fwd_j, j < i) late. A tied embedding's gradient is
     all-reduced between the first and last stage after the backward (Megatron's finalize_model_grads).
+    `memo`: a dict kept across calls with the same `hw` (a CostModel's), where the exposure of each stage
+    shape is remembered per collective, group and bucket.
     """
     exposed = tied_embedding_sync(plan, hw, model, grad_bytes)
     n = plan.dp * plan.cp
@@ -270,18 +273,22 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
         return exposed
     link = comm.group_link(hw, n, plan.tp)
     reduce = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
+    memo = {} if memo is None else memo
     if plan.zero < 2:  # ZeRO-2 reduce-scatters in every micro-batch (stages.zero3_exposed), not once a step
-        exposed += _bucketed_over_stages(stages, grad_bytes, plan.bucket_size, "bwd",
-                                         lambda b: reduce(b, n, link))
+        exposed += _bucketed_over_stages(stages, grad_bytes, plan.bucket_size, "bwd", lambda b: reduce(b, n, link),
+                                         memo.setdefault((reduce, n, plan.tp, grad_bytes, plan.bucket_size), {}))
     if plan.zero in (1, 2):
         exposed += _bucketed_over_stages(stages, WEIGHT_BYTES, plan.bucket_size, "fwd",
-                                         lambda b: comm.all_gather(b, n, link))
+                                         lambda b: comm.all_gather(b, n, link),
+                                         memo.setdefault((comm.all_gather, n, plan.tp, WEIGHT_BYTES,
+                                                          plan.bucket_size), {}))
     return exposed
 
 
 def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, bucket: int, window: str,
-                          collective) -> float:
-    """max(0, max_i (exposure_i - slack_i)), slack_i = the windows of the stages before i."""
+                          collective, exposures: dict[tuple[int, float], float]) -> float:
+    """max(0, max_i (exposure_i - slack_i)), slack_i = the windows of the stages before i. `exposures`: the
+    exposure of each (params, window) under this collective and bucket, kept across calls."""
     times: dict[float, float] = {}  # every stage fills buckets of the same size: time the collective once
 
     def per_bucket(size: float) -> float:
@@ -289,8 +296,7 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
             times[size] = collective(size)
         return times[size]
 
-    exposures: dict[tuple[int, float], float] = {}  # stages alike (most of them) expose alike
-    worst = slack = 0.0
+    worst = slack = 0.0  # stages alike (most of them) expose alike: each shape's exposure is computed once
     for params, w in zip([s.params for s in stages], [s.bwd_s if window == "bwd" else s.fwd_s for s in stages]):
         exposure = exposures.get((params, w))
         if exposure is None:
