@@ -24,7 +24,7 @@ from autotune.costmodel.moe import deepep_refusal
 from autotune.emit import EmitInput
 from autotune.errors import InfeasibleError, InvalidPlanError, SpecError
 from autotune.fileio import check_target, write_files
-from autotune.render.common import dump_json, plan_line, plan_tag, written_report
+from autotune.render.common import dump_json, plan_line, plan_tag, precision_words, written_report
 from autotune.render.estimate import estimate_json
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.specs.hardware import HardwareSpec
@@ -174,7 +174,7 @@ def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, h
     lines = [f"config: {config} ({u.trainer}" + (f", {u.torchtitan_format}" if u.torchtitan_format else "") + ")",
              f"understood: {u.model.name}" + (f" with {mtp} MTP module(s)" if (mtp := runs_mtp(u.model, job)) else "")
              + f" on {hw.name} x {u.plan.num_gpus} ({hw.gpus_per_node} per node), global "
-             f"batch {job.global_batch} x {job.seq_len} tokens, {job.dtype}, {u.trainer} kernels",
+             f"batch {job.global_batch} x {job.seq_len} tokens, {precision_words(job)}, {u.trainer} kernels",
              f"plan: {plan_line(u.plan)}"]
     lines += [f"note: {note}" for note in u.notes]
     lines += ["", f"predicted: step {est.step_time_s:.3f} s, {est.tokens_per_s:,.0f} tokens/s, MFU "

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from autotune.costmodel.estimate import Estimate
 from autotune.render.timeline import stage_label
+from autotune.specs.job import JobSpec
 from autotune.specs.plan import Plan
 from autotune.units import gib
 
@@ -59,6 +60,12 @@ def with_files(doc: dict[str, Any], written: Sequence[Path]) -> dict[str, Any]:
 def written_report(written: Sequence[Path]) -> str:
     """The files a command wrote, one plain line each (never wrapped, so scripts can read the paths)."""
     return "\n".join(f"wrote {path}" for path in written)
+
+
+def precision_words(job: JobSpec) -> str:
+    """The job's dtype, with the gradient and Adam state precision where they are not the fp32 default."""
+    return (job.dtype + (", bf16 gradients" if job.grad_reduce == "bf16" else "")
+            + (f", {job.optimizer_states} Adam states" if job.optimizer_states != "fp32" else ""))
 
 
 def plan_line(plan: Plan) -> str:

@@ -13,7 +13,7 @@ from rich.text import Text
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.pipeline import Timeline
 from autotune.costmodel.stages import StageCost
-from autotune.render.common import plan_line, rounded
+from autotune.render.common import plan_line, precision_words, rounded
 from autotune.render.timeline import schedule_chart, stage_bars, stage_label
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -73,7 +73,7 @@ def estimate_report(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobS
     """The human explanation of one plan: header, plan, summary, step breakdown, stages, operators."""
     parts: list[RenderableType] = [
         Text(f"{model.name} on {hw.name} x {est.plan.num_gpus} ({hw.gpus_per_node} per node), global batch "
-             f"{job.global_batch} x {job.seq_len} tokens, {job.dtype}", style="bold"),
+             f"{job.global_batch} x {job.seq_len} tokens, {precision_words(job)}", style="bold"),
         Text("plan: " + plan_line(est.plan)
              + (f"  (H = LM head with the {model.name} MTP module(s))" if runs_mtp(model, job) else "")),
         *explanation(est, timeline),

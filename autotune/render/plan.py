@@ -18,7 +18,7 @@ from rich.text import Text
 
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.pipeline import Timeline
-from autotune.render.common import plan_brief, plan_line, rounded, stage_layout
+from autotune.render.common import plan_brief, plan_line, precision_words, rounded, stage_layout
 from autotune.render.estimate import estimate_json, explanation
 from autotune.search.planner import PlanResult, SearchProgress
 from autotune.specs.hardware import HardwareSpec
@@ -130,7 +130,7 @@ def plan_report(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: Job
     title = "best plan" if result.status == "OPTIMAL" else "best plan found (not proven optimal)"
     parts: list[RenderableType] = [
         Text(f"{model.name} on {hw.name} x {best.plan.num_gpus} ({hw.gpus_per_node} per node), global batch "
-             f"{job.global_batch} x {job.seq_len} tokens, {job.dtype}", style="bold"),
+             f"{job.global_batch} x {job.seq_len} tokens, {precision_words(job)}", style="bold"),
         Text(f"{title}: {plan_line(best.plan)}"),
         Text(f"layers per stage: {stage_layout(best)}  (E = embedding, H = LM head"
              + (f" with the {model.name} MTP module(s)" if runs_mtp(model, job) else "") + ", V/p = 1/p of both)"),

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from autotune.render.common import brief_line, plan_tag, rounded
+from autotune.render.common import brief_line, plan_tag, precision_words, rounded
 from autotune.search.scaling import ScalingPoint, ScalingResult
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -140,7 +140,7 @@ def scaling_report(result: ScalingResult, model: ModelSpec, hw: HardwareSpec, jo
         legend += f" (diminishing returns past {result.knee_gpus} GPUs)"
     parts: list[RenderableType] = [
         Text(f"{model.name} on {hw.name} ({hw.gpus_per_node} per node), global batch {job.global_batch} x "
-             f"{job.seq_len} tokens, {job.dtype}", style="bold"),
+             f"{job.seq_len} tokens, {precision_words(job)}", style="bold"),
         scaling_table(result),
         Text("scaling = (throughput ratio) / (GPU ratio) against the previous size; " + legend),
     ]

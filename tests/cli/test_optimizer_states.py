@@ -131,3 +131,12 @@ def test_vocab_parallel_with_bf16_states_warns_of_the_fork(cli, autotune_proc, t
     path.write_text(json.dumps(doc))
     proc = autotune_proc("emit", "--plan", str(path), "--trainer", "megatron", "--out", str(tmp_path / "mg"))
     assert proc.returncode == 0 and "do not record --use-precision-aware-optimizer" in proc.stderr, proc.stderr
+
+
+def test_the_text_headers_name_the_state_precision(cli) -> None:
+    job = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8", "--seq-len", "4096")
+    for command, extra in (("estimate", ("--tp", "2", "--pp", "1")), ("plan", ()), ("scale", ())):
+        result = cli(command, *job, *extra, "--optimizer-states", "bf16-moments", "--grad-reduce", "bf16")
+        assert result.exit_code == 0, result.output
+        assert "4096 tokens, bf16, bf16 gradients, bf16-moments Adam states" in result.output, command
+    assert "Adam states" not in cli("estimate", *job, "--tp", "2", "--pp", "1").output
