@@ -45,7 +45,7 @@ from autotune.search.coarse import coarse_bounds
 from autotune.search.joint import pipe_sync_floor
 from autotune.search.pivots import pivot_path_floor
 from autotune.search.losers import RunnerUp, empty_space_message, infeasible_message, memory_losers
-from autotune.search.partition import Hint, solve_partition
+from autotune.search.partition import FirstSolve, Hint, solve_partition
 from autotune.search.space import Candidate, SearchSpace, enumerate_candidates, pinned_layers
 from autotune.search.tables import CandidateCosts, candidate_costs, to_plan
 from autotune.search.validate import validate_plan
@@ -178,6 +178,8 @@ class _Search:
         """The fastest plan of all."""
         self.own: dict[int, tuple[Estimate, Hint]] = {}
         """Per candidate: the fastest complete plan known for it, and the same as a hint for its solves."""
+        self.relaxed: dict[int, FirstSolve] = {}
+        """Per candidate back on the heap for the exact loop: the solve of its relaxation."""
         self.too_big: list[tuple[float, int]] = []
         self.solved = 0
         self.open_bound = math.inf  # the smallest bound of a candidate left without proof
@@ -266,10 +268,11 @@ class _Search:
         own = self.own.get(idx)
         res = solve_partition(cc, self.L, budget=self.budget, cutoff=_cutoff(threshold, cc.cand),
                               pinned=pinned_layers(self.space, cc.cand.pp, self.L), exact=exact,
-                              hint=own[1] if own else None)
+                              hint=own[1] if own else None, first=self.relaxed.pop(idx, None))
         self.solved += 1
         if res.status == "RELAXED":  # back on the heap with the relaxation's bound, for the exact loop
             heapq.heappush(self.heap, (max(lb, res.bound * SOLVER_TIME_UNIT_S), idx, EXACT, cc))
+            self.relaxed[idx] = res.first
         if res.status in ("OPTIMAL", "FEASIBLE", "RELAXED"):
             self._offer(idx, self._validated(cc, res), Hint(res.chunk_values[0], res.recompute_layers, res.bucket))
         if res.status in ("FEASIBLE", "UNKNOWN"):
