@@ -42,31 +42,37 @@ def pipe_sync_floor(cc: CandidateCosts, num_layers: int, best_s: float) -> float
 def _least_sync(cc: CandidateCosts, num_layers: int, ranges: tuple[tuple[int, int], ...], levels: np.ndarray
                 ) -> np.ndarray:
     """[j]: over every bucket and every partition whose pivot paths are all at most levels[j], the least
-    max over stages of (exposed syncs + Adam step)."""
+    max over stages of (exposed syncs + Adam step).
+
+    A dynamic program over the ranks: best[b, j, u] is the least so far having used first + u chunks on the ranks
+    before (only the counts they can reach: at least their fewest, leaving the later ranks theirs). A rank's step
+    writes value[b, j, u, n] (n: its chunks from lo) to cells whose rows start u further along, as
+    pivots.pivot_path_floor does, so that the targets u + n are columns and one min takes them all."""
     c = cc.cand
     total = num_layers // c.vpp
     rest = np.cumsum([lo for lo, _ in ranges][::-1])[::-1]
-    used = np.arange(total + 1)
     nb = max(len(cc.buckets) if cc.syncs else 1, 1)
-    best = np.full((nb, len(levels), total + 1), np.inf)
-    best[:, :, 0] = 0.0
+    best = np.zeros((nb, len(levels), 1))
     terms = PivotTerms(cc, total, ranges[0][0])
     windows = {"bwd": 0.0, "fwd": 0.0}
-    for k in range(len(cc.stages)):
-        lo, hi = ranges[k]
-        n = np.arange(lo, hi + 1)
-        pivot = terms.paths(k, lo, hi, slice(0, total + 1))
-        sync = _stage_sync(cc, k, n, used, windows)  # [bucket, u, j]
-        allowed = pivot[None, :, :] <= levels[:, None, None]  # [level, u, j]
-        value = np.maximum(best[:, :, :, None], sync[:, None, :, :])  # [bucket, level, u, j]
-        value = np.where(allowed[None], value, np.inf)
+    first = 0  # the chunks best[..., 0] stands for
+    for k, (lo, hi) in enumerate(ranges):
+        rows, cols = best.shape[2], hi - lo + 1
+        width = rows + cols - 1
+        used = slice(first, first + rows)
+        sync = _stage_sync(cc, k, np.arange(lo, hi + 1), np.arange(first, first + rows), windows)  # [bucket, u, n]
+        barred = ~(terms.paths(k, lo, hi, used) <= levels[:, None, None])  # [level, u, n]: a pivot path above it
+        cells = np.full((nb, len(levels), rows * (width + 1)), np.inf)
+        value = cells.reshape(nb, len(levels), rows, width + 1)[..., :cols]
+        np.maximum(best[..., None], sync[:, None, :, :], out=value)
+        np.copyto(value, np.inf, where=barred[None])
+        least = cells[..., :rows * width].reshape(nb, len(levels), rows, width).min(axis=2)
+        first += lo
         cap = total - (rest[k + 1] if k + 1 < c.pp else 0)  # leave the later ranks their fewest
-        nxt = np.full_like(best, np.inf)
-        for j, nj in enumerate(n):
-            if nj <= cap:
-                np.minimum(nxt[:, :, nj:cap + 1], value[:, :, :cap - nj + 1, j], out=nxt[:, :, nj:cap + 1])
-        best = nxt
-    return best[:, :, total].min(axis=0)
+        best = least[..., :max(0, min(width, cap - first + 1))]
+    if not 0 <= total - first < best.shape[2]:
+        return np.full(len(levels), np.inf)
+    return best[:, :, total - first].min(axis=0)
 
 
 def _stage_sync(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, windows: dict[str, float]
