@@ -70,16 +70,20 @@ class Hint:
 
 @dataclass(frozen=True, slots=True)
 class FirstSolve:
-    """The one solve of a relaxation (exact=False), which is also the first solve of the exact loop when that
-    runs with the same cutoff and hint: the model is then the same, and a solve is deterministic, so the loop
-    takes its result instead of solving again (the exact loops of llama3-70b on 8192 and 16384 GPUs spent
-    1.1 s repeating them)."""
+    """What a relaxation (exact=False) leaves the exact loop of its candidate. Its one solve is also the loop's
+    first when the loop runs with the same cutoff and hint: the model is then the same, and a solve is
+    deterministic, so the loop takes its result instead of solving again (the exact loops of llama3-70b on 8192
+    and 16384 GPUs spent 1.1 s repeating them). Otherwise (a better plan or hint came since) the loop starts
+    from its cuts, which bound every partition of the candidate whatever the model: without them the loop found
+    again what the relaxation had cut off (16384 GPUs, pp32: two solves, 2 s -> one, 0.6 s)."""
 
     cutoff: int | None
     hint: Hint | None
     found: PartitionResult
     work: float
     """The deterministic time it spent."""
+    cuts: tuple[dict, ...]
+    """The paths of the relaxation and those its solution adds (its critical path and its neighbours')."""
 
     def replays(self, cutoff: int | None, hint: Hint | None, budget: Budget) -> bool:
         """Whether solving again would give `found`: the same model, and every attempt of _solve under the same
@@ -124,6 +128,11 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
     best: PartitionResult | None = None
     proven = False
     replay = first.found if first is not None and first.replays(cutoff, hint, budget) else None
+    if first is not None and replay is None:
+        for cut in first.cuts:
+            if cut not in paths:
+                _add_path(model, pipe, cut, durations, chunks, rc)
+                paths.append(cut)
     while not budget.exhausted:
         spent = budget.spent
         if replay is not None:
@@ -142,8 +151,9 @@ def solve_partition(cc: CandidateCosts, num_layers: int, *, budget: Budget | Non
             proven = found.status == "OPTIMAL"
             break
         if not exact:  # the planner decides whether this candidate deserves the exact loop
+            cuts = [*paths, path, *neighbour_paths(cc, durations, k_vals, rc_vals, [*paths, path])]
             return replace(best, status="RELAXED", bound=found.objective if found.status == "OPTIMAL" else 0,
-                           first=FirstSolve(cutoff, hint, found, round(budget.spent - spent, 9)))
+                           first=FirstSolve(cutoff, hint, found, round(budget.spent - spent, 9), tuple(cuts)))
         _add_path(model, pipe, path, durations, chunks, rc)
         paths.append(path)
         for extra in neighbour_paths(cc, durations, k_vals, rc_vals, paths):
