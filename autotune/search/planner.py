@@ -180,6 +180,8 @@ class _Search:
         """Per candidate: the fastest complete plan known for it, and the same as a hint for its solves."""
         self.relaxed: dict[int, FirstSolve] = {}
         """Per candidate back on the heap for the exact loop: the solve of its relaxation."""
+        self.paths: dict[tuple, list[dict]] = {}
+        """Per schedule graph: the critical paths the solves met, cuts for every candidate with that graph."""
         self.too_big: list[tuple[float, int]] = []
         self.solved = 0
         self.open_bound = math.inf  # the smallest bound of a candidate left without proof
@@ -268,8 +270,11 @@ class _Search:
         own = self.own.get(idx)
         res = solve_partition(cc, self.L, budget=self.budget, cutoff=_cutoff(threshold, cc.cand),
                               pinned=pinned_layers(self.space, cc.cand.pp, self.L), exact=exact,
-                              hint=own[1] if own else None, first=self.relaxed.pop(idx, None))
+                              hint=own[1] if own else None, first=self.relaxed.pop(idx, None),
+                              known=tuple(self.paths.get(_graph(cc), ())))
         self.solved += 1
+        pool = self.paths.setdefault(_graph(cc), [])
+        pool += [path for i, path in enumerate(res.met) if path not in pool and path not in res.met[:i]]
         if res.status == "RELAXED":  # back on the heap with the relaxation's bound, for the exact loop
             heapq.heappush(self.heap, (max(lb, res.bound * SOLVER_TIME_UNIT_S), idx, EXACT, cc))
             self.relaxed[idx] = res.first
@@ -354,6 +359,12 @@ def _rank(est: Estimate) -> tuple:
     return (est.step_time_s, p.pp, p.tp, p.cp, p.vpp, p.mbs, p.zero, not p.sequence_parallel, p.recompute,
             p.layers_per_stage, p.bucket_size, p.schedule, p.tp_mode, p.tp_overlap, p.vocab,
             -1 if p.recompute_layers is None else p.recompute_layers)
+
+
+def _graph(cc: CandidateCosts) -> tuple:
+    """What a pipeline schedule's graph of passes depends on (costmodel/critical.py)."""
+    c = cc.cand
+    return c.schedule, c.pp, c.vpp, c.num_microbatches, cc.ticks
 
 
 def _cutoff(threshold: float, c: Candidate) -> int | None:

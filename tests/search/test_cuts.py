@@ -85,3 +85,21 @@ def test_neighbours_by_hand() -> None:
     assert neighbours([2, 1], [1, 0]) == [([1, 2], (1, 1)), ([3, 0], (1, 0)), ([1, 1], (1, 1)), ([2, 0], (1, 0)),
                                           ([3, 1], (1, 1)), ([2, 2], (1, 1))]
     assert neighbours([0, 1], [0, 0]) == [([1, 0], (0, 0)), ([0, 0], (0, 0)), ([1, 1], (0, 0)), ([0, 2], (0, 0))]
+
+
+@pytest.mark.parametrize(("schedule", "pp", "m"), [("1f1b", 4, 4), ("zb-h1", 4, 8), ("v-half", 3, 6)])
+def test_paths_met_for_another_candidate_cut_but_do_not_change_the_answer(schedule, pp, m) -> None:
+    """A path of a schedule's graph bounds the pipeline time whatever the passes last, so the planner hands the
+    critical paths met solving one candidate to the others with the same graph (`known`); and an exact loop
+    whose relaxation it cannot replay starts from the relaxation's cuts (`first`): the optimum stays the one
+    proven without them."""
+    donor, cc = _costs(schedule, pp, m, full_max=3), _costs(schedule, pp, m)
+    met = solve_partition(donor, LAYERS).met
+    plain = solve_partition(cc, LAYERS)
+    assert met and plain.status == "OPTIMAL"
+    assert solve_partition(cc, LAYERS, known=met).objective == plain.objective
+    hint = Hint((LAYERS - pp + 1,) + (1,) * (pp - 1), 0, 4000)
+    relaxed = solve_partition(cc, LAYERS, exact=False, hint=hint, known=met)
+    if relaxed.status == "RELAXED":  # then the exact loop, from a different hint: no replay, the cuts
+        exact = solve_partition(cc, LAYERS, hint=Hint((LAYERS // pp,) * pp, 0, 4000), first=relaxed.first)
+        assert (exact.status, exact.objective) == ("OPTIMAL", plain.objective)
