@@ -47,7 +47,8 @@ def _least_sync(cc: CandidateCosts, num_layers: int, ranges: tuple[tuple[int, in
     A dynamic program over the ranks: best[b, j, u] is the least so far having used first + u chunks on the ranks
     before (only the counts they can reach: at least their fewest, leaving the later ranks theirs). A rank's step
     writes value[b, j, u, n] (n: its chunks from lo) to cells whose rows start u further along, as
-    pivots.pivot_path_floor does, so that the targets u + n are columns and one min takes them all."""
+    pivots.pivot_path_floor does, so that the targets u + n are columns and one min takes them all. The last rank
+    has one target, every chunk: its step reads the diagonal u + n = total alone."""
     c = cc.cand
     total = num_layers // c.vpp
     rest = np.cumsum([lo for lo, _ in ranges][::-1])[::-1]
@@ -62,17 +63,31 @@ def _least_sync(cc: CandidateCosts, num_layers: int, ranges: tuple[tuple[int, in
         used = slice(first, first + rows)
         sync = _stage_sync(cc, k, np.arange(lo, hi + 1), np.arange(first, first + rows), windows)  # [bucket, u, n]
         barred = ~(terms.paths(k, lo, hi, used) <= levels[:, None, None])  # [level, u, n]: a pivot path above it
+        if k == c.pp - 1:
+            break
         cells = np.full((nb, len(levels), rows * (width + 1)), np.inf)
         value = cells.reshape(nb, len(levels), rows, width + 1)[..., :cols]
         np.maximum(best[..., None], sync[:, None, :, :], out=value)
         np.copyto(value, np.inf, where=barred[None])
         least = cells[..., :rows * width].reshape(nb, len(levels), rows, width).min(axis=2)
         first += lo
-        cap = total - (rest[k + 1] if k + 1 < c.pp else 0)  # leave the later ranks their fewest
+        cap = total - rest[k + 1]  # leave the later ranks their fewest
         best = least[..., :max(0, min(width, cap - first + 1))]
-    if not 0 <= total - first < best.shape[2]:
-        return np.full(len(levels), np.inf)
-    return best[:, :, total - first].min(axis=0)
+    return _last_rank(best, sync, barred, total - first - lo)
+
+
+def _last_rank(best: np.ndarray, sync: np.ndarray, barred: np.ndarray, left: int) -> np.ndarray:
+    """_least_sync's last step: [j], the least over every bucket and every u of the last rank holding the
+    `left` - u chunks the others leave it (best[b, j, u], sync[b, u, n] and barred[j, u, n] as there)."""
+    u = np.arange(best.shape[2])
+    n = left - u
+    ok = (n >= 0) & (n < sync.shape[2])
+    u, n = u[ok], n[ok]
+    if not len(u):
+        return np.full(best.shape[1], np.inf)
+    value = np.maximum(best[:, :, u], sync[:, None, u, n])  # [bucket, level, d]: the pairs (u[d], n[d])
+    np.copyto(value, np.inf, where=barred[None, :, u, n])
+    return value.min(axis=2).min(axis=0)
 
 
 def _stage_sync(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, windows: dict[str, float]
