@@ -65,15 +65,30 @@ def _least_sync(cc: CandidateCosts, num_layers: int, ranges: tuple[tuple[int, in
         barred = ~(terms.paths(k, lo, hi, used) <= levels[:, None, None])  # [level, u, n]: a pivot path above it
         if k == c.pp - 1:
             break
-        cells = np.full((nb, len(levels), rows * (width + 1)), np.inf)
-        value = cells.reshape(nb, len(levels), rows, width + 1)[..., :cols]
-        np.maximum(best[..., None], sync[:, None, :, :], out=value)
-        np.copyto(value, np.inf, where=barred[None])
-        least = cells[..., :rows * width].reshape(nb, len(levels), rows, width).min(axis=2)
+        least = _targets(best, sync, barred, rows, cols)
         first += lo
         cap = total - rest[k + 1]  # leave the later ranks their fewest
         best = least[..., :max(0, min(width, cap - first + 1))]
     return _last_rank(best, sync, barred, total - first - lo)
+
+
+def _targets(best: np.ndarray, sync: np.ndarray, barred: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """[b, j, t]: the least value[b, j, u, n] = max(best[b, j, u], sync[b, u, n]) (inf where barred[j, u, n])
+    over u + n = t. A rank with many more counts behind it than its own (deep pipelines of short stages) takes
+    one shifted min per own count; otherwise the skewed cells (rows x (width + 1)) let one min take them all."""
+    nb, nl, width = best.shape[0], best.shape[1], rows + cols - 1
+    if 4 * cols < rows:
+        value = np.maximum(best[..., None], sync[:, None, :, :])
+        np.copyto(value, np.inf, where=barred[None])
+        least = np.full((nb, nl, width), np.inf)
+        for n in range(cols):
+            np.minimum(least[..., n:n + rows], value[..., n], out=least[..., n:n + rows])
+        return least
+    cells = np.full((nb, nl, rows * (width + 1)), np.inf)
+    value = cells.reshape(nb, nl, rows, width + 1)[..., :cols]
+    np.maximum(best[..., None], sync[:, None, :, :], out=value)
+    np.copyto(value, np.inf, where=barred[None])
+    return cells[..., :rows * width].reshape(nb, nl, rows, width).min(axis=2)
 
 
 def _last_rank(best: np.ndarray, sync: np.ndarray, barred: np.ndarray, left: int) -> np.ndarray:
