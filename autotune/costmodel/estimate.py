@@ -36,6 +36,8 @@ ADAM_STEP_BYTES = 4 + 2 * 4 * 3 + 2
 MAKESPAN_CACHE = 4096
 #: Plan shapes (every field but the partition) whose stage costs CostModel keeps for other partitions
 STAGE_MEMO_PLANS = 256
+#: Bucketed exposures kept per collective, group and bucket (dp_sync_exposed)
+EXPOSURE_MEMO = 65536
 #: The Plan fields a stage's cost depends on besides its own layer count and index: all but the partition
 PLAN_SHAPE_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "layers_per_stage")
 _plan_shape = attrgetter(*PLAN_SHAPE_FIELDS)  # their values as a tuple, read in C
@@ -300,6 +302,8 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
     for params, w in zip([s.params for s in stages], [s.bwd_s if window == "bwd" else s.fwd_s for s in stages]):
         exposure = exposures.get((params, w))
         if exposure is None:
+            if len(exposures) >= EXPOSURE_MEMO:  # bounded, as the other memos: a long search meets many shapes
+                exposures.clear()
             exposure = exposures[params, w] = comm.bucketed_exposure(params * bytes_per_param,
                                                                      bucket * bytes_per_param, w, per_bucket)
         if exposure - slack > worst:  # max(worst, exposure - slack) without the call

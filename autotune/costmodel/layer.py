@@ -60,7 +60,10 @@ class LayerCost:
     """Parameters a stage's memory is charged per layer where that exceeds `params` (-1: params). An MoE model
     with dense layers has the mean layer's parameters as `params` (what its gradients sync and its optimizer
     steps over), but a stage may hold more MoE layers than the mean: with dense-first layers every layer of
-    a stage may be MoE, so the MoE layer is charged; a periodic pattern (moe_layer_freq f) puts at most
+    a stage may be MoE, so the MoE layer is charged (state.dense_first_credit brings stage 0's known dense
+    layers to their own size; a stage after it holding the rest of them is charged MoE layers for them, which
+    undercounts where a dense layer outweighs an MoE layer on its GPU, as DeepSeek-V3's does at tp 1, ep 256);
+    a periodic pattern (moe_layer_freq f) puts at most
     ceil(n/f) MoE layers in n consecutive ones, charged as n * (MoE/f + dense*(f-1)/f) plus surplus_params for
     each model chunk of the rank (its chunks are not consecutive with each other)."""
     memory_expert_params: int = -1
@@ -71,9 +74,8 @@ class LayerCost:
     surplus_expert_params: int = 0
     """The routed experts inside surplus_params."""
     dense_params: int = 0
-    """Parameters of one dense layer on this GPU where the model has dense-first layers (an MoE model's mean
-    layer): a stage holding some is charged that much less per dense layer than stage_params (stages.py
-    dense_first_credit); 0 for other layers."""
+    """Parameters of one dense layer on this GPU (an MoE model's mean layer where it has dense layers; 0 for
+    other layers): what a stage known to hold dense-first layers is charged for each (state.dense_first_credit)."""
     sac_gather_s: float = 0.0
     """torchtitan's backward re-gather of the block inputs, which only its selective checkpointing runs
     (tpcomm.recomputed_gathers_s): charged with that recomputation, not in tp_bwd_s."""

@@ -8,14 +8,14 @@ from functools import cache
 
 from autotune.costmodel import comm
 from autotune.costmodel.layer import LayerCost, VocabCost
-from autotune.costmodel.state import dense_first_credit, fixed_state_bytes, layer_state_bytes
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, chunks_per_rank, pass_ticks, peak_in_flight
+from autotune.costmodel.state import dense_first_credit, fixed_state_bytes, layer_state_bytes
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES, StateBytes
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan, chunk_layers
-from autotune.units import ACTIVATION_BYTES, FP32_BYTES, whole_bytes
+from autotune.units import ACTIVATION_BYTES, FP32_BYTES
 
 
 

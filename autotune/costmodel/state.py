@@ -21,14 +21,15 @@ def layer_state_bytes(layer: LayerCost, zero: int, shards: int, expert_shards: i
 def dense_first_credit(layer: LayerCost, zero: int, shards: int, expert_shards: int,
                        state: StateBytes = StateBytes()) -> tuple[int, int, int]:
     """(weights, gradients, optimizer) bytes a stage is charged per layer (layer_state_bytes: an MoE model's mean
-    layer is charged as the MoE layer it may be) beyond what one of the model's dense-first layers holds: what
-    each dense-first layer a stage is known to hold takes off (the model's first layers open rank 0's first
-    chunk). (0, 0, 0) for a layer without dense layers."""
+    layer is charged as an MoE layer) beyond what one of the model's dense-first layers holds: what each
+    dense-first layer a stage is known to hold takes off (the model's first layers open rank 0's first chunk),
+    or adds where the dense layer is the larger on this GPU (a signed credit: the stage is exact either way).
+    (0, 0, 0) for a layer without dense layers."""
     if not layer.dense_params:
         return 0, 0, 0
     dense = split_state_bytes(layer.dense_params, 0, zero, shards, expert_shards, state)
     charged = layer_state_bytes(layer, zero, shards, expert_shards, state)
-    return tuple(max(0, a - b) for a, b in zip(charged, dense))  # type: ignore[return-value]
+    return tuple(a - b for a, b in zip(charged, dense))  # type: ignore[return-value]
 
 
 def fixed_state_bytes(layer: LayerCost, vocab: VocabCost, vparams: int, head: float, chunks: int, zero: int,

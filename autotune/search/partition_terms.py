@@ -21,7 +21,7 @@ def memory_constraints(model: cp_model.CpModel, cc: CandidateCosts, chunks, rc) 
     for i, k in enumerate(chunks):
         s = cc.stages[i]
         expr = k * (v * cc.layer_state + s.in_flight * cc.act_base) + s.memory
-        if cc.most_credit(i):  # the dense-first layers of rank 0's first chunk: min(k, D) of them
+        if i == 0 and cc.dense_credit:  # the dense-first layers of rank 0's first chunk: min(k, D) of them
             dense = model.NewIntVar(0, cc.dense_first, f"dense{i}")
             model.AddMinEquality(dense, [k, cc.dense_first])
             expr -= cc.dense_credit * dense

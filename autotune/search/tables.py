@@ -86,7 +86,8 @@ class CandidateCosts:
     ticks: tuple[int, int, int]
     """The proportions a v-half order is built for (stages.schedule_ticks)."""
     dense_credit: int = 0
-    """Bytes stage 0 is charged less per dense-first layer its first chunk holds (state.dense_first_credit)."""
+    """Bytes stage 0 is charged less per dense-first layer its first chunk holds (state.dense_first_credit; more
+    where it is negative)."""
     dense_first: int = 0
     """The model's dense-first layers (0 where no credit applies: none, or a grid tensor-parallel layer)."""
     memo: dict = field(default_factory=dict, compare=False, repr=False)
@@ -98,8 +99,9 @@ class CandidateCosts:
         return self.dense_credit * min(k, self.dense_first) if i == 0 else 0
 
     def most_credit(self, i: int) -> int:
-        """The largest credit(i, k) of any k, for relaxations (which may only loosen the memory rule)."""
-        return self.dense_credit * self.dense_first if i == 0 else 0
+        """The largest credit(i, k) of any k (0 for a negative credit: k = 0 takes none), for relaxations (which
+        may only loosen the memory rule)."""
+        return max(0, self.dense_credit * self.dense_first) if i == 0 else 0
 
     @property
     def layer_fwd_s(self) -> float:

@@ -112,7 +112,7 @@ def test_dense_first_layers_of_stage_0_are_charged_as_dense_by_hand() -> None:
 @pytest.mark.parametrize("vpp", [1, 2])
 def test_a_first_chunk_shorter_than_the_dense_layers_is_credited_for_what_it_holds(vpp: int) -> None:
     """With 2 layers per chunk on rank 0, 2 of DeepSeek-V3's 3 dense layers sit there (the third opens rank 1, whose
-    stage is charged as MoE layers: conservative, as the planner charges it)."""
+    stage is charged an MoE layer for it, as the planner charges it)."""
     model = load_model("deepseek-v3")
     layers = (2 * vpp,) + (4,) * 14 + (61 - 2 * vpp - 56,)
     schedule = "interleaved" if vpp > 1 else "1f1b"
@@ -122,3 +122,17 @@ def test_a_first_chunk_shorter_than_the_dense_layers_is_credited_for_what_it_hol
     moe, dense = moe_layer_params(model, 2, 64, 1), dense_layer_params(model, 2)
     embedding = model.vocab_size * model.hidden_size // 2
     assert est.stages[0].memory.weights == 2 * (2 * dense + (2 * vpp - 2) * moe + embedding)
+
+
+def test_a_dense_layer_larger_than_an_moe_layer_is_charged_its_own_size() -> None:
+    """DeepSeek-V3 at tp 1, ep 64: a dense-first layer (an 18432-wide MLP whole on the GPU) holds more than an MoE
+    layer with 4 of its 256 experts, so stage 0's credit is negative in weights and gradients: the stage is
+    still charged exactly 3 dense + 1 MoE layers and the embedding."""
+    model = load_model("deepseek-v3")
+    plan = Plan(tp=1, pp=16, dp=64, mbs=1, num_microbatches=64, zero=1, vocab="balanced",
+                layers_per_stage=(4,) * 15 + (1,), ep=64, etp=1)
+    est = CostModel(model, H100, JobSpec(global_batch=4096, seq_len=4096)).estimate(plan)
+    moe, dense = moe_layer_params(model, 1, 64, 1), dense_layer_params(model, 1)
+    assert dense > moe
+    embedding = model.vocab_size * model.hidden_size
+    assert est.stages[0].memory.weights == 2 * (3 * dense + moe + embedding)
