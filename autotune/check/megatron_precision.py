@@ -57,6 +57,10 @@ def optimizer_states(args: dict[str, Any], notes: list[str]) -> str:
     if not (args.get("--use-distributed-optimizer") or args.get("--use-megatron-fsdp")):
         raise SpecError("--use-precision-aware-optimizer without --use-distributed-optimizer: megatron-core refuses "
                         "it (OptimizerConfig); add --use-distributed-optimizer")
+    if args.get("--use-megatron-fsdp"):
+        notes.append("--use-precision-aware-optimizer with Megatron FSDP: costed as fp32 Adam states (its FSDP keeps "
+                     "fp32 main weights; the 16-bit states are costed in the distributed optimizer only)")
+        return "fp32"
     moments = [MOMENT_BYTES[dtypes[flag]] for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype")]
     remainders = str(args.get("--fp8-recipe", "delayed")) == "delayed" or dtypes["--main-params-dtype"] != "fp32"
     if moments == [4, 4]:

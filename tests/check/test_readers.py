@@ -243,6 +243,8 @@ _AWARE = "--use-distributed-optimizer --use-precision-aware-optimizer"
      "bf16-moments", "fp32", ""),
     (_AWARE + " --exp-avg-dtype fp8 --exp-avg-sq-dtype bf16", "bf16", "fp32", "Adam moments of 1 and 2 bytes"),
     (_AWARE + " --exp-avg-dtype bf16", "bf16", "fp32", "Adam moments of 2 and 4 bytes"),
+    (_AWARE + " --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --use-megatron-fsdp", "fp32", "fp32",
+     "with Megatron FSDP: costed as fp32 Adam states"),
 ])
 def test_megatron_optimizer_precision_is_read_back(flags: str, states: str, grads: str, noted: str) -> None:
     r = read_megatron(_LLAMA + flags + "\n")
