@@ -196,3 +196,15 @@ def test_an_underdetermined_fit_and_a_run_that_cannot_fit_are_warned(tmp_path):
     assert len(cal.fitted) >= 2
     assert any("2 distinct run configuration(s)" in w and "underdetermined" in w for w in cal.unfit)
     assert not [w for w in cal.unfit if "out of memory" in w]
+
+
+def test_out_never_replaces_the_runs_file(tmp_path, capsys, monkeypatch):
+    """`--out RUNS.csv` (or a default name equal to it) would replace the measured runs with the fitted hardware
+    file: one error line, and the runs are untouched."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text(RUNS.read_text())
+    for out in (str(runs), "./runs.csv"):
+        monkeypatch.chdir(tmp_path)
+        code, stdout, err = _run_main(str(runs), "--out", out, capsys=capsys)
+        assert code == 1 and stdout == "" and err.startswith("error: ") and "is the runs file itself" in err
+        assert runs.read_text() == RUNS.read_text()

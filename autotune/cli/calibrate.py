@@ -30,6 +30,13 @@ def check_runs_file(path: Path) -> None:
                         "the file or keep the runs that matter most")
 
 
+def _not_the_runs(target: Path, runs: Path) -> None:
+    """The calibrated hardware file must not replace the measured runs it was fitted to."""
+    if target.resolve() == runs.resolve():
+        raise SpecError(f"--out {target} is the runs file itself: writing the hardware file there would replace the "
+                        "measured runs; give another --out")
+
+
 def calibrate(
     runs: Annotated[Path, typer.Argument(metavar="RUNS.csv", help="Measured runs, one per line (see the docs).")],
     out: Annotated[Path | None, typer.Option("--out", metavar="FILE",
@@ -44,10 +51,12 @@ def calibrate(
     check_runs_file(runs)
     if out is not None:
         check_target(out, directory=False)
+        _not_the_runs(out, runs)
     with time_limited(time_limit, "calibrate"):
         cal = fit_runs(runs)
     show_warnings(list(cal.unfit))
     target = out if out is not None else Path(f"{slug(str(cal.runs_file.hw_raw['name']))}-calibrated.json")
+    _not_the_runs(target, runs)
     written = write_calibrated(cal, target)
     if json_out:
         typer.echo(dump_json({**cal.to_dict(), "out": str(written)}, sort_keys=True))

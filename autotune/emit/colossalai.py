@@ -8,11 +8,15 @@ code in the tests: its PyPI package needs CUDA to import; the tests check the sc
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import python_str
 from autotune.emit.runfiles import (launch_shape, nccl_env_block, nodes_block, required_env_block, sbatch_script,
                                      schedule)
+from autotune.errors import SpecError
+from autotune.specs.plan import Plan
 from autotune.specs.tpgrid import tp_mode_degrees
 
 TARGET = "legacy config schema of Colossal-AI <= 0.3 (colossalai.legacy)"
@@ -69,8 +73,22 @@ def _tensor(inp: EmitInput) -> str:
     return f"dict(size={p.tp}, mode={python_str(p.tp_mode)}{depth})"
 
 
+def _data_parallel_plan(inp: EmitInput) -> Plan:
+    """The plan as its data-parallel ranks run it: without context parallelism, the cp ranks are data-parallel
+    ones, each with 1/cp of the micro-batches (specs/trainers.py as_run folds it the same way), so the global batch
+    stays the planned one; a micro-batch count cp does not divide cannot be folded so."""
+    p = inp.plan
+    if p.cp == 1:
+        return p
+    if p.num_microbatches % p.cp:
+        raise SpecError(f"cp {p.cp}: Colossal-AI's legacy config has no context parallelism, and its "
+                        f"{p.num_microbatches} micro-batches per rank do not split over {p.cp} more data-parallel "
+                        "ranks; plan with --trainer colossalai (or a batch cp divides)")
+    return replace(p, dp=p.dp * p.cp, num_microbatches=p.num_microbatches // p.cp, cp=1)
+
+
 def _config(inp: EmitInput) -> str:
-    p, job, m, s = inp.plan, inp.job, inp.model, schedule(inp)
+    p, job, m, s = _data_parallel_plan(inp), inp.job, inp.model, schedule(inp)
     lines = [
         commented(header_lines(inp, "colossalai", TARGET)).rstrip("\n"),
         "from colossalai.legacy.amp import AMP_TYPE",

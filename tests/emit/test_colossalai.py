@@ -58,3 +58,39 @@ def test_other_trainers_emit_a_grid_plan_as_1d_with_a_warning():
 def test_emission_is_deterministic():
     inp = _input("2d", 16)
     assert emit("colossalai", inp) == emit("colossalai", replace(inp))
+
+
+def _assignments(config: str) -> dict:
+    tree = ast.parse(config)
+    return {n.targets[0].id: n.value.value for n in tree.body
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)}
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_context_parallelism_folded_into_data_parallelism_keeps_the_global_batch(pp: int) -> None:
+    """Without context parallelism the cp ranks are data-parallel ranks: each runs 1/cp of the micro-batches, so
+    world / (tp x pp) ranks x BATCH_SIZE is the planned global batch (it was cp times it)."""
+    model, job = load_model("llama3-8b"), JobSpec(global_batch=64, seq_len=8192)
+    layers = (32,) if pp == 1 else (16, 16)
+    plan = Plan(tp=2, pp=pp, dp=8 // (2 * pp), cp=2, mbs=4, num_microbatches=64 // (8 // (2 * pp) * 4),
+                layers_per_stage=layers, zero=1 if pp == 1 else 0, sequence_parallel=True)
+    check_plan(plan, model, job, 16, 8)
+    inp = EmitInput(plan=plan, model=model, job=job, gpu="h100-sxm", gpus_per_node=8, step_time_s=1.0,
+                    peak_memory_gib=10.0, mfu=0.3)
+    values = _assignments(dict(emit("colossalai", inp).files)["colossalai_config.py"])
+    data_ranks = plan.num_gpus // (plan.tp * plan.pp)
+    assert data_ranks * values["BATCH_SIZE"] == values["GLOBAL_BATCH_SIZE"] == 64
+    batches = values["NUM_MICRO_BATCHES"] if pp > 1 else values["gradient_accumulation"]
+    assert values["BATCH_SIZE"] == plan.mbs * batches
+
+
+def test_context_parallelism_that_cannot_fold_is_refused() -> None:
+    from autotune.errors import SpecError
+
+    model, job = load_model("llama3-8b"), JobSpec(global_batch=8, seq_len=8192)
+    plan = Plan(tp=2, pp=1, dp=4, cp=2, mbs=2, num_microbatches=1, layers_per_stage=(32,), sequence_parallel=True)
+    check_plan(plan, model, job, 16, 8)
+    inp = EmitInput(plan=plan, model=model, job=job, gpu="h100-sxm", gpus_per_node=8, step_time_s=1.0,
+                    peak_memory_gib=10.0, mfu=0.3)
+    with pytest.raises(SpecError, match="do not split over 2 more data-parallel ranks"):
+        emit("colossalai", inp)
