@@ -3,6 +3,7 @@ own model format, which specs/model.py checks."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -46,7 +47,8 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         "num_layers": data["num_hidden_layers"],
         "hidden_size": data["hidden_size"],
         "num_heads": data["num_attention_heads"],
-        "num_kv_heads": data.get("num_key_value_heads") or data["num_attention_heads"],
+        "num_kv_heads": (data["num_attention_heads"] if data.get("num_key_value_heads") is None
+                         else data["num_key_value_heads"]),
         "ffn_hidden_size": data["intermediate_size"],
         "vocab_size": data["vocab_size"],
         "activation": activation,
@@ -61,7 +63,7 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         spec["head_dim"] = data["head_dim"]
     if model_type in ("qwen3", "qwen3_moe"):  # transformers' Qwen3 attention always has q_norm and k_norm
         spec["qk_norm"] = True
-    spec.update(_hf_training_keys(data))
+    spec.update(_hf_training_keys(data, where))
     spec.update(moe)
     spec.update(_hf_window_and_clamp(data, model_type))
     if model_type == "bert":
@@ -188,21 +190,41 @@ def _hf_window_and_clamp(data: dict[str, Any], model_type: str) -> dict[str, Any
     return out
 
 
-def _hf_training_keys(data: dict[str, Any]) -> dict[str, Any]:
+#: The largest RoPE scaling factor a config.json may give (YaRN's published ones are 4-64)
+MAX_ROPE_SCALING_FACTOR = 1024.0
+
+
+def _hf_training_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
     """RoPE base and scaling, norm epsilon and init std of a Llama-style config.json, where given (Llama 3.1's
     rope_scaling is {"rope_type": "llama3", "factor": 8.0, ...}, DeepSeek-V3's {"type": "yarn", "factor": 40,
-    ...}; YaRN's other settings and other scaling types are not carried)."""
+    ...}; YaRN's other settings are not carried). A value that is there but unusable is a one-line error naming
+    the key, not a silent default: the emitters write these values into the launch configs."""
     out: dict[str, Any] = {}
     for key, ours in (("rope_theta", "rope_theta"), ("rms_norm_eps", "norm_eps"), ("layer_norm_eps", "norm_eps"),
                       ("initializer_range", "init_std")):
-        if isinstance(data.get(key), (int, float)) and not isinstance(data.get(key), bool) and data[key] > 0:
-            out[ours] = float(data[key])
+        value = data.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise SpecError(f"{where}: {key} must be a number > 0, got {value!r}")
+        out[ours] = float(value)
     scaling = data.get("rope_scaling")
-    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
-    if kind in ("llama3", "yarn"):
-        out["rope_scaling"] = kind
-        if isinstance(scaling.get("factor"), (int, float)) and scaling["factor"] > 0:
-            out["rope_scaling_factor"] = float(scaling["factor"])
+    if scaling is None:
+        return out
+    if not isinstance(scaling, dict):
+        raise SpecError(f"{where}: rope_scaling must be an object such as {{\"rope_type\": \"llama3\", \"factor\": "
+                        f"8.0}}, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return out
+    if kind not in ("llama3", "yarn"):
+        raise SpecError(f"{where}: rope_scaling type {kind!r} is not one autotune carries into launch configs "
+                        "(llama3, yarn); drop rope_scaling to plan the model without it")
+    factor = scaling.get("factor")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= MAX_ROPE_SCALING_FACTOR:
+        raise SpecError(f"{where}: rope_scaling factor must be a number > 0 and <= {MAX_ROPE_SCALING_FACTOR:g}, got "
+                        f"{factor!r}")
+    out.update(rope_scaling=kind, rope_scaling_factor=float(factor))
     return out
 
 

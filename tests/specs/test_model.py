@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -77,6 +78,32 @@ def test_hf_config_missing_keys_are_named():
     del data["intermediate_size"]
     with pytest.raises(SpecError, match="missing intermediate_size"):
         model_from_hf_config(data, "config.json")
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"rope_theta": -5}, "rope_theta must be a number > 0, got -5"),
+    ({"rope_theta": "abc"}, "rope_theta must be a number > 0, got 'abc'"),
+    ({"rms_norm_eps": 0}, "rms_norm_eps must be a number > 0, got 0"),
+    ({"initializer_range": -0.01}, "initializer_range must be a number > 0"),
+    ({"rope_scaling": "llama3"}, "rope_scaling must be an object"),
+    ({"rope_scaling": {"type": "linear", "factor": 4}}, "rope_scaling type 'linear' is not one autotune carries"),
+    ({"rope_scaling": {"rope_type": "llama3"}}, "rope_scaling factor must be a number > 0 and <= 1024, got None"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": -8}}, "rope_scaling factor must be"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 1e9}}, "rope_scaling factor must be"),
+    ({"num_key_value_heads": 0}, "num_key_value_heads must be > 0, got 0"),
+])
+def test_hf_config_values_that_cannot_be_used_are_named(changes, message):
+    """A value a config.json gives but autotune cannot carry into the launch configs is a one-line error naming the
+    key, never a silent default (the emitters write these values out)."""
+    with pytest.raises(SpecError, match=re.escape(message)):
+        model_from_hf_config({**LLAMA3_8B_CONFIG, **changes}, "config.json")
+
+
+def test_hf_config_null_and_default_rope_scaling_are_none():
+    for scaling in (None, {"rope_type": "default"}):
+        assert model_from_hf_config({**LLAMA3_8B_CONFIG, "rope_scaling": scaling}, "c.json").rope_scaling == "none"
+    yarn = model_from_hf_config({**LLAMA3_8B_CONFIG, "rope_scaling": {"type": "yarn", "factor": 40}}, "c.json")
+    assert (yarn.rope_scaling, yarn.rope_scaling_factor) == ("yarn", 40.0)
 
 
 def test_gpt2_style_config():
