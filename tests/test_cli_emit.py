@@ -395,3 +395,21 @@ def test_read_only_out_dir(capsys, plan_file, tmp_path):
     finally:
         out_dir.chmod(0o755)
     assert "Permission denied" in message and _listing(out_dir) == {"keep.txt": b"mine"}
+
+
+def test_a_config_its_trainer_runs_out_of_memory_says_so(autotune_proc, tmp_path):
+    """A plan whose config another trainer runs differently (Colossal-AI: no context parallelism, no ZeRO with a
+    pipeline) may not fit as that trainer runs it: a warning names the predicted peak, and --strict writes nothing."""
+    job = ["--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--seq-len", "8192"]
+    doc = tmp_path / "plan.json"
+    planned = autotune_proc("plan", *job, "--cp", "2", "--tp", "2", "--pp", "2", "--zero", "1", "--json",
+                            "--no-timings")
+    assert planned.returncode == 0, planned.stderr
+    doc.write_text(planned.stdout)
+    proc = autotune_proc("emit", "--plan", str(doc), "--trainer", "colossalai", "--out", str(tmp_path / "c"))
+    assert proc.returncode == 0 and "it will run out of memory (plan with --trainer colossalai)" in proc.stderr
+    strict = autotune_proc("emit", "--plan", str(doc), "--trainer", "colossalai", "--strict", "--out",
+                           str(tmp_path / "s"))
+    assert strict.returncode == 1 and not (tmp_path / "s").exists()
+    fits = autotune_proc("emit", "--plan", str(doc), "--trainer", "megatron", "--out", str(tmp_path / "m"))
+    assert fits.returncode == 0 and "run out of memory" not in fits.stderr

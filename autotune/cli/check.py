@@ -141,7 +141,8 @@ def _findings(est: Estimate, best: Estimate | None, max_gap: float | None, notes
 
 def _emit_better(out: str, u: Understood, best: Estimate, hw: HardwareSpec) -> list[Path]:
     inp = EmitInput(plan=best.plan, model=u.model, job=u.job, gpu=hw.name, gpus_per_node=hw.gpus_per_node,
-                    step_time_s=best.step_time_s, peak_memory_gib=gib(best.peak_memory_bytes), mfu=best.mfu)
+                    step_time_s=best.step_time_s, peak_memory_gib=gib(best.peak_memory_bytes), mfu=best.mfu,
+                    usable_memory_gib=gib(best.usable_memory_bytes))
     result = launch_config(u.trainer, inp, torchtitan_format=u.torchtitan_format, strict=False)
     written = write_files(Path(out), list(result.files), flag="--emit-better")
     show_warnings(result.warnings)

@@ -14,7 +14,8 @@ from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
-from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps, as_run_job
+from autotune.specs.trainers import (EMITTED_CAPS, TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps, as_run,
+                                      as_run_job)
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -41,6 +42,8 @@ class EmitInput:
     """Tokens to train (the LR schedule's length); the default is autotune.search.scaling.DEFAULT_TRAIN_TOKENS."""
     mock_data: bool = False
     """Synthetic data and no tokenizer (smoke runs); otherwise the launch files require DATA_PATH etc."""
+    usable_memory_gib: float = 0.0
+    """Usable memory per GPU, for a warning when the config as its trainer runs it does not fit (0: unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +76,8 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
     result = _emit_one(trainer, inp, torchtitan_format)
     extra = tuple(w for w in (full_attention_warning(trainer, inp), dispatcher_warning(caps, inp),
                               capacity_warning(trainer, inp), mtp_warning(trainer, inp),
-                              rope_scaling_warning(trainer, inp), state_precision_warning(trainer, inp)) if w)
+                              rope_scaling_warning(trainer, inp), state_precision_warning(trainer, inp),
+                              memory_warning(trainer, inp, torchtitan_format)) if w)
     return EmitResult(result.files, (*result.warnings, *extra)) if extra else result
 
 
@@ -94,6 +98,22 @@ def capacity_warning(trainer: str, inp: EmitInput) -> str | None:
         return None
     return (f"--moe-capacity-factor {inp.job.moe_capacity_factor:g}: {trainer}'s MoE routes every token (dropless); "
             "the config sets no capacity, as the header's figures assume")
+
+
+def memory_warning(trainer: str, inp: EmitInput, fmt: str | None) -> str | None:
+    """The config as its trainer runs it (what the header re-estimates: specs/trainers.py as_run, as_run_job) is
+    predicted not to fit in a GPU's usable memory."""
+    if not inp.usable_memory_gib:
+        return None
+    caps = EMITTED_CAPS.get(trainer)
+    plan = as_run(caps, inp.plan, inp.model)[0] if caps is not None else inp.plan
+    job = as_run_job(inp.job, trainer, fmt)
+    peak = (inp.reestimate(plan, job)[1] if inp.reestimate is not None and (plan, job) != (inp.plan, inp.job)
+            else inp.peak_memory_gib)
+    if peak <= inp.usable_memory_gib:
+        return None
+    return (f"the config as {trainer} runs it is predicted to need {peak:.1f} GiB per GPU, over the "
+            f"{inp.usable_memory_gib:.1f} GiB usable: it will run out of memory (plan with --trainer {trainer})")
 
 
 def state_precision_warning(trainer: str, inp: EmitInput) -> str | None:

@@ -70,7 +70,9 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
     return EmitInput(plan=plan, model=spec, job=job_spec, gpu=check_name(job["gpu"], "gpu", f"{where}: job"),
                      gpus_per_node=gpus_per_node, step_time_s=positive_float(doc, "step_time_s", where),
                      peak_memory_gib=nonneg_float(doc, "peak_memory_gib", where),
-                     mfu=nonneg_float(doc, "mfu", where))
+                     mfu=nonneg_float(doc, "mfu", where),
+                     usable_memory_gib=nonneg_float(doc, "usable_memory_gib", where) if "usable_memory_gib" in doc
+                     else 0.0)
 
 
 def document_trainer(doc: Any, where: str) -> str | None:
