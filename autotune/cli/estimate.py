@@ -90,7 +90,7 @@ def estimate(
     with time_limited(time_limit, "estimate"):
         est, coverage = cm.estimate(plan), cm.op_coverage(plan)
         timeline = None if json_out or brief else cm.timeline(plan)
-    show_warnings(coverage_warnings(coverage, plan, measured, job.seq_len))
+    show_warnings(coverage_warnings(coverage, plan, measured, job.seq_len) + profile_drift(doc, coverage.source, where))
     if brief:
         typer.echo(brief_line(est))
     elif json_out:
@@ -99,3 +99,13 @@ def estimate(
         show(estimate_report(est, spec, hw, job, ops=ops, timeline=timeline), False)
         typer.echo(coverage.line())
 
+
+def profile_drift(doc: object, source: str, where: str) -> list[str]:
+    """A saved plan priced with other op times than this estimate's (a --profile FILE it was planned with and the
+    command line leaves out): say so, since the figures then differ from the document's."""
+    costs = doc.get("op_costs") if isinstance(doc, dict) else None
+    planned = costs.get("source") if isinstance(costs, dict) else None
+    if not isinstance(planned, str) or planned == source:
+        return []
+    return [f"{where} was planned with op times from {planned}; this estimate uses {source}: give --profile {planned} "
+            "to re-cost it as planned"]
