@@ -321,3 +321,15 @@ def test_unknown_command_is_exit_1(autotune_proc):
     proc = autotune_proc("optimise")
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_plan_priced_with_another_profile_says_so() -> None:
+    """estimate --plan of a document planned with --profile FILE, re-costed without it, names the file to give."""
+    from autotune.cli.estimate import profile_drift
+
+    doc = {"op_costs": {"source": "prof.json"}}
+    assert profile_drift(doc, "prof.json", "plan.json") == []
+    assert profile_drift({"op_costs": {"source": "roofline"}}, "roofline", "plan.json") == []
+    assert profile_drift(None, "roofline", "") == []
+    (line,) = profile_drift(doc, "roofline", "plan.json")
+    assert "plan.json was planned with op times from prof.json" in line and "--profile prof.json" in line

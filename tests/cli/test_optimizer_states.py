@@ -141,14 +141,3 @@ def test_the_text_headers_name_the_state_precision(cli) -> None:
         assert "4096 tokens, bf16, bf16 gradients, bf16-moments Adam states" in result.output, command
     assert "Adam states" not in cli("estimate", *job, "--tp", "2", "--pp", "1").output
 
-
-def test_a_plan_priced_with_another_profile_says_so() -> None:
-    """estimate --plan of a document planned with --profile FILE, re-costed without it, names the file to give."""
-    from autotune.cli.estimate import profile_drift
-
-    doc = {"op_costs": {"source": "prof.json"}}
-    assert profile_drift(doc, "prof.json", "plan.json") == []
-    assert profile_drift({"op_costs": {"source": "roofline"}}, "roofline", "plan.json") == []
-    assert profile_drift(None, "roofline", "") == []
-    (line,) = profile_drift(doc, "roofline", "plan.json")
-    assert "plan.json was planned with op times from prof.json" in line and "--profile prof.json" in line
