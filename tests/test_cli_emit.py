@@ -413,3 +413,23 @@ def test_a_config_its_trainer_runs_out_of_memory_says_so(autotune_proc, tmp_path
     assert strict.returncode == 1 and not (tmp_path / "s").exists()
     fits = autotune_proc("emit", "--plan", str(doc), "--trainer", "megatron", "--out", str(tmp_path / "m"))
     assert fits.returncode == 0 and "run out of memory" not in fits.stderr
+
+
+@pytest.mark.parametrize(("edit", "message", "estimate_message"), [
+    (lambda doc: doc["job"].update(gpus=doc["job"]["gpus"] * 2), "job.gpus 32 but the plan's tp*pp*dp*cp = 16",
+     "16 GPUs, but --gpus is 32"),
+    (lambda doc: doc["job"].update(model="llama3-70b"), "job.model 'llama3-70b' is not model_spec's name", None),
+])
+def test_emit_refuses_a_hand_edited_document_as_estimate_does(autotune_proc, tmp_path, edit, message,
+                                                              estimate_message):
+    planned = autotune_proc("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch",
+                            "64", "--seq-len", "4096", "--json", "--no-timings")
+    doc = json.loads(planned.stdout)
+    edit(doc)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    for args, words in ((("emit", "--plan", str(path), "--trainer", "megatron", "--out", str(tmp_path / "m")),
+                         message), (("estimate", "--plan", str(path)), estimate_message or message)):
+        proc = autotune_proc(*args)
+        assert proc.returncode == 1 and words in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "m").exists()

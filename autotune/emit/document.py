@@ -62,6 +62,9 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
                        trainer=choice(job, "kernels", JOB_TRAINERS, f"{where}: job") if "kernels" in job
                        else "megatron")  # type: ignore[arg-type]
     plan = plan_from_dict(doc["plan"], f"{where}: plan")
+    if "gpus" in job and positive_int(job, "gpus", f"{where}: job") != plan.num_gpus:
+        raise SpecError(f"{where}: job.gpus {job['gpus']} but the plan's tp*pp*dp*cp = {plan.num_gpus}; the "
+                        "document was edited by hand: plan again, or make them agree")
     gpus_per_node = positive_int(job, "gpus_per_node", f"{where}: job")
     try:
         check_plan(plan, spec, job_spec, plan.num_gpus, gpus_per_node, allow_cross_node_tp=True)
@@ -94,6 +97,9 @@ def document_model(doc: dict[str, Any], job: dict[str, Any], where: str) -> Mode
     if isinstance(data, dict) and data.get("max_position_embeddings") == 0:  # 0 = none, which the reader omits
         data = {k: v for k, v in data.items() if k != "max_position_embeddings"}
     spec = model_from_dict(data, f"{where}: model_spec")
+    if isinstance(job.get("model"), str) and job["model"] != spec.name:
+        raise SpecError(f"{where}: job.model {job['model']!r} is not model_spec's name {spec.name!r}; the document "
+                        "was edited by hand: plan again, or make them agree")
     if spec.catalog_name:  # trainers' registries go by it: it must be the catalog model it names
         twin = catalog_twin(spec)
         if twin is None or twin.name != spec.catalog_name:
