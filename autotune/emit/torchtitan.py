@@ -12,8 +12,8 @@ from __future__ import annotations
 from autotune.emit import EmitInput, EmitResult
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word, toml_str
-from autotune.emit.runfiles import (launch_shape, nccl_env_block, nodes_block, required_env_block, sbatch_script,
-                                     schedule)
+from autotune.emit.runfiles import (float_text, launch_shape, nccl_env_block, nodes_block, required_env_block,
+                                     sbatch_script, schedule)
 from autotune.emit.torchtitan_mapping import (MOE_REGISTRY, REGISTRY, Mapping, MoeModel, map_plan, model_shape,
                                              toml_runs)
 from autotune.errors import SpecError
@@ -206,10 +206,13 @@ def _toml(inp: EmitInput, m: Mapping) -> str:
         "(TOML cannot require environment variables: the data, tokenizer and checkpoint paths go on the command "
         "line as above)" if paths else "--mock-data: the default dataset and tokenizer (c4_test and the test "
         "tokenizer of a torchtitan checkout)"]
-    sections: dict[str, list[str]] = {"job": [], "model": [], "training": [], "lr_scheduler": [], "checkpoint": [],
-                                      "metrics": [], "parallelism": [], "compile": [], "activation_checkpoint": []}
+    sections: dict[str, list[str]] = {"job": [], "model": [], "training": [], "optimizer": [], "lr_scheduler": [],
+                                      "checkpoint": [], "metrics": [], "parallelism": [], "compile": [],
+                                      "activation_checkpoint": []}
     s = schedule(inp)  # the run: steps from --train-tokens, warm-up, cosine decay, checkpoints, logging
     sections["training"].append(_toml_line("steps", s.steps))
+    # the peak LR and weight decay the other trainers' files set (0.2.x's [optimizer]; AdamW is its default)
+    sections["optimizer"] += [_toml_line("name", "AdamW"), f"lr = {float_text(s.lr)}", "weight_decay = 0.1"]
     sections["lr_scheduler"] += [_toml_line("warmup_steps", s.warmup), _toml_line("decay_type", "cosine"),
                                  "min_lr_factor = 0.1"]
     sections["checkpoint"] += [_toml_line("enable", not inp.mock_data), _toml_line("interval", s.save_interval)]

@@ -430,3 +430,17 @@ def test_vocab_parallel_keeps_the_ends():
     inp = GOLDEN["vocab_parallel"]
     assert any(w.startswith("vocab parallel: torchtitan cannot split") for w in emit_torchtitan(inp).warnings)
     assert _keys(inp, "cli")["pipeline_parallel_schedule"] == "1F1B"
+
+
+def test_the_toml_sets_the_peak_lr_the_other_trainers_set():
+    """torchtitan 0.2.x's [optimizer] (name, lr, weight_decay: its JobConfig fields) carries the run's peak LR and
+    weight decay, as Megatron's --lr and --weight-decay do; 0.3.0's config functions set their own optimizer."""
+    import tomllib
+
+    from .scenarios import GOLDEN
+
+    inp = GOLDEN["even"]
+    toml = tomllib.loads(dict(emit("torchtitan", inp, torchtitan_format="toml").files)["torchtitan.toml"])
+    argv = dict(emit("megatron", inp).files)["launch_megatron.sh"]
+    assert toml["optimizer"] == {"name": "AdamW", "lr": 3e-4, "weight_decay": 0.1}
+    assert "--lr 0.0003" in argv and "--weight-decay 0.1" in argv
