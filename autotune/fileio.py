@@ -153,7 +153,7 @@ def _write_files(directory: Path, files: Sequence[tuple[str, str]], flag: str) -
             target = directory / name
             created += _make_dirs(target.parent, flag)
             if target.is_dir():
-                raise SpecError(f"{flag} {directory}: {target} is a directory; remove it or choose another {flag}")
+                raise SpecError(f"{flag}: {target} is a directory; remove it or choose another {flag}")
             check_target(target, directory=False, flag=flag)
             staged.append((_stage(target, content), target))
         for tmp, target in staged:
