@@ -161,6 +161,13 @@ def test_csv_header_rows_and_bytes_are_stable(cli):
     assert [int(r[0]) for r in rows[1:]] == list(SIZES)
     row = dict(zip(rows[0], rows[1]))
     assert row["status"] == "OPTIMAL" and float(row["cost_per_million_tokens"]) > 0
+    # the whole plan, as --json gives it (layers per stage ';'-separated; ep and etp 1 where absent there)
+    plan = json.loads(cli("scale", *SWEEP, "--json", "--price-per-gpu-hour", "2").output)["points"][0]["plan"]
+    assert row["layers_per_stage"] == ";".join(map(str, plan["layers_per_stage"]))
+    for key in ("tp_mode", "vocab", "bucket_size"):
+        assert row[key] == str(plan[key])
+    assert row["sequence_parallel"] == str(plan["sequence_parallel"]).lower()
+    assert (row["ep"], row["etp"]) == (str(plan.get("ep", 1)), str(plan.get("etp", 1)))
 
 
 def test_tokens_per_step_is_global_batch_times_seq_len(cli):

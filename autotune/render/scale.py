@@ -27,7 +27,14 @@ SCALING_CSV_COLUMNS = (
     "gpus", "status", "family", "strategy_change", "tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp",
     "schedule", "recompute", "zero", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
     "model_tflops_per_gpu", "peak_memory_gib", "scaling_efficiency", "past_diminishing_returns", "train_days",
-    "gpu_hours", "cost_per_million_tokens", "reason")
+    "gpu_hours", "cost_per_million_tokens", "reason",
+    # the rest of the plan, as --json has it (appended: earlier columns keep their places)
+    "recompute_layers", "sequence_parallel", "tp_overlap", "tp_mode", "vocab", "layers_per_stage", "bucket_size",
+    "ep", "etp")
+#: Plan columns of the CSV, read from the point's plan (the others are the point's own fields)
+_PLAN_COLUMNS = frozenset(("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "schedule", "recompute", "zero",
+                           "recompute_layers", "sequence_parallel", "tp_overlap", "tp_mode", "vocab",
+                           "layers_per_stage", "bucket_size", "ep", "etp"))
 _MARK_CHANGE, _MARK_KNEE = "★", "⚠"
 
 
@@ -77,8 +84,10 @@ def scaling_csv(result: ScalingResult) -> str:
         plan = doc["plan"] or {}
         row = []
         for col in SCALING_CSV_COLUMNS:
-            value = plan.get(col) if col in ("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "schedule",
-                                             "recompute", "zero") else doc[col]
+            value = (plan.get(col, 1 if col in ("ep", "etp") and plan else None) if col in _PLAN_COLUMNS
+                     else doc[col])
+            if isinstance(value, list):  # layers per stage, ';'-separated as in runs.csv
+                value = ";".join(map(str, value))
             row.append("" if value is None else str(value).lower() if isinstance(value, bool) else value)
         writer.writerow(row)
     return out.getvalue()
