@@ -164,6 +164,8 @@ def profile_from_dict(data: Any, r: _Reader) -> Profile:
         r.fail((next(k for k in nullable if data[k] is None),), "is null but the profile has ops; give it")
     comm = data.get("comm") or {}
     r.keys(comm, ("comm",), (), TIERS)
+    points = tuple(_op_point(r, p, ("ops", i)) for i, p in enumerate(ops))
+    _no_repeated_points(r, points)
     return Profile(
         path=r.file, created=created,
         device=Device(kind=r.choice(dev, ("device", "kind"), DEVICE_KINDS), name=r.text(dev, ("device", "name")),
@@ -172,8 +174,20 @@ def profile_from_dict(data: Any, r: _Reader) -> Profile:
         model=None if data["model"] is None else r.text(data, ("model",)),
         seq_len=None if data["seq_len"] is None else r.int(data, ("seq_len",)),
         dtype=None if data["dtype"] is None else r.choice(data, ("dtype",), ("bf16", "fp16", "fp32", "fp8")),
-        ops=tuple(_op_point(r, p, ("ops", i)) for i, p in enumerate(ops)),
+        ops=points,
         comm={tier: _tier(r, comm[tier], ("comm", tier)) for tier in TIERS if tier in comm})
+
+
+def _no_repeated_points(r: _Reader, points: tuple[OpPoint, ...]) -> None:
+    """One time per (op, tp, mbs, sp, cp): a second one (from merging two profiles by hand) would be silently
+    ignored by the lookup, whichever it is."""
+    seen: dict[tuple, int] = {}
+    for i, p in enumerate(points):
+        key = (p.op, p.tp, p.mbs, p.sp, p.cp)
+        if key in seen:
+            r.fail(("ops", i), f"repeats ops[{seen[key]}] ({p.op} at tp {p.tp}, mbs {p.mbs}, sp "
+                   f"{str(p.sp).lower()}, cp {p.cp}); keep one of them")
+        seen[key] = i
 
 
 def _op_point(r: _Reader, p: Any, at: tuple) -> OpPoint:

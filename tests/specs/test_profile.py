@@ -143,3 +143,12 @@ def test_profile_for_another_model_is_an_error(tmp_path, autotune_proc):
                          "8", "--seq-len", "256", "--tp", "1", "--pp", "1", "--profile", str(path))
     assert proc.returncode == 1 and "measured for model 'tiny-gpt', not 'gpt-1.7b'" in proc.stderr
     assert "autotune profile --model gpt-1.7b" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_a_repeated_point_is_named(tmp_path):
+    """Two times for one (op, tp, mbs, sp, cp), as merging profiles by hand gives: the lookup would keep one
+    silently, so the reader names the second."""
+    data = json.loads(_good_text())
+    data["ops"].append({**data["ops"][0], "seconds": 100.0})
+    message = _error(_write(tmp_path, json.dumps(data, indent=2)))
+    assert f"ops[{len(data['ops']) - 1}]" in message and "repeats ops[0]" in message and "keep one" in message
