@@ -118,6 +118,7 @@ class CostModel:
         self._stage_memo: dict[tuple, dict] = {}
         self._exposures: dict[tuple, dict] = {}  # dp_sync_exposed's bucketed exposures by stage shape
         self.model_flops = model_flops_per_step(model, job)
+        self.state_bytes = job.state_bytes  # bytes per parameter of the training state, read on every estimate
 
     def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d", tp_overlap: bool = False,
               ep: int = 1, etp: int = 1) -> LayerCost:
@@ -212,8 +213,13 @@ class CostModel:
             if len(self._stage_memo) >= STAGE_MEMO_PLANS:  # bounded: drop the oldest shape
                 del self._stage_memo[next(iter(self._stage_memo))]
             memo = self._stage_memo[shape] = {}
-        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.job.state_bytes, ticks, memo,
-                            dense_first=self.model.first_dense_layers if plan.tp_mode == "1d" else 0)
+        return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.state_bytes, ticks, memo,
+                            dense_first=self.dense_first(plan.tp_mode))
+
+    def dense_first(self, tp_mode: str) -> int:
+        """Dense-first layers a stage may be credited for (stages.build_stages): the model's, for the 1-D layer
+        that blends them with its MoE layers (a grid layer is costed without them)."""
+        return self.model.first_dense_layers if tp_mode == "1d" else 0
 
     def timeline(self, plan: Plan) -> Timeline:
         """Every pass of every rank in one step, as the schedule runs them (for the text timeline)."""

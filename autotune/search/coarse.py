@@ -106,9 +106,9 @@ def _sharded(cm: CostModel, key: tuple, shape: tuple, memo: dict) -> tuple[int, 
         layer = cm.layer(*shape)
         shards = dp * cp
         edp = expert_dp(tp, cp, dp, ep, etp)
-        state = sum(layer_state_bytes(layer, zero, shards, edp, cm.job.state_bytes))
-        dense = cm.model.first_dense_layers if key[2] == "1d" else 0
-        credit = max(0, dense * sum(dense_first_credit(layer, zero, shards, edp, cm.job.state_bytes))) if dense else 0
+        state = sum(layer_state_bytes(layer, zero, shards, edp, cm.state_bytes))
+        dense = cm.dense_first(key[2])
+        credit = max(0, dense * sum(dense_first_credit(layer, zero, shards, edp, cm.state_bytes))) if dense else 0
         adam = layer.params * ADAM_STEP_BYTES / (shards if zero >= 1 else 1) / (cm.hw.hbm_bandwidth
                                                                                * cm.hw.efficiency.memory)
         memo[key] = value = (state, adam, credit)

@@ -196,7 +196,7 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
                                       stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2)
             fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
             state = fixed_state_bytes(layer, vocab, vparams, place.head, chunks_per_rank(c.schedule, c.vpp), c.zero,
-                                      shards, plan.expert_dp, cm.job.state_bytes)
+                                      shards, plan.expert_dp, cm.state_bytes)
             alike[pid] = (vparams, fixed, sum(state) + zero3_transient(plan, layer))
         vparams, fixed, memory = alike[pid]
         if place.embed or place.head:  # the embedding's share depends on the rank's micro-batches in flight
@@ -207,12 +207,12 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
         stages.append(built[pid, memory, peaks[i]])
     adam_shards = shards if c.zero >= 1 else 1
     base = layer.recompute_time(c.base)
-    dense_first = cm.model.first_dense_layers if c.tp_mode == "1d" else 0
-    credit = sum(dense_first_credit(layer, c.zero, shards, plan.expert_dp, cm.job.state_bytes)) if dense_first else 0
+    dense_first = cm.dense_first(c.tp_mode)
+    credit = sum(dense_first_credit(layer, c.zero, shards, plan.expert_dp, cm.state_bytes)) if dense_first else 0
     return CandidateCosts(
         cand=c, layer=layer, vocab=vocab, layer_time_s=layer.time(c.base),
         full_extra_s=layer.recompute_time("full") - base,
-        layer_state=sum(layer_state_bytes(layer, c.zero, shards, plan.expert_dp, cm.job.state_bytes)),
+        layer_state=sum(layer_state_bytes(layer, c.zero, shards, plan.expert_dp, cm.state_bytes)),
         act_base=layer.act.get(c.base),
         act_full=layer.act.full, act_none=layer.act.none, stages=tuple(stages), usable=cm.hw.usable_memory_bytes,
         buckets=buckets, syncs=sync_collectives(cm, c, buckets), tied_sync_s=tied_sync_seconds(cm, c),
