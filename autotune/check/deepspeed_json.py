@@ -18,11 +18,11 @@ from autotune.errors import SpecError
 #: DeepSpeed's default ZeRO reduce_bucket_size, in elements (runtime/zero/config.py).
 DS_DEFAULT_BUCKET = 500_000_000
 KNOWN = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
-         "bf16", "fp16", "pipeline", "_autotune"}
+         "bf16", "fp16", "pipeline", "_autotune", "data_types", "communication_data_type"}
 NEUTRAL = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "optimizer", "scheduler",
-           "activation_checkpointing", "communication_data_type", "prescale_gradients", "tensorboard", "wandb",
+           "activation_checkpointing", "prescale_gradients", "tensorboard", "wandb",
            "csv_monitor", "flops_profiler", "comms_logger", "zero_allow_untested_optimizer", "amp",
-           "gradient_predivide_factor", "data_types", "checkpoint", "aio", "elasticity", "dump_state",
+           "gradient_predivide_factor", "checkpoint", "aio", "elasticity", "dump_state",
            "seq_parallel_communication_data_type", "memory_breakdown", "sparse_gradients", "bfloat16"}
 
 
@@ -45,6 +45,20 @@ def _int(doc: dict[str, Any], key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise SpecError(f"{where}: {key} must be a whole number, got {value!r}")
     return value
+
+
+def grad_reduce(config: dict[str, Any], dtype: str, notes: list[str]) -> str:
+    """JobSpec.grad_reduce of the config: DeepSpeed accumulates gradients in data_types.grad_accum_dtype, the model's
+    dtype by default, and reduces them in communication_data_type, that dtype by default (deepspeed 0.19 engine.py
+    get_data_types, communication_data_type). A reduction dtype other than the buffers' is noted, costed as theirs."""
+    types = config.get("data_types") if isinstance(config.get("data_types"), dict) else {}
+    accum = str(types.get("grad_accum_dtype") or dtype).lower()
+    accum = {"float32": "fp32", "fp32": "fp32", "float": "fp32"}.get(accum, dtype)
+    wire = str(config.get("communication_data_type") or dtype).lower()
+    if {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(wire, wire) != accum:
+        notes.append(f"gradients reduced in {wire} (communication_data_type) from {accum} buffers: costed as {accum} "
+                     "(the reduction's dtype is not modelled apart from the buffers')")
+    return accum
 
 
 def is_pipeline_file(doc: dict[str, Any]) -> bool:
@@ -142,4 +156,5 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     return Reading(trainer="deepspeed", tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1, num_microbatches=gas,
                    global_batch=tbs, seq_len=None, recompute="full" if interval else "none", zero=zero,
                    sequence_parallel=sp, layers_per_stage=layers, split="deepspeed", bucket_size=bucket,
-                   dtype="fp16" if fp16 is True else "bf16", notes=tuple(notes))
+                   dtype="fp16" if fp16 is True else "bf16",
+                   grad_reduce=grad_reduce(config, "fp16" if fp16 is True else "bf16", notes), notes=tuple(notes))

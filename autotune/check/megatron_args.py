@@ -46,7 +46,7 @@ NEUTRAL_VALUE = frozenset("""
 --max-tokens-to-oom --microbatch-group-size-per-virtual-pipeline-stage --fp8-recipe --fp8-margin
 --fp8-amax-history-len --fp8-amax-compute-algo --tp-comm-overlap-cfg --logging-level --log-interval
 --hidden-dropout --attention-dropout --ffn-hidden-size --distributed-timeout-seconds --ckpt-assume-constant-structure
---async-save --use-dist-ckpt --dist-ckpt-format --accumulate-allreduce-grads-in-fp32
+--async-save --use-dist-ckpt --dist-ckpt-format
 --hierarchical-context-parallel-sizes
 """.split())
 #: Switches (no value) that do not change the plan or its cost.

@@ -7,7 +7,8 @@ __post_init__ refuses a dtype other than fp32 without the precision-aware optimi
 optimizer without the distributed one or with another optimizer than adam. Which master weights it keeps follows
 --fp8-recipe (optimizer_config.py: the delayed recipe, Megatron-LM's default, keeps 16-bit remainders).
 Megatron-LM reduces gradients in bf16 with --grad-reduce-in-bf16, and keeps its gradient buffers in bf16 too when
-the precision-aware optimizer's main gradients are bf16.
+the precision-aware optimizer's main gradients are bf16. With --fp16 its buffers are fp16 (validate_args forces
+accumulate_allreduce_grads_in_fp32 for bf16 only) unless --accumulate-allreduce-grads-in-fp32 is given.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from autotune.errors import SpecError
 #: Flags that take one value and that this reader uses.
 PRECISION_VALUE = frozenset("--exp-avg-dtype --exp-avg-sq-dtype --main-grads-dtype --main-params-dtype".split())
 #: Switches this reader uses.
-PRECISION_SWITCH = frozenset("--use-precision-aware-optimizer --grad-reduce-in-bf16".split())
+PRECISION_SWITCH = frozenset("--use-precision-aware-optimizer --grad-reduce-in-bf16 "
+                             "--accumulate-allreduce-grads-in-fp32".split())
 #: Each dtype flag's choices (Megatron-LM's argparse) and default.
 DTYPE_CHOICES = {"--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
                  "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8"),
@@ -78,5 +80,7 @@ def optimizer_states(args: dict[str, Any], notes: list[str]) -> str:
 
 def grad_reduce(args: dict[str, Any]) -> str:
     """JobSpec.grad_reduce of the flags: the gradient buffers' dtype."""
+    if args.get("--fp16"):  # --grad-reduce-in-bf16 acts in validate_args' bf16 branch only
+        return "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") else "fp16"
     bf16_main = args.get("--use-precision-aware-optimizer") and args.get("--main-grads-dtype") == "bf16"
     return "bf16" if args.get("--grad-reduce-in-bf16") or bf16_main else "fp32"

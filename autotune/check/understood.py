@@ -23,7 +23,7 @@ from autotune.fileio import slug
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split, normalized
-from autotune.specs.trainers import as_run_model
+from autotune.specs.trainer_jobs import as_run_model
 
 CHECK_TRAINERS = ("megatron", "torchtitan", "deepspeed")
 MAX_CONFIG_BYTES = 4 << 20

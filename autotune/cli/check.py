@@ -29,7 +29,8 @@ from autotune.render.estimate import estimate_json
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.plan import check_plan
-from autotune.specs.trainers import TRAINER_CAPS, runs_mtp, seq_len_issue
+from autotune.specs.trainer_jobs import runs_mtp
+from autotune.specs.trainers import TRAINER_CAPS, seq_len_issue
 from autotune.units import gib
 
 FORMATS = ("text", "github")

@@ -38,7 +38,7 @@ def estimate(
     plan_file: PlanFileOpt = None, json_out: JsonOpt = False,
     ops: Annotated[bool, typer.Option("--ops", help="Also show compute time by operator category.")] = False,
     allow_cross_node_tp: CrossTpOpt = False, profile: ProfileOpt = None, tp_overlap: OverlapOpt = None,
-    grad_reduce: GradOpt = "fp32", kernels: KernelsOpt = None, brief: BriefOpt = False,
+    grad_reduce: GradOpt = None, kernels: KernelsOpt = None, brief: BriefOpt = False,
     force_profile: ForceProfileOpt = False, ep: EpOpt = None, etp: EtpOpt = None,
     moe_imbalance: MoeImbalanceOpt = None, moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,

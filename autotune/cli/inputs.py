@@ -14,7 +14,7 @@ from autotune.costmodel.measured import OpCoverage, check_profile_model, profile
 from autotune.errors import SpecError
 from autotune.fileio import slug
 from autotune.specs.hardware import HardwareSpec
-from autotune.specs.job import DTYPES, MOE_DISPATCHERS, OPTIMIZER_STATES, TRAINERS, JobSpec
+from autotune.specs.job import DTYPES, GRAD_REDUCES, MOE_DISPATCHERS, OPTIMIZER_STATES, TRAINERS, JobSpec
 from autotune.specs.limits import MAX_JSON_BYTES
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import (DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, even_split, is_even_split,
@@ -99,7 +99,7 @@ JOB_SETTINGS = (("dtype", str, "dtype", "--dtype", False),
                 ("moe_capacity_factor", float, "moe_capacity_factor", "--moe-capacity-factor", False),
                 ("moe_pad_to_capacity", bool, "moe_pad_to_capacity", "--moe-pad-to-capacity", False))
 #: The values a document's job block may hold for the settings with a fixed set of them
-JOB_CHOICES = {"dtype": DTYPES, "grad_reduce": ("fp32", "bf16"), "optimizer_states": OPTIMIZER_STATES,
+JOB_CHOICES = {"dtype": DTYPES, "grad_reduce": GRAD_REDUCES, "optimizer_states": OPTIMIZER_STATES,
                "kernels": TRAINERS, "moe_dispatcher": MOE_DISPATCHERS}
 #: What the document's job block must share with the command line: (key, the value's flag)
 JOB_FIXED = (("model", "--model"), ("gpu", "--gpu"), ("gpus", "--gpus"), ("gpus_per_node", "--gpus-per-node"),

@@ -22,7 +22,8 @@ from autotune.specs.job import JobSpec
 from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_PIPELINE_PASSES, MAX_SEQ_LEN
 from autotune.specs.plan import DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan
 from autotune.specs.tpgrid import MODES
-from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS, check_job_settings
+from autotune.specs.trainer_jobs import check_job_settings, runs_grad_reduce
+from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS
 
 # ----------------------------------------------------------------------------------- options shared by commands
 ModelOpt = Annotated[str, typer.Option("--model", metavar="NAME|FILE",
@@ -89,8 +90,10 @@ SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-p
 OverlapOpt = Annotated[bool | None, typer.Option("--tp-overlap/--no-tp-overlap",
                                                  help="TP communication pipelined with the GEMMs (Megatron "
                                                       "--tp-comm-overlap, torchtitan async TP; default: off).")]
-GradOpt = Annotated[str, typer.Option("--grad-reduce", metavar="fp32|bf16",
-                                      help="Gradient buffer and reduction dtype (Megatron default fp32).")]
+GradOpt = Annotated[str | None, typer.Option(
+    "--grad-reduce", metavar="fp32|bf16|fp16",
+    help="Gradient buffer and reduction dtype (default: what the trainer's config runs: fp32; DeepSpeed's, the "
+         "model dtype). fp16 only with --dtype fp16.")]
 OptimizerStatesOpt = Annotated[str, typer.Option(
     "--optimizer-states", metavar="fp32|bf16|bf16-moments",
     help="Adam's state (Megatron only, ZeRO-1): bf16 is its precision-aware optimizer with bf16 moments as "
@@ -281,7 +284,7 @@ def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
 
 
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
-              grad_reduce: str = "fp32", kernels: str | None = None, moe_imbalance: float | None = None,
+              grad_reduce: str | None = None, kernels: str | None = None, moe_imbalance: float | None = None,
               moe_dispatcher: str = "alltoall", moe_capacity: float | None = None, moe_pad: bool = False,
               optimizer_states: str = "fp32") -> JobSpec:
     imbalance = DEFAULT_MOE_IMBALANCE if moe_imbalance is None else moe_imbalance
@@ -292,7 +295,8 @@ def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfus
                   flash_attention=not no_flash, fused_kernels=not unfused, moe_imbalance=imbalance,
                   moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]
                   moe_capacity_factor=0.0 if moe_capacity is None else moe_capacity, moe_pad_to_capacity=moe_pad,
-                  grad_reduce=grad_reduce, optimizer_states=optimizer_states,  # type: ignore[arg-type]
+                  grad_reduce=grad_reduce or runs_grad_reduce(kernels, dtype),  # type: ignore[arg-type]
+                  optimizer_states=optimizer_states,  # type: ignore[arg-type]
                   trainer=kernels or "megatron")  # type: ignore[arg-type]
     check_job_settings(TRAINER_CAPS[job.trainer], job)  # the kernels' trainer must run what is priced
     return job

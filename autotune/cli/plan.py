@@ -30,7 +30,7 @@ from autotune.render.trainers import trainers_json, trainers_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
 from autotune.search.trainers import best_per_trainer, reestimator
-from autotune.specs.trainers import check_job_settings
+from autotune.specs.trainer_jobs import check_grad_reduce, check_job_settings, runs_grad_reduce
 
 
 def plan(
@@ -43,7 +43,7 @@ def plan(
     top: TopOpt = 3, time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S, work_limit: WorkLimitOpt = DEFAULT_WORK_LIMIT,
     compare: CompareOpt = None, json_out: JsonOpt = False,
     trainer: TrainerOpt = None, out: PlanOutOpt = None, torchtitan_format: FormatOpt = None, strict: StrictOpt = False,
-    profile: ProfileOpt = None, tp_overlap: SOverlapOpt = None, grad_reduce: GradOpt = "fp32",
+    profile: ProfileOpt = None, tp_overlap: SOverlapOpt = None, grad_reduce: GradOpt = None,
     kernels: KernelsOpt = None, fork: ForkOpt = None, brief: BriefOpt = False,
     force_profile: ForceProfileOpt = False, no_timings: NoTimingsOpt = False,
     mock_data: MockDataOpt = False, train_tokens: RunTokensOpt = DEFAULT_TRAIN_TOKENS, ep: SEpOpt = None,
@@ -66,9 +66,11 @@ def plan(
         check_target(Path(out), directory=True)
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
     check_whole_nodes(gpus, hw)
-    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels or trainer,
+    job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused,
+                    grad_reduce or runs_grad_reduce(trainer or kernels, dtype), kernels or trainer,
                     moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity, optimizer_states)
     check_job_settings(caps, job)
+    check_grad_reduce(caps, job)
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode,
                 tp_overlap=tp_overlap, ep=ep, etp=etp)

@@ -23,7 +23,7 @@ from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.space import for_trainer
 from autotune.search.scaling import (DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, available_cores,
                                      global_batch_for_tokens, scale)
-from autotune.specs.trainers import check_job_settings
+from autotune.specs.trainer_jobs import check_grad_reduce, check_job_settings
 
 
 def scale_command(
@@ -65,7 +65,7 @@ def scale_command(
     no_timings: NoTimingsOpt = False, moe_imbalance: MoeImbalanceOpt = None,
     moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
-    grad_reduce: GradOpt = "fp32", optimizer_states: OptimizerStatesOpt = "fp32",
+    grad_reduce: GradOpt = None, optimizer_states: OptimizerStatesOpt = "fp32",
 ) -> None:
     """The best plan at each GPU count: throughput, MFU, time and cost to train, where the winning strategy
     changes and where more GPUs stop paying (exit 2: no size fits; 3: a size not proven)."""
@@ -87,6 +87,7 @@ def scale_command(
                     moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher, moe_capacity=moe_capacity_factor,
                     moe_pad=moe_pad_to_capacity, optimizer_states=optimizer_states)
     check_job_settings(caps, job)
+    check_grad_reduce(caps, job)
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = for_trainer(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), caps)

@@ -26,7 +26,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from autotune.specs.profile import Profile
 from autotune.specs.tpgrid import tp_mode_degrees
-from autotune.specs.trainers import runs_mtp
+from autotune.specs.trainer_jobs import runs_mtp
 
 #: Bytes Adam touches per parameter in its step: read the fp32 gradient, read and write the fp32 master
 #: weight, m and v, write the 16-bit weight (a memory-bound kernel, paper 5).
@@ -243,7 +243,9 @@ class CostModel:
         m = plan.num_microbatches
         times = [s.time_s for s in stages]
         pipe = self._makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(s.chunks for s in stages), ticks)
-        dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes, self._exposures)
+        dp_exposed = (dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes, self._exposures)
+                      if self.job.overlap_grad_reduce else
+                      dp_sync_unoverlapped(plan, self.hw, stages, self.model, self.job.grad_bytes))
         opt = optimizer_time(plan, self.hw, stages)
         step = pipe + dp_exposed + opt
         b = times.index(max(times))  # the first of the slowest
@@ -316,6 +318,31 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
             worst = exposure - slack
         slack += w
     return worst
+
+
+def dp_sync_unoverlapped(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], model: ModelSpec,
+                         grad_bytes: int = GRAD_BYTES) -> float:
+    """dp_sync_exposed without overlap (JobSpec.overlap_grad_reduce False): each stage reduces its whole gradient
+    buffer in one collective once its backward ends (Megatron-LM's LocalDDP of 2021, allreduce_gradients after
+    the pipeline's backward) and gathers its updated weights before its next forward; stage i ends its backward
+    sum(bwd_j, j < i) before stage 0 and starts its forward sum(fwd_j, j < i) after, so that much of its
+    collective is hidden. A whole buffer is bucketed_exposure's single bucket under no window."""
+    exposed = tied_embedding_sync(plan, hw, model, grad_bytes)
+    n = plan.dp * plan.cp
+    if n == 1 or plan.zero >= 3:
+        return exposed
+    link = comm.group_link(hw, n, plan.tp)
+    reduce = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
+    phases = [(grad_bytes, reduce, [s.bwd_s for s in stages])] if plan.zero < 2 else []
+    if plan.zero in (1, 2):
+        phases.append((WEIGHT_BYTES, comm.all_gather, [s.fwd_s for s in stages]))
+    for nbytes, collective, windows in phases:
+        worst = slack = 0.0
+        for s, w in zip(stages, windows):
+            worst = max(worst, collective(s.params * nbytes, n, link) - slack)
+            slack += w
+        exposed += worst
+    return exposed
 
 
 def tied_embedding_sync(plan: Plan, hw: HardwareSpec, model: ModelSpec, grad_bytes: int = GRAD_BYTES) -> float:

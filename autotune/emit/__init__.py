@@ -14,8 +14,8 @@ from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
-from autotune.specs.trainers import (EMITTED_CAPS, TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps, as_run,
-                                      as_run_job)
+from autotune.specs.trainer_jobs import as_run_job
+from autotune.specs.trainers import EMITTED_CAPS, TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps, as_run
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -117,21 +117,22 @@ def memory_warning(trainer: str, inp: EmitInput, fmt: str | None) -> str | None:
 
 
 def state_precision_warning(trainer: str, inp: EmitInput) -> str | None:
-    """bf16 gradient buffers or Adam states the trainer's config does not keep (torchtitan and DeepSpeed reduce in
-    fp32; only Megatron's precision-aware optimizer keeps bf16 states): the header re-estimates what it runs
-    (specs/trainers.py as_run_job), with more memory than planned."""
+    """16-bit gradient buffers or Adam states the trainer's config keeps in fp32 (torchtitan reduces in fp32:
+    specs/trainers.py runs_grad_reduce; only Megatron's precision-aware optimizer keeps bf16 states): the header
+    re-estimates what it runs (as_run_job), with more memory than planned. Where the config keeps less (DeepSpeed's
+    gradients in the model dtype), the header says so as it says the trainer's other differences, unwarned."""
     run = as_run_job(inp.job, trainer)
-    lost = [f"--{flag} {getattr(inp.job, name)}" for name, flag in (("grad_reduce", "grad-reduce"),
-                                                                     ("optimizer_states", "optimizer-states"))
-            if getattr(inp.job, name) != getattr(run, name)]
+    more = {"grad_reduce": run.grad_bytes > inp.job.grad_bytes, "optimizer_states": run.optimizer_states == "fp32"}
+    lost = [f"--{flag} {getattr(inp.job, name)} ({trainer}'s config keeps {getattr(run, name)})"
+            for name, flag in (("grad_reduce", "grad-reduce"), ("optimizer_states", "optimizer-states"))
+            if getattr(inp.job, name) != getattr(run, name) and more[name]]
     if not lost and trainer == "megatron" and inp.plan.vocab == "parallel" and inp.job.optimizer_states != "fp32":
         return (f"--optimizer-states {inp.job.optimizer_states} with vocabulary parallelism: the fork's flags "
                 "(core_v0.10.0's and its own) do not record --use-precision-aware-optimizer, so with VOCAB_PARALLEL=1 "
                 "the script may stop on it; plan with --fork vocab-parallel for a plan the fork runs")
     if not lost:
         return None
-    return (f"{' and '.join(lost)}: {trainer}'s config keeps fp32 there, so the header's figures are re-estimated "
-            "for it (more memory than planned)")
+    return f"{' and '.join(lost)}: the header's figures are re-estimated for what it runs (more memory than planned)"
 
 
 def mtp_warning(trainer: str, inp: EmitInput) -> str | None:

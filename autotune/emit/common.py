@@ -8,7 +8,8 @@ from autotune import __version__
 from autotune.emit import EmitInput
 from autotune.emit.quote import comment, printable
 from autotune.specs.plan import Plan
-from autotune.specs.trainers import EMITTED_CAPS, as_run, as_run_job
+from autotune.specs.trainer_jobs import as_run_job
+from autotune.specs.trainers import EMITTED_CAPS, as_run
 
 
 def header_lines(inp: EmitInput, trainer: str, target: str, fmt: str | None = None,

@@ -12,7 +12,7 @@ from autotune.catalog import catalog_twin, load_model
 from autotune.emit import EmitInput
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.specs._strict import boolean, choice, nonneg_float, positive_float, positive_int, text
-from autotune.specs.job import DTYPES, MOE_DISPATCHERS, OPTIMIZER_STATES, JobSpec
+from autotune.specs.job import DTYPES, GRAD_REDUCES, MOE_DISPATCHERS, OPTIMIZER_STATES, JobSpec
 from autotune.specs.job import TRAINERS as JOB_TRAINERS
 from autotune.specs.limits import check_name
 from autotune.specs.model import ModelSpec, model_from_dict
@@ -47,7 +47,7 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
                        else True,
                        fused_kernels=boolean(job, "fused_kernels", f"{where}: job") if "fused_kernels" in job
                        else True,
-                       grad_reduce=choice(job, "grad_reduce", ("fp32", "bf16"), f"{where}: job")
+                       grad_reduce=choice(job, "grad_reduce", GRAD_REDUCES, f"{where}: job")
                        if "grad_reduce" in job else "fp32",
                        optimizer_states=choice(job, "optimizer_states", OPTIMIZER_STATES, f"{where}: job")
                        if "optimizer_states" in job else "fp32",

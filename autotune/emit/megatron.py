@@ -182,8 +182,12 @@ def _precision_flags(inp: EmitInput) -> list[Flag]:
     flags: list[Flag] = [("--fp16", None)] if job.dtype == "fp16" else [("--bf16", None)]
     if job.dtype == "fp8":
         flags.append(("--fp8-format", "hybrid"))
-    if job.grad_reduce == "bf16":  # the gradient buffers and their reduction, as costed (JobSpec.grad_reduce)
+    # the gradient buffers and their reduction, as costed (JobSpec.grad_reduce): Megatron-LM forces fp32 for bf16
+    # parameters but keeps fp16 ones' buffers in fp16 unless asked for fp32
+    if job.grad_reduce == "bf16":
         flags.append(("--grad-reduce-in-bf16", None))
+    elif job.grad_reduce == "fp32" and job.dtype == "fp16":
+        flags.append(("--accumulate-allreduce-grads-in-fp32", None))
     if job.optimizer_states != "fp32":  # megatron-core OptimizerConfig's fields (JobSpec.optimizer_states)
         flags += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", "bf16"),
                   ("--exp-avg-sq-dtype", "bf16")]

@@ -64,7 +64,7 @@ def written_report(written: Sequence[Path]) -> str:
 
 def precision_words(job: JobSpec) -> str:
     """The job's dtype, with the gradient and Adam state precision where they are not the fp32 default."""
-    return (job.dtype + (", bf16 gradients" if job.grad_reduce == "bf16" else "")
+    return (job.dtype + (f", {job.grad_reduce} gradients" if job.grad_reduce != "fp32" else "")
             + (f", {job.optimizer_states} Adam states" if job.optimizer_states != "fp32" else ""))
 
 

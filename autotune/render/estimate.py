@@ -18,7 +18,7 @@ from autotune.render.timeline import schedule_chart, stage_bars, stage_label
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.trainers import runs_mtp
+from autotune.specs.trainer_jobs import runs_mtp
 from autotune.units import gib
 
 _BREAKDOWN_LABELS = {

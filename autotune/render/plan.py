@@ -24,7 +24,7 @@ from autotune.search.planner import PlanResult, SearchProgress
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.trainers import runs_mtp
+from autotune.specs.trainer_jobs import runs_mtp
 from autotune.units import gib
 
 

@@ -22,9 +22,11 @@ first other line is the header. Columns (all required unless marked optional; no
   layers_per_stage   optional: transformer layers per pipeline rank, ';'-separated ("7;9;9;7"); empty = even
   fused_kernels      optional: true (default) or false
   trainer            optional: megatron (default), torchtitan, deepspeed or colossalai (whose kernels ran)
-  grad_reduce        optional: fp32 (default) or bf16
+  grad_reduce        optional: fp32 (default), bf16, or fp16 (with dtype fp16)
   tp_overlap         optional: false (default) or true (TP communication overlapped with the GEMMs)
   async_tp_backward  optional: true (default) or false (Megatron before late 2021: synchronous TP backward)
+  overlap_grad_reduce optional: true (default) or false (Megatron-LM's LocalDDP of 2021: gradients reduced after
+                     the backward)
 
 Each row becomes a Plan checked by `specs.plan.check_plan`; every error names file:line and the field.
 """
@@ -48,7 +50,8 @@ from autotune.specs.plan import RECOMPUTES, SCHEDULES, Plan, check_plan, even_sp
 REQUIRED = ("model", "gpu", "gpus", "global_batch", "seq_len", "dtype", "tp", "pp", "dp", "cp", "mbs",
             "num_microbatches", "schedule", "vpp", "recompute", "zero", "sequence_parallel", "flash_attention",
             "step_time_s")
-OPTIONAL = ("layers_per_stage", "fused_kernels", "trainer", "grad_reduce", "tp_overlap", "async_tp_backward")
+OPTIONAL = ("layers_per_stage", "fused_kernels", "trainer", "grad_reduce", "tp_overlap", "async_tp_backward",
+            "overlap_grad_reduce")
 _INTS = ("gpus", "global_batch", "seq_len", "tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp")
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -142,7 +145,9 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
                       flash_attention=_bool(where, "flash_attention", row["flash_attention"]),
                       fused_kernels=_bool(where, "fused_kernels", row.get("fused_kernels") or "true"),
                       trainer=row.get("trainer") or "megatron", grad_reduce=row.get("grad_reduce") or "fp32",
-                      async_tp_backward=_bool(where, "async_tp_backward", row.get("async_tp_backward") or "true"))
+                      async_tp_backward=_bool(where, "async_tp_backward", row.get("async_tp_backward") or "true"),
+                      overlap_grad_reduce=_bool(where, "overlap_grad_reduce",
+                                                row.get("overlap_grad_reduce") or "true"))
     except SpecError as exc:
         raise SpecError(f"{where}: {exc}") from None
     layers = _layers(where, row.get("layers_per_stage", ""), model, ints["pp"])

@@ -12,6 +12,8 @@ from autotune.units import FP32_BYTES
 DTYPES = ("bf16", "fp16", "fp8")
 #: MoE token dispatchers the cost model prices (JobSpec.moe_dispatcher)
 MOE_DISPATCHERS = ("alltoall", "deepep")
+#: Gradient-buffer dtypes the cost model prices (JobSpec.grad_reduce)
+GRAD_REDUCES = ("fp32", "bf16", "fp16")
 #: Adam state layouts the cost model prices (JobSpec.optimizer_states)
 OPTIMIZER_STATES = ("fp32", "bf16", "bf16-moments")
 #: Trainers whose kernels and overlap the cost model knows (their differences: costmodel/layer.py, ops.py)
@@ -32,10 +34,13 @@ class JobSpec:
     """Fused attention (FlashAttention): no s x s score matrix in memory, causal half skipped."""
     fused_kernels: bool = True
     """Fused bias+activation, bias+dropout+residual and softmax kernels (paper 5's fusion)."""
-    grad_reduce: Literal["fp32", "bf16"] = "fp32"
-    """Dtype of the gradient buffers and their data-parallel reduction: fp32 is Megatron-LM's default; bf16
-    (--grad-reduce-in-bf16, NeMo's performance recipes) halves both, and the distributed optimizer then keeps
-    an fp32 copy of its gradient shard (Megatron's distributed-optimizer docs: 4 + 16/d bytes per parameter)."""
+    grad_reduce: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Dtype of the gradient buffers and their data-parallel reduction: fp32 is Megatron-LM's default with bf16
+    (validate_args forces accumulate_allreduce_grads_in_fp32 for bf16); bf16 (--grad-reduce-in-bf16, NeMo's
+    performance recipes) halves both, and the distributed optimizer then keeps an fp32 copy of its gradient shard
+    (Megatron's distributed-optimizer docs: 4 + 16/d bytes per parameter). fp16: fp16 training's buffers in the
+    parameters' dtype, Megatron-LM's default with --fp16 (its validate_args forces fp32 only for bf16; fp32 needs
+    --accumulate-allreduce-grads-in-fp32), the same bytes as bf16."""
     optimizer_states: Literal["fp32", "bf16", "bf16-moments"] = "fp32"
     """Adam's state under Megatron's distributed optimizer (ZeRO-1). bf16: its precision-aware optimizer
     (--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; DeepSeek-V3 trained with bf16
@@ -45,6 +50,11 @@ class JobSpec:
     fp8 recipe (tensorwise, blockwise, mxfp8; Megatron-Bridge sets tensorwise even for bf16 runs), where
     megatron-core keeps whole fp32 master weights and an fp32 gradient copy, so only the moments shrink.
     StateBytes has the bytes (megatron-core 0.16 distrib_optimizer.py)."""
+    overlap_grad_reduce: bool = True
+    """Megatron reduces gradients bucket by bucket during the last micro-batch's backward and gathers the
+    distributed optimizer's weights during the next forward (overlap_grad_reduce, overlap_param_gather). False:
+    each stage reduces its whole buffer once its backward ends (and gathers before its forward), as Megatron-LM's
+    LocalDDP did in the SC'21 paper's runs. Estimate only: the planner costs the overlapped form."""
     async_tp_backward: bool = True
     """Megatron issues the backward's tensor-parallel input-gradient collectives asynchronously, behind the
     weight-gradient GEMMs (since late 2021; the SC'21 paper's runs predate it). Only Megatron has it."""
@@ -77,8 +87,11 @@ class JobSpec:
         check_max(self.seq_len, MAX_SEQ_LEN, "--seq-len")
         if self.dtype not in DTYPES:
             raise SpecError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.grad_reduce not in ("fp32", "bf16"):
-            raise SpecError(f"--grad-reduce must be fp32 or bf16, got {self.grad_reduce!r}")
+        if self.grad_reduce not in GRAD_REDUCES:
+            raise SpecError(f"--grad-reduce must be one of {', '.join(GRAD_REDUCES)}, got {self.grad_reduce!r}")
+        if self.grad_reduce == "fp16" and self.dtype != "fp16":
+            raise SpecError(f"--grad-reduce fp16 keeps fp16 training's gradients in fp16; with --dtype {self.dtype} "
+                            "use --grad-reduce bf16 (or fp32)")
         if self.optimizer_states not in OPTIMIZER_STATES:
             raise SpecError(f"--optimizer-states must be one of {', '.join(OPTIMIZER_STATES)}, got "
                             f"{self.optimizer_states!r}")
@@ -111,7 +124,7 @@ class JobSpec:
     @property
     def grad_bytes(self) -> int:
         """Bytes of one gradient element in the buffers and on the wire."""
-        return 2 if self.grad_reduce == "bf16" else GRAD_BYTES
+        return GRAD_BYTES if self.grad_reduce == "fp32" else 2
 
     @property
     def state_bytes(self) -> StateBytes:

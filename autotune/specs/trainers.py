@@ -179,26 +179,11 @@ def caps_for(trainer: str, fork: str | None = None) -> TrainerCaps:
     return FORK_CAPS[fork]
 
 
-def runs_mtp(model: ModelSpec, job: JobSpec) -> int:
-    """The model's multi-token prediction modules job.trainer trains (0 where it has none: TrainerCaps.mtp)."""
-    return model.mtp_layers if TRAINER_CAPS[job.trainer].mtp else 0
-
-
 def deepspeed_split(num_layers: int, pp: int) -> tuple[int, ...]:
     """Transformer layers per stage under DeepSpeed's partition_method 'type:...': partition_balanced over 0/1
     weights gives every stage floor(L/pp) layers and the first L mod pp stages one more."""
     base, extra = divmod(num_layers, pp)
     return tuple(base + (i < extra) for i in range(pp))
-
-
-def check_job_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
-    """A search restricted to a trainer (or fork) prices only a token dispatcher and Adam state dtype it runs."""
-    if caps is not None and job.moe_dispatcher not in caps.moe_dispatchers:
-        raise SpecError(f"--moe-dispatcher {job.moe_dispatcher}: {caps.name} runs "
-                        f"{', '.join(caps.moe_dispatchers)}; use --moe-dispatcher alltoall")
-    if caps is not None and job.optimizer_states not in caps.optimizer_states:
-        raise SpecError(f"--optimizer-states {job.optimizer_states}: {caps.name} keeps "
-                        f"{', '.join(caps.optimizer_states)} Adam states; use --optimizer-states fp32")
 
 
 def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
@@ -355,30 +340,3 @@ def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple
     if caps.split == "even" and not is_even_split(p.layers_per_stage):
         notes.append("the planned uneven split is not expressed")
     return p, tuple(notes)
-
-
-def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
-    """The job as `trainer`'s emitted config runs it (what `check` reads back from the file): the trainer's own
-    kernels, and the settings its emitter fixes. torchtitan: FlashAttention through SDPA, fp32 gradient reduction
-    (FSDP2's default), FP8 only in the 0.2.x TOML (float8 converters; the 0.3.0 overrides write none); DeepSpeed:
-    fp16 or bf16 (no FP8), fused kernels, fp32 reduction; only Megatron drops tokens at a capacity factor and keeps
-    bf16 Adam states.
-    `fmt`: torchtitan's format, "cli" or "toml"."""
-    out = replace(job, trainer=trainer)  # type: ignore[arg-type]
-    if trainer != "megatron":  # only Megatron's config drops tokens at a capacity (emit: capacity_warning)
-        out = replace(out, moe_capacity_factor=0.0, moe_pad_to_capacity=False, optimizer_states="fp32")
-    if trainer == "torchtitan":
-        return replace(out, dtype="fp8" if job.dtype == "fp8" and fmt == "toml" else "bf16", flash_attention=True,
-                       grad_reduce="fp32")
-    if trainer == "deepspeed":
-        return replace(out, dtype="fp16" if job.dtype == "fp16" else "bf16", flash_attention=True,
-                       fused_kernels=True, grad_reduce="fp32")
-    return out
-
-
-def as_run_model(model: ModelSpec, trainer: str, seq_len: int) -> ModelSpec:
-    """The model as `trainer`'s emitted config builds it: only torchtitan builds a sliding-window model's window
-    (its gpt-oss), the others attend over the whole sequence in every layer (emit warns so; check costs it so)."""
-    if trainer == "torchtitan" or not model.sliding_window_layers or model.sliding_window >= seq_len:
-        return model
-    return replace(model, sliding_window=0, sliding_window_layers=0)

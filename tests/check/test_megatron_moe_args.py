@@ -18,7 +18,7 @@ from autotune.costmodel.estimate import CostModel
 from autotune.emit import emit
 from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
-from autotune.specs.trainers import as_run_model
+from autotune.specs.trainer_jobs import as_run_model
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from emit.megatron_validate import parser  # tests/emit: the argparse mirror of Megatron-LM's flags

@@ -26,7 +26,7 @@ from autotune.errors import SpecError
 from autotune.render.common import dump_json
 from autotune.render.estimate import estimate_json
 from autotune.search.trainers import reestimator
-from autotune.specs.trainers import as_run_model
+from autotune.specs.trainer_jobs import as_run_model
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, check_plan, is_even_split
 from autotune.units import gib
@@ -86,9 +86,9 @@ def as_run_job(inp: EmitInput, trainer: str, fmt: str | None):
     if trainer == "torchtitan":
         dtype = "fp8" if inp.job.dtype == "fp8" and fmt == "toml" else "bf16"
         job = replace(job, dtype=dtype, flash_attention=True, grad_reduce="fp32")
-    if trainer == "deepspeed":
-        job = replace(job, dtype="fp16" if inp.job.dtype == "fp16" else "bf16", flash_attention=True,
-                      fused_kernels=True, grad_reduce="fp32")
+    if trainer == "deepspeed":  # no data_types in the config: gradients accumulate and reduce in the model dtype
+        dtype = "fp16" if inp.job.dtype == "fp16" else "bf16"
+        job = replace(job, dtype=dtype, flash_attention=True, fused_kernels=True, grad_reduce=dtype)
     return job
 
 
@@ -271,7 +271,8 @@ def test_moe_capacity_factor_roundtrip(tmp_path: Path, capacity: float, pad: boo
 JOB_VARIANTS = {"fp8": {"dtype": "fp8"}, "fp16": {"dtype": "fp16"}, "no-flash": {"flash_attention": False},
                 "unfused": {"fused_kernels": False}, "bf16-grads": {"grad_reduce": "bf16"},
                 "bf16-states": {"optimizer_states": "bf16"},
-                "bf16-grads-and-states": {"grad_reduce": "bf16", "optimizer_states": "bf16"}}
+                "bf16-grads-and-states": {"grad_reduce": "bf16", "optimizer_states": "bf16"},
+                "fp16-grads": {"dtype": "fp16", "grad_reduce": "fp16"}}
 
 
 @pytest.mark.parametrize("trainer,fmt,name", TRAINERS, ids=[t[2] for t in TRAINERS])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.costmodel import comm, memory
-from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
+from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel, tied_embedding_sync
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import Plan, check_plan, even_split
 
@@ -93,6 +93,35 @@ def test_data_parallel_gradient_reduction_is_bucketed_behind_the_last_backward()
                                   lambda size: comm.all_reduce(size, 4, link))
     assert est.breakdown.dp_comm_exposed_s == pytest.approx(want)
     assert want > 0
+
+
+def test_a_reduction_after_the_backward_is_exposed_whole():
+    """overlap_grad_reduce False (Megatron-LM's LocalDDP of 2021), by hand: pp 1, ZeRO 0, fp16 buffers: one
+    all-reduce of the whole 2-byte buffer after the backward, nothing hidden; with pp 2 stage 1 ends its backward
+    bwd_0 before stage 0 does, so max(ar_0, ar_1 - bwd_0) is exposed."""
+    job = JobSpec(global_batch=16, seq_len=1024, dtype="fp16", grad_reduce="fp16", overlap_grad_reduce=False)
+    flat = CostModel(MODEL, HW, job).estimate(_plan(dp=4, num_microbatches=4))
+    link = comm.group_link(HW, 4, 1)
+    assert flat.breakdown.dp_comm_exposed_s == pytest.approx(comm.all_reduce(flat.stages[0].params * 2, 4, link))
+    plan = _plan(pp=2, dp=2, num_microbatches=8, layers_per_stage=(4, 4))
+    piped = CostModel(MODEL, HW, job).estimate(plan)
+    link, (s0, s1) = comm.group_link(HW, 2, 1), piped.stages
+    tied = tied_embedding_sync(plan, HW, MODEL, 2)  # the tied embedding's gradient, between the two stages
+    want = tied + max(comm.all_reduce(s0.params * 2, 2, link), comm.all_reduce(s1.params * 2, 2, link) - s0.bwd_s)
+    assert piped.breakdown.dp_comm_exposed_s == pytest.approx(want)
+    overlapped = CostModel(MODEL, HW, JobSpec(global_batch=16, seq_len=1024, dtype="fp16", grad_reduce="fp16"))
+    assert overlapped.estimate(_plan(dp=4, num_microbatches=4)).breakdown.dp_comm_exposed_s < \
+        flat.breakdown.dp_comm_exposed_s
+
+
+def test_the_planner_refuses_the_unoverlapped_reduction():
+    from autotune.errors import SpecError
+    from autotune.search.planner import search
+    from autotune.search.space import SearchSpace
+
+    job = JobSpec(global_batch=16, seq_len=1024, overlap_grad_reduce=False)
+    with pytest.raises(SpecError, match="overlap_grad_reduce false .* is costed by estimate only"):
+        search(MODEL, HW, job, 4, SearchSpace())
 
 
 @pytest.mark.parametrize("pp", [2, 4])

@@ -86,6 +86,7 @@ _FLAGS: tuple[tuple[str, str, dict], ...] = (
     # gradient and optimizer-state precision: --grad-reduce-in-bf16 (arguments.py _add_mixed_precision_args), and
     # megatron-core OptimizerConfig's precision-aware optimizer fields as Megatron-LM spells them
     ("--grad-reduce-in-bf16", "true", {}), ("--use-precision-aware-optimizer", "true", {}),
+    ("--accumulate-allreduce-grads-in-fp32", "true", {}),
     ("--exp-avg-dtype", "str", {"choices": ["fp32", "fp16", "bf16", "fp8"], "default": "fp32"}),
     ("--exp-avg-sq-dtype", "str", {"choices": ["fp32", "fp16", "bf16", "fp8"], "default": "fp32"}),
     ("--main-grads-dtype", "str", {"choices": ["fp32", "bf16"], "default": "fp32"}),
@@ -477,10 +478,11 @@ def validate_args(argv: list[str] | tuple[str, ...], world_size: int, *, fork: b
             overlap_grad_reduce=a.overlap_grad_reduce, overlap_param_gather=a.overlap_param_gather,
             use_distributed_optimizer=a.use_distributed_optimizer, bucket_size=a.ddp_bucket_size,
             use_megatron_fsdp=a.use_megatron_fsdp, data_parallel_sharding_strategy=a.data_parallel_sharding_strategy,
-            # validate_args: bf16 buffers with --grad-reduce-in-bf16, or with the precision-aware optimizer's bf16
-            # main gradients; fp32 otherwise (accumulate_allreduce_grads_in_fp32)
-            grad_reduce_in_fp32=not (a.grad_reduce_in_bf16 or (a.use_precision_aware_optimizer
-                                                                and a.main_grads_dtype == "bf16")))
+            # validate_args: with --bf16, bf16 buffers with --grad-reduce-in-bf16, or with the precision-aware
+            # optimizer's bf16 main gradients, fp32 otherwise (it forces accumulate_allreduce_grads_in_fp32); with
+            # --fp16 the flag as given (default off: fp16 buffers)
+            grad_reduce_in_fp32=a.accumulate_allreduce_grads_in_fp32 if a.fp16 else
+            not (a.grad_reduce_in_bf16 or (a.use_precision_aware_optimizer and a.main_grads_dtype == "bf16")))
         _optimizer_config(OptimizerConfig, a, config.params_dtype)
         scheduler = _scheduler(a) if a.train_iters is not None else None
     except (ValueError, AssertionError) as exc:

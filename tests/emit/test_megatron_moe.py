@@ -178,7 +178,8 @@ def test_a_trainer_without_deepep_says_its_config_runs_alltoall() -> None:
     """A plan priced with DeepEP, emitted for torchtitan (NCCL all-to-alls): a warning that the step will be
     slower; for Megatron, none. A search restricted to a trainer or fork without DeepEP refuses it up front."""
     from autotune.emit import dispatcher_warning
-    from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS, check_job_settings
+    from autotune.specs.trainer_jobs import check_job_settings
+    from autotune.specs.trainers import FORK_CAPS, TRAINER_CAPS
     from autotune.errors import SpecError
 
     model, plan = CASES["qwen3_235b_etp"]

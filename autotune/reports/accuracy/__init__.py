@@ -8,7 +8,10 @@ Megatron-LM" (SC'21, arXiv 2104.04473), Table 1 reports achieved TFLOP/s per GPU
 recomputation, so the measured step time is F / (TFLOP/s per GPU * GPUs). For each row this module evaluates the
 published tp and pp with dp = gpus/(tp*pp), fp16, full recomputation, no sequence parallelism (it came in 2022),
 ZeRO 0, no flash attention (2022), the tensor-parallel backward's input-gradient all-reduces synchronous (the
-asynchronous form, --async-tensor-model-parallel-allreduce, came after the paper's runs) and an even layer split. The paper does not give the micro-batch size or the
+asynchronous form, --async-tensor-model-parallel-allreduce, came after the paper's runs), fp16 gradient buffers
+(Megatron-LM's default with fp16: --accumulate-allreduce-grads-in-fp32 is opt-in), reduced after the backward
+(the paper's LocalDDP all-reduced each model chunk's buffer once the pipeline's backward ended; overlap came with
+megatron-core) and an even layer split. The paper does not give the micro-batch size or the
 interleaving per row and says both were tuned, so the best fitting choice among mbs in {1, 2, 4, 8} and, when
 pp > 2, the interleaved schedule with vpp in {2, 4}, is taken.
 

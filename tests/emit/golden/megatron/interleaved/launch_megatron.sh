@@ -75,6 +75,7 @@ BATCH_ARGS=(
 )
 
 PRECISION_ARGS=(
+    --accumulate-allreduce-grads-in-fp32
     --fp16
 )
 

@@ -1,0 +1,77 @@
+"""The job as each trainer runs it: which settings a trainer's emitted config keeps (its gradient buffers, Adam
+states, multi-token prediction, kernels), checked before a search restricted to it and applied where a plan is
+re-costed for it (the header of an emitted config, `check`'s reading). The plan-level rules are in trainers.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autotune.errors import SpecError
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.trainers import TRAINER_CAPS, TrainerCaps
+
+
+def runs_mtp(model: ModelSpec, job: JobSpec) -> int:
+    """The model's multi-token prediction modules job.trainer trains (0 where it has none: TrainerCaps.mtp)."""
+    return model.mtp_layers if TRAINER_CAPS[job.trainer].mtp else 0
+
+
+def runs_grad_reduce(trainer: str | None, dtype: str, asked: str | None = None) -> str:
+    """JobSpec.grad_reduce as `trainer`'s emitted config runs it (`asked`, or fp32, where the config says): torchtitan's
+    FSDP2 reduces in fp32 (training.mixed_precision_reduce takes float32 only); DeepSpeed's config sets no data_types
+    or communication_data_type, so it accumulates and reduces gradients in the model's dtype (deepspeed 0.19
+    engine.py get_data_types, communication_data_type: fp16, else bf16, its config having no fp8)."""
+    if trainer == "torchtitan":
+        return "fp32"
+    if trainer == "deepspeed":
+        return "fp16" if dtype == "fp16" else "bf16"
+    return asked or "fp32"
+
+
+def check_job_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
+    """A search restricted to a trainer (or fork), or costed with its kernels, prices only a token dispatcher and
+    Adam state dtype it runs."""
+    if caps is not None and job.moe_dispatcher not in caps.moe_dispatchers:
+        raise SpecError(f"--moe-dispatcher {job.moe_dispatcher}: {caps.name} runs "
+                        f"{', '.join(caps.moe_dispatchers)}; use --moe-dispatcher alltoall")
+    if caps is not None and job.optimizer_states not in caps.optimizer_states:
+        raise SpecError(f"--optimizer-states {job.optimizer_states}: {caps.name} keeps "
+                        f"{', '.join(caps.optimizer_states)} Adam states; use --optimizer-states fp32")
+
+
+def check_grad_reduce(caps: TrainerCaps | None, job: JobSpec) -> None:
+    """A search restricted to a trainer (--trainer) prices only the gradient buffers its config keeps. Not asked of
+    --kernels alone: those price the trainer's kernels, under any gradient dtype."""
+    runs = runs_grad_reduce(caps and caps.name, job.dtype, job.grad_reduce)
+    if caps is not None and job.grad_reduce != runs:
+        raise SpecError(f"--grad-reduce {job.grad_reduce}: {caps.name}'s config keeps {runs} gradient buffers with "
+                        f"--dtype {job.dtype}; use --grad-reduce {runs} (its default)")
+
+
+def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
+    """The job as `trainer`'s emitted config runs it (what `check` reads back from the file): the trainer's own
+    kernels, and the settings its emitter fixes. torchtitan: FlashAttention through SDPA, fp32 gradient reduction
+    (FSDP2's default), FP8 only in the 0.2.x TOML (float8 converters; the 0.3.0 overrides write none); DeepSpeed:
+    fp16 or bf16 (no FP8), fused kernels, gradients in that dtype (runs_grad_reduce); only Megatron drops tokens at
+    a capacity factor and keeps bf16 Adam states.
+    `fmt`: torchtitan's format, "cli" or "toml"."""
+    out = replace(job, trainer=trainer)  # type: ignore[arg-type]
+    if trainer != "megatron":  # only Megatron's config drops tokens at a capacity (emit: capacity_warning)
+        out = replace(out, moe_capacity_factor=0.0, moe_pad_to_capacity=False, optimizer_states="fp32")
+    if trainer == "torchtitan":
+        return replace(out, dtype="fp8" if job.dtype == "fp8" and fmt == "toml" else "bf16", flash_attention=True,
+                       grad_reduce="fp32")
+    if trainer == "deepspeed":
+        dtype = "fp16" if job.dtype == "fp16" else "bf16"
+        return replace(out, dtype=dtype, flash_attention=True, fused_kernels=True,
+                       grad_reduce=runs_grad_reduce(trainer, dtype))
+    return out
+
+
+def as_run_model(model: ModelSpec, trainer: str, seq_len: int) -> ModelSpec:
+    """The model as `trainer`'s emitted config builds it: only torchtitan builds a sliding-window model's window
+    (its gpt-oss), the others attend over the whole sequence in every layer (emit warns so; check costs it so)."""
+    if trainer == "torchtitan" or not model.sliding_window_layers or model.sliding_window >= seq_len:
+        return model
+    return replace(model, sliding_window=0, sliding_window_layers=0)
