@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune.catalog import PROFILES_DIR, parse_json, read_json
 from autotune.cli.options import Pins, one, parse_choice_list, parse_int_list, show_warnings
-from autotune.costmodel.measured import OpCoverage, check_profile_model, profile_warnings
+from autotune.costmodel.measured import OpCoverage, check_profile_model, check_profile_ops, profile_warnings
 from autotune.errors import SpecError
 from autotune.fileio import slug
 from autotune.specs.hardware import HardwareSpec
@@ -192,6 +192,7 @@ def load_cost_profile(path: str | None, gpu: str, model: ModelSpec, hw: Hardware
         path = str(shipped)
     profile = load_profile(path)
     check_profile_model(profile, model)
+    check_profile_ops(profile, model)
     check_comm_profile(profile, hw, force)
     show_warnings(profile_warnings(profile, hw, job.dtype))
     return profile

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from difflib import get_close_matches
 from functools import partial
 
 import numpy as np
@@ -139,11 +140,58 @@ def step_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
             + embedding_backward_ops(model, shape) + head_forward_ops(model, shape) + head_backward_ops(model, shape))
 
 
+def op_names(model: ModelSpec, seq_len: int = 0) -> frozenset[str]:
+    """Every op name the cost model can ask a profile for with `model`: the step's ops (and the MTP modules')
+    under each kernel choice (flash or unfused attention, fused or eager element-wise ops, FP8 casts), with and
+    without tensor, sequence and context parallelism, dense and MoE layers, and both MoE dispatchers. The
+    names depend on these choices and on the model only (a sliding window on whether it is shorter than the
+    sequence: both sides are taken)."""
+    from itertools import product
+
+    from autotune.costmodel.mtp import mtp_backward_ops, mtp_forward_ops  # mtp.py builds on layer.py
+
+    window = model.sliding_window
+    seqs = {max(seq_len, 8), 2 * window + 8} if window else {max(seq_len, 8)}
+    names: set[str] = set()
+    for seq, flash, fused, fp8, (tp, sp, cp), (ep, etp, dispatcher) in product(
+            seqs, (True, False), (True, False), (False, True), ((1, False, 1), (2, True, 2), (2, False, 1)),
+            ((1, 1, "alltoall"), (2, 2, "alltoall"), (2, 2, "deepep"))):
+        shape = LayerShape(tokens=seq // cp, kv_tokens=seq, mbs=1, tp=tp, sp=sp, elem=2, flash=flash, fused=fused,
+                           fp8=fp8, ep=ep, etp=etp, dispatcher=dispatcher)
+        for moe in {model.is_moe, False}:
+            fwd = layer_forward_ops(model, shape, moe)
+            names.update(op.name for op in fwd + backward_ops(fwd, model, shape))
+        names.update(op.name for op in step_ops(model, shape))
+        if model.mtp_layers:
+            names.update(op.name for op in mtp_forward_ops(model, shape) + mtp_backward_ops(model, shape))
+    return frozenset(names)
+
+
 def check_profile_model(profile: Profile, model: ModelSpec) -> None:
-    """A profile times one model's shapes; using it for another would be silently wrong."""
+    """A profile times one model's shapes; using it for another would be silently wrong, and one that measured
+    nothing at all (no ops, no comm tiers) would silently be the roofline."""
     if profile.model is not None and profile.model != model.name:
         raise SpecError(f"--profile {profile.path} was measured for model {profile.model!r}, not {model.name!r}; "
                         f"measure this model with `autotune profile --model {model.name} --out FILE`")
+    if not profile.ops and not profile.comm:
+        raise SpecError(f"--profile {profile.path}: the profile has no ops (and no comm tiers), so it measures "
+                        f"nothing: run `autotune profile --model {model.name} --out {profile.path}` (or `autotune "
+                        "profile --comm`), or leave out --profile")
+
+
+def check_profile_ops(profile: Profile, model: ModelSpec) -> None:
+    """Every op the profile timed is one the cost model asks for with `model`: a misspelt or hand-edited name
+    would never be read, and its ops would silently cost by the roofline. (Once per command: op_names builds
+    the step's ops under every kernel choice.)"""
+    if not profile.ops:
+        return
+    known = op_names(model, profile.seq_len or 0)
+    for i, point in enumerate(profile.ops):
+        if point.op not in known:
+            near = get_close_matches(point.op, known, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise SpecError(f"--profile {profile.path}: ops[{i}].op: {point.op!r} is not an op the cost model times "
+                            f"for {model.name}; {hint}fix or remove it (known ops: {', '.join(sorted(known))})")
 
 
 def profile_warnings(profile: Profile, hw: HardwareSpec, dtype: str) -> tuple[str, ...]:

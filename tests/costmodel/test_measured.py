@@ -120,3 +120,34 @@ def test_profile_for_another_model_is_rejected_and_mismatches_warn():
     assert len(warnings) == 2 and "measured on cpu" in warnings[0] and "fp16" in warnings[1]
     gpu = replace(_full_profile(1.0), device=Device(kind="cuda", name="NVIDIA H100 80GB HBM3", threads=1))
     assert profile_warnings(gpu, HW, "bf16") == ()
+
+
+def test_op_names_cover_every_op_the_cost_model_asks_for():
+    """The names a profile may hold are those the lookups use: a catalog model's step ops at its jobs' kernel
+    choices, and the shipped profiles' points."""
+    from autotune.catalog import PROFILES_DIR, model_names
+    from autotune.costmodel.measured import op_names
+    from autotune.specs.profile import load_profile
+    for name in model_names():
+        model = load_model(name)
+        known = op_names(model, 4096)
+        for flash, fused, dtype in ((True, True, "bf16"), (False, False, "bf16"), (True, True, "fp8")):
+            job = JobSpec(global_batch=8, seq_len=4096, flash_attention=flash, fused_kernels=fused, dtype=dtype)
+            for tp, cp, sp in ((1, 1, False), (2, 2, True)):
+                names = {op.name for op in step_ops(model, layer_shape(model, job, tp=tp, cp=cp, mbs=1, sp=sp))}
+                assert names <= known, (name, names - known)
+    for path in sorted((PROFILES_DIR / "measured").glob("*.json")):
+        if '"autotune-profile/1"' in path.read_text()[:200]:  # the microbenchmark files have their own schema
+            prof = load_profile(path)
+            assert {p.op for p in prof.ops} <= op_names(load_model(prof.model), prof.seq_len), path
+
+
+def test_unknown_op_names_and_empty_profiles_are_errors():
+    from autotune.costmodel.measured import check_profile_model, check_profile_ops
+    check_profile_ops(profile(GEMM_POINTS), MODEL)  # known names pass
+    with pytest.raises(SpecError, match=r"ops\[1\]\.op: 'flash_atention' is not an op the cost model times for "
+                                        r"tiny-gpt; did you mean 'flash_attention'\?.*known ops: .*qkv_proj"):
+        check_profile_ops(profile((GEMM_POINTS[0], point("flash_atention", 1, 1e9, 1e6, 1e-3))), MODEL)
+    with pytest.raises(SpecError, match="the profile has no ops .*run `autotune profile --model tiny-gpt"):
+        check_profile_model(profile(()), MODEL)
+    check_profile_model(profile((), comm={"intra_node": None}), MODEL)  # a comm-only profile is fine

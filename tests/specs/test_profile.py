@@ -152,3 +152,26 @@ def test_a_repeated_point_is_named(tmp_path):
     data["ops"].append({**data["ops"][0], "seconds": 100.0})
     message = _error(_write(tmp_path, json.dumps(data, indent=2)))
     assert f"ops[{len(data['ops']) - 1}]" in message and "repeats ops[0]" in message and "keep one" in message
+
+
+def test_an_unknown_op_name_is_a_one_line_error_naming_it(tmp_path, autotune_proc):
+    """A misspelt (hand-edited) op would never be looked up, so its shapes would silently cost by the roofline."""
+    from dataclasses import replace
+    p = sample()
+    path = write_profile(replace(p, ops=(replace(p.ops[0], op="qkv_prj"), p.ops[1])), tmp_path / "p.json")
+    proc = autotune_proc("estimate", "--model", "tiny-gpt", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch",
+                         "8", "--seq-len", "256", "--tp", "1", "--pp", "1", "--profile", str(path))
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "ops[0].op: 'qkv_prj' is not an op the cost model times for tiny-gpt" in proc.stderr
+    assert "did you mean 'qkv_proj'?" in proc.stderr and "known ops: " in proc.stderr
+
+
+def test_a_profile_without_ops_or_comm_is_a_one_line_error(tmp_path, autotune_proc):
+    """No ops and no link tiers: the profile measures nothing and the plan would silently be the roofline."""
+    from dataclasses import replace
+    path = write_profile(replace(sample(), ops=(), comm={}), tmp_path / "p.json")
+    proc = autotune_proc("plan", "--model", "tiny-gpt", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8",
+                         "--seq-len", "256", "--profile", str(path))
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert f"--profile {path}: the profile has no ops" in proc.stderr
+    assert "run `autotune profile --model tiny-gpt" in proc.stderr
