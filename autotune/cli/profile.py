@@ -147,6 +147,8 @@ def profile_command(
         torch.set_num_threads(threads)
     if kind not in ("cpu", "cuda"):
         raise SpecError(f"--device {kind!r}: use cpu or cuda")
+    if kind == "cuda" and not torch.cuda.is_available():  # before the model, --tp and --comm are looked at
+        raise SpecError("--device cuda: torch sees no CUDA device here; use --device cpu")
     if backend not in (None, "gloo", "nccl") or (backend == "nccl" and kind != "cuda"):
         raise SpecError(f"--backend {backend!r}: use gloo, or nccl with --device cuda")
     start = time.perf_counter()

@@ -152,6 +152,19 @@ def test_profile_errors(capsys, tmp_path):
     assert code == 0 and "--comm" in out and "--profile" not in out
 
 
+def test_device_cuda_without_cuda_is_the_first_error(capsys, tmp_path, monkeypatch):
+    """On a machine without CUDA, --device cuda is what is wrong, whatever --tp, --model or --comm say (the --tp
+    check came first, and --comm failed inside torchrun)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = str(tmp_path / "x.json")
+    for args in (("--model", "tiny-gpt", "--tp", "3"), ("--model", "tiny-gpt"), ("--comm",),
+                 ("--comm", "--backend", "nccl"), ("--model", "tiny-gpt", "--tp", "1", "--mbs", "1")):
+        code, stdout, err = _main(capsys, "profile", "--device", "cuda", *args, "--out", out)
+        assert code == 1 and not stdout, args
+        assert err == "error: --device cuda: torch sees no CUDA device here; use --device cpu\n", args
+    assert not (tmp_path / "x.json").exists()
+
+
 @pytest.mark.slow
 def test_comm_profile_with_two_gloo_processes(tmp_path, capsys):
     """Two gloo processes on loopback, 4 KiB..16 MiB: alpha and bandwidth come out positive, jointly and per
