@@ -74,7 +74,9 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
                    "time does not hold); use --trainer colossalai for the grid")
         return EmitResult(result.files, (warning, *result.warnings))
     result = _emit_one(trainer, inp, torchtitan_format)
-    extra = tuple(w for w in (full_attention_warning(trainer, inp), dispatcher_warning(caps, inp),
+    # Megatron's emitter says it itself, and torchtitan's lists it among what its llama3 lacks
+    softcap = softcap_warning(trainer, inp.model) if trainer not in ("megatron", "torchtitan") else None
+    extra = tuple(w for w in (full_attention_warning(trainer, inp), softcap, dispatcher_warning(caps, inp),
                               capacity_warning(trainer, inp), mtp_warning(trainer, inp),
                               rope_scaling_warning(trainer, inp), state_precision_warning(trainer, inp),
                               memory_warning(trainer, inp, torchtitan_format)) if w)
@@ -172,6 +174,22 @@ def full_attention_warning(trainer: str, inp: EmitInput) -> str | None:
     return (f"{m.name}: {m.sliding_window_layers} of {m.num_layers} layers attend over a {m.sliding_window}-token "
             f"window, as costed, but the {trainer} config sets no window, so they run full attention over "
             f"{inp.job.seq_len} tokens: the step will be slower than predicted")
+
+
+def softcap_warning(trainer: str, model: ModelSpec) -> str | None:
+    """Logit soft-capping (Gemma 2's tanh caps on the attention scores and the final logits) that no emitted config
+    sets: megatron-core 0.16's TransformerConfig has no soft-cap field (nor Megatron-LM a flag), torchtitan's
+    llama3 has none (emit/torchtitan_mapping.py names it), and DeepSpeed's and Colossal-AI's hyperparameters do
+    not list it. The cost is the same (the
+    caps are not costed); what trains is another model."""
+    caps = [f"{what} {cap:g}" for what, cap in (("attention scores", model.attn_logit_softcap),
+                                                 ("final logits", model.final_logit_softcap)) if cap]
+    if not caps:
+        return None
+    why = ("megatron-core 0.16 has no soft-cap option and Megatron-LM no flag for it" if trainer == "megatron"
+           else f"the {trainer} config has no setting for it")
+    return (f"{model.name}: its logit soft-capping ({', '.join(caps)}) is not in the {trainer} config ({why}), so "
+            "the run trains without it: same cost as predicted, but not the published model's logits")
 
 
 def _emit_one(trainer: str, inp: EmitInput, torchtitan_format: str) -> EmitResult:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from autotune.emit import EmitInput, EmitResult
+from autotune.emit import EmitInput, EmitResult, softcap_warning
 from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word
 from autotune.emit.megatron_moe import moe_flags
@@ -92,6 +92,8 @@ def _model_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
         flags += [("--group-query-attention", None), ("--num-query-groups", str(m.num_kv_heads))]
     if m.activation == "geglu":
         warn.append("geglu: Megatron-LM has no GeGLU flag; emitted --swiglu (same gated shape and cost, SiLU gate)")
+    if warning := softcap_warning("megatron", m):
+        warn.append(warning)
     if m.gated:
         flags.append(("--swiglu", None))
     if m.position_embedding == "rope":

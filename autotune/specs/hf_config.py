@@ -158,16 +158,21 @@ _GEMMA3_PATTERN = 6
 
 
 def _hf_window_and_clamp(data: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """sliding_window, sliding_window_layers and glu_clamp from a config.json, where given. The windowed layers
-    are counted from `layer_types` ("sliding_attention" entries: GPT-OSS, recent Gemma/Qwen configs); without
-    it, from Gemma 3's sliding_window_pattern (every p-th layer full), Gemma 2's alternation (even layers
-    windowed), Qwen2's max_window_layers (layers from it on windowed), else every layer (Mistral, Phi-3).
+    """sliding_window, sliding_window_layers, glu_clamp and the logit soft caps from a config.json, where given.
+    The windowed layers are counted from `layer_types` ("sliding_attention" entries: GPT-OSS, recent Gemma/Qwen
+    configs); without it, from Gemma 3's sliding_window_pattern (every p-th layer full), Gemma 2's alternation
+    (even layers windowed), Qwen2's max_window_layers (layers from it on windowed), else every layer (Mistral, Phi-3).
     use_sliding_window false (Qwen2/3) or a null window means none. A window no shorter than the training
     sequence changes no cost (costmodel/ops.py), so Mistral 7B's 4096 is carried but inert at seq <= 4096."""
     out: dict[str, Any] = {}
     limit = data.get("swiglu_limit")
     if isinstance(limit, (int, float)) and not isinstance(limit, bool):
         out["glu_clamp"] = limit  # model_from_dict checks it
+    for hf, key in (("attn_logit_softcapping", "attn_logit_softcap"),
+                    ("final_logit_softcapping", "final_logit_softcap")):
+        cap = data.get(hf)  # Gemma 2: 50.0 and 30.0; Gemma 3: null (none)
+        if isinstance(cap, (int, float)) and not isinstance(cap, bool):
+            out[key] = cap  # model_from_dict checks it
     window, layers = data.get("sliding_window"), data.get("num_hidden_layers")
     if data.get("use_sliding_window") is False or not window or not isinstance(layers, int):
         return out

@@ -102,6 +102,12 @@ class ModelSpec:
     glu_clamp: float = 0.0
     """Clamp limit of the gated unit's two halves (GPT-OSS swiglu_limit 7.0; Megatron
     activation_func_clamp_value); 0 = no clamp."""
+    attn_logit_softcap: float = 0.0
+    """Soft cap of the attention scores, cap * tanh(score / cap) (Gemma 2: Hugging Face attn_logit_softcapping
+    50.0); 0 = none. Not costed (one element-wise op inside the attention kernel); emitters say where their
+    config cannot set it."""
+    final_logit_softcap: float = 0.0
+    """Soft cap of the LM head's logits (Gemma 2: Hugging Face final_logit_softcapping 30.0); 0 = none."""
     qk_norm: bool = False
     """An RMSNorm over every query and key head before RoPE (Qwen3's q_norm and k_norm; Megatron's
     --qk-layernorm)."""
@@ -200,7 +206,8 @@ _OPTIONAL += ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_exp
               "router_bias", "moe_router_groups", "moe_router_group_topk", "moe_router_scaling", "q_lora_rank",
               "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "published_active_params_B")
 # Attention window and gated-unit clamp
-_OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp", "qk_norm", "mtp_layers")
+_OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp", "qk_norm", "mtp_layers", "attn_logit_softcap",
+              "final_logit_softcap")
 ROUTERS = ("softmax", "sigmoid")
 _MOE_INTS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size",
              "first_dense_layers", "moe_layer_freq", "moe_router_groups", "moe_router_group_topk")
@@ -275,9 +282,9 @@ def _check_router_groups(out: dict[str, Any], experts: int, where: str) -> None:
 
 def _window_and_clamp(data: dict[str, Any], num_layers: int, gated: bool, causal: bool,
                       where: str) -> dict[str, Any]:
-    """sliding_window, sliding_window_layers (default: every layer, as Mistral's window applies) and glu_clamp,
-    checked: the layers lie in [0, num_layers] and need a window; the window needs causal attention (a query
-    sees the window behind it); the clamp needs a gated unit."""
+    """sliding_window, sliding_window_layers (default: every layer, as Mistral's window applies), glu_clamp and
+    the logit soft caps, checked: the layers lie in [0, num_layers] and need a window; the window needs causal
+    attention (a query sees the window behind it); the clamp needs a gated unit; a cap is >= 0 (0: none)."""
     out: dict[str, Any] = {}
     window = _count(data, "sliding_window", where) if "sliding_window" in data else 0
     layers = _count(data, "sliding_window_layers", where) if "sliding_window_layers" in data else (
@@ -296,6 +303,9 @@ def _window_and_clamp(data: dict[str, Any], num_layers: int, gated: bool, causal
         if clamp and not gated:
             raise SpecError(f"{where}: glu_clamp {clamp:g} needs a gated activation (swiglu or geglu); drop it")
         out["glu_clamp"] = clamp
+    for key in ("attn_logit_softcap", "final_logit_softcap"):
+        if key in data:
+            out[key] = nonneg_float(data, key, where)
     return out
 
 

@@ -180,6 +180,23 @@ def test_bad_window_and_clamp_values_name_the_field(change, message):
     assert "\n" not in str(err.value)
 
 
+def test_logit_soft_caps_are_read_from_config_json_and_model_files():
+    """Gemma 2's attn_logit_softcapping 50 and final_logit_softcapping 30 are carried (emitters warn that their
+    configs cannot set them); Gemma 3's null means none; a negative cap is a one-line error."""
+    m = model_from_hf_config({**_HF_SMALL, "model_type": "gemma2", "hidden_act": "gelu_pytorch_tanh",
+                              "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}, "config.json")
+    assert (m.attn_logit_softcap, m.final_logit_softcap) == (50.0, 30.0)
+    m = model_from_hf_config({**_HF_SMALL, "model_type": "gemma3_text", "attn_logit_softcapping": None,
+                              "final_logit_softcapping": None}, "config.json")
+    assert (m.attn_logit_softcap, m.final_logit_softcap) == (0.0, 0.0)
+    gemma = load_model("gemma2-9b")
+    assert (gemma.attn_logit_softcap, gemma.final_logit_softcap) == (50.0, 30.0)
+    assert load_model("llama3-8b").attn_logit_softcap == 0.0
+    with pytest.raises(SpecError, match="final_logit_softcap must be a number >= 0") as err:
+        model_from_dict({**BASE, "final_logit_softcap": -30}, "m.json")
+    assert "\n" not in str(err.value)
+
+
 def test_window_without_layers_applies_to_every_layer_and_clamp_defaults_off():
     m = model_from_dict({**BASE, "sliding_window": 64}, "m.json")
     assert (m.sliding_window, m.sliding_window_layers, m.sliding_share, m.glu_clamp) == (64, 2, 1.0, 0.0)
