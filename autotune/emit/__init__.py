@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from autotune.emit.asrun import run_figures, what_runs
 from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from autotune.specs.trainer_jobs import as_run_job
-from autotune.specs.trainers import EMITTED_CAPS, TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps, as_run
+from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -95,7 +96,7 @@ def dispatcher_warning(caps: TrainerCaps | None, inp: EmitInput) -> str | None:
 
 def capacity_warning(trainer: str, inp: EmitInput) -> str | None:
     """A capacity factor only Megatron's config expresses: torchtitan's MoE routes dropless (the header
-    re-estimates it so: specs/trainers.py as_run_job)."""
+    re-estimates it so: specs/trainer_jobs.py as_run_job)."""
     if trainer == "megatron" or not inp.model.is_moe or not inp.job.moe_capacity_factor:
         return None
     return (f"--moe-capacity-factor {inp.job.moe_capacity_factor:g}: {trainer}'s MoE routes every token (dropless); "
@@ -103,15 +104,12 @@ def capacity_warning(trainer: str, inp: EmitInput) -> str | None:
 
 
 def memory_warning(trainer: str, inp: EmitInput, fmt: str | None) -> str | None:
-    """The config as its trainer runs it (what the header re-estimates: specs/trainers.py as_run, as_run_job) is
-    predicted not to fit in a GPU's usable memory."""
+    """The config as its trainer runs it (what the header re-estimates: emit/asrun.py, with torchtitan's TOML
+    adjustments) is predicted not to fit in a GPU's usable memory."""
     if not inp.usable_memory_gib:
         return None
-    caps = EMITTED_CAPS.get(trainer)
-    plan = as_run(caps, inp.plan, inp.model)[0] if caps is not None else inp.plan
-    job = as_run_job(inp.job, trainer, fmt)
-    peak = (inp.reestimate(plan, job)[1] if inp.reestimate is not None and (plan, job) != (inp.plan, inp.job)
-            else inp.peak_memory_gib)
+    figures = run_figures(inp, what_runs(inp, trainer, fmt))
+    peak = inp.peak_memory_gib if figures is None else figures[1]
     if peak <= inp.usable_memory_gib:
         return None
     return (f"the config as {trainer} runs it is predicted to need {peak:.1f} GiB per GPU, over the "

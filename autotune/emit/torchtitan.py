@@ -14,8 +14,7 @@ from autotune.emit.common import commented, header_lines
 from autotune.emit.quote import bash_word, toml_str
 from autotune.emit.runfiles import (float_text, launch_shape, nccl_env_block, nodes_block, required_env_block,
                                      sbatch_script, schedule)
-from autotune.emit.torchtitan_mapping import (MOE_REGISTRY, REGISTRY, Mapping, MoeModel, map_plan, model_shape,
-                                             toml_runs)
+from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY, Mapping, MoeModel, map_plan, model_shape
 from autotune.errors import SpecError
 
 FORMATS = ("cli", "toml")
@@ -200,7 +199,7 @@ def _toml(inp: EmitInput, m: Mapping) -> str:
     registry = REGISTRY.get(inp.model.known_as)
     paths = "" if inp.mock_data else (' --training.dataset_path "$DATA_PATH" --model.hf_assets_path '
                                       '"$TOKENIZER_MODEL" --job.dump_folder "$CHECKPOINT_DIR"')
-    head = header_lines(inp, "torchtitan", TARGET["toml"], "toml", toml_runs) + [
+    head = header_lines(inp, "torchtitan", TARGET["toml"], "toml") + [
         f"run: torchrun --nnodes {nodes} --nproc-per-node {per_node} -m torchtitan.train "
         f"--job.config_file torchtitan.toml{paths}",
         "(TOML cannot require environment variables: the data, tokenizer and checkpoint paths go on the command "

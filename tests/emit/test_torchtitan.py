@@ -444,3 +444,26 @@ def test_the_toml_sets_the_peak_lr_the_other_trainers_set():
     argv = dict(emit("megatron", inp).files)["launch_megatron.sh"]
     assert toml["optimizer"] == {"name": "AdamW", "lr": 3e-4, "weight_decay": 0.1}
     assert "--lr 0.0003" in argv and "--weight-decay 0.1" in argv
+
+
+def test_the_memory_warning_judges_what_the_toml_runs_as_the_header_does():
+    """torchtitan's 0.2.x TOML runs sequence parallelism whenever tp > 1 (toml_runs): the header re-estimates that
+    plan, and the out-of-memory warning must judge the same one (it judged the plan without the TOML's changes,
+    through a copy of the header's as-run logic)."""
+    asked = []
+
+    def reestimate(plan, job):
+        asked.append(plan)
+        return 3.0, (80.0 if plan.sequence_parallel else 40.0), 0.3
+
+    inp = dataclasses.replace(GOLDEN["interleaved"], reestimate=reestimate, usable_memory_gib=60.0,
+                              peak_memory_gib=40.0)
+    assert inp.plan.tp == 2 and not inp.plan.sequence_parallel
+    toml = emit("torchtitan", inp, torchtitan_format="toml")
+    header = dict(toml.files)["torchtitan.toml"]
+    assert "peak memory 80.0 GiB per GPU" in header and "(re-estimated for what torchtitan runs)" in header
+    assert any(w.startswith("the config as torchtitan runs it is predicted to need 80.0 GiB per GPU, over the "
+                            "60.0 GiB usable") for w in toml.warnings)
+    assert asked and all(p.sequence_parallel for p in asked)
+    cli = emit("torchtitan", inp, torchtitan_format="cli")  # the 0.3.0 CLI runs the plan as planned: it fits
+    assert not any("run out of memory" in w for w in cli.warnings)
