@@ -88,7 +88,7 @@ def _data_parallel_plan(inp: EmitInput) -> Plan:
 
 
 def _config(inp: EmitInput) -> str:
-    p, job, m, s = _data_parallel_plan(inp), inp.job, inp.model, schedule(inp)
+    p, job, m, s = _data_parallel_plan(inp), inp.job, inp.model, schedule(inp, "colossalai")
     lines = [
         commented(header_lines(inp, "colossalai", TARGET)).rstrip("\n"),
         "from colossalai.legacy.amp import AMP_TYPE",

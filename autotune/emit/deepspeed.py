@@ -165,7 +165,7 @@ def _ds_config(inp: EmitInput, interval: int, warnings: list[str]) -> dict[str, 
 def _optimizer(inp: EmitInput) -> dict[str, Any]:
     """AdamW and DeepSpeed's WarmupCosineLR: linear warm-up, cosine decay to a tenth of the peak over the
     steps that --train-tokens takes (runfiles.schedule)."""
-    s = schedule(inp)
+    s = schedule(inp, "deepspeed")
     return {"optimizer": {"type": "AdamW", "params": {"lr": s.lr, **ADAM}},
             "scheduler": {"type": "WarmupCosineLR", "params": {
                 "total_num_steps": s.steps, "warmup_num_steps": s.warmup, "warmup_min_ratio": 0.0,
@@ -284,7 +284,7 @@ def _model(inp: EmitInput) -> dict[str, Any]:
 def _run(inp: EmitInput) -> dict[str, Any]:
     """What the training script does outside deepspeed.initialize: steps, checkpoint and log intervals, and the
     environment variables holding the paths (launch_deepspeed.sh requires them)."""
-    s = schedule(inp)
+    s = schedule(inp, "deepspeed")
     return {"train_steps": s.steps, "save_interval": s.save_interval, "log_interval": s.log_interval,
             "mock_data": inp.mock_data,
             "paths_from_env": [] if inp.mock_data else [name for name, _ in REQUIRED_ENV]}

@@ -152,7 +152,7 @@ def _data_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
 def _training_flags(inp: EmitInput) -> list[Flag]:
     """Iterations from --train-tokens, linear warm-up then cosine decay to a tenth of the peak LR, checkpoints
     about hourly (saved and resumed from CHECKPOINT_DIR), evaluation at each checkpoint, throughput logging."""
-    s = schedule(inp)
+    s = schedule(inp, "megatron")
     flags: list[Flag] = [
         *OPTIMIZER, ("--train-iters", str(s.steps)), ("--lr", float_text(s.lr)), ("--min-lr", float_text(s.min_lr)),
         ("--lr-decay-style", "cosine"), ("--lr-warmup-iters", str(s.warmup)), ("--lr-decay-iters", str(s.steps)),

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from autotune.emit import EmitInput
+from autotune.emit.asrun import run_figures, what_runs
 from autotune.emit.common import commented, header_lines
 
 #: The variables a real run needs, with what each must hold (the message bash prints when one is unset).
@@ -51,14 +52,19 @@ def peak_lr(params: int) -> float:
     return 8.0e-5
 
 
-def schedule(inp: EmitInput) -> Schedule:
+def schedule(inp: EmitInput, trainer: str | None = None, fmt: str | None = None) -> Schedule:
     """Steps = ceil(train tokens / tokens per step); warm-up WARMUP_STEPS, at most a tenth of the run; cosine
-    decay over the whole run to a tenth of the peak; a checkpoint about every SAVE_EVERY_S predicted seconds."""
+    decay over the whole run to a tenth of the peak; a checkpoint about every SAVE_EVERY_S predicted seconds of
+    what `trainer`'s config (in format `fmt`) runs: the step time the header states (emit/asrun.py), re-estimated
+    where the trainer runs another plan than planned (DeepSpeed's full recompute for a selective one, 1F1B for
+    an interleaved schedule, ...), else the planned one (also with no `trainer`)."""
     from autotune.costmodel.memory import total_params
 
     steps = max(1, math.ceil(inp.train_tokens / (inp.job.global_batch * inp.job.seq_len)))
     lr = peak_lr(total_params(inp.model))
-    save = max(1, min(steps, round(SAVE_EVERY_S / inp.step_time_s)))
+    figures = None if trainer is None else run_figures(inp, what_runs(inp, trainer, fmt))
+    step_s = inp.step_time_s if figures is None else figures[0]
+    save = max(1, min(steps, round(SAVE_EVERY_S / step_s)))
     # Megatron asserts warm-up < decay steps (optimizer_param_scheduler.py): a one-step run warms up for none
     return Schedule(steps=steps, warmup=min(max(1, min(WARMUP_STEPS, steps // 10)), steps - 1), lr=lr,
                     min_lr=float(f"{lr / 10:.6g}"), save_interval=save, log_interval=min(LOG_INTERVAL, steps))

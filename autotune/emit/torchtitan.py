@@ -128,7 +128,7 @@ def _moe_config_function(inp: EmitInput, moe: MoeModel) -> tuple[str, str, tuple
 def run_overrides(inp: EmitInput) -> list[str]:
     """Flags of a real run that are not the plan (0.3.x): the schedule from --train-tokens, checkpoints about
     hourly, logging, no profiler; the data, tokenizer and checkpoint paths come from the environment."""
-    s = schedule(inp)
+    s = schedule(inp, "torchtitan")
     out = [f"--training.steps {s.steps}", f"--lr_scheduler.warmup_steps {s.warmup}",
            "--lr_scheduler.decay_type cosine", "--lr_scheduler.min_lr_factor 0.1",
            f"--metrics.log_freq {s.log_interval}", "--profiler.no_enable_profiling"]
@@ -208,7 +208,7 @@ def _toml(inp: EmitInput, m: Mapping) -> str:
     sections: dict[str, list[str]] = {"job": [], "model": [], "training": [], "optimizer": [], "lr_scheduler": [],
                                       "checkpoint": [], "metrics": [], "parallelism": [], "compile": [],
                                       "activation_checkpoint": []}
-    s = schedule(inp)  # the run: steps from --train-tokens, warm-up, cosine decay, checkpoints, logging
+    s = schedule(inp, "torchtitan", "toml")  # the run: steps from --train-tokens, warm-up, cosine decay, checkpoints
     sections["training"].append(_toml_line("steps", s.steps))
     # the peak LR and weight decay the other trainers' files set (0.2.x's [optimizer]; AdamW is its default)
     sections["optimizer"] += [_toml_line("name", "AdamW"), f"lr = {float_text(s.lr)}", "weight_decay = 0.1"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -49,6 +50,21 @@ def test_schedule_from_train_tokens_by_hand():
     short = schedule(replace(LLAMA3_8B, train_tokens=64 * 8192 * 50))
     assert (short.steps, short.warmup) == (50, 5)  # warm-up at most a tenth of the run
     assert [peak_lr(n) for n in (8.0e9, 70.6e9, 405.9e9)] == [3e-4, 1.5e-4, 8e-5]
+
+
+def test_the_checkpoint_interval_follows_the_step_time_of_what_the_trainer_runs():
+    """DeepSpeed runs the plan's selective recompute as full recompute: the header re-estimates that step, and the
+    checkpoint interval (about an hour) must come from the same step, not the planned one (an hour's worth of
+    planned steps took 2 h of what it runs here). A trainer that runs the plan as planned keeps the planned step."""
+    inp = replace(LLAMA3_8B, reestimate=lambda plan, job: (2 * LLAMA3_8B.step_time_s, 30.0, 0.2))
+    assert inp.plan.recompute == "selective" and inp.plan.pp == 2
+    planned, as_run = round(3600 / inp.step_time_s), round(3600 / (2 * inp.step_time_s))
+    files = dict(emit("deepspeed", inp).files)
+    assert f"predicted: step {2 * inp.step_time_s:.3f} s" in files["ds_config.json"]
+    assert json.loads(files["ds_pipeline.json"])["run"]["save_interval"] == as_run != planned
+    assert re.search(rf"--save-interval {planned}\b", dict(emit("megatron", inp).files)["launch_megatron.sh"])
+    assert schedule(inp).save_interval == schedule(inp, "megatron").save_interval == planned  # runs as planned
+    assert schedule(inp, "deepspeed").save_interval == as_run
 
 
 # ---------------------------------------------------------------- Megatron: a real run for llama3-8b
