@@ -258,13 +258,26 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     dtype = "fp8" if any("float8" in str(c) for c in converters) else "bf16"
     if precision != "bfloat16":
         notes.append(f"training.mixed_precision_param {precision}: costed as bf16")
-    return Reading(
+    return Reading(optimizer_states=_optimizer_states(tree, fmt),
         trainer="torchtitan", tp=tp, pp=pp, cp=cp, dp=None if shard == -1 else replicate * shard, ep=ep, etp=etp,
         mbs=mbs, num_microbatches=lbs // mbs if pp > 1 else None, global_batch=None if gbs == -1 else gbs,
         seq_len=seq, vpp=vpp, schedule=schedule, recompute=recompute,
         recompute_every=recompute_every, zero=zero, sequence_parallel=sp,
         tp_overlap=async_tp, layers_per_stage=layers, split=split, split_extra=extra, dtype=dtype,
         fused_kernels=_compiled_model(tree), model_name=model, notes=tuple(notes))
+
+
+def _optimizer_states(tree: dict[str, Any], fmt: str) -> str:
+    """JobSpec.optimizer_states of optimizer.implementation: 0.3.0's fused_opt_states_bf16 keeps Adam's moments in
+    bf16 beside fp32 parameters (bf16-moments); the others keep fp32 states."""
+    section = tree.get("optimizer")
+    implementation = str(section.get("implementation", "fused")) if isinstance(section, dict) else "fused"
+    if implementation != "fused_opt_states_bf16":
+        return "fp32"
+    if fmt == "toml":
+        raise SpecError("optimizer.implementation fused_opt_states_bf16: torchtitan 0.2.x takes for-loop, foreach or "
+                        "fused (bf16 Adam states came in 0.3.0); use one of those")
+    return "bf16-moments"
 
 
 def _compiled_model(tree: dict[str, Any]) -> bool:

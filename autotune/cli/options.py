@@ -96,9 +96,10 @@ GradOpt = Annotated[str | None, typer.Option(
          "model dtype). fp16 only with --dtype fp16.")]
 OptimizerStatesOpt = Annotated[str, typer.Option(
     "--optimizer-states", metavar="fp32|bf16|bf16-moments",
-    help="Adam's state (Megatron only, ZeRO-1): bf16 is its precision-aware optimizer with bf16 moments as "
+    help="Adam's state: bf16 is Megatron's precision-aware optimizer (ZeRO-1) with bf16 moments as "
          "Megatron-LM runs it (master weights kept as 16-bit remainders); bf16-moments as it runs under a "
-         "non-delayed fp8 recipe, Megatron-Bridge's default (fp32 master weights).")]
+         "non-delayed fp8 recipe, Megatron-Bridge's default (fp32 master weights), and torchtitan 0.3's "
+         "fused_opt_states_bf16 (any ZeRO stage).")]
 KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
                                                 help="Whose kernels and overlap to cost (default: the --trainer, "
                                                      "else megatron).")]

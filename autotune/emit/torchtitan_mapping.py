@@ -118,6 +118,12 @@ def map_plan(inp: EmitInput, fmt: str) -> Mapping:
         warnings.append("dtype fp8: torchtitan 0.3.x enables Float8 through a converter in the config function "
                         "(Float8LinearConverter), not a flag; emitted bfloat16 mixed precision")
     keys.append(("training", "mixed_precision_param", "bfloat16"))
+    if job.optimizer_states == "bf16-moments" and fmt == "cli":  # fp32 parameters, bf16 Adam moments (0.3.0)
+        keys.append(("optimizer", "implementation", "fused_opt_states_bf16"))
+    elif job.optimizer_states == "bf16-moments":
+        warnings.append("--optimizer-states bf16-moments: torchtitan 0.2.x has no bf16 Adam states (0.3.0's "
+                        "optimizer.implementation fused_opt_states_bf16 has); emitted fp32 states, more memory than "
+                        "planned")
     if plan.pp > 1 and fmt == "cli":
         keys.append(("training", "disable_cuda_graphs", True))
         notes.append("CUDA graphs do not support pipeline parallelism yet (Trainer.Config): disabled")

@@ -21,7 +21,7 @@ def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, g
         raise SpecError(why)
     _check_degrees(space, model, job, gpus, gpus_per_node)
     _check_choices(space, model)
-    if job.optimizer_states != "fp32" and space.zero is not None and 1 not in space.zero:
+    if space.zero is not None and not set(space.zero) & set(job.state_zero_stages):
         raise SpecError(f"--zero {','.join(map(str, space.zero))} with --optimizer-states {job.optimizer_states}: "
                         "16-bit Adam states are costed in Megatron's distributed optimizer, zero 1; pin --zero 1 "
                         "or use --optimizer-states fp32")

@@ -283,11 +283,9 @@ def _expert_layouts(model: ModelSpec, space: SearchSpace, gpus_per_node: int, de
 
 
 def _zero_options(caps: TrainerCaps | None, job: JobSpec, pp: int) -> list[int]:
-    """ZeRO stages: 2 and 3 shard gradients, which a pipeline forbids; 16-bit optimizer states are costed in
-    Megatron's distributed optimizer (1) only; the trainer's own stages."""
-    stages = [0, 1] if pp > 1 else [0, 1, 2, 3]
-    if job.optimizer_states != "fp32":
-        stages = [1]
+    """ZeRO stages: 2 and 3 shard gradients, which a pipeline forbids; those the job's Adam states are costed under
+    (JobSpec.state_zero_stages); the trainer's own stages."""
+    stages = [z for z in ([0, 1] if pp > 1 else [0, 1, 2, 3]) if z in job.state_zero_stages]
     return stages if caps is None else [z for z in stages if z in caps.zero_stages(pp)]
 
 

@@ -16,6 +16,18 @@ MOE_DISPATCHERS = ("alltoall", "deepep")
 GRAD_REDUCES = ("fp32", "bf16", "fp16")
 #: Adam state layouts the cost model prices (JobSpec.optimizer_states)
 OPTIMIZER_STATES = ("fp32", "bf16", "bf16-moments")
+
+
+def state_zero_stages(trainer: str, optimizer_states: str) -> tuple[int, ...]:
+    """ZeRO stages an Adam state layout is costed under with `trainer`: fp32 under any; 16-bit states in Megatron's
+    distributed optimizer (1) only (its precision-aware optimizer needs one; its FSDP keeps fp32 master weights);
+    torchtitan's bf16 moments (optimizer.implementation fused_opt_states_bf16: fp32 parameters, bf16 Adam states,
+    any optimizer placement) under any of its stages."""
+    if optimizer_states == "fp32" or (trainer == "torchtitan" and optimizer_states == "bf16-moments"):
+        return (0, 1, 2, 3)
+    return (1,)
+
+
 #: Trainers whose kernels and overlap the cost model knows (their differences: costmodel/layer.py, ops.py)
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -48,8 +60,9 @@ class JobSpec:
     the fp32 master weights kept as the 16 bits the bf16 weights lack (Transformer Engine's
     store_param_remainders) and no fp32 copy of the gradient shard. bf16-moments: the same optimizer under another
     fp8 recipe (tensorwise, blockwise, mxfp8; Megatron-Bridge sets tensorwise even for bf16 runs), where
-    megatron-core keeps whole fp32 master weights and an fp32 gradient copy, so only the moments shrink.
-    StateBytes has the bytes (megatron-core 0.16 distrib_optimizer.py)."""
+    megatron-core keeps whole fp32 master weights and an fp32 gradient copy, so only the moments shrink; torchtitan
+    0.3's optimizer.implementation fused_opt_states_bf16 keeps the same (fp32 parameters, bf16 moments) under FSDP2.
+    StateBytes has the bytes (megatron-core 0.16 distrib_optimizer.py); state_zero_stages where each is costed."""
     overlap_grad_reduce: bool = True
     """Megatron reduces gradients bucket by bucket during the last micro-batch's backward and gathers the
     distributed optimizer's weights during the next forward (overlap_grad_reduce, overlap_param_gather). False:
@@ -137,6 +150,11 @@ class JobSpec:
         # them as int16 when store_param_remainders and bf16), whole fp32 beside fp16 ones or under bf16-moments
         master = WEIGHT_BYTES if self.optimizer_states == "bf16" and self.dtype != "fp16" else FP32_BYTES
         return StateBytes(grad=self.grad_bytes, optimizer=master + 2 * 2, grad_copy=copy)
+
+    @property
+    def state_zero_stages(self) -> tuple[int, ...]:
+        """ZeRO stages its Adam state layout is costed under (state_zero_stages)."""
+        return state_zero_stages(self.trainer, self.optimizer_states)
 
     @property
     def tokens_per_step(self) -> int:

@@ -222,7 +222,7 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
         raise InvalidPlanError(f"zero {plan.zero} shards gradients, which autotune does not cost with pipeline "
                                "parallelism (DeepSpeed refuses it; Megatron's FSDP and torch FSDP2 run without "
                                "pp); use zero 0 or 1 with pp > 1")
-    if job.optimizer_states != "fp32" and plan.zero != 1:
+    if plan.zero not in job.state_zero_stages:
         raise InvalidPlanError(f"{job.optimizer_states} optimizer states are costed in Megatron's distributed "
                                f"optimizer (its precision-aware optimizer needs one; its FSDP keeps fp32 master "
                                f"weights), got zero {plan.zero}; use zero 1 or --optimizer-states fp32")

@@ -54,11 +54,17 @@ def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
     kernels, and the settings its emitter fixes. torchtitan: FlashAttention through SDPA, fp32 gradient reduction
     (FSDP2's default), FP8 only in the 0.2.x TOML (float8 converters; the 0.3.0 overrides write none); DeepSpeed:
     fp16 or bf16 (no FP8), fused kernels, gradients in that dtype (runs_grad_reduce); only Megatron drops tokens at
-    a capacity factor and keeps bf16 Adam states.
-    `fmt`: torchtitan's format, "cli" or "toml"."""
+    a capacity factor; Adam states as the trainer keeps them (TrainerCaps.optimizer_states; torchtitan's bf16 moments
+    in its 0.3.0 overrides, not the 0.2.x TOML), else fp32.
+    `fmt`: torchtitan's format, "cli" (the default) or "toml"."""
     out = replace(job, trainer=trainer)  # type: ignore[arg-type]
+    caps = TRAINER_CAPS.get(trainer)
+    kept = caps is not None and job.optimizer_states in caps.optimizer_states and not (
+        trainer == "torchtitan" and fmt == "toml")
+    if not kept:
+        out = replace(out, optimizer_states="fp32")
     if trainer != "megatron":  # only Megatron's config drops tokens at a capacity (emit: capacity_warning)
-        out = replace(out, moe_capacity_factor=0.0, moe_pad_to_capacity=False, optimizer_states="fp32")
+        out = replace(out, moe_capacity_factor=0.0, moe_pad_to_capacity=False)
     if trainer == "torchtitan":
         return replace(out, dtype="fp8" if job.dtype == "fp8" and fmt == "toml" else "bf16", flash_attention=True,
                        grad_reduce="fp32")

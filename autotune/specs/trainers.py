@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from autotune.errors import SpecError
-from autotune.specs.job import JobSpec
+from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan, is_even_split
 from autotune.specs.tpgrid import MODES
@@ -81,7 +81,8 @@ class TrainerCaps:
     """MoE token dispatchers it runs (JobSpec.moe_dispatcher): Megatron adds DeepEP (its flex dispatcher)."""
     optimizer_states: tuple[str, ...] = ("fp32",)
     """Adam state layouts it keeps (JobSpec.optimizer_states): Megatron adds its precision-aware optimizer's
-    (megatron-core OptimizerConfig.use_precision_aware_optimizer, exp_avg_dtype, exp_avg_sq_dtype)."""
+    (megatron-core OptimizerConfig.use_precision_aware_optimizer, exp_avg_dtype, exp_avg_sq_dtype), torchtitan its
+    bf16 moments."""
     mtp: bool = False
     """Trains the model's multi-token prediction modules (ModelSpec.mtp_layers): Megatron's --mtp-num-layers.
     Where False the modules are left out of the run, and of its estimate."""
@@ -125,6 +126,8 @@ TRAINER_CAPS: dict[str, TrainerCaps] = {
         gradient_buckets=False,
         # expert_parallel_degree for the MoE models it ships (emit/torchtitan_mapping.py MOE_REGISTRY)
         moe=True, moe_models=TORCHTITAN_MOE_MODELS, etp_with_ep=False, ep_over_replicas=False,
+        # 0.3.0's optimizer.implementation fused_opt_states_bf16: bf16 Adam moments beside fp32 parameters (not 0.2.x)
+        optimizer_states=("fp32", "bf16-moments"),
         source="torchtitan 0.3.0: 1F1B and Interleaved1F1B (ZBVZeroBubble keeps 1F1B's memory, not V-Half's); "
                "module_fqns_per_model_part for any split; no vocabulary parallelism; expert_parallel_degree "
                "(no expert TP with ep > 1) for its qwen3, deepseek_v3 and gpt_oss MoE models"),
@@ -213,7 +216,7 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
             out.append(f"the {job.moe_dispatcher} token dispatcher: {n} runs {', '.join(caps.moe_dispatchers)}")
     if job.optimizer_states not in caps.optimizer_states:
         out.append(f"{job.optimizer_states} Adam states: {n} keeps {', '.join(caps.optimizer_states)}")
-    elif job.optimizer_states != "fp32" and p.zero != 1:
+    elif p.zero not in state_zero_stages(n, job.optimizer_states):
         out.append(f"{job.optimizer_states} Adam states with zero {p.zero}: costed in {n}'s distributed optimizer "
                    "(zero 1) only")
     if model.mtp_layers and not caps.mtp:

@@ -81,7 +81,10 @@ def as_run(plan: Plan, trainer: str, fmt: str | None, inp: EmitInput) -> Plan:
 
 def as_run_job(inp: EmitInput, trainer: str, fmt: str | None):
     job = replace(inp.job, trainer=trainer)
-    if trainer != "megatron":  # only Megatron's precision-aware optimizer keeps bf16 Adam states
+    # Megatron's precision-aware optimizer keeps bf16 Adam states; torchtitan 0.3.0's fused_opt_states_bf16 keeps
+    # bf16 moments beside fp32 parameters (the 0.2.x TOML has no such optimizer)
+    tt_moments = trainer == "torchtitan" and fmt != "toml" and inp.job.optimizer_states == "bf16-moments"
+    if trainer != "megatron" and not tt_moments:
         job = replace(job, optimizer_states="fp32")
     if trainer == "torchtitan":
         dtype = "fp8" if inp.job.dtype == "fp8" and fmt == "toml" else "bf16"
@@ -272,7 +275,8 @@ JOB_VARIANTS = {"fp8": {"dtype": "fp8"}, "fp16": {"dtype": "fp16"}, "no-flash": 
                 "unfused": {"fused_kernels": False}, "bf16-grads": {"grad_reduce": "bf16"},
                 "bf16-states": {"optimizer_states": "bf16"},
                 "bf16-grads-and-states": {"grad_reduce": "bf16", "optimizer_states": "bf16"},
-                "fp16-grads": {"dtype": "fp16", "grad_reduce": "fp16"}}
+                "fp16-grads": {"dtype": "fp16", "grad_reduce": "fp16"},
+                "bf16-moments": {"optimizer_states": "bf16-moments"}}
 
 
 @pytest.mark.parametrize("trainer,fmt,name", TRAINERS, ids=[t[2] for t in TRAINERS])

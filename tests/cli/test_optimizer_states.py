@@ -95,7 +95,7 @@ def test_scale_takes_it(cli, autotune_proc) -> None:
     assert all(p["status"] == "OPTIMAL" and p["plan"]["zero"] == 1 for p in doc["points"])
     assert (doc["grad_reduce"], doc["optimizer_states"]) == ("bf16", "bf16")
     proc = autotune_proc("scale", *job, "--optimizer-states", "bf16", "--trainer", "torchtitan")
-    assert proc.returncode == 1 and "torchtitan keeps fp32 Adam states" in proc.stderr
+    assert proc.returncode == 1 and "torchtitan keeps fp32, bf16-moments Adam states" in proc.stderr
 
 
 def test_emitting_for_a_trainer_without_it_says_what_its_config_keeps(cli, autotune_proc, tmp_path: Path) -> None:

@@ -151,6 +151,20 @@ def test_torchtitan_030_accepts(name, tmp_path, tt030):
         assert report["grad_accum"] == plan.num_microbatches
 
 
+def test_bf16_adam_moments_are_torchtitans_own_optimizer(tmp_path, tt030):
+    """--optimizer-states bf16-moments: torchtitan 0.3.0 parses optimizer.implementation fused_opt_states_bf16 (its
+    fused AdamW with bf16 moments beside fp32 parameters); the 0.2.x TOML has none and says so."""
+    inp = scenario("even")
+    inp = dataclasses.replace(inp, job=dataclasses.replace(inp.job, optimizer_states="bf16-moments"))
+    report = tt030.validate_cli(launched_argv(inp, tmp_path), inp.plan.num_gpus, virtual_stage_layers(inp.plan))
+    assert report["optimizer_implementation"] == "fused_opt_states_bf16"
+    toml = emit_torchtitan(inp, fmt="toml")
+    assert "implementation" not in dict(toml.files)["torchtitan.toml"]
+    assert any("torchtitan 0.2.x has no bf16 Adam states" in w for w in toml.warnings)
+    plain = tt030.validate_cli(launched_argv(scenario("even"), tmp_path), inp.plan.num_gpus)
+    assert plain["optimizer_implementation"] == "fused"
+
+
 def _swap(argv: list[str], flag: str, *values: str) -> list[str]:
     """argv with `flag` and its values replaced by `flag *values` (dropped when no values are given)."""
     i = j = argv.index(flag)

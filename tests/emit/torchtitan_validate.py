@@ -210,6 +210,7 @@ def validate_cli(argv: list[str], world_size: int, expect: list[int] | None = No
         model_config = cfg.model_spec.model
         model_config.update_from_config(config=cfg)
         report = {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "grad_accum": grad_accum,
+                  "optimizer_implementation": cfg.optimizer.implementation,
                   "ac": "none" if cfg.activation_checkpoint is None else
                   type(cfg.activation_checkpoint).__qualname__.split(".")[0]}
         with torch.device("meta"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from autotune.catalog import load_hardware
@@ -20,9 +20,10 @@ from autotune.errors import InfeasibleError
 from autotune.search import partition
 from autotune.search.partition import solve_partition
 from autotune.search.planner import PlanResult, search
-from autotune.search.space import Candidate, SearchSpace
+from autotune.search.space import Candidate, SearchSpace, enumerate_candidates, for_trainer
 from autotune.search.tables import candidate_costs
 from autotune.specs.job import JobSpec
+from autotune.specs.trainers import TRAINER_CAPS
 from autotune.specs.plan import is_even_split
 from autotune.units import SOLVER_TIME_UNIT_S
 from ._instances import Instance, fitting_bucket, instances, single_gpu_peak, tiny_model, with_memory
@@ -191,6 +192,32 @@ def test_bf16_optimizer_states_match_brute_force(inst: Instance, grad_reduce: st
     res = assert_planner_matches(inst, replace(space, buckets=_distinct(s // 2, s)), top_k=1)
     assert res is None or res.best.plan.zero == 1
     note(res)
+
+
+@pytest.mark.slow
+@settings(RANDOM, max_examples=20)
+@given(inst=instances())
+def test_torchtitan_bf16_moments_match_brute_force(inst: Instance) -> None:
+    """torchtitan's bf16 moments (fused_opt_states_bf16) are costed under every ZeRO stage it runs, FSDP included:
+    the planner restricted to torchtitan still finds the brute-force optimum over them."""
+    inst = replace(inst, job=replace(inst.job, trainer="torchtitan", optimizer_states="bf16-moments"))
+    space = for_trainer(SearchSpace(tp_overlap=(False,)), TRAINER_CAPS["torchtitan"])
+    assume(any(True for _ in inst.candidates(space)))  # torchtitan runs some layout of the instance
+    s = fitting_bucket(inst, space)
+    note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 2, s)), top_k=1))
+
+
+def test_torchtitan_bf16_moments_keep_fsdp_in_the_space() -> None:
+    """Megatron's 16-bit states leave only its distributed optimizer (zero 1); torchtitan's bf16 moments keep
+    FSDP (zero 3) and replication (zero 0)."""
+    model = tiny_model(layers=4, hidden=256, heads=8, ffn=512, vocab=32000)
+    hw = replace(load_hardware("h100-sxm"), gpus_per_node=4)
+    stages = {}
+    for trainer in ("megatron", "torchtitan"):
+        job = JobSpec(global_batch=8, seq_len=1024, trainer=trainer, optimizer_states="bf16-moments")
+        space = for_trainer(SearchSpace(), TRAINER_CAPS[trainer])
+        stages[trainer] = {c.zero for c in enumerate_candidates(model, job, 4, hw.gpus_per_node, space)}
+    assert stages == {"megatron": {1}, "torchtitan": {0, 3, 1}}
 
 
 @settings(RANDOM, max_examples=15)
