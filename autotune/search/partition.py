@@ -319,6 +319,12 @@ def _solver(branching: str, conflicts: int | None, budget: Budget):
     # Level 2 puts the bucket-enforced sync constraints into the LP relaxation; without it the objective
     # bound stays weak and CP-SAT can stall on even a 2-stage model.
     solver.parameters.linearization_level = 2
+    # Presolve is most of a small model's solve, and of the planner's typical one (proving that nothing beats the
+    # best plan): two presolve rounds instead of three and probing at effort 1 instead of 2 prove the same in less
+    # time (llama3-70b scale sweep, its 69 solves at 1024-16384 GPUs: 6.2 -> 4.6 s of CP-SAT with the same
+    # statuses and objectives; the reference plans are byte-identical, the reference cases no slower).
+    solver.parameters.max_presolve_iterations = 2
+    solver.parameters.cp_model_probing_level = 1
     solver.parameters.search_branching = getattr(cp_model, branching)
     if conflicts is not None:
         solver.parameters.max_number_of_conflicts = conflicts
