@@ -61,6 +61,25 @@ def grad_reduce(config: dict[str, Any], dtype: str, notes: list[str]) -> str:
     return accum
 
 
+def optimizer_states(config: dict[str, Any], zero: int, notes: list[str]) -> str:
+    """JobSpec.optimizer_states of a bf16 config: bf16.bf16_master_weights_and_grads with bf16_optimizer_states keeps
+    bf16 master weights and Adam moments ('bf16': the same bytes as Megatron's remainders, 2 + 2 + (2 + 4)/d); what
+    DeepSpeed's config check refuses is refused (runtime/config.py: either needs ZeRO 1-3, the states need the
+    master weights); bf16 master weights beside fp32 moments are costed as fp32 states, with a note."""
+    section = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
+    master, states = section.get("bf16_master_weights_and_grads") is True, section.get("bf16_optimizer_states") is True
+    if (master or states) and zero == 0:
+        raise SpecError("bf16.bf16_master_weights_and_grads / bf16_optimizer_states need ZeRO stage 1, 2 or 3 "
+                        "(DeepSpeed's config check); set zero_optimization.stage or drop them")
+    if states and not master:
+        raise SpecError("bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads (DeepSpeed's config "
+                        "check); add it or drop bf16_optimizer_states")
+    if master and not states:
+        notes.append("bf16 master weights beside fp32 Adam moments: costed as fp32 states (2 bytes per parameter "
+                     "over the ZeRO shards more than it keeps)")
+    return "bf16" if states else "fp32"
+
+
 def is_pipeline_file(doc: dict[str, Any]) -> bool:
     return "num_stages" in doc and "train_batch_size" not in doc
 
@@ -153,7 +172,8 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
         tp = gpus // (pp * cp * dp) if gpus % (pp * cp * dp) == 0 else tp
         notes.append(f"no ds_pipeline.json: pp 1 assumed and tp {tp} (--gpus / dp) from the mpu, which DeepSpeed's "
                      "JSON does not hold")
-    return Reading(trainer="deepspeed", tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1, num_microbatches=gas,
+    states = optimizer_states(config, zero, notes) if bf16 is True else "fp32"
+    return Reading(trainer="deepspeed", optimizer_states=states, tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1, num_microbatches=gas,
                    global_batch=tbs, seq_len=None, recompute="full" if interval else "none", zero=zero,
                    sequence_parallel=sp, layers_per_stage=layers, split="deepspeed", bucket_size=bucket,
                    dtype="fp16" if fp16 is True else "bf16",

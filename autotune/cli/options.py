@@ -99,7 +99,7 @@ OptimizerStatesOpt = Annotated[str, typer.Option(
     help="Adam's state: bf16 is Megatron's precision-aware optimizer (ZeRO-1) with bf16 moments as "
          "Megatron-LM runs it (master weights kept as 16-bit remainders); bf16-moments as it runs under a "
          "non-delayed fp8 recipe, Megatron-Bridge's default (fp32 master weights), and torchtitan 0.3's "
-         "fused_opt_states_bf16 (any ZeRO stage).")]
+         "fused_opt_states_bf16 (any ZeRO stage); DeepSpeed keeps bf16 as bf16 master weights (ZeRO 1-3).")]
 KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
                                                 help="Whose kernels and overlap to cost (default: the --trainer, "
                                                      "else megatron).")]

@@ -22,6 +22,7 @@ from autotune.emit.quote import json_text
 from autotune.emit.runfiles import (REQUIRED_ENV, launch_shape, nccl_env_block, nodes_block, required_env_block,
                                      sbatch_script, schedule)
 from autotune.errors import InvalidPlanError, SpecError
+from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from autotune.specs.trainers import DEEPSPEED_MOE, TRAINER_CAPS, refusal
@@ -132,7 +133,7 @@ def _ds_config(inp: EmitInput, interval: int, warnings: list[str]) -> dict[str, 
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
         "zero_optimization": _zero(plan),
-        **_precision(job.dtype, warnings),
+        **_precision(job, warnings),
         **_optimizer(inp),
     }
     if plan.pp > 1:
@@ -183,11 +184,17 @@ def _zero(plan: Plan) -> dict[str, Any]:
     return zero
 
 
-def _precision(dtype: str, warnings: list[str]) -> dict[str, Any]:
+def _precision(job: JobSpec, warnings: list[str]) -> dict[str, Any]:
+    dtype = job.dtype
     if dtype == "fp8":
         warnings.append("dtype fp8: DeepSpeed's config has no fp8 training mode (that comes from Transformer "
                         "Engine in the model code); emitted bf16, which is slower than predicted")
-    return {"bf16": {"enabled": dtype != "fp16"}, "fp16": {"enabled": dtype == "fp16"}}
+    bf16: dict[str, Any] = {"enabled": dtype != "fp16"}
+    if job.optimizer_states == "bf16" and dtype != "fp16":
+        # bf16 master weights and gradients, bf16 Adam moments: 2 + 2 + (2 + 4)/d bytes, what --optimizer-states
+        # bf16 costs (the master weights are whole bf16, where Megatron keeps the fp32 ones' lost bits)
+        bf16 |= {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    return {"bf16": bf16, "fp16": {"enabled": dtype == "fp16"}}
 
 
 # ------------------------------------------------------------------------------------------------ ds_pipeline.json

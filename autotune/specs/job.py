@@ -22,9 +22,12 @@ def state_zero_stages(trainer: str, optimizer_states: str) -> tuple[int, ...]:
     """ZeRO stages an Adam state layout is costed under with `trainer`: fp32 under any; 16-bit states in Megatron's
     distributed optimizer (1) only (its precision-aware optimizer needs one; its FSDP keeps fp32 master weights);
     torchtitan's bf16 moments (optimizer.implementation fused_opt_states_bf16: fp32 parameters, bf16 Adam states,
-    any optimizer placement) under any of its stages."""
+    any optimizer placement) under any of its stages; DeepSpeed's bf16 master weights and states
+    (bf16_master_weights_and_grads, bf16_optimizer_states) under ZeRO 1-3, which its config check asks for."""
     if optimizer_states == "fp32" or (trainer == "torchtitan" and optimizer_states == "bf16-moments"):
         return (0, 1, 2, 3)
+    if trainer == "deepspeed" and optimizer_states == "bf16":
+        return (1, 2, 3)
     return (1,)
 
 

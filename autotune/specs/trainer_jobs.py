@@ -38,6 +38,10 @@ def check_job_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
     if caps is not None and job.optimizer_states not in caps.optimizer_states:
         raise SpecError(f"--optimizer-states {job.optimizer_states}: {caps.name} keeps "
                         f"{', '.join(caps.optimizer_states)} Adam states; use --optimizer-states fp32")
+    if caps is not None and caps.name == "deepspeed" and job.optimizer_states != "fp32" and job.dtype == "fp16":
+        raise SpecError(f"--optimizer-states {job.optimizer_states} with --dtype fp16: DeepSpeed keeps 16-bit Adam "
+                        "states with bf16 training only (bf16.bf16_optimizer_states); use --dtype bf16 or "
+                        "--optimizer-states fp32")
 
 
 def check_grad_reduce(caps: TrainerCaps | None, job: JobSpec) -> None:
@@ -55,12 +59,13 @@ def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
     (FSDP2's default), FP8 only in the 0.2.x TOML (float8 converters; the 0.3.0 overrides write none); DeepSpeed:
     fp16 or bf16 (no FP8), fused kernels, gradients in that dtype (runs_grad_reduce); only Megatron drops tokens at
     a capacity factor; Adam states as the trainer keeps them (TrainerCaps.optimizer_states; torchtitan's bf16 moments
-    in its 0.3.0 overrides, not the 0.2.x TOML), else fp32.
+    in its 0.3.0 overrides, not the 0.2.x TOML; DeepSpeed's bf16 master weights and states with bf16 training), else
+    fp32.
     `fmt`: torchtitan's format, "cli" (the default) or "toml"."""
     out = replace(job, trainer=trainer)  # type: ignore[arg-type]
     caps = TRAINER_CAPS.get(trainer)
     kept = caps is not None and job.optimizer_states in caps.optimizer_states and not (
-        trainer == "torchtitan" and fmt == "toml")
+        (trainer == "torchtitan" and fmt == "toml") or (trainer == "deepspeed" and job.dtype == "fp16"))
     if not kept:
         out = replace(out, optimizer_states="fp32")
     if trainer != "megatron":  # only Megatron's config drops tokens at a capacity (emit: capacity_warning)

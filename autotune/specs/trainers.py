@@ -138,6 +138,8 @@ TRAINER_CAPS: dict[str, TrainerCaps] = {
         # its sequence parallelism is DeepSpeed-Ulysses (all-to-all), not the ring attention autotune costs; with a
         # pipeline, deepspeed.initialize takes dp from the topology (dp*cp) and rejects the batch
         cp=False, cp_with_pp=False, split="deepspeed", selective_recompute=False, partial_recompute=False,
+        # bf16.bf16_master_weights_and_grads + bf16_optimizer_states (bf16 training, ZeRO 1-3): Megatron's bf16 bytes
+        optimizer_states=("fp32", "bf16"),
         source="DeepSpeed 0.19.8: PipelineModule's 1F1B TrainSchedule, partition_method 'type:transformer', "
                "activation_checkpoint_interval (whole layers)"),
     "colossalai": TrainerCaps(

@@ -390,3 +390,25 @@ def test_moe_enable_deepep_is_read_as_megatron_core_takes_it() -> None:
     assert read_megatron(moe + "--moe-token-dispatcher-type flex\n").moe_dispatcher == "deepep"
     with pytest.raises(SpecError, match="--moe-enable-deepep needs --moe-token-dispatcher-type flex"):
         read_megatron(moe + "--moe-token-dispatcher-type alltoall\n")
+
+
+@pytest.mark.parametrize("bf16,zero,expected", [
+    ({"enabled": True}, 1, "fp32"),
+    ({"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, 1, "bf16"),
+    ({"enabled": True, "bf16_master_weights_and_grads": True}, 2, "fp32 noted"),
+    ({"enabled": True, "bf16_optimizer_states": True}, 1, "needs bf16.bf16_master_weights_and_grads"),
+    ({"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, 0, "need ZeRO stage"),
+])
+def test_deepspeed_bf16_master_weights_and_states(bf16: dict, zero: int, expected: str) -> None:
+    """DeepSpeed's bf16 master weights and Adam states read back as 'bf16' states; what its config check refuses
+    (runtime/config.py) is refused in one line; master weights alone are costed as fp32 states, with a note."""
+    from autotune.check.deepspeed_json import optimizer_states
+
+    notes: list[str] = []
+    config = {"bf16": bf16, "zero_optimization": {"stage": zero}}
+    if expected.startswith("need"):
+        with pytest.raises(SpecError, match=expected):
+            optimizer_states(config, zero, notes)
+        return
+    assert optimizer_states(config, zero, notes) == expected.split()[0]
+    assert bool(notes) == expected.endswith("noted")

@@ -84,7 +84,9 @@ def as_run_job(inp: EmitInput, trainer: str, fmt: str | None):
     # Megatron's precision-aware optimizer keeps bf16 Adam states; torchtitan 0.3.0's fused_opt_states_bf16 keeps
     # bf16 moments beside fp32 parameters (the 0.2.x TOML has no such optimizer)
     tt_moments = trainer == "torchtitan" and fmt != "toml" and inp.job.optimizer_states == "bf16-moments"
-    if trainer != "megatron" and not tt_moments:
+    # DeepSpeed's bf16_master_weights_and_grads + bf16_optimizer_states: bf16 training's master weights and moments
+    ds_states = trainer == "deepspeed" and inp.job.dtype != "fp16" and inp.job.optimizer_states == "bf16"
+    if trainer != "megatron" and not (tt_moments or ds_states):
         job = replace(job, optimizer_states="fp32")
     if trainer == "torchtitan":
         dtype = "fp8" if inp.job.dtype == "fp8" and fmt == "toml" else "bf16"

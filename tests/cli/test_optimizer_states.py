@@ -84,9 +84,26 @@ def test_estimate_defaults_to_the_distributed_optimizer_it_needs(cli) -> None:
 
 
 def test_plan_for_a_trainer_without_it_is_refused(autotune_proc) -> None:
-    proc = autotune_proc("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8",
-                         "--seq-len", "4096", "--optimizer-states", "bf16", "--trainer", "deepspeed")
-    assert proc.returncode == 1 and "deepspeed keeps fp32 Adam states" in proc.stderr
+    job = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8", "--seq-len", "4096")
+    proc = autotune_proc("plan", *job, "--optimizer-states", "bf16-moments", "--trainer", "deepspeed")
+    assert proc.returncode == 1 and "deepspeed keeps fp32, bf16 Adam states" in proc.stderr
+    proc = autotune_proc("plan", *job, "--optimizer-states", "bf16", "--trainer", "deepspeed", "--dtype", "fp16")
+    assert proc.returncode == 1 and "DeepSpeed keeps 16-bit Adam states with bf16 training only" in proc.stderr
+
+
+def test_deepspeed_plans_its_bf16_master_weights(cli, autotune_proc, tmp_path: Path) -> None:
+    """DeepSpeed's bf16 master weights and moments (ZeRO 1-3): the plan keeps them, ds_config.json sets them and
+    `check` reads them back as the same job and step time."""
+    job = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096")
+    doc = _json(cli, "plan", *job, "--optimizer-states", "bf16", "--trainer", "deepspeed", "--out", str(tmp_path))
+    assert doc["job"]["optimizer_states"] == "bf16" and doc["plan"]["zero"] in (1, 2, 3)
+    config = json.loads((tmp_path / "ds_config.json").read_text())
+    assert config["bf16"]["bf16_optimizer_states"] is True
+    proc = autotune_proc("check", str(tmp_path / "ds_config.json"), "--model", "llama3-8b", "--gpu", "h100-sxm",
+                         "--gpus", "16", "--seq-len", "4096", "--json")
+    assert proc.returncode == 0, proc.stderr
+    read = json.loads(proc.stdout)
+    assert read["job"]["optimizer_states"] == "bf16" and read["step_time_s"] == doc["step_time_s"]
 
 
 def test_scale_takes_it(cli, autotune_proc) -> None:

@@ -114,7 +114,9 @@ def validate(files: dict[str, str], workdir: Path) -> dict[str, Any]:
     return {"dp": cfg.world_size, "train_batch_size": cfg.train_batch_size,
             "micro_batch": cfg.train_micro_batch_size_per_gpu, "grad_accum": cfg.gradient_accumulation_steps,
             "zero": int(cfg.zero_optimization_stage), "bf16": cfg.bfloat16_config.enabled,
-            "fp16": cfg.float16_config.enabled, "stages": pp, "layers": got}
+            "fp16": cfg.float16_config.enabled, "stages": pp, "layers": got,
+            "bf16_states": (cfg.bfloat16_config.bf16_optimizer_states
+                            and cfg.bfloat16_config.bf16_master_weights_and_grads)}
 
 
 def main(argv: list[str]) -> int:

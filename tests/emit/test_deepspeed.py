@@ -116,6 +116,21 @@ def test_wrong_dp_is_rejected():
         dsv.deepspeed_config(_config(GOLDEN["even"]), dp=8)
 
 
+def test_bf16_adam_states_are_deepspeeds_bf16_master_weights(tmp_path):
+    """--optimizer-states bf16: bf16.bf16_master_weights_and_grads and bf16_optimizer_states, which DeepSpeed's own
+    config check takes with ZeRO 1 (the golden plan's) and refuses with ZeRO 0; fp32 states set neither."""
+    inp = GOLDEN["even"]
+    bf16 = replace(inp, job=replace(inp.job, optimizer_states="bf16"))
+    assert inp.plan.zero == 1 and dsv.validate(_files(bf16), tmp_path)["bf16_states"] is True
+    assert _config(bf16)["bf16"] == {"enabled": True, "bf16_master_weights_and_grads": True,
+                                     "bf16_optimizer_states": True}
+    assert _config(inp)["bf16"] == {"enabled": True}
+    config = _config(bf16)
+    config["zero_optimization"]["stage"] = 0
+    with pytest.raises(AssertionError, match="only supported with ZeRO Stage 1, 2, or 3"):
+        dsv.deepspeed_config(config, dp=4, pp=2)
+
+
 def test_zero_stage_5_is_rejected():
     config = _config(GOLDEN["even"])
     config["zero_optimization"]["stage"] = 5
