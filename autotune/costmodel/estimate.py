@@ -307,8 +307,14 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
         return times[size]
 
     worst = slack = 0.0  # stages alike (most of them) expose alike: each shape's exposure is computed once
+    last = None
     for params, w in zip([s.params for s in stages], [s.bwd_s if window == "bwd" else s.fwd_s for s in stages]):
-        exposure = exposures.get((params, w))
+        if last is not None and params == last[0] and w == last[1]:
+            # a stage like the one before exposes as much with more slack (w >= 0): it cannot be the worst
+            slack += w
+            continue
+        last = params, w
+        exposure = exposures.get(last)
         if exposure is None:
             if len(exposures) >= EXPOSURE_MEMO:  # bounded, as the other memos: a long search meets many shapes
                 exposures.clear()

@@ -328,9 +328,9 @@ def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
 
 
 #: Ranks from which makespan walks wavefronts (at most one pass per rank each) in numpy rather than passes in
-#: Python: a numpy step costs about as much as 20 passes in Python (measured on 1f1b and zb-h1: twice as
-#: fast at 64 ranks; at 32 only as fast, so grouping the graph would not pay back).
-WAVEFRONT_MIN_PP = 48
+#: Python: a numpy step costs about as much as 15 passes in Python (measured on 1f1b, zb-h1 and interleaved:
+#: twice as fast at 64 ranks, 1.2 to 2 times at 32; at 16 slower for 1f1b, so the line is drawn at 32).
+WAVEFRONT_MIN_PP = 32
 
 
 @cache

@@ -281,6 +281,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     memo = {} if memo is None else memo  # middle stages with equal layer counts cost the same:
     shared, memories, built = (memo.setdefault(k, {}) for k in ("shared", "memories", "built"))
     out = []
+    run = None  # (n, placement, dense layers, peak) of the stage before, whose parts the next one may reuse
     for index, n in enumerate(plan.layers_per_stage):
         stage = built.get((index, n))
         if stage is not None:
@@ -288,6 +289,12 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             continue
         place, pid = placements[index]
         dense = min(chunk_layers(n, v)[0], dense_first) if index == 0 else 0  # rank 0's first chunk opens the model
+        peak = peaks[index]
+        if run == (n, pid, dense, peak):  # middle ranks come in runs alike: skip the memo look-ups
+            stage = built[index, n] = StageCost(index, *fields, memory, *tail)
+            out.append(stage)
+            continue
+        run = (n, pid, dense, peak)
         key = (n, pid, dense)
         costs = shared.get(key)
         if costs is None:
@@ -316,13 +323,13 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
                 tuple(n * per + f - dense * c for per, f, c in zip(per_state, fixed, credit)),
                 rc * layer.act.full + (biggest - rc) * act_base, (layer.act.none if rc else 0) + transient_zero3)
         fields, tail, state, act_chunk, transient = costs
-        peak = peaks[index]
-        memory = memories.get(key + (peak,))
+        memory = memories.get(run)
         if memory is None:  # ranks alike in layers, placement, dense layers and peak hold alike
-            memory = memories[key + (peak,)] = StageMemory(
+            memory = memories[run] = StageMemory(
                 weights=state[0], gradients=state[1], optimizer=state[2],
                 activations=(peak + extra_in_flight) * act_chunk,
-                vocab_activations=vocab_activations(plan, place, peak, vocab), transient=transient)
+                vocab_activations=vocab_activations(plan, place, peak, vocab) if place.embed or place.head else 0,
+                transient=transient)
         stage = built[index, n] = StageCost(index, *fields, memory, *tail)  # positional: 19 keywords cost 30% more
         out.append(stage)
     return tuple(out)
