@@ -37,11 +37,58 @@ class PassIds:
 
 def pass_ids(schedule: str, pp: int, v: int, m: int, orders: Sequence[Sequence[Pass]]) -> PassIds:
     """Number the passes of the rank orders (pipeline.rank_orders) of a schedule with v chunks per rank."""
+    return _numbered(schedule, pp, v, m, np.array([_KIND[op.kind] for order in orders for op in order]),
+                     np.array([op.chunk for order in orders for op in order]),
+                     np.array([op.microbatch for order in orders for op in order]), [len(order) for order in orders])
+
+
+def fixed_pass_ids(schedule: str, pp: int, v: int, m: int) -> PassIds:
+    """pass_ids of a fixed order (1f1b, zb-h1, interleaved: pipeline.rank_orders), the same arrays built from
+    the orders' rules in numpy: building a large order's Pass objects and reading them back was most of the
+    first estimate of a new (schedule, pp, m) (issue 13; tests/costmodel/test_schedules.py compares them)."""
+    kinds, chunks, js = [], [], []
+    for rank in range(pp):
+        kind, chunk, j = _rank_order(schedule, rank, pp, v, m)
+        kinds.append(kind)
+        chunks.append(chunk)
+        js.append(j)
+    return _numbered(schedule, pp, v, m, np.concatenate(kinds), np.concatenate(chunks), np.concatenate(js),
+                     [len(k) for k in kinds])
+
+
+def _rank_order(schedule: str, rank: int, pp: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One rank's (kind, chunk, micro-batch) arrays, as pipeline._one_f_one_b, _zb_h1 and _interleaved order
+    them: the warm-up's forwards, then a forward (while any is left) and a backward per step, then (zb-h1)
+    the weight gradient `rank` backwards behind, then the drain."""
+    total = m * v  # chunk-passes of each kind
+    warmup = min((pp - rank - 1) * 2 + (v - 1) * pp, total) if schedule == "interleaved" else min(pp - rank - 1, m)
+    k = np.arange(total)
+    steady = total - warmup
+    # per step: F(warmup + k) while k < steady, B(k), and for zb-h1 W(k - rank) once k >= rank
+    width = 3 if schedule == "zb-h1" else 2
+    kind = np.empty((total, width), dtype=np.int64)
+    idx = np.empty((total, width), dtype=np.int64)
+    keep = np.ones((total, width), dtype=bool)
+    kind[:, 0], idx[:, 0], keep[:, 0] = 0, warmup + k, k < steady
+    kind[:, 1], idx[:, 1] = 1, k
+    if width == 3:
+        kind[:, 2], idx[:, 2], keep[:, 2] = 2, k - rank, k >= rank
+    kind = np.concatenate((np.zeros(warmup, dtype=np.int64), kind[keep]))
+    idx = np.concatenate((np.arange(warmup), idx[keep]))
+    if width == 3:  # the weight gradients still pending
+        rest = np.arange(max(m - rank, 0), m)
+        kind = np.concatenate((kind, np.full(len(rest), 2)))
+        idx = np.concatenate((idx, rest))
+    if schedule != "interleaved":
+        return kind, np.zeros(len(kind), dtype=np.int64), idx
+    group = (idx // pp) % v  # pipeline._interleaved's chunk_pass: forwards walk the chunks up, backwards down
+    chunk = np.where(kind == 0, group, v - 1 - group)
+    return kind, chunk, (idx // (pp * v)) * pp + idx % pp
+
+
+def _numbered(schedule: str, pp: int, v: int, m: int, kind: np.ndarray, chunk: np.ndarray, j: np.ndarray,
+              lengths: list[int]) -> PassIds:
     stages = pp * v
-    lengths = [len(order) for order in orders]
-    kind = np.array([_KIND[op.kind] for order in orders for op in order])
-    chunk = np.array([op.chunk for order in orders for op in order])
-    j = np.array([op.microbatch for order in orders for op in order])
     rank = np.repeat(np.arange(pp), lengths)
     # the virtual stage of (rank, chunk): pipeline.virtual_stage over every pass at once
     s = np.where(chunk == 0, rank, 2 * pp - 1 - rank) if schedule == "v-half" else chunk * pp + rank
@@ -51,3 +98,23 @@ def pass_ids(schedule: str, pp: int, v: int, m: int, orders: Sequence[Sequence[P
     need = np.select([kind == 0, kind == 2, s < stages - 1],
                      [np.where(s > 0, own - m, none), own - stages * m, own + m], s * m + j)
     return PassIds(own, need, rank, (rank * v + chunk) * 3 + kind, np.cumsum([0] + lengths[:-1]), none)
+
+
+def round_robin_places(ids: PassIds, deadlock: str) -> list[int]:
+    """Each pass id's place in a topological order (the `none` entry: 0), found walking the ranks round robin,
+    each as far as its dependencies allow (pipeline._graph's order). `deadlock`: the error if none can go on."""
+    owns, needs = ids.rank_lists()
+    index = [-1] * ids.none + [0]  # pass id -> place in the order; `none` (no dependency) is always placed
+    ptr = [0] * len(owns)
+    n, total = 0, len(ids.own)
+    while n < total:
+        start = n
+        for r, (own, need) in enumerate(zip(owns, needs)):
+            k, stop = ptr[r], len(own)
+            while k < stop and index[need[k]] >= 0:
+                index[own[k]] = n
+                n, k = n + 1, k + 1
+            ptr[r] = k
+        if n == start:
+            raise AssertionError(deadlock)
+    return index

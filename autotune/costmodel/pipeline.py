@@ -37,7 +37,7 @@ from typing import Literal
 
 import numpy as np
 
-from autotune.costmodel.passids import pass_ids
+from autotune.costmodel.passids import PassIds, fixed_pass_ids, pass_ids, round_robin_places
 from autotune.costmodel.wavefront import Wavefronts, wavefront_makespan, wavefronts
 
 Kind = Literal["F", "B", "W"]
@@ -252,38 +252,48 @@ class _Graph:
     dep_at: tuple[int, ...]  # entry 1 -inf (no dependency), pass k is entry k + 2
 
 
-@cache
-def _graph(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> _Graph:
-    orders = rank_orders(schedule, pp, vpp, m, ticks)
+def _ids(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> PassIds:
+    """The schedule's passes as integers: a fixed order's from its rules (passids.fixed_pass_ids), without
+    building its Pass objects; v-half's (built by a search) and an interleaved order off Megatron's rule
+    (m % pp != 0) from the orders themselves."""
     v = chunks_per_rank(schedule, vpp)
-    ids = pass_ids(schedule, pp, v, m, orders)
-    owns, needs = ids.rank_lists()
-    index = [-1] * ids.none + [0]  # pass id -> place in the order; `none` (no dependency) is always placed
-    ptr = [0] * pp
-    n, total = 0, len(ids.own)
-    while n < total:  # round robin over the ranks, each as far as its dependencies allow
-        start = n
-        for r in range(pp):
-            own, need, k = owns[r], needs[r], ptr[r]
-            stop = len(own)
-            while k < stop and index[need[k]] >= 0:
-                index[own[k]] = n
-                n, k = n + 1, k + 1
-            ptr[r] = k
-        if n == start:
-            raise AssertionError(f"{schedule} order deadlocks for pp={pp}, vpp={vpp}, m={m}")
+    if (schedule in ("1f1b", "zb-h1") and v == 1) or (schedule == "interleaved" and m % pp == 0):
+        return fixed_pass_ids(schedule, pp, v, m)
+    return pass_ids(schedule, pp, v, m, rank_orders(schedule, pp, vpp, m, ticks))
+
+
+@cache
+def _placed(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> tuple[PassIds, np.ndarray, np.ndarray,
+                                                                            np.ndarray]:
+    """_graph's order without the passes (makespan needs none): the ids, the pass in rank order (q) at each
+    place k, and the place of each one's rank predecessor and dependency (-1: none)."""
+    ids = _ids(schedule, pp, vpp, m, ticks)
+    total = len(ids.own)
+    at = np.array(round_robin_places(ids, f"{schedule} order deadlocks for pp={pp}, vpp={vpp}, m={m}"))
     # every pass's place k, and from it the order's arrays, computed over the passes in rank order (q)
-    at = np.array(index)
     place = at[ids.own]  # q -> k
     seq = np.empty(total, dtype=np.int64)
     seq[place] = np.arange(total)  # k -> q
     prev = np.concatenate(([-1], place[:-1]))
     prev[ids.starts] = -1  # a rank's first pass follows nothing
-    prev, dep = prev[seq], np.where(ids.need == ids.none, -1, at[ids.need])[seq]
-    ops = [op for order in orders for op in order]
+    return ids, seq, prev[seq], np.where(ids.need == ids.none, -1, at[ids.need])[seq]
+
+
+@cache
+def _chain(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> tuple[tuple[int, ...], ...]:
+    """_Graph's slots, prev_at and dep_at, all makespan's loop reads."""
+    ids, seq, prev, dep = _placed(schedule, pp, vpp, m, ticks)
+    return (tuple(ids.slot[seq].tolist()), tuple(np.where(prev >= 0, prev + 2, 0).tolist()),
+            tuple(np.where(dep >= 0, dep + 2, 1).tolist()))
+
+
+@cache
+def _graph(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> _Graph:
+    ids, seq, prev, dep = _placed(schedule, pp, vpp, m, ticks)
+    slots, prev_at, dep_at = _chain(schedule, pp, vpp, m, ticks)
+    ops = [op for order in rank_orders(schedule, pp, vpp, m, ticks) for op in order]
     return _Graph(tuple(ids.rank[seq].tolist()), tuple([ops[q] for q in seq.tolist()]), tuple(prev.tolist()),
-                  tuple(dep.tolist()), v, tuple(ids.slot[seq].tolist()),
-                  tuple(np.where(prev >= 0, prev + 2, 0).tolist()), tuple(np.where(dep >= 0, dep + 2, 1).tolist()))
+                  tuple(dep.tolist()), chunks_per_rank(schedule, vpp), slots, prev_at, dep_at)
 
 
 Durations = tuple[tuple[tuple[float, float, float], ...], ...]
@@ -318,10 +328,10 @@ def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
     flat = flat_durations(schedule, durations)
     if pp >= WAVEFRONT_MIN_PP:
         return wavefront_makespan(_wavefronts(schedule, pp, vpp, m, ticks), flat)
-    g = _graph(schedule, pp, vpp, m, ticks)
-    end = [0.0, -math.inf]  # then one entry per pass, in g's order (see _Graph.prev_at, dep_at)
+    slots, prev_at, dep_at = _chain(schedule, pp, vpp, m, ticks)
+    end = [0.0, -math.inf]  # then one entry per pass, in _graph's order (see _Graph.prev_at, dep_at)
     push = end.append
-    for p, d, x in zip(g.prev_at, g.dep_at, map(flat.__getitem__, g.slots)):
+    for p, d, x in zip(prev_at, dep_at, map(flat.__getitem__, slots)):
         a, b = end[p], end[d]
         push((b if b > a else a) + x)
     return max(islice(end, 2, None))
@@ -335,8 +345,7 @@ WAVEFRONT_MIN_PP = 32
 
 @cache
 def _wavefronts(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> Wavefronts:
-    v = chunks_per_rank(schedule, vpp)
-    return wavefronts(pass_ids(schedule, pp, v, m, rank_orders(schedule, pp, vpp, m, ticks)))
+    return wavefronts(_ids(schedule, pp, vpp, m, ticks))
 
 
 def flat_durations(schedule: str, durations: Durations) -> list:

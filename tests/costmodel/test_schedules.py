@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.costmodel import critical, pipeline, schedules
+from autotune.costmodel import critical, passids, pipeline, schedules
 
 
 # ------------------------------------------------------------------------ an independent event simulator
@@ -227,6 +227,17 @@ def test_peak_closed_forms_count_the_orders():
         for schedule, v in (("1f1b", 1), ("zb-h1", 1), *(("interleaved", v) for v in range(2, 5) if m % p == 0)):
             assert pipeline.peak_in_flight(schedule, p, v, m) == pipeline._counted_peaks(schedule, p, v, m,
                                                                                         pipeline.UNIT_TICKS)
+
+
+def test_fixed_pass_ids_number_the_orders_themselves():
+    """The pass ids makespan builds from the fixed orders' rules are those of the orders' own Pass objects."""
+    for p, m in itertools.product(range(1, 10), list(range(1, 20)) + [32, 48]):
+        for schedule, v in (("1f1b", 1), ("zb-h1", 1), *(("interleaved", v) for v in range(2, 5) if m % p == 0)):
+            want = passids.pass_ids(schedule, p, v, m, pipeline.rank_orders(schedule, p, v, m))
+            got = passids.fixed_pass_ids(schedule, p, v, m)
+            for name in ("own", "need", "rank", "slot", "starts"):
+                assert getattr(got, name).tolist() == getattr(want, name).tolist(), (schedule, p, v, m, name)
+            assert got.none == want.none
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
