@@ -279,7 +279,11 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     extra_in_flight = vocab_parallel_in_flight(plan)
     placements = rank_placements(plan.schedule, plan.vocab, plan.pp, plan.vpp)
     memo = {} if memo is None else memo  # middle stages with equal layer counts cost the same:
-    shared, memories, built = (memo.setdefault(k, {}) for k in ("shared", "memories", "built"))
+    # The stages themselves are kept from a shape's second plan on (a partition search): a sweep or a search
+    # meets most shapes once, and stages kept alive for nothing made the garbage collector walk them (issue 13)
+    again = "shared" in memo
+    shared, memories = memo.setdefault("shared", {}), memo.setdefault("memories", {})
+    built = memo.setdefault("built", {}) if again else {}
     out = []
     run = None  # (n, placement, dense layers, peak) of the stage before, whose parts the next one may reuse
     for index, n in enumerate(plan.layers_per_stage):
