@@ -38,7 +38,7 @@ from typing import Literal
 import numpy as np
 
 from autotune.costmodel.passids import PassIds, fixed_pass_ids, pass_ids, round_robin_places
-from autotune.costmodel.wavefront import Wavefronts, wavefront_makespan, wavefronts
+from autotune.costmodel.wavefront import Wavefronts, closed_depths, wavefront_makespan, wavefronts
 
 Kind = Literal["F", "B", "W"]
 SPLIT_BACKWARD = ("zb-h1", "v-half")
@@ -345,7 +345,8 @@ WAVEFRONT_MIN_PP = 32
 
 @cache
 def _wavefronts(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> Wavefronts:
-    return wavefronts(_ids(schedule, pp, vpp, m, ticks))
+    ids = _ids(schedule, pp, vpp, m, ticks)
+    return wavefronts(ids, closed_depths(schedule, ids, pp, m))
 
 
 def flat_durations(schedule: str, durations: Durations) -> list:

@@ -32,9 +32,28 @@ class Wavefronts:
     dependencies; contiguous, which numpy gathers fastest) and the slice of the end table its passes fill."""
 
 
-def wavefronts(ids: PassIds) -> Wavefronts:
-    """Group a schedule's passes (passids.pass_ids of its rank orders) by depth, found walking the ranks round
-    robin as pipeline._graph does, each rank as far as its dependencies allow."""
+def wavefronts(ids: PassIds, guess: np.ndarray | None = None) -> Wavefronts:
+    """Group a schedule's passes (passids.pass_ids of its rank orders) by depth: `guess` (per pass in rank
+    order, closed_depths) where it is the depth, else found walking the ranks round robin as pipeline._graph
+    does, each rank as far as its dependencies allow."""
+    total = len(ids.own)
+    level = guess if guess is not None and _is_depth(ids, guess) else _walked_depths(ids)  # per pass in rank order
+    order = np.argsort(level, kind="stable")  # our pass k is pass order[k] in rank order
+    entry = np.empty(total + 2, dtype=np.int64)  # end-table entry of each pass in rank order, then start, none
+    entry[order] = np.arange(2, total + 2)
+    entry[total:] = (0, 1)
+    prev = np.arange(-1, total - 1)
+    prev[ids.starts] = total  # a rank's first pass follows the step's start
+    at = np.full(ids.none + 1, total + 1)  # pass id -> q; `none` -> the "no dependency" entry
+    at[ids.own] = np.arange(total)
+    inputs = np.stack((entry[prev[order]], entry[at[ids.need[order]]]))
+    bounds = (np.searchsorted(level[order], np.arange(1, int(level.max()) + 2)) + 2).tolist()
+    return Wavefronts(ids.slot[order], tuple((np.ascontiguousarray(inputs[:, a - 2:b - 2]), slice(a, b))
+                                             for a, b in pairwise(bounds)))
+
+
+def _walked_depths(ids: PassIds) -> np.ndarray:
+    """Each pass's depth (per pass in rank order), walking the ranks round robin."""
     owns, needs = ids.rank_lists()
     depth = [-1] * ids.none + [0]  # pass id -> depth (-1: not reached yet); `none` (no dependency) at 0
     reached, last = [0] * len(owns), [0] * len(owns)  # per rank: passes reached, the depth of the last one
@@ -50,19 +69,39 @@ def wavefronts(ids: PassIds) -> Wavefronts:
             reached[r], last[r] = k, at
         if count == before:
             raise AssertionError("the rank orders deadlock")
-    level = np.array(depth)[ids.own]  # per pass in rank order (q)
-    order = np.argsort(level, kind="stable")  # our pass k is pass order[k] in rank order
-    entry = np.empty(total + 2, dtype=np.int64)  # end-table entry of each pass in rank order, then start, none
-    entry[order] = np.arange(2, total + 2)
-    entry[total:] = (0, 1)
-    prev = np.arange(-1, total - 1)
-    prev[ids.starts] = total  # a rank's first pass follows the step's start
-    at = np.full(ids.none + 1, total + 1)  # pass id -> q; `none` -> the "no dependency" entry
-    at[ids.own] = np.arange(total)
-    inputs = np.stack((entry[prev[order]], entry[at[ids.need[order]]]))
-    bounds = (np.searchsorted(level[order], np.arange(1, int(level.max()) + 2)) + 2).tolist()
-    return Wavefronts(ids.slot[order], tuple((np.ascontiguousarray(inputs[:, a - 2:b - 2]), slice(a, b))
-                                             for a, b in pairwise(bounds)))
+    return np.array(depth)[ids.own]
+
+
+def _is_depth(ids: PassIds, depth: np.ndarray) -> bool:
+    """Whether `depth` (per pass in rank order) is each pass's depth: 1 + the larger of its rank predecessor's
+    and its dependency's (0 for none). Those equations have one solution on an acyclic graph (by induction
+    along any topological order) and none on a cyclic one (each edge would raise the depth), so a guess that
+    meets them all is the depth."""
+    at = np.zeros(ids.none + 1, dtype=np.int64)
+    at[ids.own] = np.arange(len(ids.own))
+    dep = np.where(ids.need == ids.none, 0, depth[at[ids.need]])
+    prev = np.concatenate(([0], depth[:-1]))
+    prev[ids.starts] = 0
+    return bool(np.array_equal(depth, np.maximum(prev, dep) + 1))
+
+
+def closed_depths(schedule: str, ids: PassIds, pp: int, m: int) -> np.ndarray | None:
+    """A guess of the passes' depths (per pass in rank order) for wavefronts, which checks it: walking a large
+    order pass by pass was most of the first estimate of a new (schedule, pp, m) with many ranks (issue 13).
+    With unit passes rank r runs its w = min(p-r-1, m) warm-up forwards and the forward after them at depths
+    r+1, r+2, ... and its first backward at 2p-r; from there 1F1B runs a forward at 2p-r+2t-1 and the t-th
+    backward at 2p-r+2t, and ZB-H1 (m >= p: its W passes fill every gap) one pass a step. None: no guess."""
+    if schedule not in ("1f1b", "zb-h1"):
+        return None
+    r = ids.rank
+    k = np.arange(len(ids.own)) - ids.starts[r]  # place in the rank's order
+    w = np.minimum(pp - r - 1, m)
+    first_b = w + (w < m)  # place of the first backward
+    if schedule == "zb-h1":
+        return np.where(k < first_b, r + k + 1, 2 * pp - r + (k - first_b))
+    j = ids.own % m  # micro-batch
+    forward = np.where(j <= w, r + j + 1, 2 * pp - r + 2 * (j - w) - 1)
+    return np.where(ids.own < pp * m, forward, 2 * pp - r + 2 * j)  # F passes are numbered first
 
 
 def wavefront_makespan(w: Wavefronts, flat: Sequence[float]) -> float:

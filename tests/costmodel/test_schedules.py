@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autotune.costmodel import critical, passids, pipeline, schedules
+from autotune.costmodel import critical, passids, pipeline, schedules, wavefront
 
 
 # ------------------------------------------------------------------------ an independent event simulator
@@ -238,6 +238,20 @@ def test_fixed_pass_ids_number_the_orders_themselves():
             for name in ("own", "need", "rank", "slot", "starts"):
                 assert getattr(got, name).tolist() == getattr(want, name).tolist(), (schedule, p, v, m, name)
             assert got.none == want.none
+
+
+def test_closed_depths_are_the_walked_depths_or_refused():
+    """wavefront.closed_depths is each pass's depth for 1F1B (any m) and ZB-H1 (m >= p); where it is not (ZB-H1
+    with fewer micro-batches than ranks), wavefronts' check refuses it and walks the order instead."""
+    for p, m in itertools.product(range(1, 14), list(range(1, 30)) + [64, 96]):
+        for schedule in ("1f1b", "zb-h1"):
+            ids = passids.fixed_pass_ids(schedule, p, 1, m)
+            guess, walked = wavefront.closed_depths(schedule, ids, p, m), wavefront._walked_depths(ids)
+            exact = guess.tolist() == walked.tolist()
+            assert exact or (schedule == "zb-h1" and m < p), (schedule, p, m)
+            assert wavefront._is_depth(ids, guess) == exact
+            guess[len(guess) // 2] += 1
+            assert not wavefront._is_depth(ids, guess)
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
