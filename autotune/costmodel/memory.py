@@ -13,6 +13,7 @@ All results are whole bytes so that the solver, the estimate and the validator a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from autotune.costmodel.ops import LayerShape
 from autotune.specs.job import StateBytes
@@ -240,6 +241,7 @@ def state_bytes(params: int, zero: int, shards: int, state: StateBytes = StateBy
     return whole_bytes(params * w), whole_bytes(params * g), whole_bytes(params * o)
 
 
+@lru_cache(maxsize=65536)  # pure: every stage kind of every estimate asks, and few (params, ZeRO, shards) recur
 def split_state_bytes(params: int, experts: int, zero: int, shards: int, expert_shards: int,
                       state: StateBytes = StateBytes()) -> tuple[int, int, int]:
     """state_bytes of `params` parameters of which `experts` are routed experts, sharded by ZeRO over the

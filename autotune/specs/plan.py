@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any, Literal
 
 from autotune.errors import InvalidPlanError
@@ -163,6 +164,7 @@ def even_split(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+@lru_cache(maxsize=4096)  # pure, and asked several times for every stage kind of every estimate (issue 13)
 def chunk_layers(n: int, v: int) -> tuple[int, ...]:
     """Transformer layers of each of a rank's v model chunks: n split as evenly as possible, the extra layers on
     the earlier chunks (what Megatron's --pipeline-model-parallel-layout is emitted with)."""
