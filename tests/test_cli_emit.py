@@ -29,8 +29,8 @@ from autotune.specs.plan import even_split
 REPO = Path(__file__).resolve().parent.parent
 JOB = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64", "--seq-len", "4096",
        "--time-limit", "20")
-#: A pipeline plan (ZeRO-0: with a pipeline, torchtitan and Colossal-AI run no other stage).
-PIPE = (*JOB, "--pp", "2", "--zero", "0")
+#: A pipeline plan (each trainer picks its own ZeRO stage: DeepSpeed runs 1 with a pipeline, Colossal-AI 0).
+PIPE = (*JOB, "--pp", "2")
 #: An interleaved plan: DeepSpeed has no interleaved schedule, so it warns.
 INTERLEAVED = (*JOB, "--pp", "2", "--schedule", "interleaved", "--vpp", "2", "--cp", "1")
 

@@ -158,3 +158,14 @@ def test_torchtitan_plans_the_hub_config_of_a_model_it_ships(capsys, tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(doc))
     assert "catalog_name 'qwen3-30b-a3b' is not this model's catalog twin" in _error(
         capsys, "emit", "--plan", str(tmp_path / "plan.json"), "--trainer", "torchtitan")
+
+
+def test_deepspeed_pipelines_run_zero_1(capsys):
+    """Without ZeRO a DeepSpeed pipeline runs its BF16_Optimizer (a second gradient buffer, master weights sharded,
+    weights gathered after the step), which autotune does not cost: its pipelines are planned with ZeRO 1, and a
+    pin to ZeRO 0 says so in one line."""
+    assert _error(capsys, "plan", *JOB, "--pp", "2", "--zero", "0", "--trainer", "deepspeed") == (
+        "error: --zero 0 with --pp 2: --trainer deepspeed runs ZeRO 1 with a pipeline; pin --zero 1 or drop --zero")
+    assert _json(capsys, "plan", *JOB, "--pp", "2", "--trainer", "deepspeed")["plan"]["zero"] == 1
+    zero0 = plan_from_dict(_json(capsys, "plan", *JOB, "--pp", "2", "--zero", "0")["plan"], "plan")
+    assert zero0.zero == 0 and as_run(TRAINER_CAPS["deepspeed"], zero0, MODEL)[0].zero == 1  # what it emits

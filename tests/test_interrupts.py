@@ -69,12 +69,17 @@ def _temporary_files(directory: Path) -> list[Path]:
 @pytest.mark.parametrize("label,args,delays", COMMANDS, ids=[c[0] for c in COMMANDS])
 def test_sigint_at_any_point_gives_one_line_and_130(label, args, delays, tmp_path):
     wall = _wall_time([a.replace("{out}", str(tmp_path / "uninterrupted")) for a in args], tmp_path)
+    interrupted = 0
     for fraction in delays:
         out = tmp_path / f"out-{fraction}"
         delay = IMPORTS_S + fraction * max(0.0, wall - IMPORTS_S)
         proc = _interrupt([a.replace("{out}", str(out)) for a in args], delay, tmp_path)
-        assert (proc.returncode, proc.stderr) == (EXIT_CODE, "error: interrupted\n"), (label, delay, proc.stderr)
         assert not _temporary_files(tmp_path), (label, delay)
+        if proc.returncode == 0 and proc.stderr == "":
+            continue  # it finished before the signal (the machine ran faster than when `wall` was measured)
+        assert (proc.returncode, proc.stderr) == (EXIT_CODE, "error: interrupted\n"), (label, delay, proc.stderr)
+        interrupted += 1
+    assert interrupted, f"{label}: every run finished before its interrupt; nothing was tested"
 
 
 def test_sigint_during_profiling_ops(tmp_path):

@@ -47,17 +47,38 @@ def _int(doc: dict[str, Any], key: str, where: str) -> int:
     return value
 
 
-def grad_reduce(config: dict[str, Any], dtype: str, notes: list[str]) -> str:
+#: DeepSpeed's dtype spellings for data_types.grad_accum_dtype (runtime/config.py DtypeEnum), by autotune's name
+DTYPE_ALIASES = {**dict.fromkeys(("torch.float16", "fp16", "float16", "half"), "fp16"),
+                 **dict.fromkeys(("torch.float32", "fp32", "float32", "float"), "fp32"),
+                 **dict.fromkeys(("torch.bfloat16", "bf16", "bfloat16"), "bf16")}
+#: communication_data_type's (runtime/config.py get_communication_data_type)
+WIRE_DTYPES = ("fp16", "bf16", "fp32")
+
+
+def grad_reduce(config: dict[str, Any], dtype: str, zero: int, notes: list[str]) -> str:
     """JobSpec.grad_reduce of the config: DeepSpeed accumulates gradients in data_types.grad_accum_dtype, the model's
     dtype by default, and reduces them in communication_data_type, that dtype by default (deepspeed 0.19 engine.py
-    get_data_types, communication_data_type). A reduction dtype other than the buffers' is noted, costed as theirs."""
+    get_data_types, communication_data_type). What DeepSpeed refuses is refused: other spellings, and 16-bit
+    training accumulating in fp32 without ZeRO (_do_optimizer_sanity_check: "unsupported mix"). A reduction dtype
+    other than the buffers' is noted and costed as theirs."""
     types = config.get("data_types") if isinstance(config.get("data_types"), dict) else {}
-    accum = str(types.get("grad_accum_dtype") or dtype).lower()
-    accum = {"float32": "fp32", "fp32": "fp32", "float": "fp32"}.get(accum, dtype)
-    wire = str(config.get("communication_data_type") or dtype).lower()
-    if {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(wire, wire) != accum:
-        notes.append(f"gradients reduced in {wire} (communication_data_type) from {accum} buffers: costed as {accum} "
-                     "(the reduction's dtype is not modelled apart from the buffers')")
+    given = types.get("grad_accum_dtype")
+    accum = dtype if given is None else DTYPE_ALIASES.get(str(given))
+    if accum is None or accum not in (dtype, "fp32"):
+        raise SpecError(f"data_types.grad_accum_dtype {given!r}: DeepSpeed accumulates {dtype} training's gradients "
+                        f"in {dtype} or fp32 (spelt as its DtypeEnum: {dtype}, fp32, torch.float32...); fix it")
+    if accum == "fp32" and zero == 0:
+        raise SpecError(f"data_types.grad_accum_dtype fp32 without ZeRO: DeepSpeed refuses {dtype} parameters with "
+                        "fp32 gradient accumulation there (unsupported mix); set zero_optimization.stage >= 1")
+    wire = config.get("communication_data_type")
+    if wire is not None and wire not in WIRE_DTYPES:
+        raise SpecError(f"communication_data_type {wire!r}: DeepSpeed takes one of {', '.join(WIRE_DTYPES)}; fix it")
+    if (wire or dtype) != accum:
+        notes.append(f"gradients reduced in {wire or dtype} (communication_data_type) from {accum} buffers: costed "
+                     f"as {accum} (the reduction's dtype is not modelled apart from the buffers')")
+    if accum == "fp32" and zero == 1 and dtype == "bf16":
+        notes.append("bf16 with fp32 gradient accumulation at ZeRO 1 runs DeepSpeed's BF16_Optimizer, which keeps the "
+                     "bf16 gradients beside the fp32 ones: 2 bytes per parameter more than costed")
     return accum
 
 
@@ -173,8 +194,9 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
         notes.append(f"no ds_pipeline.json: pp 1 assumed and tp {tp} (--gpus / dp) from the mpu, which DeepSpeed's "
                      "JSON does not hold")
     states = optimizer_states(config, zero, notes) if bf16 is True else "fp32"
-    return Reading(trainer="deepspeed", optimizer_states=states, tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1, num_microbatches=gas,
+    return Reading(trainer="deepspeed", optimizer_states=states, tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1,
+                   num_microbatches=gas,
                    global_batch=tbs, seq_len=None, recompute="full" if interval else "none", zero=zero,
                    sequence_parallel=sp, layers_per_stage=layers, split="deepspeed", bucket_size=bucket,
                    dtype="fp16" if fp16 is True else "bf16",
-                   grad_reduce=grad_reduce(config, "fp16" if fp16 is True else "bf16", notes), notes=tuple(notes))
+                   grad_reduce=grad_reduce(config, "fp16" if fp16 is True else "bf16", zero, notes), notes=tuple(notes))

@@ -23,7 +23,9 @@ from autotune.errors import SpecError
 from autotune.render.common import brief_line
 from autotune.render.estimate import estimate_json, estimate_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S
+from autotune.specs.job import JobSpec
 from autotune.specs.plan import check_plan
+from autotune.specs.trainer_jobs import runs_grad_reduce
 
 
 def estimate(
@@ -90,7 +92,8 @@ def estimate(
     with time_limited(time_limit, "estimate"):
         est, coverage = cm.estimate(plan), cm.op_coverage(plan)
         timeline = None if json_out or brief else cm.timeline(plan)
-    show_warnings(coverage_warnings(coverage, plan, measured, job.seq_len) + profile_drift(doc, coverage.source, where))
+    show_warnings(coverage_warnings(coverage, plan, measured, job.seq_len) + profile_drift(doc, coverage.source, where)
+                  + grad_drift(job, where))
     if brief:
         typer.echo(brief_line(est))
     elif json_out:
@@ -109,3 +112,13 @@ def profile_drift(doc: object, source: str, where: str) -> list[str]:
         return []
     return [f"{where} was planned with op times from {planned}; this estimate uses {source}: give --profile {planned} "
             "to re-cost it as planned"]
+
+
+def grad_drift(job: JobSpec, where: str) -> list[str]:
+    """A plan document costed with gradient buffers its trainer's config does not keep (a document written before
+    DeepSpeed's were costed in the model dtype): re-costed as recorded, with a warning naming what the config runs."""
+    runs = runs_grad_reduce(job.trainer, job.dtype, job.grad_reduce)
+    if not where or runs == job.grad_reduce:
+        return []
+    return [f"{where}: costed with {job.grad_reduce} gradient buffers as the document records; {job.trainer}'s "
+            f"config keeps {runs} (give --grad-reduce {runs} to cost that)"]

@@ -71,6 +71,10 @@ def plan(
                     moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity, optimizer_states)
     check_job_settings(caps, job)
     check_grad_reduce(caps, job)
+    if torchtitan_format == "toml" and job.optimizer_states != "fp32":
+        raise SpecError(f"--optimizer-states {job.optimizer_states} with --torchtitan-format toml: torchtitan 0.2.x "
+                        "keeps fp32 Adam states; use the 0.3.0 overrides (--torchtitan-format cli) or "
+                        "--optimizer-states fp32")
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode,
                 tp_overlap=tp_overlap, ep=ep, etp=etp)

@@ -226,12 +226,13 @@ def state_bytes_per_param(zero: int, shards: int, state: StateBytes = StateBytes
     By default 16-bit weights, fp32 main gradients, fp32 master weights + Adam m and v (Megatron-LM's distributed
     optimizer docs: 18 bytes/param, 6 + 12/d with the distributed optimizer); other dtypes per JobSpec.state_bytes.
     ZeRO (Rajbhandari et al. 2020) stage 1 shards the optimizer states over the `shards` data-parallel ranks,
-    stage 2 also the gradients, stage 3 also the weights. Only a distributed optimizer (stage >= 1) keeps a copy
-    of its gradient shard.
+    stage 2 also the gradients, stage 3 also the weights. The fp32 copy of 16-bit gradients the optimizer steps on
+    is sharded with its states: the distributed optimizer copies its shard, the plain one every gradient
+    (megatron-core Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads, DeepSpeed's FP16_Optimizer).
     """
     weight = state.weight / (shards if zero >= 3 else 1)
     grad = state.grad / (shards if zero >= 2 else 1)
-    opt = (state.optimizer + (state.grad_copy if zero >= 1 else 0)) / (shards if zero >= 1 else 1)
+    opt = (state.optimizer + state.grad_copy) / (shards if zero >= 1 else 1)
     return weight, grad, opt
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from autotune.errors import SpecError
 from autotune.search.space import MAX_CP, MAX_VPP, SearchSpace, grid_fits
-from autotune.specs.job import JobSpec
+from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import is_even_split, positions_issue
 from autotune.specs.trainers import DEEPSPEED_MOE, TrainerCaps
@@ -21,7 +21,8 @@ def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, g
         raise SpecError(why)
     _check_degrees(space, model, job, gpus, gpus_per_node)
     _check_choices(space, model)
-    if space.zero is not None and not set(space.zero) & set(job.state_zero_stages):
+    costed = state_zero_stages(job.trainer if space.trainer is None else space.trainer.name, job.optimizer_states)
+    if space.zero is not None and not set(space.zero) & set(costed):
         raise SpecError(f"--zero {','.join(map(str, space.zero))} with --optimizer-states {job.optimizer_states}: "
                         "16-bit Adam states are costed in Megatron's distributed optimizer, zero 1; pin --zero 1 "
                         "or use --optimizer-states fp32")
@@ -137,6 +138,11 @@ def _check_trainer(space: SearchSpace, caps: TrainerCaps) -> None:
             shown = lambda vs: ",".join(str(v).lower() for v in vs)  # noqa: E731
             raise SpecError(f"{flag} {shown(pins)}: --trainer {name} runs {shown(options)}; drop {flag} or plan for "
                             "another trainer (autotune plan without --trainer shows which trainers run what)")
+    if space.zero is not None and space.pp is not None and all(p > 1 for p in space.pp) and not set(
+            space.zero) & set(caps.zero_pipelined):
+        staged = ",".join(map(str, caps.zero_pipelined))
+        raise SpecError(f"--zero {','.join(map(str, space.zero))} with --pp {','.join(map(str, space.pp))}: "
+                        f"--trainer {name} runs ZeRO {staged} with a pipeline; pin --zero {staged} or drop --zero")
 
 
 def _check_layers(space: SearchSpace, layers: tuple[int, ...], model: ModelSpec) -> None:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.search.experts import expert_options, moe_sequence_parallel
-from autotune.specs.job import JobSpec
+from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import DEFAULT_BUCKET, deepep_group_issue
 from autotune.specs.trainers import TrainerCaps, deepspeed_split, expert_layout_issue
@@ -285,7 +285,8 @@ def _expert_layouts(model: ModelSpec, space: SearchSpace, gpus_per_node: int, de
 def _zero_options(caps: TrainerCaps | None, job: JobSpec, pp: int) -> list[int]:
     """ZeRO stages: 2 and 3 shard gradients, which a pipeline forbids; those the job's Adam states are costed under
     (JobSpec.state_zero_stages); the trainer's own stages."""
-    stages = [z for z in ([0, 1] if pp > 1 else [0, 1, 2, 3]) if z in job.state_zero_stages]
+    costed = state_zero_stages(job.trainer if caps is None else caps.name, job.optimizer_states)
+    stages = [z for z in ([0, 1] if pp > 1 else [0, 1, 2, 3]) if z in costed]
     return stages if caps is None else [z for z in stages if z in caps.zero_stages(pp)]
 
 

@@ -105,6 +105,9 @@ class JobSpec:
             raise SpecError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.grad_reduce not in GRAD_REDUCES:
             raise SpecError(f"--grad-reduce must be one of {', '.join(GRAD_REDUCES)}, got {self.grad_reduce!r}")
+        if self.grad_reduce == "bf16" and self.dtype == "fp16":
+            raise SpecError("--grad-reduce bf16 with --dtype fp16: gradient buffers take the fp16 parameters' dtype "
+                            "unless fp32 (megatron-core DistributedDataParallel); use --grad-reduce fp16 (or fp32)")
         if self.grad_reduce == "fp16" and self.dtype != "fp16":
             raise SpecError(f"--grad-reduce fp16 keeps fp16 training's gradients in fp16; with --dtype {self.dtype} "
                             "use --grad-reduce bf16 (or fp32)")
@@ -184,4 +187,4 @@ class StateBytes:
     optimizer: int = OPTIMIZER_BYTES
     """Master weights and Adam's m and v."""
     grad_copy: int = 0
-    """The fp32 copy of its gradient shard a distributed optimizer steps on (16-bit buffers only)."""
+    """The fp32 copy of 16-bit gradients the optimizer steps on (its shard, with a distributed optimizer)."""

@@ -133,8 +133,10 @@ TRAINER_CAPS: dict[str, TrainerCaps] = {
                "(no expert TP with ep > 1) for its qwen3, deepseek_v3 and gpt_oss MoE models"),
     "deepspeed": TrainerCaps(
         name="deepspeed", schedules=("1f1b",), vocabs=("ends",),
-        # runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
-        zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1),
+        # runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; without ZeRO a
+        # pipeline runs engine.py's BF16_Optimizer (a second gradient buffer, fp32 master weights sharded over dp,
+        # weights all-gathered after the step), which autotune does not cost: pipelines are planned with ZeRO 1
+        zero_flat=(0, 1, 2, 3), zero_pipelined=(1,),
         # its sequence parallelism is DeepSpeed-Ulysses (all-to-all), not the ring attention autotune costs; with a
         # pipeline, deepspeed.initialize takes dp from the topology (dp*cp) and rejects the batch
         cp=False, cp_with_pp=False, split="deepspeed", selective_recompute=False, partial_recompute=False,

@@ -6,6 +6,7 @@ error where the config cannot say it; the emitted config and `check` agree on it
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -65,13 +66,27 @@ def test_megatron_flags_read_back(flags: dict, expected: str) -> None:
 @pytest.mark.parametrize("config,dtype,expected,noted", [
     ({}, "bf16", "bf16", False), ({}, "fp16", "fp16", False),
     ({"data_types": {"grad_accum_dtype": "fp32"}}, "bf16", "fp32", True),  # reduced in bf16, the default
-    ({"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}, "bf16", "fp32", False),
+    ({"data_types": {"grad_accum_dtype": "torch.float32"}, "communication_data_type": "fp32"}, "fp16", "fp32", False),
+    ({"data_types": {"grad_accum_dtype": "half"}}, "fp16", "fp16", False),
     ({"communication_data_type": "fp32"}, "bf16", "bf16", True),
 ])
 def test_deepspeed_config_read_back(config: dict, dtype: str, expected: str, noted: bool) -> None:
     notes: list[str] = []
-    assert deepspeed_grad_reduce(config, dtype, notes) == expected
+    assert deepspeed_grad_reduce(config, dtype, 2, notes) == expected
     assert bool(notes) == noted
+
+
+@pytest.mark.parametrize("config,zero,message", [
+    ({"data_types": {"grad_accum_dtype": "nonsense"}}, 1, "data_types.grad_accum_dtype 'nonsense'"),
+    ({"data_types": {"grad_accum_dtype": "fp16"}}, 1, "accumulates bf16 training's gradients in bf16 or fp32"),
+    ({"data_types": {"grad_accum_dtype": "fp32"}}, 0, "fp32 gradient accumulation there (unsupported mix)"),
+    ({"communication_data_type": "float32"}, 1, "communication_data_type 'float32': DeepSpeed takes one of"),
+])
+def test_deepspeed_refusals_are_deepspeeds(config: dict, zero: int, message: str) -> None:
+    """What DeepSpeed 0.19 itself refuses (runtime/config.py DtypeEnum and get_communication_data_type, engine.py's
+    optimizer sanity check) is one line naming the key."""
+    with pytest.raises(SpecError, match=re.escape(message)):
+        deepspeed_grad_reduce(config, "bf16", zero, [])
 
 
 def test_the_default_is_the_trainers_own(cli) -> None:
@@ -108,3 +123,32 @@ def test_fp16_megatron_script_keeps_what_was_costed(cli, autotune_proc, tmp_path
         proc = autotune_proc("check", str(out / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "16", "--json")
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["job"]["grad_reduce"] == grad
+
+
+def test_an_older_document_is_recosted_as_recorded_with_a_warning(cli, autotune_proc, tmp_path: Path) -> None:
+    """A DeepSpeed plan document costed with fp32 gradients (before DeepSpeed's config was costed in the model
+    dtype) is re-costed as recorded, and a warning names what the config keeps."""
+    doc = _json(cli, "estimate", *JOB, "--kernels", "deepspeed", "--tp", "1", "--pp", "1")
+    doc["job"]["grad_reduce"] = "fp32"
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    proc = autotune_proc("estimate", "--plan", str(path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["job"]["grad_reduce"] == "fp32"
+    assert (f"warning: {path}: costed with fp32 gradient buffers as the document records; deepspeed's config "
+            "keeps bf16 (give --grad-reduce bf16 to cost that)") in proc.stderr
+
+
+def test_the_header_names_what_the_file_keeps(cli, tmp_path: Path) -> None:
+    _json(cli, "plan", *JOB, "--trainer", "deepspeed", "--out", str(tmp_path))
+    header = json.loads((tmp_path / "ds_config.json").read_text())["_autotune"]["header"]
+    assert "global batch 64 x 4096 tokens, bf16, bf16 gradients" in header[1]
+
+
+def test_the_toml_format_cannot_keep_bf16_moments(autotune_proc, tmp_path: Path) -> None:
+    proc = autotune_proc("plan", *JOB, "--trainer", "torchtitan", "--torchtitan-format", "toml", "--optimizer-states",
+                         "bf16-moments", "--out", str(tmp_path / "tt"))
+    assert proc.returncode == 1 and not (tmp_path / "tt").exists()
+    assert proc.stderr == ("error: --optimizer-states bf16-moments with --torchtitan-format toml: torchtitan 0.2.x "
+                           "keeps fp32 Adam states; use the 0.3.0 overrides (--torchtitan-format cli) or "
+                           "--optimizer-states fp32\n")

@@ -129,8 +129,11 @@ def test_distributed_optimizer_bytes_follow_megatrons_table(d):
     bf16 params with bf16 grads 4 + 16/d (the optimizer keeps its gradient shard in fp32)."""
     assert sum(state_bytes_per_param(1, d, _state())) == pytest.approx(6 + 12 / d)
     assert sum(state_bytes_per_param(1, d, _state(grad_reduce="bf16"))) == pytest.approx(4 + 16 / d)
-    # no distributed optimizer: 2 + 2 + 12
-    assert sum(state_bytes_per_param(0, d, _state(grad_reduce="bf16"))) == pytest.approx(16)
+    # no distributed optimizer: 2 + 2 + 12, and the fp32 copy of every bf16 gradient the optimizer steps on
+    # (megatron-core 0.16 optimizer.py, Float16OptimizerWithFloat16Params._copy_model_grads_to_main_grads:
+    # `main_param.grad = model_param.main_grad.float()`, a copy of a bf16 buffer, the buffer itself of an fp32 one)
+    assert sum(state_bytes_per_param(0, d, _state(grad_reduce="bf16"))) == pytest.approx(2 + 2 + 12 + 4)
+    assert sum(state_bytes_per_param(0, d, _state())) == pytest.approx(2 + 4 + 12)
 
 
 @pytest.mark.parametrize("d", [1, 8, 64])
