@@ -21,8 +21,9 @@ def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, g
         raise SpecError(why)
     _check_degrees(space, model, job, gpus, gpus_per_node)
     _check_choices(space, model)
-    costed = state_zero_stages(job.trainer if space.trainer is None else space.trainer.name, job.optimizer_states)
-    if space.zero is not None and not set(space.zero) & set(costed):
+    costed = set(job.state_zero_stages) & set(state_zero_stages(
+        job.trainer if space.trainer is None else space.trainer.name, job.optimizer_states))
+    if space.zero is not None and not set(space.zero) & costed:
         raise SpecError(f"--zero {','.join(map(str, space.zero))} with --optimizer-states {job.optimizer_states}: "
                         "16-bit Adam states are costed in Megatron's distributed optimizer, zero 1; pin --zero 1 "
                         "or use --optimizer-states fp32")

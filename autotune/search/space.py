@@ -285,7 +285,9 @@ def _expert_layouts(model: ModelSpec, space: SearchSpace, gpus_per_node: int, de
 def _zero_options(caps: TrainerCaps | None, job: JobSpec, pp: int) -> list[int]:
     """ZeRO stages: 2 and 3 shard gradients, which a pipeline forbids; those the job's Adam states are costed under
     (JobSpec.state_zero_stages); the trainer's own stages."""
-    costed = state_zero_stages(job.trainer if caps is None else caps.name, job.optimizer_states)
+    # the kernels' trainer (check_plan's rule) and the trainer that runs the plan must both keep the states there
+    costed = set(job.state_zero_stages) & set(state_zero_stages(job.trainer if caps is None else caps.name,
+                                                                job.optimizer_states))
     stages = [z for z in ([0, 1] if pp > 1 else [0, 1, 2, 3]) if z in costed]
     return stages if caps is None else [z for z in stages if z in caps.zero_stages(pp)]
 
