@@ -22,7 +22,8 @@ first other line is the header. Columns (all required unless marked optional; no
   layers_per_stage   optional: transformer layers per pipeline rank, ';'-separated ("7;9;9;7"); empty = even
   fused_kernels      optional: true (default) or false
   trainer            optional: megatron (default), torchtitan, deepspeed or colossalai (whose kernels ran)
-  grad_reduce        optional: fp32 (default), bf16, or fp16 (with dtype fp16)
+  grad_reduce        optional: fp32, bf16, or fp16 (with dtype fp16); default what the trainer's config runs (fp32;
+                     DeepSpeed's, the model dtype)
   tp_overlap         optional: false (default) or true (TP communication overlapped with the GEMMs)
   async_tp_backward  optional: true (default) or false (Megatron before late 2021: synchronous TP backward)
   overlap_grad_reduce optional: true (default) or false (Megatron-LM's LocalDDP of 2021: gradients reduced after
@@ -46,6 +47,7 @@ from autotune.specs.job import JobSpec
 from autotune.specs.limits import MAX_RUNS_FILE_BYTES, int_maximum
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import RECOMPUTES, SCHEDULES, Plan, check_plan, even_split, is_even_split
+from autotune.specs.trainer_jobs import runs_grad_reduce
 
 REQUIRED = ("model", "gpu", "gpus", "global_batch", "seq_len", "dtype", "tp", "pp", "dp", "cp", "mbs",
             "num_microbatches", "schedule", "vpp", "recompute", "zero", "sequence_parallel", "flash_attention",
@@ -144,7 +146,8 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
         job = JobSpec(global_batch=ints["global_batch"], seq_len=ints["seq_len"], dtype=row["dtype"],
                       flash_attention=_bool(where, "flash_attention", row["flash_attention"]),
                       fused_kernels=_bool(where, "fused_kernels", row.get("fused_kernels") or "true"),
-                      trainer=row.get("trainer") or "megatron", grad_reduce=row.get("grad_reduce") or "fp32",
+                      trainer=row.get("trainer") or "megatron",
+                      grad_reduce=row.get("grad_reduce") or runs_grad_reduce(row.get("trainer"), row["dtype"]),
                       async_tp_backward=_bool(where, "async_tp_backward", row.get("async_tp_backward") or "true"),
                       overlap_grad_reduce=_bool(where, "overlap_grad_reduce",
                                                 row.get("overlap_grad_reduce") or "true"))
