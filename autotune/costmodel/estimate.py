@@ -243,9 +243,8 @@ class CostModel:
         m = plan.num_microbatches
         times = [s.time_s for s in stages]
         pipe = self._makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(s.chunks for s in stages), ticks)
-        dp_exposed = (dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes, self._exposures)
-                      if self.job.overlap_grad_reduce else
-                      dp_sync_unoverlapped(plan, self.hw, stages, self.model, self.job.grad_bytes))
+        dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes, self._exposures,
+                                     overlap=self.job.overlap_grad_reduce)
         opt = optimizer_time(plan, self.hw, stages)
         step = pipe + dp_exposed + opt
         b = times.index(max(times))  # the first of the slowest
@@ -265,7 +264,7 @@ class CostModel:
 
 
 def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], model: ModelSpec,
-                    grad_bytes: int = GRAD_BYTES, memo: dict | None = None) -> float:
+                    grad_bytes: int = GRAD_BYTES, memo: dict | None = None, overlap: bool = True) -> float:
     """Data-parallel synchronization left exposed at the end (gradients) and start (parameters) of a step.
 
     Gradients are reduced in buckets while the last micro-batch's backward runs (Megatron's
@@ -275,7 +274,7 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
     (overlap_param_gather), where stage i starts sum(fwd_j, j < i) late. A tied embedding's gradient is
     all-reduced between the first and last stage after the backward (Megatron's finalize_model_grads).
     `memo`: a dict kept across calls with the same `hw` (a CostModel's), where the exposure of each stage
-    shape is remembered per collective, group and bucket.
+    shape is remembered per collective, group and bucket. `overlap` False: _unoverlapped.
     """
     exposed = tied_embedding_sync(plan, hw, model, grad_bytes)
     n = plan.dp * plan.cp
@@ -283,6 +282,8 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
         return exposed
     link = comm.group_link(hw, n, plan.tp)
     reduce = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
+    if not overlap:
+        return exposed + _unoverlapped(plan, stages, grad_bytes, reduce, n, link)
     memo = {} if memo is None else memo
     if plan.zero < 2:  # ZeRO-2 reduce-scatters in every micro-batch (stages.zero3_exposed), not once a step
         exposed += _bucketed_over_stages(stages, grad_bytes, plan.bucket_size, "bwd", lambda b: reduce(b, n, link),
@@ -326,22 +327,16 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
     return worst
 
 
-def dp_sync_unoverlapped(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], model: ModelSpec,
-                         grad_bytes: int = GRAD_BYTES) -> float:
+def _unoverlapped(plan: Plan, stages: tuple[StageCost, ...], grad_bytes: int, reduce, n: int, link) -> float:
     """dp_sync_exposed without overlap (JobSpec.overlap_grad_reduce False): each stage reduces its whole gradient
     buffer in one collective once its backward ends (Megatron-LM's LocalDDP of 2021, allreduce_gradients after
     the pipeline's backward) and gathers its updated weights before its next forward; stage i ends its backward
     sum(bwd_j, j < i) before stage 0 and starts its forward sum(fwd_j, j < i) after, so that much of its
     collective is hidden. A whole buffer is bucketed_exposure's single bucket under no window."""
-    exposed = tied_embedding_sync(plan, hw, model, grad_bytes)
-    n = plan.dp * plan.cp
-    if n == 1 or plan.zero >= 3:
-        return exposed
-    link = comm.group_link(hw, n, plan.tp)
-    reduce = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
     phases = [(grad_bytes, reduce, [s.bwd_s for s in stages])] if plan.zero < 2 else []
     if plan.zero in (1, 2):
         phases.append((WEIGHT_BYTES, comm.all_gather, [s.fwd_s for s in stages]))
+    exposed = 0.0
     for nbytes, collective, windows in phases:
         worst = slack = 0.0
         for s, w in zip(stages, windows):
