@@ -74,21 +74,16 @@ def _least_sync(cc: CandidateCosts, num_layers: int, ranges: tuple[tuple[int, in
 
 def _targets(best: np.ndarray, sync: np.ndarray, barred: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """[b, j, t]: the least value[b, j, u, n] = max(best[b, j, u], sync[b, u, n]) (inf where barred[j, u, n])
-    over u + n = t. A rank with many more counts behind it than its own (deep pipelines of short stages) takes
-    one shifted min per own count; otherwise the skewed cells (rows x (width + 1)) let one min take them all."""
+    over u + n = t: one shifted min per own count n. (Writing the values skewed, row u starting u further along,
+    so that one min over rows takes every target, fills and reads rows x (rows + cols) cells for rows x cols
+    values: slower for all but the squarest ranks. A min is exact, so either gives the same bound to the bit.)"""
     nb, nl, width = best.shape[0], best.shape[1], rows + cols - 1
-    if 4 * cols < rows:
-        value = np.maximum(best[..., None], sync[:, None, :, :])
-        np.copyto(value, np.inf, where=barred[None])
-        least = np.full((nb, nl, width), np.inf)
-        for n in range(cols):
-            np.minimum(least[..., n:n + rows], value[..., n], out=least[..., n:n + rows])
-        return least
-    cells = np.full((nb, nl, rows * (width + 1)), np.inf)
-    value = cells.reshape(nb, nl, rows, width + 1)[..., :cols]
-    np.maximum(best[..., None], sync[:, None, :, :], out=value)
+    value = np.maximum(best[..., None], sync[:, None, :, :])
     np.copyto(value, np.inf, where=barred[None])
-    return cells[..., :rows * width].reshape(nb, nl, rows, width).min(axis=2)
+    least = np.full((nb, nl, width), np.inf)
+    for n in range(cols):
+        np.minimum(least[..., n:n + rows], value[..., n], out=least[..., n:n + rows])
+    return least
 
 
 def _last_rank(best: np.ndarray, sync: np.ndarray, barred: np.ndarray, left: int) -> np.ndarray:

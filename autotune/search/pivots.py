@@ -37,6 +37,14 @@ def pivot_path_floor(cc: CandidateCosts, num_layers: int, *, with_step: bool = F
     max_k(path_k + sync_k + adam_k) + the tied-embedding sync, which this then returns: the pipeline and the
     sync bounded together, as the CP-SAT relaxation sees them (a balanced pipeline leaves stage 0 most of its
     gradients to reduce with no earlier stage's window to hide them)."""
+    key = ("pivot", num_layers, with_step)  # the refined bound and joint.pipe_sync_floor both need it
+    if (out := cc.memo.get(key)) is None:
+        cc.memo[key] = out = _pivot_path_floor(cc, num_layers, with_step)
+    return out
+
+
+def _pivot_path_floor(cc: CandidateCosts, num_layers: int, with_step: bool) -> float:
+    """pivot_path_floor, computed."""
     c = cc.cand
     total = num_layers // c.vpp
     ranges = chunk_ranges(cc, num_layers)

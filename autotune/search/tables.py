@@ -91,7 +91,7 @@ class CandidateCosts:
     dense_first: int = 0
     """The model's dense-first layers (0 where no credit applies: none, or a grid tensor-parallel layer)."""
     memo: dict = field(default_factory=dict, compare=False, repr=False)
-    """What the bounds derive from these terms more than once (chunk_ranges, stage_caps)."""
+    """What the bounds derive from these terms more than once (chunk_ranges, stage_caps, pivot_path_floor)."""
 
     def credit(self, i: int, k: int) -> int:
         """Bytes stage i with k layers per chunk is charged less for its dense-first layers (rank 0's first
