@@ -47,17 +47,25 @@ def critical_paths(schedule: str, pp: int, vpp: int, m: int, tables: Sequence[Du
     stay integers."""
     if not tables:
         return []
+    exact = all(isinstance(x, int) for table in tables for row in table for fbw in row for x in fbw)
+    flat = np.array([flat_durations(schedule, table) for table in tables], dtype=np.int64 if exact else np.float64)
+    return critical_paths_flat(schedule, pp, vpp, m, flat.T, ticks)
+
+
+def critical_paths_flat(schedule: str, pp: int, vpp: int, m: int, flat: np.ndarray, ticks: Ticks
+                        ) -> list[tuple[float | int, PathCounts]]:
+    """critical_paths of tables given as one array, a row per slot of flat_durations and a column per table
+    (int64: integer lengths; float64: as critical_path): the planner builds it in one go (search/cuts.py)."""
     if ticks is None:  # v-half's order follows its durations: one shared graph needs the order given
         raise ValueError("critical_paths needs the ticks that fix the order (critical_path derives them per table)")
-    g = _graph(schedule, pp, vpp, m, _ticks(schedule, tables[0], ticks))
-    exact = all(isinstance(x, int) for table in tables for row in table for fbw in row for x in fbw)
-    dtype = np.int64 if exact else np.float64
-    flat = np.array([flat_durations(schedule, table) for table in tables], dtype=dtype).T  # one row per slot
-    n = len(g.ops)
-    end = np.empty((n + 2, len(tables)), dtype=dtype)
+    exact = flat.dtype == np.int64
+    flat = np.ascontiguousarray(flat)  # a row per pass's slot, read whole
+    g = _graph(schedule, pp, vpp, m, _ticks(schedule, (), ticks))  # (given ticks, _ticks reads no durations)
+    n, count = len(g.ops), flat.shape[1]
+    end = np.empty((n + 2, count), dtype=flat.dtype)
     end[0] = 0
     end[1] = np.iinfo(np.int64).min // 2 if exact else -np.inf  # no dependency: never the later end
-    from_dep = np.empty((n, len(tables)), dtype=bool)
+    from_dep = np.empty((n, count), dtype=bool)
     for k, (p, d, s) in enumerate(zip(g.prev_at, g.dep_at, g.slots)):
         a, b = end[p], end[d]
         np.greater(b, a, out=from_dep[k])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autotune.costmodel.critical import critical_path, critical_paths
+from autotune.costmodel.critical import critical_path, critical_paths_flat
 from autotune.costmodel.pipeline import SPLIT_BACKWARD
 from autotune.search.tables import CandidateCosts
 from autotune.units import to_solver_time
@@ -68,15 +68,16 @@ def neighbour_paths(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals
     them each round of the loop cuts off one partition and the solver moves to its neighbour, whose critical path
     differs by a stage: dozens of full solves for a 16-stage ZB-H1 pipeline; with them a handful. The neighbours
     need not sum to the model (a path is a path whatever the durations), which keeps them 4p per round. All 4p
-    are walked at once (critical_paths), and every path's length on every neighbour is one matrix product."""
+    are walked at once (critical_paths_flat), and every path's length on every neighbour is one matrix product."""
     c = cc.cand
-    tables = [durations_at(durations, k, rc) for k, rc in neighbours(k_vals, rc_vals)]
-    if not tables:
+    near = neighbours(k_vals, rc_vals)
+    if not near:
         return []
-    found = critical_paths(c.schedule, c.pp, c.vpp, c.num_microbatches, tables, cc.ticks)
-    slot_times = np.array([[x for row in table for fbw in row for x in fbw] for table in tables], dtype=np.int64)
-    size, chunks = slot_times.shape[1], len(tables[0][0])
-    longest = np.full(len(tables), np.iinfo(np.int64).min)  # per neighbour: the longest known path there
+    slot_times = _slot_times(durations, near)
+    found = critical_paths_flat(c.schedule, c.pp, c.vpp, c.num_microbatches, _flat(c.schedule, slot_times).T,
+                                cc.ticks)
+    size, chunks = slot_times.shape[1], len(durations[0][0])
+    longest = np.full(len(near), np.iinfo(np.int64).min)  # per neighbour: the longest known path there
     if paths:
         longest = (np.array([_slot_counts(q, chunks, size) for q in paths]) @ slot_times.T).max(axis=0)
     out = []
@@ -85,6 +86,26 @@ def neighbour_paths(cc: CandidateCosts, durations: Coefficients, k_vals, rc_vals
             out.append(path)
             np.maximum(longest, slot_times @ np.array(_slot_counts(path, chunks, size)), out=longest)
     return out
+
+
+def _slot_times(durations: Coefficients, near: list[tuple[list[int], tuple[int, ...]]]) -> np.ndarray:
+    """[neighbour, slot]: durations_at of each partition in `near`, flattened rank by rank, chunk by chunk,
+    (F, B, W) by (F, B, W): one array operation for all of them (integers, so exactly durations_at's numbers)."""
+    fixed, (f, b, w, d) = durations
+    k = np.array([x for x, _ in near], dtype=np.int64)[:, :, None, None]  # [neighbour, rank, 1, 1]
+    rc = np.array([r for _, r in near], dtype=np.int64)[:, :, None]
+    table = k * np.array([f, b, w], dtype=np.int64) + np.array(fixed, dtype=np.int64)[None]  # [n, rank, chunk, FBW]
+    table[..., 1] += rc * d
+    return table.reshape(len(near), -1)
+
+
+def _flat(schedule: str, slot_times: np.ndarray) -> np.ndarray:
+    """pipeline.flat_durations of each row: B + W in B's place where the schedule does not split the backward."""
+    if schedule in SPLIT_BACKWARD:
+        return slot_times
+    flat = slot_times.reshape(len(slot_times), -1, 3).copy()
+    flat[..., 1] += flat[..., 2]
+    return flat.reshape(len(slot_times), -1)
 
 
 def _slot_counts(path: dict, chunks: int, size: int) -> list[int]:
