@@ -145,7 +145,7 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     cands = list(enumerate_candidates(model, job, gpus, hw.gpus_per_node, space))
     if not cands:
         raise InfeasibleError(empty_space_message(gpus, space, hw))
-    run = _Search(cm, cands, space, gpus, budget)
+    run = _Search(cm, cands, space, gpus, budget, top_k)
     run.prove(progress)
     if run.best is not None and run.open_bound == math.inf:
         run.runners_up(top_k)
@@ -160,8 +160,9 @@ COARSE_BLOCK = 2048
 class _Search:
     """The state of one search: the heap of candidates, the plans found, what is left unproven."""
 
-    def __init__(self, cm: CostModel, cands: list[Candidate], space: SearchSpace, gpus: int, budget: Budget) -> None:
-        self.cm, self.cands, self.space, self.gpus, self.budget = cm, cands, space, gpus, budget
+    def __init__(self, cm: CostModel, cands: list[Candidate], space: SearchSpace, gpus: int, budget: Budget,
+                 top_k: int) -> None:
+        self.cm, self.cands, self.space, self.gpus, self.budget, self.top_k = cm, cands, space, gpus, budget, top_k
         self.L = cm.model.num_layers
         self.memo: dict = {}  # sync bounds shared between candidates of this search
         self.coarse_memo: dict = {}
@@ -249,8 +250,13 @@ class _Search:
         if not memory_possible(cc, self.L):
             self.too_big.append((lb, idx))
             return
-        refined = quick_bound(self.cm, cc.cand, self.space.buckets, forced_recompute_s(cc, self.L),
-                              stage_time_floor(cc, self.L), memo=self.memo, pipe_floor=pivot_path_floor(cc, self.L))
+        terms = (self.cm, cc.cand, self.space.buckets, forced_recompute_s(cc, self.L), stage_time_floor(cc, self.L))
+        # The pivot paths (a tenth of a millisecond) only sharpen the bound. A candidate whose bound reaches the best
+        # plan without them is never visited again by prove (its bound stays above the threshold, which only falls):
+        # it needs them only if runners-up are wanted, whose search visits the rest in the order of their bounds.
+        refined = quick_bound(*terms, memo=self.memo)
+        if self.top_k or max(lb, refined) < self.threshold():
+            refined = quick_bound(*terms, memo=self.memo, pipe_floor=pivot_path_floor(cc, self.L))
         heapq.heappush(self.heap, (max(lb, refined), idx, REFINED, cc))
 
     def _baseline(self, lb: float, idx: int, cc: CandidateCosts) -> bool:
