@@ -32,7 +32,7 @@ def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s:
     `pipe_floor` one on the pipeline time (pivot_path_floor).
     `memo` (one dict per search) keeps the sync bound, shared by every candidate with the same layer, data
     and pipeline degrees, schedule and vocabulary placement (which decide the smallest stage), and each
-    candidate's own terms (_quick_terms) for its refined bound."""
+    candidate's own terms (_quick_terms) for its refined bound, and the fixed terms of its shape."""
     L = cm.model.num_layers
     terms = None if memo is None else memo.get(("terms", c))
     if terms is None:
@@ -54,16 +54,23 @@ def _quick_terms(cm: CostModel, c: Candidate, buckets: tuple[int, ...], memo: di
     L = cm.model.num_layers
     layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp),
                     cm.vocab(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base))
-    tokens = c.mbs * cm.job.seq_len // c.cp
-    p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp, tokens=tokens,
-                      hidden=cm.model.hidden_size)
+    # the fixed terms and the smallest stage, shared by the candidates that differ only in ZeRO stage and full
+    # recomputation (a third of those quick_bound meets, whose terms took a quarter of its time)
+    shape = ("fixed", c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base, c.pp, c.vpp, c.dp,
+             c.schedule, c.vocab)
+    if (shared := None if memo is None else memo.get(shape)) is None:
+        tokens = c.mbs * cm.job.seq_len // c.cp
+        p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp, tokens=tokens,
+                          hidden=cm.model.hidden_size)
+        shared = (*_fixed_terms(cm, c, layer, vocab, p2p, tokens), smallest_stage_params(c, layer, vocab, L))
+        if memo is not None:
+            memo[shape] = shared
+    fixed, vocab_params, smallest = shared
     # full_min >= L/vpp: every layer of every chunk is recomputed in full (trainers that checkpoint whole layers);
     # a smaller full_min forces only min(full_min, k) layers of a chunk of k, left to forced_s
     per_layer = layer.time(c.base) + (layer.recompute_time("full") - layer.recompute_time(c.base)
                                       if c.full_min >= L // c.vpp else 0.0)
-    fixed, vocab_params = _fixed_terms(cm, c, layer, vocab, p2p, tokens)
     total_params = L * layer.params + vocab_params
-    smallest = smallest_stage_params(c, layer, vocab, L)
     if c.zero >= 2:  # pp == 1: one stage holds everything
         extra = zero3_exposed(shell_plan(c), cm.hw, total_params, stage_fwd_s(L, layer, vocab, first=True, last=True),
                               stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2)
