@@ -77,9 +77,20 @@ def grad_reduce(config: dict[str, Any], dtype: str, zero: int, notes: list[str])
         notes.append(f"gradients reduced in {wire or dtype} (communication_data_type) from {accum} buffers: costed "
                      f"as {accum} (the reduction's dtype is not modelled apart from the buffers')")
     if accum == "fp32" and zero == 1 and dtype == "bf16":
-        notes.append("bf16 with fp32 gradient accumulation at ZeRO 1 runs DeepSpeed's BF16_Optimizer, which keeps the "
-                     "bf16 gradients beside the fp32 ones: 2 bytes per parameter more than costed")
+        raise SpecError("data_types.grad_accum_dtype fp32 with bf16 at ZeRO 1: DeepSpeed runs its BF16_Optimizer "
+                        "there (bf16 and fp32 gradients both kept, bf16 master-weight keys ignored), which autotune "
+                        "does not cost; use ZeRO 2 or drop data_types")
     return accum
+
+
+#: The bf16 section's keys (deepspeed 0.19 runtime/precision_config.py DeepSpeedBF16Config)
+BF16_KEYS = frozenset(("enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                       "bf16_optimizer_states"))
+
+
+def _truthy(value: Any) -> bool:
+    """A bool as DeepSpeed's pydantic config reads it: true/false, 1/0 and the words pydantic takes for them."""
+    return value is True or value == 1 or str(value).lower() in ("true", "1", "yes", "on", "t", "y")
 
 
 def optimizer_states(config: dict[str, Any], zero: int, notes: list[str]) -> str:
@@ -88,7 +99,12 @@ def optimizer_states(config: dict[str, Any], zero: int, notes: list[str]) -> str
     DeepSpeed's config check refuses is refused (runtime/config.py: either needs ZeRO 1-3, the states need the
     master weights); bf16 master weights beside fp32 moments are costed as fp32 states, with a note."""
     section = config.get("bf16") if isinstance(config.get("bf16"), dict) else {}
-    master, states = section.get("bf16_master_weights_and_grads") is True, section.get("bf16_optimizer_states") is True
+    unknown = sorted(set(section) - BF16_KEYS)
+    if unknown:  # DeepSpeed's config models forbid extra keys (runtime/config_utils.py)
+        raise SpecError(f"bf16.{unknown[0]}: not a key of DeepSpeed's bf16 section ({', '.join(sorted(BF16_KEYS))}); "
+                        "fix or drop it")
+    master = _truthy(section.get("bf16_master_weights_and_grads"))
+    states = _truthy(section.get("bf16_optimizer_states"))
     if (master or states) and zero == 0:
         raise SpecError("bf16.bf16_master_weights_and_grads / bf16_optimizer_states need ZeRO stage 1, 2 or 3 "
                         "(DeepSpeed's config check); set zero_optimization.stage or drop them")

@@ -267,11 +267,22 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
         fused_kernels=_compiled_model(tree), model_name=model, notes=tuple(notes))
 
 
+#: optimizer.implementation's values (torchtitan 0.3.0 OptimizersContainer.Config; 0.2.x lacks the last)
+IMPLEMENTATIONS = ("for-loop", "foreach", "fused", "fused_opt_states_bf16")
+
+
 def _optimizer_states(tree: dict[str, Any], fmt: str) -> str:
     """JobSpec.optimizer_states of optimizer.implementation: 0.3.0's fused_opt_states_bf16 keeps Adam's moments in
     bf16 beside fp32 parameters (bf16-moments); the others keep fp32 states."""
     section = tree.get("optimizer")
     implementation = str(section.get("implementation", "fused")) if isinstance(section, dict) else "fused"
+    if implementation not in IMPLEMENTATIONS:  # torchtitan's Literal refuses the rest
+        raise SpecError(f"optimizer.implementation {implementation!r}: torchtitan takes one of "
+                        f"{', '.join(IMPLEMENTATIONS)}; fix it")
+    reduce = _get(tree, "training", "mixed_precision_reduce", str, "float32")
+    if reduce != "float32":
+        raise SpecError(f"training.mixed_precision_reduce {reduce!r}: torchtitan reduces in float32 only "
+                        "(its config's Literal); drop it or set float32")
     if implementation != "fused_opt_states_bf16":
         return "fp32"
     if fmt == "toml":

@@ -93,7 +93,7 @@ def estimate(
         est, coverage = cm.estimate(plan), cm.op_coverage(plan)
         timeline = None if json_out or brief else cm.timeline(plan)
     show_warnings(coverage_warnings(coverage, plan, measured, job.seq_len) + profile_drift(doc, coverage.source, where)
-                  + grad_drift(job, where))
+                  + grad_drift(job, doc, where))
     if brief:
         typer.echo(brief_line(est))
     elif json_out:
@@ -114,11 +114,13 @@ def profile_drift(doc: object, source: str, where: str) -> list[str]:
             "to re-cost it as planned"]
 
 
-def grad_drift(job: JobSpec, where: str) -> list[str]:
-    """A plan document costed with gradient buffers its trainer's config does not keep (a document written before
-    DeepSpeed's were costed in the model dtype): re-costed as recorded, with a warning naming what the config runs."""
-    runs = runs_grad_reduce(job.trainer, job.dtype, job.grad_reduce)
-    if not where or runs == job.grad_reduce:
+def grad_drift(job: JobSpec, doc: object, where: str) -> list[str]:
+    """A plan document for a trainer (its "trainer") costed with gradient buffers that trainer's config does not keep
+    (a document written before DeepSpeed's were costed in the model dtype): re-costed as recorded, with a warning
+    naming what the config runs."""
+    trainer = doc.get("trainer") if isinstance(doc, dict) else None
+    if not isinstance(trainer, str) or runs_grad_reduce(trainer, job.dtype, job.grad_reduce) == job.grad_reduce:
         return []
-    return [f"{where}: costed with {job.grad_reduce} gradient buffers as the document records; {job.trainer}'s "
-            f"config keeps {runs} (give --grad-reduce {runs} to cost that)"]
+    runs = runs_grad_reduce(trainer, job.dtype, job.grad_reduce)
+    return [f"{where}: costed with {job.grad_reduce} gradient buffers as its job.grad_reduce records; {trainer}'s "
+            f"config keeps {runs} (set job.grad_reduce to {runs} in the file, or plan again, to cost that)"]

@@ -101,8 +101,8 @@ OptimizerStatesOpt = Annotated[str, typer.Option(
          "non-delayed fp8 recipe, Megatron-Bridge's default (fp32 master weights), and torchtitan 0.3's "
          "fused_opt_states_bf16 (any ZeRO stage); DeepSpeed keeps bf16 as bf16 master weights (ZeRO 1-3).")]
 KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
-                                                help="Whose kernels and overlap to cost (default: the --trainer, "
-                                                     "else megatron).")]
+                                                help="Whose kernels and overlap to cost (default: the --trainer "
+                                                     "where the command has one, else megatron).")]
 #: JobSpec's default load imbalance of learned routing (costmodel/moe.py ROUTED_IMBALANCE).
 DEFAULT_MOE_IMBALANCE = next(f.default for f in fields(JobSpec) if f.name == "moe_imbalance")
 MAX_MOE_IMBALANCE = 64.0

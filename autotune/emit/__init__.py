@@ -79,7 +79,8 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
     softcap = softcap_warning(trainer, inp.model) if trainer not in ("megatron", "torchtitan") else None
     extra = tuple(w for w in (full_attention_warning(trainer, inp), softcap, dispatcher_warning(caps, inp),
                               capacity_warning(trainer, inp), mtp_warning(trainer, inp),
-                              rope_scaling_warning(trainer, inp), state_precision_warning(trainer, inp),
+                              rope_scaling_warning(trainer, inp),
+                              state_precision_warning(trainer, inp, torchtitan_format),
                               memory_warning(trainer, inp, torchtitan_format)) if w)
     return EmitResult(result.files, (*result.warnings, *extra)) if extra else result
 
@@ -116,24 +117,23 @@ def memory_warning(trainer: str, inp: EmitInput, fmt: str | None) -> str | None:
             f"{inp.usable_memory_gib:.1f} GiB usable: it will run out of memory (plan with --trainer {trainer})")
 
 
-def state_precision_warning(trainer: str, inp: EmitInput) -> str | None:
-    """16-bit gradient buffers or Adam states the trainer's config keeps in fp32 (torchtitan reduces in fp32:
-    specs/trainers.py runs_grad_reduce; only Megatron's precision-aware optimizer keeps bf16 states): the header
-    re-estimates what it runs (as_run_job), with more memory than planned. Where the config keeps less (DeepSpeed's
-    gradients in the model dtype), the header says so as it says the trainer's other differences, unwarned."""
-    run = as_run_job(inp.job, trainer)
-    more = {"grad_reduce": run.grad_bytes > inp.job.grad_bytes, "optimizer_states": run.optimizer_states == "fp32"}
+def state_precision_warning(trainer: str, inp: EmitInput, fmt: str | None = None) -> str | None:
+    """Gradient buffers or Adam states the trainer's config keeps otherwise than planned (torchtitan reduces in fp32,
+    DeepSpeed in the model dtype: specs/trainer_jobs.py runs_grad_reduce; 16-bit states only where the trainer keeps
+    them, at a ZeRO stage it keeps them under): the header re-estimates what it runs (emit/asrun.py what_runs)."""
+    run = what_runs(inp, trainer, fmt).job
     lost = [f"--{flag} {getattr(inp.job, name)} ({trainer}'s config keeps {getattr(run, name)})"
             for name, flag in (("grad_reduce", "grad-reduce"), ("optimizer_states", "optimizer-states"))
-            if getattr(inp.job, name) != getattr(run, name) and more[name]]
+            if getattr(inp.job, name) != getattr(run, name)]
     if not lost and trainer == "megatron" and inp.plan.vocab == "parallel" and inp.job.optimizer_states != "fp32":
         return (f"--optimizer-states {inp.job.optimizer_states} with vocabulary parallelism: the fork's flags "
                 "(core_v0.10.0's and its own) do not record --use-precision-aware-optimizer, so with VOCAB_PARALLEL=1 "
                 "the script may stop on it; plan with --fork vocab-parallel for a plan the fork runs")
     if not lost:
         return None
-    return f"{' and '.join(lost)}: the header's figures are re-estimated for what it runs (more memory than planned)"
-
+    more = run.grad_bytes > inp.job.grad_bytes or (run.optimizer_states == "fp32" != inp.job.optimizer_states)
+    return (f"{' and '.join(lost)}: the header's figures are re-estimated for what it runs "
+            f"({'more' if more else 'less'} memory than planned)")
 
 def mtp_warning(trainer: str, inp: EmitInput) -> str | None:
     """Multi-token prediction modules only Megatron's config trains (TrainerCaps.mtp): the others' run leaves

@@ -3,7 +3,8 @@ figures of that. One implementation for everything that must describe the file a
 (emit/common.py), the out-of-memory warning (emit/__init__.py) and the checkpoint interval (emit/runfiles.py).
 
 What runs is specs/trainers.py's as_run (the closest configuration the trainer expresses) and
-specs/trainer_jobs.py's as_run_job (the kernels and state precisions it runs), then what the output format changes further: torchtitan's 0.2.x TOML
+specs/trainer_jobs.py's as_run_job (the kernels and state precisions it runs; 16-bit Adam states only at a ZeRO
+stage the trainer keeps them under), then what the output format changes further: torchtitan's 0.2.x TOML
 (emit/torchtitan_mapping.py toml_runs). This module imports EmitInput for typing only, so the package's
 __init__ can import it without a cycle (common.py imports the package for EmitInput).
 """
@@ -11,7 +12,7 @@ __init__ can import it without a cycle (common.py imports the package for EmitIn
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from autotune.specs.job import JobSpec
@@ -53,7 +54,10 @@ def what_runs(inp: EmitInput, trainer: str, fmt: str | None = None) -> AsRun:
     runs = format_runs(trainer, fmt)
     if runs is not None:
         plan = runs(inp.plan, plan)
-    return AsRun(plan, as_run_job(inp.job, trainer, fmt), tuple(notes))
+    job = as_run_job(inp.job, trainer, fmt)
+    if plan.zero not in job.state_zero_stages:  # e.g. Megatron FSDP, which keeps fp32 main weights and moments
+        job = replace(job, optimizer_states="fp32")
+    return AsRun(plan, job, tuple(notes))
 
 
 def as_planned(inp: EmitInput, run: AsRun) -> bool:

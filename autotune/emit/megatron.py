@@ -190,7 +190,9 @@ def _precision_flags(inp: EmitInput) -> list[Flag]:
         flags.append(("--grad-reduce-in-bf16", None))
     elif job.grad_reduce == "fp32" and job.dtype == "fp16":
         flags.append(("--accumulate-allreduce-grads-in-fp32", None))
-    if job.optimizer_states != "fp32":  # megatron-core OptimizerConfig's fields (JobSpec.optimizer_states)
+    # megatron-core OptimizerConfig's fields (JobSpec.optimizer_states), with the distributed optimizer only: its FSDP
+    # keeps fp32 main weights and moments (emit/asrun.py costs the script so and warns)
+    if job.optimizer_states != "fp32" and inp.plan.zero in job.state_zero_stages:
         flags += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", "bf16"),
                   ("--exp-avg-sq-dtype", "bf16")]
         if job.optimizer_states == "bf16-moments":  # the optimizer's fp32-master path follows the fp8 recipe

@@ -24,9 +24,10 @@ def check_space(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int, g
     costed = set(job.state_zero_stages) & set(state_zero_stages(
         job.trainer if space.trainer is None else space.trainer.name, job.optimizer_states))
     if space.zero is not None and not set(space.zero) & costed:
+        stages = ",".join(map(str, sorted(costed)))
         raise SpecError(f"--zero {','.join(map(str, space.zero))} with --optimizer-states {job.optimizer_states}: "
-                        "16-bit Adam states are costed in Megatron's distributed optimizer, zero 1; pin --zero 1 "
-                        "or use --optimizer-states fp32")
+                        f"these Adam states are costed under ZeRO {stages} here (Megatron's distributed optimizer; "
+                        f"DeepSpeed's ZeRO 1-3); pin --zero {stages} or use --optimizer-states fp32")
     if space.trainer is not None:
         _check_trainer(space, space.trainer)
         _check_moe(space.trainer, model)

@@ -51,6 +51,9 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
     out = []
     for name, caps in TRAINER_CAPS.items():
         why = tuple(unsupported(caps, winner, model, job))
+        grads = runs_grad_reduce(name, job.dtype, job.grad_reduce)
+        if grads != job.grad_reduce:  # the gradient buffers its config keeps (DeepSpeed: the model dtype)
+            why += (f"{job.grad_reduce} gradient buffers: {name}'s config keeps {grads}",)
         if not why:
             out.append(TrainerBest(name, (), None, "RUNS"))
             continue

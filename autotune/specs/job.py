@@ -107,10 +107,11 @@ class JobSpec:
             raise SpecError(f"--grad-reduce must be one of {', '.join(GRAD_REDUCES)}, got {self.grad_reduce!r}")
         if self.grad_reduce == "bf16" and self.dtype == "fp16":
             raise SpecError("--grad-reduce bf16 with --dtype fp16: gradient buffers take the fp16 parameters' dtype "
-                            "unless fp32 (megatron-core DistributedDataParallel); use --grad-reduce fp16 (or fp32)")
+                            "unless fp32 (Megatron and DeepSpeed alike); use --grad-reduce fp16, or leave it out for "
+                            "the trainer's own")
         if self.grad_reduce == "fp16" and self.dtype != "fp16":
             raise SpecError(f"--grad-reduce fp16 keeps fp16 training's gradients in fp16; with --dtype {self.dtype} "
-                            "use --grad-reduce bf16 (or fp32)")
+                            "use --grad-reduce bf16 or fp32, or leave it out for the trainer's own")
         if self.optimizer_states not in OPTIMIZER_STATES:
             raise SpecError(f"--optimizer-states must be one of {', '.join(OPTIMIZER_STATES)}, got "
                             f"{self.optimizer_states!r}")

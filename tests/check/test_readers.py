@@ -398,6 +398,8 @@ def test_moe_enable_deepep_is_read_as_megatron_core_takes_it() -> None:
     ({"enabled": True, "bf16_master_weights_and_grads": True}, 2, "fp32 noted"),
     ({"enabled": True, "bf16_optimizer_states": True}, 1, "needs bf16.bf16_master_weights_and_grads"),
     ({"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, 0, "need ZeRO stage"),
+    ({"enabled": True, "bf16_master_weights_and_grads": "true", "bf16_optimizer_states": 1}, 1, "bf16"),
+    ({"enabled": True, "bf16_optimizer_state": True}, 1, "not a key of DeepSpeed's bf16 section"),
 ])
 def test_deepspeed_bf16_master_weights_and_states(bf16: dict, zero: int, expected: str) -> None:
     """DeepSpeed's bf16 master weights and Adam states read back as 'bf16' states; what its config check refuses
@@ -406,9 +408,27 @@ def test_deepspeed_bf16_master_weights_and_states(bf16: dict, zero: int, expecte
 
     notes: list[str] = []
     config = {"bf16": bf16, "zero_optimization": {"stage": zero}}
-    if expected.startswith("need"):
+    if expected.startswith(("need", "not a key")):
         with pytest.raises(SpecError, match=expected):
             optimizer_states(config, zero, notes)
         return
     assert optimizer_states(config, zero, notes) == expected.split()[0]
     assert bool(notes) == expected.endswith("noted")
+
+
+@pytest.mark.parametrize("tree,fmt,expected", [
+    ({}, "cli", "fp32"),
+    ({"optimizer": {"implementation": "fused_opt_states_bf16"}}, "cli", "bf16-moments"),
+    ({"optimizer": {"implementation": "fused_opt_states_bf16"}}, "toml", "torchtitan 0.2.x takes"),
+    ({"optimizer": {"implementation": "fused_bf16"}}, "cli", "optimizer.implementation 'fused_bf16'"),
+    ({"training": {"mixed_precision_reduce": "bfloat16"}}, "cli", "reduces in float32 only"),
+])
+def test_torchtitan_optimizer_and_reduce_dtypes(tree: dict, fmt: str, expected: str) -> None:
+    """torchtitan's bf16 Adam moments read back; what its config Literals refuse is refused in one line."""
+    from autotune.check.torchtitan_toml import _optimizer_states
+
+    if expected in ("fp32", "bf16-moments"):
+        assert _optimizer_states(tree, fmt) == expected
+        return
+    with pytest.raises(SpecError, match=expected):
+        _optimizer_states(tree, fmt)

@@ -65,7 +65,7 @@ def test_megatron_flags_read_back(flags: dict, expected: str) -> None:
 
 @pytest.mark.parametrize("config,dtype,expected,noted", [
     ({}, "bf16", "bf16", False), ({}, "fp16", "fp16", False),
-    ({"data_types": {"grad_accum_dtype": "fp32"}}, "bf16", "fp32", True),  # reduced in bf16, the default
+    ({"data_types": {"grad_accum_dtype": "fp32"}}, "bf16", "fp32", True),  # ZeRO 2: reduced in bf16, the default
     ({"data_types": {"grad_accum_dtype": "torch.float32"}, "communication_data_type": "fp32"}, "fp16", "fp32", False),
     ({"data_types": {"grad_accum_dtype": "half"}}, "fp16", "fp16", False),
     ({"communication_data_type": "fp32"}, "bf16", "bf16", True),
@@ -81,6 +81,7 @@ def test_deepspeed_config_read_back(config: dict, dtype: str, expected: str, not
     ({"data_types": {"grad_accum_dtype": "fp16"}}, 1, "accumulates bf16 training's gradients in bf16 or fp32"),
     ({"data_types": {"grad_accum_dtype": "fp32"}}, 0, "fp32 gradient accumulation there (unsupported mix)"),
     ({"communication_data_type": "float32"}, 1, "communication_data_type 'float32': DeepSpeed takes one of"),
+    ({"data_types": {"grad_accum_dtype": "fp32"}}, 1, "DeepSpeed runs its BF16_Optimizer there"),
 ])
 def test_deepspeed_refusals_are_deepspeeds(config: dict, zero: int, message: str) -> None:
     """What DeepSpeed 0.19 itself refuses (runtime/config.py DtypeEnum and get_communication_data_type, engine.py's
@@ -128,15 +129,19 @@ def test_fp16_megatron_script_keeps_what_was_costed(cli, autotune_proc, tmp_path
 def test_an_older_document_is_recosted_as_recorded_with_a_warning(cli, autotune_proc, tmp_path: Path) -> None:
     """A DeepSpeed plan document costed with fp32 gradients (before DeepSpeed's config was costed in the model
     dtype) is re-costed as recorded, and a warning names what the config keeps."""
-    doc = _json(cli, "estimate", *JOB, "--kernels", "deepspeed", "--tp", "1", "--pp", "1")
+    doc = _json(cli, "plan", *JOB, "--trainer", "deepspeed")
     doc["job"]["grad_reduce"] = "fp32"
     path = tmp_path / "old.json"
     path.write_text(json.dumps(doc))
     proc = autotune_proc("estimate", "--plan", str(path), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["job"]["grad_reduce"] == "fp32"
-    assert (f"warning: {path}: costed with fp32 gradient buffers as the document records; deepspeed's config "
-            "keeps bf16 (give --grad-reduce bf16 to cost that)") in proc.stderr
+    assert (f"warning: {path}: costed with fp32 gradient buffers as its job.grad_reduce records; deepspeed's config "
+            "keeps bf16 (set job.grad_reduce to bf16 in the file, or plan again, to cost that)") in proc.stderr
+    megatron = _json(cli, "plan", *JOB, "--trainer", "megatron", "--kernels", "deepspeed")
+    path.write_text(json.dumps(megatron))
+    proc = autotune_proc("estimate", "--plan", str(path), "--json")
+    assert proc.returncode == 0 and "gradient buffers" not in proc.stderr  # Megatron's config keeps what it records
 
 
 def test_the_header_names_what_the_file_keeps(cli, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from autotune.search.tables import to_plan
 from autotune.search.trainers import best_per_trainer, reestimator
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import Plan, check_plan
+from autotune.specs.trainer_jobs import runs_grad_reduce
 from autotune.specs.trainers import (EMITTED_CAPS, FORK_CAPS, TRAINER_CAPS, as_run, caps_for, deepspeed_split,
                                      refusal, runners, unsupported)
 from autotune.units import gib
@@ -86,12 +87,17 @@ MODEL = load_model("llama3-8b")
 HW = load_hardware("h100-sxm")
 
 
+def _own_job(name: str):
+    """JOB as `plan --trainer name` builds it: that trainer's kernels and gradient buffers (its default)."""
+    return replace(JOB, trainer=name, grad_reduce=runs_grad_reduce(name, JOB.dtype))
+
+
 @pytest.fixture(scope="module")
 def plans() -> dict[str, Plan]:
     """llama3-8b on 16 H100 searched for each trainer (pp pinned to 2 and 4 so that pipelines are in play)."""
     out = {}
     for name in TRAINER_CAPS:
-        job = replace(JOB, trainer=name)
+        job = _own_job(name)
         space = SearchSpace(pp=(2, 4), trainer=caps_for(name))
         out[name] = search(MODEL, HW, job, 16, space, top_k=0).best.plan
     return out
@@ -112,8 +118,8 @@ def test_emitting_a_plan_searched_for_the_trainer_downgrades_nothing(plans, name
     """The emitter's own warnings agree with the table: none about the plan (notes on the model or the job's
     dtype aside: no plan can change those)."""
     plan = plans[name]
-    est = CostModel(MODEL, HW, replace(JOB, trainer=name)).estimate(plan)
-    inp = EmitInput(plan=plan, model=MODEL, job=replace(JOB, trainer=name), gpu="h100-sxm", gpus_per_node=8,
+    est = CostModel(MODEL, HW, _own_job(name)).estimate(plan)
+    inp = EmitInput(plan=plan, model=MODEL, job=_own_job(name), gpu="h100-sxm", gpus_per_node=8,
                     step_time_s=est.step_time_s, peak_memory_gib=gib(est.peak_memory_bytes), mfu=est.mfu)
     warnings = [w for w in emit(name, inp).warnings if not w.startswith(("model ", "dtype "))]
     assert warnings == []
