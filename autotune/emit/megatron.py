@@ -33,6 +33,7 @@ from autotune.emit.megatron_moe import moe_flags
 from autotune.emit.megatron_forks import VOCAB_FORK, fork_block, fork_flags, mainline_plan, schedule_warnings
 from autotune.emit.megatron_partition import Flag, layout_string, partition_flags
 from autotune.emit.runfiles import float_text, nccl_env_block, required_env_block, sbatch_script, schedule
+from autotune.specs.job import state_zero_stages
 from autotune.specs.plan import Plan, largest_chunk
 
 TARGET = "Megatron-LM pretrain_gpt.py, flags as in megatron-core 0.16 / Megatron-LM core_r0.16"
@@ -192,7 +193,7 @@ def _precision_flags(inp: EmitInput) -> list[Flag]:
         flags.append(("--accumulate-allreduce-grads-in-fp32", None))
     # megatron-core OptimizerConfig's fields (JobSpec.optimizer_states), with the distributed optimizer only: its FSDP
     # keeps fp32 main weights and moments (emit/asrun.py costs the script so and warns)
-    if job.optimizer_states != "fp32" and inp.plan.zero in job.state_zero_stages:
+    if job.optimizer_states != "fp32" and inp.plan.zero in state_zero_stages("megatron", job.optimizer_states):
         flags += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", "bf16"),
                   ("--exp-avg-sq-dtype", "bf16")]
         if job.optimizer_states == "bf16-moments":  # the optimizer's fp32-master path follows the fp8 recipe

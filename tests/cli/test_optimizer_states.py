@@ -159,3 +159,28 @@ def test_the_text_headers_name_the_state_precision(cli) -> None:
         assert "4096 tokens, bf16, bf16 gradients, bf16-moments Adam states" in result.output, command
     assert "Adam states" not in cli("estimate", *job, "--tp", "2", "--pp", "1").output
 
+
+
+def test_a_torchtitan_fsdp_plan_emitted_for_megatron_keeps_fp32_states(cli, autotune_proc, tmp_path: Path) -> None:
+    """torchtitan's bf16 moments under FSDP (zero 3), emitted for Megatron: Megatron FSDP keeps fp32 main weights and
+    moments, so the script sets no precision-aware optimizer, emit says its figures are re-estimated for that, and
+    `check` reads the script as the header costs it; --strict refuses."""
+    job = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "256", "--seq-len", "4096")
+    doc = _json(cli, "plan", *job, "--trainer", "torchtitan", "--optimizer-states", "bf16-moments", "--out",
+                str(tmp_path / "tt"))
+    assert doc["plan"]["zero"] == 3
+    strict = autotune_proc("emit", "--plan", str(tmp_path / "tt" / "plan.json"), "--trainer", "megatron", "--out",
+                           str(tmp_path / "strict"), "--strict")
+    assert strict.returncode == 1 and not (tmp_path / "strict").exists()
+    proc = autotune_proc("emit", "--plan", str(tmp_path / "tt" / "plan.json"), "--trainer", "megatron", "--out",
+                         str(tmp_path / "mg"))
+    assert proc.returncode == 0 and ("--optimizer-states bf16-moments (megatron's config keeps fp32): the header's "
+                                     "figures are re-estimated for what it runs (more memory than planned)"
+                                     in proc.stderr)
+    script = (tmp_path / "mg" / "launch_megatron.sh").read_text()
+    assert "--use-precision-aware-optimizer" not in script
+    header = next(line for line in script.splitlines() if line.startswith("# predicted:"))
+    check = autotune_proc("check", str(tmp_path / "mg" / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "16",
+                          "--json")
+    assert check.returncode == 0, check.stderr
+    assert f"peak memory {json.loads(check.stdout)['peak_memory_gib']:.1f} GiB" in header
