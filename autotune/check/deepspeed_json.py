@@ -209,10 +209,10 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
         tp = gpus // (pp * cp * dp) if gpus % (pp * cp * dp) == 0 else tp
         notes.append(f"no ds_pipeline.json: pp 1 assumed and tp {tp} (--gpus / dp) from the mpu, which DeepSpeed's "
                      "JSON does not hold")
+    dtype = "fp16" if fp16 is True else "bf16"
     states = optimizer_states(config, zero, notes) if bf16 is True else "fp32"
-    return Reading(trainer="deepspeed", optimizer_states=states, tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1,
-                   num_microbatches=gas,
+    return Reading(trainer="deepspeed", tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1, num_microbatches=gas,
                    global_batch=tbs, seq_len=None, recompute="full" if interval else "none", zero=zero,
                    sequence_parallel=sp, layers_per_stage=layers, split="deepspeed", bucket_size=bucket,
-                   dtype="fp16" if fp16 is True else "bf16",
-                   grad_reduce=grad_reduce(config, "fp16" if fp16 is True else "bf16", zero, notes), notes=tuple(notes))
+                   dtype=dtype, grad_reduce=grad_reduce(config, dtype, zero, notes), optimizer_states=states,
+                   notes=tuple(notes))

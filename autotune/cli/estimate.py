@@ -119,8 +119,8 @@ def grad_drift(job: JobSpec, doc: object, where: str) -> list[str]:
     (a document written before DeepSpeed's were costed in the model dtype): re-costed as recorded, with a warning
     naming what the config runs."""
     trainer = doc.get("trainer") if isinstance(doc, dict) else None
-    if not isinstance(trainer, str) or runs_grad_reduce(trainer, job.dtype, job.grad_reduce) == job.grad_reduce:
+    runs = runs_grad_reduce(trainer, job.dtype, job.grad_reduce) if isinstance(trainer, str) else job.grad_reduce
+    if runs == job.grad_reduce:
         return []
-    runs = runs_grad_reduce(trainer, job.dtype, job.grad_reduce)
     return [f"{where}: costed with {job.grad_reduce} gradient buffers as its job.grad_reduce records; {trainer}'s "
             f"config keeps {runs} (set job.grad_reduce to {runs} in the file, or plan again, to cost that)"]

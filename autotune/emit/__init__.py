@@ -15,7 +15,6 @@ from autotune.errors import SpecError
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
-from autotune.specs.trainer_jobs import as_run_job
 from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
@@ -178,8 +177,7 @@ def softcap_warning(trainer: str, model: ModelSpec) -> str | None:
     """Logit soft-capping (Gemma 2's tanh caps on the attention scores and the final logits) that no emitted config
     sets: megatron-core 0.16's TransformerConfig has no soft-cap field (nor Megatron-LM a flag), torchtitan's
     llama3 has none (emit/torchtitan_mapping.py names it), and DeepSpeed's and Colossal-AI's hyperparameters do
-    not list it. The cost is the same (the
-    caps are not costed); what trains is another model."""
+    not list it. The cost is the same (the caps are not costed); what trains is another model."""
     caps = [f"{what} {cap:g}" for what, cap in (("attention scores", model.attn_logit_softcap),
                                                  ("final logits", model.final_logit_softcap)) if cap]
     if not caps:

@@ -63,7 +63,7 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
             own = replace(own, moe_dispatcher="alltoall")
         if own.optimizer_states not in caps.optimizer_states:  # and Adam's usual fp32 state
             own = replace(own, optimizer_states="fp32")
-        own = replace(own, grad_reduce=runs_grad_reduce(name, own.dtype, own.grad_reduce))  # its gradient buffers
+        own = replace(own, grad_reduce=grads)  # its gradient buffers
         try:
             check_space(restricted, model, own, gpus, hw.gpus_per_node)
             result = search(model, hw, own, gpus, restricted, top_k=0, profile=profile, work_limit=work_limit,
