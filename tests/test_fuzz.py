@@ -286,7 +286,7 @@ def test_fuzz_calibrate_runs_files(data, tmp_path_factory):
 # ---------------------------------------------------------------------------------------------- profile
 PROFILE_POISON = [["--seq-len", "0"], ["--seq-len", "2097152"], ["--mbs", "0"], ["--mbs", "x"], ["--tp", "0"],
                   ["--tp", "3"], ["--repeats", "0"], ["--repeats", "1001"], ["--device", "tpu"],
-                  ["--out", "/dev/null"], ["--model", "llama9-1t"], ["--model", "x" * 300], ["--mbs", "4096"],
+                  ["--out", "/dev/null"], ["--model", "llama9-1t"], ["--model", "x" * 300], ["--mbs", "32768"],
                   ["--nproc", "1"], ["--warmup", "-1"], ["--dtype", "fp8"], ["--threads", "0"],
                   ["--min-bytes", "0"], ["--tier", "x", "--comm"], ["--backend", "x", "--comm"],
                   ["--cp", "0"], ["--cp", "x"], ["--seq-len", "64", "--cp", "1,3"]]

@@ -133,11 +133,40 @@ def test_a_very_long_name_is_the_name_rule_not_an_oserror(flag):
 
 # ------------------------------------------------------------------------------- profile larger than memory
 def test_profile_shapes_larger_than_memory_are_refused_before_allocating(tmp_path, monkeypatch):
-    monkeypatch.setattr("autotune.cli.profile.available_memory", lambda kind: 8 << 30)
+    monkeypatch.setattr("autotune.cli.profile.available_memory", lambda kind: 1 << 10)
     line = error_line(["profile", "--model", "llama3-405b", "--device", "cpu", "--seq-len", "8192", "--tp", "1",
                        "--mbs", "1", "--out", str(tmp_path / "p.json")])
-    assert "needs about" in line and "but cpu has 8.0 GiB free; use a smaller --mbs or --seq-len" in line
+    assert "needs about" in line and "but cpu has 0.0 GiB free (no op fits); use a smaller --mbs or --seq-len" in line
     assert not (tmp_path / "p.json").exists()
+
+
+def test_profile_leaves_ops_too_large_for_memory_untimed_and_names_them(tmp_path, monkeypatch):
+    """A long sequence on one GPU: the loss over the whole vocabulary does not fit, the layer's ops do; the
+    profile holds what fits and stderr names the rest, which estimates then charge by the roofline."""
+    pytest.importorskip("torch")
+    from autotune.catalog import load_model
+    from autotune.profiling.optimer import enumerate_jobs
+
+    jobs = enumerate_jobs(load_model("tiny-gpt"), 256, (1,), (1,))
+    largest = max(j.op.bytes for j in jobs)
+    monkeypatch.setattr("autotune.cli.profile.available_memory", lambda kind: int(largest) - 1)
+    out = tmp_path / "p.json"
+    code, stdout, err = run(["profile", "--model", "tiny-gpt", "--device", "cpu", "--seq-len", "256", "--tp", "1",
+                             "--mbs", "1", "--repeats", "1", "--warmup", "0", "--json", "--out", str(out)])
+    assert code == 0, err
+    skipped = [j.op.name for j in jobs if j.op.bytes == largest]
+    summary = json.loads(stdout)
+    assert [s.split()[0] for s in summary["not_timed"]] == skipped
+    assert summary["ops"] == len(jobs) - len(skipped)
+    assert "not timed, too large for cpu's free memory: " + skipped[0] in err
+    written = json.loads(out.read_text())
+    timed = {o["op"] for o in written["ops"]}
+    assert not timed & set(skipped) and len(timed) == len(jobs) - len(skipped)
+    assert written["not_timed"] == summary["not_timed"]
+    code, _, err = run(["estimate", "--model", "tiny-gpt", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8",
+                        "--seq-len", "256", "--tp", "1", "--pp", "1", "--dp", "8", "--mbs", "1", "--profile", str(out),
+                        "--brief"])
+    assert code == 0 and f"left {', '.join(sorted(skipped))} untimed (too large for the measuring GPU's memory)" in err
 
 
 def test_profile_refuses_an_unknown_backend_before_starting_torchrun():

@@ -217,12 +217,14 @@ def test_profile_default_name_is_a_slug_of_the_model_name(tmp_path, capsys, monk
     """`profile` without --out names its file after the model, whose name may be a config.json path."""
     pytest.importorskip("torch")
     import autotune.profiling.optimer as optimer
-    from autotune.specs.profile import Device, Libraries, Profile
+    from autotune.specs.profile import Device, Libraries, OpPoint, Profile
 
     def fake_profile(spec, **kw):
+        point = OpPoint(op="input_norm", tp=1, cp=1, mbs=1, sp=False, flops=1.0, bytes=1.0, seconds=1e-6,
+                        stdev_seconds=0.0, repeats=1)
         return Profile(path="", created="2026-01-02", device=Device(kind="cpu", name="cpu", threads=1),
                        libraries=Libraries(torch="x", python="x", autotune="x"), model=spec.name, seq_len=64,
-                       dtype="bf16", ops=(), comm={})
+                       dtype="bf16", ops=(point,), comm={})
 
     monkeypatch.setattr(optimer, "profile_model", fake_profile)
     config = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 512,

@@ -9,8 +9,8 @@ import typer
 from autotune.catalog import load_model
 from autotune.cli.inputs import (coverage_warnings, job_from_plan_document, load_cost_profile, plan_source,
                                  read_plan, settle_job_settings, single_plan)
-from autotune.cli.options import (BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt, EpOpt,
-                                  EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt, GpusPerNodeOpt, GradOpt,
+from autotune.cli.options import (AttentionOpt, BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt,
+                                  EpOpt, EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt, GpusPerNodeOpt, GradOpt,
                                   JsonOpt, KernelsOpt, LayersOpt, MbsOpt, MicroOpt, ModelOrPlanOpt, MoeCapacityOpt,
                                   MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt, OptimizerStatesOpt,
                                   OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
@@ -44,7 +44,7 @@ def estimate(
     force_profile: ForceProfileOpt = False, ep: EpOpt = None, etp: EtpOpt = None,
     moe_imbalance: MoeImbalanceOpt = None, moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
-    optimizer_states: OptimizerStatesOpt = "fp32",
+    optimizer_states: OptimizerStatesOpt = "fp32", attention_backend: AttentionOpt = None,
     time_limit: Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock limit in seconds "
                                               "(exit 3 when it strikes).")] = DEFAULT_TIME_LIMIT_S,
 ) -> None:
@@ -58,7 +58,8 @@ def estimate(
     settings = {"dtype": dtype, "no_flash_attention": no_flash_attention, "unfused": unfused,
                 "grad_reduce": grad_reduce, "kernels": kernels, "moe_imbalance": moe_imbalance,
                 "moe_dispatcher": moe_dispatcher, "moe_capacity_factor": moe_capacity_factor,
-                "moe_pad_to_capacity": moe_pad_to_capacity, "optimizer_states": optimizer_states}
+                "moe_pad_to_capacity": moe_pad_to_capacity, "optimizer_states": optimizer_states,
+                "attention_backend": attention_backend}
     plan, recorded, doc, where = None, {}, None, ""
     if plan_file is not None:  # re-costed with the job it was planned with, unless the command line gives one
         plan, recorded, doc = read_plan(plan_file, pins)
@@ -79,7 +80,7 @@ def estimate(
     job = build_job(global_batch, seq_len, settings["dtype"], settings["no_flash_attention"], settings["unfused"],
                     settings["grad_reduce"], settings["kernels"], settings["moe_imbalance"],
                     settings["moe_dispatcher"], settings["moe_capacity_factor"], settings["moe_pad_to_capacity"],
-                    settings["optimizer_states"])
+                    settings["optimizer_states"], settings["attention_backend"])
     if plan is None:
         plan = single_plan(pins, spec, job, gpus)
         if spec.is_moe and etp is None and plan.tp > 1:

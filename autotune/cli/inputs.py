@@ -14,7 +14,8 @@ from autotune.costmodel.measured import OpCoverage, check_profile_model, check_p
 from autotune.errors import SpecError
 from autotune.fileio import slug
 from autotune.specs.hardware import HardwareSpec
-from autotune.specs.job import DTYPES, GRAD_REDUCES, MOE_DISPATCHERS, OPTIMIZER_STATES, TRAINERS, JobSpec
+from autotune.specs.job import (ATTENTION_BACKENDS, DTYPES, GRAD_REDUCES, MOE_DISPATCHERS, OPTIMIZER_STATES, TRAINERS,
+                               JobSpec)
 from autotune.specs.limits import MAX_JSON_BYTES
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import (DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, even_split, is_even_split,
@@ -94,13 +95,14 @@ JOB_SETTINGS = (("dtype", str, "dtype", "--dtype", False),
                 ("grad_reduce", str, "grad_reduce", "--grad-reduce", False),
                 ("optimizer_states", str, "optimizer_states", "--optimizer-states", False),
                 ("kernels", str, "kernels", "--kernels", False),
+                ("attention_backend", str, "attention_backend", "--attention-backend", False),
                 ("moe_dispatcher", str, "moe_dispatcher", "--moe-dispatcher", False),
                 ("moe_imbalance", float, "moe_imbalance", "--moe-imbalance", False),
                 ("moe_capacity_factor", float, "moe_capacity_factor", "--moe-capacity-factor", False),
                 ("moe_pad_to_capacity", bool, "moe_pad_to_capacity", "--moe-pad-to-capacity", False))
 #: The values a document's job block may hold for the settings with a fixed set of them
 JOB_CHOICES = {"dtype": DTYPES, "grad_reduce": GRAD_REDUCES, "optimizer_states": OPTIMIZER_STATES,
-               "kernels": TRAINERS, "moe_dispatcher": MOE_DISPATCHERS}
+               "kernels": TRAINERS, "moe_dispatcher": MOE_DISPATCHERS, "attention_backend": ATTENTION_BACKENDS}
 #: What the document's job block must share with the command line: (key, the value's flag)
 JOB_FIXED = (("model", "--model"), ("gpu", "--gpu"), ("gpus", "--gpus"), ("gpus_per_node", "--gpus-per-node"),
              ("global_batch", "--global-batch"), ("seq_len", "--seq-len"))
@@ -220,6 +222,10 @@ def coverage_warnings(coverage: OpCoverage, plan: Plan, profile: Profile | None 
     if coverage.source == "roofline" or not coverage.fallback:
         return []
     ops = f"{coverage.total - coverage.measured} of {coverage.total} ops cost by the roofline instead"
+    untimed = {label.split()[0] for label in profile.not_timed} if profile is not None else set()
+    if untimed.issuperset(coverage.fallback):
+        return [f"--profile {coverage.source} left {', '.join(coverage.fallback)} untimed (too large for the "
+                f"measuring GPU's memory): {ops}"]
     if profile is not None and profile.seq_len and seq_len is not None and seq_len != profile.seq_len:
         return [f"--profile {coverage.source} was measured at --seq-len {profile.seq_len}, the job runs {seq_len}: "
                 f"{ops}; measure them with `autotune profile --seq-len {seq_len} --tp {plan.tp} --mbs {plan.mbs}`"]

@@ -100,6 +100,11 @@ OptimizerStatesOpt = Annotated[str, typer.Option(
          "Megatron-LM runs it (master weights kept as 16-bit remainders); bf16-moments as it runs under a "
          "non-delayed fp8 recipe, Megatron-Bridge's default (fp32 master weights), and torchtitan 0.3's "
          "fused_opt_states_bf16 (any ZeRO stage); DeepSpeed keeps bf16 as bf16 master weights (ZeRO 1-3).")]
+AttentionOpt = Annotated[str | None, typer.Option(
+    "--attention-backend", metavar="cudnn|flash",
+    help="PyTorch SDPA's attention kernel (torchtitan, DeepSpeed, Colossal-AI): cuDNN's or FlashAttention-2, about "
+         "half its speed on an H100 (default: the trainer's own: cuDNN for torchtitan, whose attention asks for it; "
+         "FlashAttention-2 for DeepSpeed and Colossal-AI).")]
 KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
                                                 help="Whose kernels and overlap to cost (default: the --trainer "
                                                      "where the command has one, else megatron).")]
@@ -287,7 +292,7 @@ def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
               grad_reduce: str | None = None, kernels: str | None = None, moe_imbalance: float | None = None,
               moe_dispatcher: str = "alltoall", moe_capacity: float | None = None, moe_pad: bool = False,
-              optimizer_states: str = "fp32") -> JobSpec:
+              optimizer_states: str = "fp32", attention_backend: str | None = None) -> JobSpec:
     imbalance = DEFAULT_MOE_IMBALANCE if moe_imbalance is None else moe_imbalance
     if not 1.0 <= imbalance <= MAX_MOE_IMBALANCE:  # also NaN
         raise SpecError(f"--moe-imbalance {imbalance:g}: the busiest expert's tokens over the mean must be >= 1.0 "
@@ -298,7 +303,8 @@ def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfus
                   moe_capacity_factor=0.0 if moe_capacity is None else moe_capacity, moe_pad_to_capacity=moe_pad,
                   grad_reduce=grad_reduce or runs_grad_reduce(kernels, dtype),  # type: ignore[arg-type]
                   optimizer_states=optimizer_states,  # type: ignore[arg-type]
-                  trainer=kernels or "megatron")  # type: ignore[arg-type]
+                  trainer=kernels or "megatron",  # type: ignore[arg-type]
+                  attention_backend=attention_backend)  # type: ignore[arg-type]
     check_job_settings(TRAINER_CAPS[job.trainer], job)  # the kernels' trainer must run what is priced
     return job
 

@@ -12,13 +12,13 @@ from rich.text import Text
 from autotune.catalog import load_model
 from autotune.cli.inputs import coverage_warnings, load_cost_profile
 from autotune.cli.launch import check_emit_options, save_plan, trainer_caps
-from autotune.cli.options import (BatchOpt, BriefOpt, CompareOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt,
-                                  FormatOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, IdleOpt, JsonOpt, KernelsOpt,
-                                  MockDataOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt,
-                                  NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins, PlanOutOpt, ProfileOpt,
-                                  RunTokensOpt, SCpOpt, SDpOpt, SEpOpt, SEtpOpt, SeqOpt, SLayersOpt, SMbsOpt,
-                                  SOverlapOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt,
-                                  StrictOpt, SVocabOpt, SVppOpt, SZeroOpt, TimeLimitOpt, TopOpt, TrainerOpt, UnfusedOpt,
+from autotune.cli.options import (AttentionOpt, BatchOpt, BriefOpt, CompareOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt,
+                                  ForkOpt, FormatOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, IdleOpt, JsonOpt,
+                                  KernelsOpt, MockDataOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt,
+                                  MoePadOpt, NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins, PlanOutOpt, ProfileOpt,
+                                  RunTokensOpt, SCpOpt, SDpOpt, SEpOpt, SEtpOpt, SLayersOpt, SMbsOpt, SOverlapOpt,
+                                  SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt, SVocabOpt, SVppOpt,
+                                  SZeroOpt, SeqOpt, StrictOpt, TimeLimitOpt, TopOpt, TrainerOpt, UnfusedOpt,
                                   WorkLimitOpt, build_job, check_whole_nodes, load_cluster, show, show_warnings)
 from autotune.cli.searching import compare_plan, distinct_fitting, run_search, search_space, without_timings
 from autotune.costmodel.estimate import CostModel
@@ -30,7 +30,7 @@ from autotune.render.trainers import trainers_json, trainers_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
 from autotune.search.trainers import best_per_trainer, reestimator
-from autotune.specs.trainer_jobs import check_grad_reduce, check_job_settings, runs_grad_reduce
+from autotune.specs.trainer_jobs import check_trainer_settings, check_job_settings, runs_grad_reduce
 
 
 def plan(
@@ -49,7 +49,7 @@ def plan(
     mock_data: MockDataOpt = False, train_tokens: RunTokensOpt = DEFAULT_TRAIN_TOKENS, ep: SEpOpt = None,
     etp: SEtpOpt = None, moe_imbalance: MoeImbalanceOpt = None, moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
-    optimizer_states: OptimizerStatesOpt = "fp32",
+    optimizer_states: OptimizerStatesOpt = "fp32", attention_backend: AttentionOpt = None,
 ) -> None:
     """Search for the fastest plan that fits; show it, the runners-up and why they lost (exit 3: not proven).
     With --trainer T, only plans T runs; with --out DIR, also write DIR/plan.json and T's launch config(s)."""
@@ -68,9 +68,10 @@ def plan(
     check_whole_nodes(gpus, hw)
     job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused,
                     grad_reduce or runs_grad_reduce(trainer or kernels, dtype), kernels or trainer,
-                    moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity, optimizer_states)
+                    moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity, optimizer_states,
+                    attention_backend)
     check_job_settings(caps, job)
-    check_grad_reduce(caps, job)
+    check_trainer_settings(caps, job)
     if torchtitan_format == "toml" and job.optimizer_states != "fp32":
         raise SpecError(f"--optimizer-states {job.optimizer_states} with --torchtitan-format toml: torchtitan 0.2.x "
                         "keeps fp32 Adam states; use the 0.3.0 overrides (--torchtitan-format cli) or "

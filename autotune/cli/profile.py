@@ -56,21 +56,25 @@ def available_memory(kind: str) -> int | None:
     return None
 
 
-def check_profile_memory(spec, seq: int, tps: tuple[int, ...], mbss: tuple[int, ...], kind: str,
-                         cps: tuple[int, ...] = (1,)) -> None:
-    """Refuse, before any tensor exists, shapes whose largest op would not fit in the device's free memory (the
-    allocator's RuntimeError, or the kernel's OOM killer, would come instead of a line)."""
+def oversized_jobs(spec, seq: int, tps: tuple[int, ...], mbss: tuple[int, ...], kind: str,
+                   cps: tuple[int, ...] = (1,)) -> frozenset:
+    """The ops whose tensors would not fit in the device's free memory, found before any tensor exists (the
+    allocator's RuntimeError, or the kernel's OOM killer, would come instead of a line). They are left untimed, so
+    a long sequence can be profiled on one GPU although its loss over the whole vocabulary cannot; when no op
+    fits, the run is refused."""
     from autotune.profiling.optimer import enumerate_jobs
 
-    jobs = enumerate_jobs(spec, seq, tps, mbss, cps)
-    if not jobs:
-        return
-    big = max(jobs, key=lambda j: j.op.bytes)
-    need, free = OP_MEMORY_FACTOR * big.op.bytes, available_memory(kind)
-    if free is not None and need > free:
-        raise SpecError(f"profile: timing {big.op.name} of {spec.name} at tp {big.tp}, cp {big.cp}, mbs {big.mbs}, "
-                        f"seq {seq} needs about {need / GiB:.1f} GiB, but {kind} has {free / GiB:.1f} GiB free; use a "
-                        "smaller --mbs or --seq-len, or only larger --tp degrees")
+    jobs, free = enumerate_jobs(spec, seq, tps, mbss, cps), available_memory(kind)
+    if not jobs or free is None:
+        return frozenset()
+    big = frozenset(j for j in jobs if OP_MEMORY_FACTOR * j.op.bytes > free)
+    if len(big) == len(jobs):
+        small = min(jobs, key=lambda j: j.op.bytes)
+        raise SpecError(f"profile: timing {small.op.name} of {spec.name} at tp {small.tp}, cp {small.cp}, mbs "
+                        f"{small.mbs}, seq {seq} needs about {OP_MEMORY_FACTOR * small.op.bytes / GiB:.1f} GiB, but "
+                        f"{kind} has {free / GiB:.1f} GiB free (no op fits); use a smaller --mbs or --seq-len, or "
+                        "only larger --tp degrees")
+    return big
 
 
 def _need_torch() -> None:
@@ -186,23 +190,29 @@ def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int
     old = _existing(target)
     tps, cps = parse_int_list(tp, "--tp"), parse_int_list(cp, "--cp")
     check_cps(seq, cps)
-    check_profile_memory(spec, seq, tps, mbss, kind, cps)
+    too_big = oversized_jobs(spec, seq, tps, mbss, kind, cps)
     try:
         with _progress(show, f"timing {spec.name} ops on {kind}") as progress:
-            prof = profile_model(spec, seq_len=seq, tps=tps, mbss=mbss, dtype=dtype, device=kind, repeats=repeats,
-                                 warmup=warmup, progress=progress, cps=cps)
+            prof = profile_model(spec, seq_len=seq, tps=tps, mbss=mbss, dtype=dtype, device=kind,
+                                          repeats=repeats, warmup=warmup, progress=progress, cps=cps, skip=too_big)
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         if "memory" not in str(exc).lower() and not isinstance(exc, MemoryError):
             raise
         raise SpecError(f"profile: {kind} ran out of memory timing {spec.name} (seq {seq}, tp {tp}, cp {cp}, mbs "
                         f"{mbs}); use a smaller --mbs or --seq-len, or only larger --tp degrees") from None
+    if not prof.ops:
+        raise SpecError(f"profile: no op of {spec.name} fits in {kind}'s free memory at seq {seq} (tp {tp}, cp {cp}, "
+                        f"mbs {mbs}); use a smaller --mbs or --seq-len, or only larger --tp degrees")
+    if prof.not_timed:
+        show_warnings([f"not timed, too large for {kind}'s free memory: {', '.join(prof.not_timed)} (estimates "
+                       "charge them by the roofline)"])
     if old is not None and old.comm:
         prof = dataclasses.replace(prof, comm=old.comm)
     written = write_profile(prof, target)
     text = (f"timed {len(prof.ops)} ops of {spec.name} (seq {seq}, tp {tp}, cp {cp}, mbs {mbs}, {dtype}) on "
             f"{prof.device.kind} {prof.device.name!r}, {prof.device.threads} thread(s)")
     return {"out": str(written), "model": spec.name, "device": dataclasses.asdict(prof.device), "seq_len": seq,
-            "cp": list(cps), "dtype": dtype, "ops": len(prof.ops), "text": text}
+            "cp": list(cps), "dtype": dtype, "ops": len(prof.ops), "not_timed": list(prof.not_timed), "text": text}
 
 
 def _profile_comm(kind: str, out: Path | None, *, min_bytes: int, max_bytes: int, nproc: int, backend: str,

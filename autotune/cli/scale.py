@@ -9,12 +9,12 @@ import typer
 from autotune.catalog import load_model
 from autotune.cli.inputs import load_cost_profile
 from autotune.cli.launch import trainer_caps
-from autotune.cli.options import (BriefOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt, GpuOpt, GpusPerNodeOpt,
-                                  GradOpt, JsonOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt,
-                                  MoePadOpt, NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins, ProfileOpt, SCpOpt,
-                                  SeqOpt, SMbsOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt,
-                                  SVocabOpt, SVppOpt, SZeroOpt, UnfusedOpt, WorkLimitOpt, build_job, check_whole_nodes,
-                                  fail, load_cluster, parse_int_list, show)
+from autotune.cli.options import (AttentionOpt, BriefOpt, CrossTpOpt, DtypeOpt, ForceProfileOpt, ForkOpt, GpuOpt,
+                                  GpusPerNodeOpt, GradOpt, JsonOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt,
+                                  MoeImbalanceOpt, MoePadOpt, NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins,
+                                  ProfileOpt, SCpOpt, SMbsOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt,
+                                  STpOpt, SVocabOpt, SVppOpt, SZeroOpt, SeqOpt, UnfusedOpt, WorkLimitOpt, build_job,
+                                  check_whole_nodes, fail, load_cluster, parse_int_list, show)
 from autotune.cli.searching import pins_space, without_timings
 from autotune.emit import TRAINERS
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
@@ -23,7 +23,7 @@ from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.space import for_trainer
 from autotune.search.scaling import (DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, available_cores,
                                      global_batch_for_tokens, scale)
-from autotune.specs.trainer_jobs import check_grad_reduce, check_job_settings
+from autotune.specs.trainer_jobs import check_trainer_settings, check_job_settings
 
 
 def scale_command(
@@ -66,6 +66,7 @@ def scale_command(
     moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
     grad_reduce: GradOpt = None, optimizer_states: OptimizerStatesOpt = "fp32",
+    attention_backend: AttentionOpt = None,
 ) -> None:
     """The best plan at each GPU count: throughput, MFU, time and cost to train, where the winning strategy
     changes and where more GPUs stop paying (exit 2: no size fits; 3: a size not proven)."""
@@ -85,9 +86,10 @@ def scale_command(
     caps = trainer_caps(trainer, fork)
     job = build_job(batch, seq_len, dtype, no_flash_attention, unfused, grad_reduce, kernels=trainer,
                     moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher, moe_capacity=moe_capacity_factor,
-                    moe_pad=moe_pad_to_capacity, optimizer_states=optimizer_states)
+                    moe_pad=moe_pad_to_capacity, optimizer_states=optimizer_states,
+                    attention_backend=attention_backend)
     check_job_settings(caps, job)
-    check_grad_reduce(caps, job)
+    check_trainer_settings(caps, job)
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = for_trainer(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), caps)

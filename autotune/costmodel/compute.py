@@ -26,9 +26,11 @@ class PassTime:
 
 
 def attention_kernel(job: JobSpec) -> str:
-    """Megatron runs Transformer Engine's cuDNN fused attention on Hopper; torchtitan and DeepSpeed run
-    PyTorch's SDPA, whose flash backend is FlashAttention-2."""
-    return "fused" if job.trainer == "megatron" else "sdpa"
+    """The kernel library a step runs: "fused" = Transformer Engine's (Megatron); "sdpa" = PyTorch's, with SDPA's
+    FlashAttention-2; "sdpa_cudnn" = PyTorch's, with SDPA's cuDNN attention (JobSpec.runs_attention)."""
+    if job.trainer == "megatron":
+        return "fused"
+    return "sdpa_cudnn" if job.runs_attention == "cudnn" else "sdpa"
 
 
 #: Output tile of a large Hopper/Ampere bf16 GEMM (CUTLASS's 128x256 warp-specialized tile, cuBLAS's usual
@@ -133,7 +135,7 @@ def compute_efficiency(op: Op, hw: HardwareSpec, dtype: str, attention: str = "f
     if op.kernel == "gemm":
         fp8 = matmul_dtype(op, dtype) == "fp8"
         base = eff.gemm_fp8 if fp8 and eff.gemm_fp8 else (
-            eff.gemm_torch if attention == "sdpa" and eff.gemm_torch else eff.gemm)
+            eff.gemm_torch if attention != "fused" and eff.gemm_torch else eff.gemm)
         if not op.dims:
             return base
         k0 = eff.gemm_fp8_k0 if fp8 and eff.gemm_fp8_k0 else eff.gemm_k0
@@ -147,15 +149,17 @@ def compute_efficiency(op: Op, hw: HardwareSpec, dtype: str, attention: str = "f
 
 def memory_efficiency(hw: HardwareSpec, kernels: str) -> float:
     """Achieved fraction of HBM bandwidth of a memory-bound kernel: Transformer Engine's hand-fused kernels
-    ("fused", Megatron) or PyTorch's own, eager or Inductor-generated ("sdpa": torchtitan, DeepSpeed)."""
+    ("fused", Megatron) or PyTorch's own, eager or Inductor-generated ("sdpa", "sdpa_cudnn": torchtitan,
+    DeepSpeed)."""
     eff = hw.efficiency
-    return eff.memory_torch if kernels == "sdpa" and eff.memory_torch else eff.memory
+    return eff.memory_torch if kernels != "fused" and eff.memory_torch else eff.memory
 
 
 def op_time(op: Op, hw: HardwareSpec, dtype: str, attention: str = "fused") -> float:
     """Seconds one operator takes on one GPU: its roofline time plus the fixed cost of a kernel. `attention` names
     the kernel library: "fused" = Transformer Engine's (cuDNN attention, cuBLASLt, hand-fused memory-bound
-    kernels; Megatron), "sdpa" = PyTorch's (SDPA flash attention, cuBLAS, ATen/Inductor kernels)."""
+    kernels; Megatron), "sdpa" = PyTorch's (SDPA flash attention, cuBLAS, ATen/Inductor kernels), "sdpa_cudnn" =
+    PyTorch's with SDPA's cuDNN attention (the attention of "fused", the rest of "sdpa")."""
     memory_s = op.bytes / (hw.hbm_bandwidth * memory_efficiency(hw, attention))
     if op.kernel == "memory":
         return memory_s + hw.kernel_overhead_s

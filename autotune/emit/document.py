@@ -12,7 +12,7 @@ from autotune.catalog import catalog_twin, load_model
 from autotune.emit import EmitInput
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.specs._strict import boolean, choice, nonneg_float, positive_float, positive_int, text
-from autotune.specs.job import DTYPES, GRAD_REDUCES, MOE_DISPATCHERS, OPTIMIZER_STATES, JobSpec
+from autotune.specs.job import ATTENTION_BACKENDS, DTYPES, GRAD_REDUCES, MOE_DISPATCHERS, OPTIMIZER_STATES, JobSpec
 from autotune.specs.job import TRAINERS as JOB_TRAINERS
 from autotune.specs.limits import check_name
 from autotune.specs.model import ModelSpec, model_from_dict
@@ -60,7 +60,9 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
                        **({"moe_pad_to_capacity": boolean(job, "moe_pad_to_capacity", f"{where}: job")}
                           if "moe_pad_to_capacity" in job else {}),
                        trainer=choice(job, "kernels", JOB_TRAINERS, f"{where}: job") if "kernels" in job
-                       else "megatron")  # type: ignore[arg-type]
+                       else "megatron",  # type: ignore[arg-type]
+                       attention_backend=choice(job, "attention_backend", ATTENTION_BACKENDS, f"{where}: job")
+                       if "attention_backend" in job else None)  # type: ignore[arg-type]
     plan = plan_from_dict(doc["plan"], f"{where}: plan")
     if "gpus" in job and positive_int(job, "gpus", f"{where}: job") != plan.num_gpus:
         raise SpecError(f"{where}: job.gpus {job['gpus']} but the plan's tp*pp*dp*cp = {plan.num_gpus}; the "

@@ -149,8 +149,18 @@ def _forwards(d: Dims) -> dict[str, Callable[[bool], tuple[Callable[[], Any], li
 
     act = F.silu if d.act == "swiglu" else F.gelu
     s2 = (d.mbs * d.heads * d.seq, d.seq)
-    mask = torch.ones(d.seq, d.seq, dtype=torch.bool, device=d.device).triu(1)
     scale = 1 / math.sqrt(d.head_dim)
+
+    def masked(softmax: bool):
+        def build(grad):  # the seq x seq mask only where an unfused kernel is timed: at 256k tokens it is 64 GiB
+            x = _t(d, *s2, grad=grad)
+            mask = torch.ones(d.seq, d.seq, dtype=torch.bool, device=d.device).triu(1)
+
+            def run():
+                y = (x * scale).view(-1, d.seq, d.seq).masked_fill(mask, -math.inf)
+                return torch.softmax(y, dim=-1) if softmax else y
+            return run, [x]
+        return build
 
     def cross_entropy(grad):
         logits = _t(d, t, d.vocab, grad=grad)
@@ -171,9 +181,7 @@ def _forwards(d: Dims) -> dict[str, Callable[[bool], tuple[Callable[[], Any], li
            "gated_act": binary(t, f, lambda a, b: act(a) * b), "act": unary(t, f, act),
            "gate_mul": binary(t, f, torch.mul), "cross_entropy": cross_entropy, "position_add": pos_add,
            "embedding_lookup": lookup,
-           "scale_mask_softmax": unary(*s2, lambda x: torch.softmax(
-               (x * scale).view(-1, d.seq, d.seq).masked_fill(mask, -math.inf), dim=-1)),
-           "scale_mask": unary(*s2, lambda x: (x * scale).view(-1, d.seq, d.seq).masked_fill(mask, -math.inf)),
+           "scale_mask_softmax": masked(True), "scale_mask": masked(False),
            "softmax": unary(*s2, lambda x: torch.softmax(x, dim=-1)),
            "attn_dropout": unary(*s2, lambda x: F.dropout(x, DROPOUT))}
     for block in ("attn_residual", "mlp_residual"):

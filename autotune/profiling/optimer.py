@@ -134,8 +134,10 @@ def time_call(fn: Callable[[], object], *, warmup: int, repeats: int, cuda: bool
 
 def measure_ops(model: ModelSpec, *, seq_len: int, tps: tuple[int, ...], mbss: tuple[int, ...], dtype: str,
                 device: str, repeats: int, warmup: int, progress: Progress | None = None,
-                cps: tuple[int, ...] = (1,)) -> tuple[OpPoint, ...]:
-    """Time every op of `model` at each tp, cp and mbs; returns the points in enumeration order."""
+                cps: tuple[int, ...] = (1,), skip: frozenset = frozenset()
+                ) -> tuple[tuple[OpPoint, ...], tuple[str, ...]]:
+    """Time every op of `model` at each tp, cp and mbs but the jobs in `skip` and those the device runs out of
+    memory for; returns the points in enumeration order and the labels of the ops left untimed."""
     check_degrees(model, seq_len, tps)
     check_cps(seq_len, cps)
     if dtype not in DTYPES:
@@ -143,30 +145,40 @@ def measure_ops(model: ModelSpec, *, seq_len: int, tps: tuple[int, ...], mbss: t
     if device == "cuda" and not torch.cuda.is_available():
         raise SpecError("--device cuda: torch sees no CUDA device here; use --device cpu")
     jobs = enumerate_jobs(model, seq_len, tps, mbss, cps)
-    points = []
+    points, skipped = [], []
     with torch.enable_grad():  # the backward kernels replay autograd graphs
         for i, j in enumerate(jobs):
+            label = f"{j.op.name} tp={j.tp} cp={j.cp} mbs={j.mbs}{' sp' if j.sp else ''}"
             if progress is not None:
-                progress(i, len(jobs), f"{j.op.name} tp={j.tp} cp={j.cp} mbs={j.mbs}{' sp' if j.sp else ''}")
-            fn = kernel(j.op.name, dims(model, seq_len, j, DTYPES[dtype], device))
-            seconds, stdev = time_call(fn, warmup=warmup, repeats=repeats, cuda=device == "cuda")
+                progress(i, len(jobs), label)
+            if j in skip:
+                skipped.append(label)
+                continue
+            try:
+                fn = kernel(j.op.name, dims(model, seq_len, j, DTYPES[dtype], device))
+                seconds, stdev = time_call(fn, warmup=warmup, repeats=repeats, cuda=device == "cuda")
+            except torch.OutOfMemoryError:
+                fn = None
+                skipped.append(label)
+                torch.cuda.empty_cache()
+                continue
             points.append(OpPoint(op=j.op.name, tp=j.tp, cp=j.cp, mbs=j.mbs, sp=j.sp, flops=j.op.flops,
                                   bytes=j.op.bytes, seconds=seconds, stdev_seconds=stdev, repeats=repeats))
             del fn
     if progress is not None:
         progress(len(jobs), len(jobs), "done")
-    return tuple(points)
+    return tuple(points), tuple(skipped)
 
 
 def profile_model(model: ModelSpec, *, seq_len: int, tps: tuple[int, ...], mbss: tuple[int, ...], dtype: str,
                   device: str, repeats: int, warmup: int, progress: Progress | None = None,
-                  cps: tuple[int, ...] = (1,)) -> Profile:
-    """A whole profile of `model` on this machine's `device` (cpu or cuda)."""
+                  cps: tuple[int, ...] = (1,), skip: frozenset = frozenset()) -> Profile:
+    """A profile of `model` on this machine's `device` (cpu or cuda), naming the ops left untimed (measure_ops)."""
     torch.manual_seed(0)
-    ops = measure_ops(model, seq_len=seq_len, tps=tps, mbss=mbss, dtype=dtype, device=device, repeats=repeats,
-                      warmup=warmup, progress=progress, cps=cps)
+    ops, skipped = measure_ops(model, seq_len=seq_len, tps=tps, mbss=mbss, dtype=dtype, device=device,
+                               repeats=repeats, warmup=warmup, progress=progress, cps=cps, skip=skip)
     return Profile(path="", created=utc_date(), device=device_info(device), libraries=libraries(),
-                   model=model.name, seq_len=seq_len, dtype=dtype, ops=ops, comm={})
+                   model=model.name, seq_len=seq_len, dtype=dtype, ops=ops, comm={}, not_timed=skipped)
 
 
 def utc_date() -> str:

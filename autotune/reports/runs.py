@@ -24,6 +24,8 @@ first other line is the header. Columns (all required unless marked optional; no
   trainer            optional: megatron (default), torchtitan, deepspeed or colossalai (whose kernels ran)
   grad_reduce        optional: fp32, bf16, or fp16 (with dtype fp16); default what the trainer's config runs (fp32;
                      DeepSpeed's, the model dtype)
+  attention_backend  optional: cudnn or flash, PyTorch SDPA's kernel (not with megatron); default the trainer's own
+                     (cuDNN for torchtitan, FlashAttention-2 for DeepSpeed and Colossal-AI)
   tp_overlap         optional: false (default) or true (TP communication overlapped with the GEMMs)
   async_tp_backward  optional: true (default) or false (Megatron before late 2021: synchronous TP backward)
   overlap_grad_reduce optional: true (default) or false (Megatron-LM's LocalDDP of 2021: gradients reduced after
@@ -53,7 +55,7 @@ REQUIRED = ("model", "gpu", "gpus", "global_batch", "seq_len", "dtype", "tp", "p
             "num_microbatches", "schedule", "vpp", "recompute", "zero", "sequence_parallel", "flash_attention",
             "step_time_s")
 OPTIONAL = ("layers_per_stage", "fused_kernels", "trainer", "grad_reduce", "tp_overlap", "async_tp_backward",
-            "overlap_grad_reduce")
+            "overlap_grad_reduce", "attention_backend")
 _INTS = ("gpus", "global_batch", "seq_len", "tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp")
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -147,6 +149,7 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
                       flash_attention=_bool(where, "flash_attention", row["flash_attention"]),
                       fused_kernels=_bool(where, "fused_kernels", row.get("fused_kernels") or "true"),
                       trainer=row.get("trainer") or "megatron",
+                      attention_backend=row.get("attention_backend") or None,
                       grad_reduce=row.get("grad_reduce") or runs_grad_reduce(row.get("trainer"), row["dtype"]),
                       async_tp_backward=_bool(where, "async_tp_backward", row.get("async_tp_backward") or "true"),
                       overlap_grad_reduce=_bool(where, "overlap_grad_reduce",

@@ -14,6 +14,8 @@ DTYPES = ("bf16", "fp16", "fp8")
 MOE_DISPATCHERS = ("alltoall", "deepep")
 #: Gradient-buffer dtypes the cost model prices (JobSpec.grad_reduce)
 GRAD_REDUCES = ("fp32", "bf16", "fp16")
+#: Attention kernels of PyTorch's SDPA the cost model prices (JobSpec.attention_backend)
+ATTENTION_BACKENDS = ("cudnn", "flash")
 #: Adam state layouts the cost model prices (JobSpec.optimizer_states)
 OPTIMIZER_STATES = ("fp32", "bf16", "bf16-moments")
 
@@ -93,6 +95,10 @@ class JobSpec:
     trainer: Literal["megatron", "torchtitan", "deepspeed", "colossalai"] = "megatron"
     """The trainer that runs the step: it decides the kernels (Transformer Engine's cuDNN attention and FP8
     casts under Megatron, PyTorch SDPA under torchtitan and DeepSpeed) and what communication overlaps."""
+    attention_backend: Literal["cudnn", "flash"] | None = None
+    """Which kernel PyTorch's SDPA runs the attention with (torchtitan, DeepSpeed, Colossal-AI): "cudnn" (cuDNN's
+    fused attention, the kernel Transformer Engine calls) or "flash" (FlashAttention-2), about half its speed on
+    an H100 (profiles/measured/h100-sxm-microbench-attention.json). None = the trainer's own (runs_attention)."""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -131,6 +137,25 @@ class JobSpec:
                             f"dropless); drop it or use --moe-dispatcher alltoall")
         if self.trainer not in TRAINERS:
             raise SpecError(f"--trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
+        if self.attention_backend not in (None, *ATTENTION_BACKENDS):
+            raise SpecError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
+                            f"{self.attention_backend!r}")
+        if self.trainer == "megatron" and self.attention_backend == "flash":
+            raise SpecError("--attention-backend flash: Megatron's attention is costed as Transformer Engine's fused "
+                            "(cuDNN) kernel; the flag chooses PyTorch SDPA's kernel (--kernels torchtitan, deepspeed "
+                            "or colossalai)")
+
+    @property
+    def runs_attention(self) -> str:
+        """The attention kernel the step runs: attention_backend where given, else the trainer's own. Megatron:
+        Transformer Engine's fused attention, cuDNN's. torchtitan 0.2 and 0.3 ask SDPA for cuDNN first
+        (models/common/attention.py: sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH], set_priority=True)).
+        DeepSpeed runs the user's model code, whose SDPA picks by the installed PyTorch's priority (2.11's picks
+        cuDNN on an H100, measured: 626-643 TFLOP/s against flash's 353-359 at 32k tokens; older releases
+        FlashAttention-2), so FlashAttention-2 is assumed; Colossal-AI calls FlashAttention-2 itself."""
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return "cudnn" if self.trainer in ("megatron", "torchtitan") else "flash"
 
     @property
     def moe_load(self) -> float:

@@ -4,10 +4,9 @@ Versioned JSON (`"schema": "autotune-profile/1"`), units in the keys. It records
 (date, device, library versions, model, sequence length, dtype), the measured per-operator points, and
 optionally fitted alpha-beta parameters of the collectives per link tier with the points they were fitted to.
 
-The loader is strict and every error is one line naming the file, the line and the field (the line where
-that key is written in the text, found by a small scanner of the JSON; json.loads itself gives no positions).
-The writer is deterministic: fixed key order, numbers rounded to 6 significant digits, one point per line.
-"""
+The loader is strict: every error is one line naming the file, line (a small scanner of the JSON finds where a
+key is written; json.loads gives no positions) and field. The writer is deterministic: fixed key order, numbers
+to 6 significant digits, one point per line. Ops too large to time are listed (not_timed)."""
 
 from __future__ import annotations
 
@@ -32,9 +31,7 @@ _REMEASURE = "re-run `autotune profile` to write a fresh file"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Device:
     """What was measured on."""
-
     kind: Literal["cpu", "cuda"]
-    """cpu or cuda."""
     name: str
     """torch.cuda.get_device_name(), or the CPU model from /proc/cpuinfo."""
     threads: int
@@ -44,7 +41,6 @@ class Device:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Libraries:
     """Versions of what did the measuring."""
-
     torch: str
     python: str
     autotune: str
@@ -136,6 +132,8 @@ class Profile:
     ops: tuple[OpPoint, ...]
     comm: dict[str, CommTier]
     """Measured link tiers (intra_node, inter_node); empty if none."""
+    not_timed: tuple[str, ...] = ()
+    """Ops left untimed, too large for the device's free memory ("name tp=N cp=N mbs=N[ sp]"); optional."""
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -150,7 +148,8 @@ def load_profile(path: Path | str) -> Profile:
 
 
 def profile_from_dict(data: Any, r: _Reader) -> Profile:
-    r.keys(data, (), ("schema", "created", "device", "libraries", "model", "seq_len", "dtype", "ops"), ("comm",))
+    r.keys(data, (), ("schema", "created", "device", "libraries", "model", "seq_len", "dtype", "ops"),
+           ("comm", "not_timed"))
     if data["schema"] != SCHEMA:
         r.fail(("schema",), f"{data['schema']!r} is not a version this autotune reads ({SCHEMA}); {_REMEASURE}")
     created = r.text(data, ("created",))
@@ -162,7 +161,7 @@ def profile_from_dict(data: Any, r: _Reader) -> Profile:
     nullable = ("model", "seq_len", "dtype")
     if ops and any(data[k] is None for k in nullable):
         r.fail((next(k for k in nullable if data[k] is None),), "is null but the profile has ops; give it")
-    comm = data.get("comm") or {}
+    comm, untimed = data.get("comm") or {}, r.seq(data, ("not_timed",)) if "not_timed" in data else []
     r.keys(comm, ("comm",), (), TIERS)
     points = tuple(_op_point(r, p, ("ops", i)) for i, p in enumerate(ops))
     _no_repeated_points(r, points)
@@ -175,7 +174,8 @@ def profile_from_dict(data: Any, r: _Reader) -> Profile:
         seq_len=None if data["seq_len"] is None else r.int(data, ("seq_len",)),
         dtype=None if data["dtype"] is None else r.choice(data, ("dtype",), ("bf16", "fp16", "fp32", "fp8")),
         ops=points,
-        comm={tier: _tier(r, comm[tier], ("comm", tier)) for tier in TIERS if tier in comm})
+        comm={tier: _tier(r, comm[tier], ("comm", tier)) for tier in TIERS if tier in comm},
+        not_timed=tuple(r.text(untimed, ("not_timed", i)) for i in range(len(untimed))))
 
 
 def _no_repeated_points(r: _Reader, points: tuple[OpPoint, ...]) -> None:
@@ -352,6 +352,8 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
     }
     if p.comm:
         doc["comm"] = {tier: _tier_dict(p.comm[tier]) for tier in TIERS if tier in p.comm}
+    if p.not_timed:
+        doc["not_timed"] = list(p.not_timed)
     return doc
 
 

@@ -44,25 +44,32 @@ def check_job_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
                         "--optimizer-states fp32")
 
 
-def check_grad_reduce(caps: TrainerCaps | None, job: JobSpec) -> None:
-    """A search restricted to a trainer (--trainer) prices only the gradient buffers its config keeps. Not asked of
-    --kernels alone: those price the trainer's kernels, under any gradient dtype."""
+def check_trainer_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
+    """A search restricted to a trainer (--trainer) prices only the gradient buffers and attention kernel its config
+    runs. Not asked of --kernels alone: those price the trainer's kernels under any gradient dtype, and an older
+    torchtitan's FlashAttention-2."""
     runs = runs_grad_reduce(caps and caps.name, job.dtype, job.grad_reduce)
     if caps is not None and job.grad_reduce != runs:
         raise SpecError(f"--grad-reduce {job.grad_reduce}: {caps.name}'s config keeps {runs} gradient buffers with "
                         f"--dtype {job.dtype}; use --grad-reduce {runs} (its default)")
+    if caps is not None and caps.name == "torchtitan" and job.attention_backend == "flash":
+        raise SpecError("--attention-backend flash: torchtitan asks SDPA for cuDNN attention first (its attention "
+                        "module), so its config runs cuDNN; leave the flag out, or give --kernels torchtitan without "
+                        "--trainer to estimate an older torchtitan's FlashAttention run")
 
 
 def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
     """The job as `trainer`'s emitted config runs it (what `check` reads back from the file): the trainer's own
-    kernels, and the settings its emitter fixes. torchtitan: FlashAttention through SDPA, fp32 gradient reduction
+    kernels, and the settings its emitter fixes. torchtitan: SDPA's cuDNN attention, fp32 gradient reduction
     (FSDP2's default), FP8 only in the 0.2.x TOML (float8 converters; the 0.3.0 overrides write none); DeepSpeed:
     fp16 or bf16 (no FP8), fused kernels, gradients in that dtype (runs_grad_reduce); only Megatron drops tokens at
     a capacity factor; Adam states as the trainer keeps them (TrainerCaps.optimizer_states; torchtitan's bf16 moments
     in its 0.3.0 overrides, not the 0.2.x TOML; DeepSpeed's bf16 master weights and states with bf16 training), else
     fp32.
     `fmt`: torchtitan's format, "cli" (the default) or "toml"."""
-    out = replace(job, trainer=trainer)  # type: ignore[arg-type]
+    own_attention = trainer in ("megatron", "torchtitan")  # their configs choose cuDNN (JobSpec.runs_attention)
+    out = replace(job, trainer=trainer,  # type: ignore[arg-type]
+                  attention_backend=None if own_attention else job.attention_backend)
     caps = TRAINER_CAPS.get(trainer)
     kept = caps is not None and job.optimizer_states in caps.optimizer_states and not (
         (trainer == "torchtitan" and fmt == "toml") or (trainer == "deepspeed" and job.dtype == "fp16"))

@@ -17,6 +17,7 @@ from autotune.costmodel.layer import layer_cost, layer_shape
 from autotune.costmodel.memory import layer_activations, state_bytes_per_param
 from autotune.costmodel.ops import Op, backward_ops, layer_forward_ops
 from autotune.costmodel.stages import comm_interference, zero3_exposed
+from autotune.errors import SpecError
 from autotune.specs.job import JobSpec, StateBytes
 from autotune.specs.plan import Plan, even_split
 
@@ -69,6 +70,37 @@ def test_backward_attention_and_sdpa_use_their_own_efficiencies():
     assert op_time(fwd, hw, "bf16") == pytest.approx(1e12 / (1e14 * 0.6))
     assert op_time(bwd, hw, "bf16") == pytest.approx(1e12 / (1e14 * 0.3))
     assert op_time(fwd, hw, "bf16", "sdpa") == pytest.approx(1e12 / (1e14 * 0.3))
+
+
+def test_sdpa_cudnn_runs_the_fused_attention_figure_and_pytorchs_other_kernels():
+    """"sdpa_cudnn" (torchtitan's own attention: SDPA asked for cuDNN first) prices attention at the cuDNN figure
+    Transformer Engine's fused attention has, and GEMMs and memory-bound kernels at PyTorch's, by hand."""
+    eff = replace(HW.efficiency, attention=0.6, attention_sdpa=0.3, gemm_torch=0.35, memory_torch=0.4)
+    hw = replace(HW, efficiency=eff, kernel_overhead_s=0.0)
+    fwd = Op("flash_attention", "attention", 1e12, 1.0, "attention", (4096, 0.0))
+    add = Op("add", "elementwise", 0.0, 8e8, "memory")
+    assert op_time(fwd, hw, "bf16", "sdpa_cudnn") == pytest.approx(1e12 / (1e14 * 0.6))
+    assert op_time(add, hw, "bf16", "sdpa_cudnn") == pytest.approx(8e8 / (1e12 * 0.4))
+    gemm = Op("mlp_up", "gemm", 2 * 8192**3, 3 * 2 * 8192**2, "gemm", (8192, 8192, 8192))
+    assert op_time(gemm, hw, "bf16", "sdpa_cudnn") == op_time(gemm, hw, "bf16", "sdpa")
+    assert op_time(gemm, hw, "bf16", "sdpa_cudnn") > op_time(gemm, hw, "bf16", "fused")
+
+
+def test_each_trainer_runs_its_own_attention_kernel():
+    """Megatron and torchtitan cuDNN's (TE's fused attention; torchtitan's sdpa_kernel priority), DeepSpeed and
+    Colossal-AI FlashAttention-2, unless attention_backend says; Megatron is never costed with FlashAttention."""
+    from autotune.costmodel.compute import attention_kernel
+
+    kernels = {t: attention_kernel(JobSpec(global_batch=8, seq_len=1024, trainer=t))
+               for t in ("megatron", "torchtitan", "deepspeed", "colossalai")}
+    assert kernels == {"megatron": "fused", "torchtitan": "sdpa_cudnn", "deepspeed": "sdpa", "colossalai": "sdpa"}
+    pinned = JobSpec(global_batch=8, seq_len=1024, trainer="torchtitan", attention_backend="flash")
+    assert attention_kernel(pinned) == "sdpa" and pinned.runs_attention == "flash"
+    assert attention_kernel(replace(pinned, trainer="deepspeed", attention_backend="cudnn")) == "sdpa_cudnn"
+    with pytest.raises(SpecError, match="--attention-backend flash: Megatron's attention is costed as"):
+        JobSpec(global_batch=8, seq_len=1024, attention_backend="flash")
+    with pytest.raises(SpecError, match="--attention-backend must be one of cudnn, flash, got 'xformers'"):
+        JobSpec(global_batch=8, seq_len=1024, trainer="deepspeed", attention_backend="xformers")
 
 
 def test_every_kernel_pays_the_launch_gap():

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.catalog import load_hardware, load_model
+from autotune.catalog import PROFILES_DIR, load_hardware, load_model
 from autotune.costmodel.compute import op_time, pass_time
 from autotune.costmodel.estimate import CostModel
 from autotune.costmodel.layer import layer_shape
@@ -125,7 +125,7 @@ def test_profile_for_another_model_is_rejected_and_mismatches_warn():
 def test_op_names_cover_every_op_the_cost_model_asks_for():
     """The names a profile may hold are those the lookups use: a catalog model's step ops at its jobs' kernel
     choices, and the shipped profiles' points."""
-    from autotune.catalog import PROFILES_DIR, model_names
+    from autotune.catalog import model_names
     from autotune.costmodel.measured import op_names
     from autotune.specs.profile import load_profile
     for name in model_names():
@@ -151,3 +151,27 @@ def test_unknown_op_names_and_empty_profiles_are_errors():
     with pytest.raises(SpecError, match="the profile has no ops .*run `autotune profile --model tiny-gpt"):
         check_profile_model(profile(()), MODEL)
     check_profile_model(profile((), comm={"intra_node": None}), MODEL)  # a comm-only profile is fine
+
+
+LONG_CONTEXT = sorted((PROFILES_DIR / "measured").glob("h100-sxm-llama3*-s*-cp*.torch-eager.json"))
+
+
+@pytest.mark.parametrize("path", LONG_CONTEXT, ids=lambda p: p.name.split(".torch")[0])
+def test_cudnn_attention_figures_match_long_context_ring_attention_timed_on_an_h100(path):
+    """The shipped long-context profiles (`autotune profile --device cuda --seq-len S --cp C`, torch 2.11, whose
+    SDPA picks cuDNN on an H100, as torchtitan asks) time one rank's ring-attention kernels at 32k tokens per
+    GPU; the hardware file's cuDNN figures ("sdpa_cudnn") must price them within 15%, the FlashAttention-2
+    figures ("sdpa") at about twice their time."""
+    from autotune.profiling.optimer import enumerate_jobs
+    from autotune.specs.profile import load_profile
+
+    prof, hw = load_profile(path), load_hardware("h100-sxm")
+    measured = {(p.op, p.tp, p.cp, p.sp): p.seconds for p in prof.ops}
+    tp, cp = prof.ops[0].tp, prof.ops[0].cp
+    jobs = [j for j in enumerate_jobs(load_model(prof.model), prof.seq_len, (tp,), (1,), (cp,))
+            if j.op.name in ("flash_attention", "flash_attention_bwd")]
+    assert len(jobs) == 2
+    for j in jobs:
+        seconds = measured[(j.op.name, tp, cp, False)]
+        assert op_time(j.op, hw, "bf16", "sdpa_cudnn") == pytest.approx(seconds, rel=0.15), j.op.name
+        assert 1.7 < op_time(j.op, hw, "bf16", "sdpa") / seconds < 2.3, j.op.name

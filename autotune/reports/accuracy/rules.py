@@ -47,6 +47,10 @@ RULES: tuple[tuple[str, str], ...] = (
               "the scaling recipe is not modelled), else bf16; flash attention on"),
     ("fused_kernels", "megatron: on (Transformer Engine); torchtitan: on only when other_settings names "
                       "torch.compile"),
+    ("attention", "megatron: Transformer Engine's fused attention (cuDNN); torchtitan rows: FlashAttention-2. "
+                  "Their commits (2024-12, 2025-06) call F.scaled_dot_product_attention with PyTorch's default "
+                  "priority, which put FlashAttention-2 first then (assumed, not read this session; torchtitan 0.2 "
+                  "and 0.3 ask for cuDNN first, which the planner costs for torchtitan)"),
     ("degrees", "tp, pp, cp as published, blank -> 1; dp = dp_derived, which must equal num_gpus/(tp*pp*cp)"),
     ("microbatches", "num_microbatches = global_batch/(dp*mbs) (the derived GA where the source prints another); "
                      "torchtitan pp rows without mbs: torchtitan's default of one micro-batch per pipeline stage "
@@ -213,14 +217,15 @@ def row_hardware(row: dict[str, str]) -> HardwareSpec:
 
 
 def row_job(row: dict[str, str], trainer: str) -> JobSpec:
-    """RULES 'dtype', 'fused_kernels' and 'grad_reduce'."""
+    """RULES 'dtype', 'fused_kernels', 'attention' and 'grad_reduce'."""
     settings = row["other_settings"].lower()
     fused = trainer == "megatron" or "compile" in settings
     dtype = "fp8" if row["precision"].strip().lower() in ("fp8", "float8") else "bf16"
     grad_reduce = "bf16" if row["source_id"].strip() in BF16_GRAD_REDUCE_SOURCES else "fp32"
     return JobSpec(global_batch=column_int(row, "global_batch_size"), seq_len=column_int(row, "seq_len"), dtype=dtype,
                    flash_attention=True, fused_kernels=fused, grad_reduce=grad_reduce,  # type: ignore[arg-type]
-                   trainer=trainer, moe_imbalance=1.0)  # type: ignore[arg-type]
+                   trainer=trainer, moe_imbalance=1.0,  # type: ignore[arg-type]
+                   attention_backend="flash" if trainer == "torchtitan" else None)
 
 
 def row_recompute(row: dict[str, str], trainer: str, model: ModelSpec) -> str:

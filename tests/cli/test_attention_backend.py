@@ -1,0 +1,79 @@
+"""--attention-backend: which kernel PyTorch's SDPA runs the attention with. torchtitan asks for cuDNN first (its
+attention module's sdpa_kernel priority), so its plans are costed with cuDNN's attention and the flag cannot say
+otherwise under --trainer torchtitan; --kernels torchtitan alone prices an older torchtitan's FlashAttention-2 run.
+The choice is recorded in the plan document and read back by estimate --plan and emit."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import SpecError
+from autotune.specs.job import JobSpec
+from autotune.specs.trainer_jobs import as_run_job
+
+JOB = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8", "--seq-len", "32768",
+       "--tp", "1", "--pp", "1", "--cp", "2", "--dp", "4", "--mbs", "1", "--zero", "3", "--recompute", "full")
+
+
+def _estimate(cli, *args: str) -> dict:
+    result = cli("estimate", *JOB, *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_cudnn_attention_is_faster_than_flash_by_the_measured_figures(cli) -> None:
+    """At 32k tokens attention is most of the step: cuDNN's (hardware file attention 0.58) against
+    FlashAttention-2's (attention_sdpa 0.33) must shorten it, and only the attention terms may differ."""
+    flash = _estimate(cli, "--kernels", "torchtitan", "--attention-backend", "flash")
+    cudnn = _estimate(cli, "--kernels", "torchtitan")
+    assert cudnn["job"]["kernels"] == "torchtitan" and "attention_backend" not in cudnn["job"]
+    assert flash["job"]["attention_backend"] == "flash"
+    assert cudnn["step_time_s"] < 0.8 * flash["step_time_s"]
+    assert cudnn["operators"]["attention"] < 0.65 * flash["operators"]["attention"]
+    assert cudnn["operators"]["gemm"] == flash["operators"]["gemm"]
+
+
+def test_the_document_records_the_backend_and_estimate_plan_reads_it(cli, tmp_path: Path) -> None:
+    doc = _estimate(cli, "--kernels", "deepspeed", "--attention-backend", "cudnn")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    again = cli("estimate", "--plan", str(path), "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["step_time_s"] == doc["step_time_s"]
+    assert json.loads(again.stdout)["job"]["attention_backend"] == "cudnn"
+    doc["job"]["attention_backend"] = "xformers"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecError, match="job.attention_backend 'xformers' must be one of cudnn, flash"):
+        cli("estimate", "--plan", str(path))
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--kernels", "megatron", "--attention-backend", "flash"), "Megatron's attention is costed as Transformer "
+                                                                 "Engine's fused (cuDNN) kernel"),
+    (("--kernels", "torchtitan", "--attention-backend", "xformers"), "--attention-backend must be one of cudnn, "
+                                                                     "flash, got 'xformers'"),
+])
+def test_a_backend_the_kernels_cannot_run_is_refused(cli, args, message) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        cli("estimate", *JOB, *args)
+
+
+def test_torchtitan_plans_run_cudnn_so_flash_is_one_line_there(autotune_proc) -> None:
+    result = autotune_proc("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch",
+                           "64", "--seq-len", "4096", "--trainer", "torchtitan", "--attention-backend", "flash")
+    assert result.returncode == 1 and not result.stdout
+    assert result.stderr.count("\n") == 1 and "torchtitan asks SDPA for cuDNN attention first" in result.stderr
+
+
+def test_as_run_keeps_deepspeeds_backend_and_gives_megatron_and_torchtitan_their_own() -> None:
+    job = JobSpec(global_batch=8, seq_len=1024, trainer="deepspeed", attention_backend="cudnn")
+    assert as_run_job(job, "deepspeed").attention_backend == "cudnn"
+    assert as_run_job(JobSpec(global_batch=8, seq_len=1024, trainer="colossalai", attention_backend="flash"),
+                      "megatron").runs_attention == "cudnn"
+    titan = as_run_job(JobSpec(global_batch=8, seq_len=1024, trainer="deepspeed", attention_backend="flash"),
+                       "torchtitan")
+    assert titan.attention_backend is None and titan.runs_attention == "cudnn"
