@@ -103,8 +103,8 @@ OptimizerStatesOpt = Annotated[str, typer.Option(
 AttentionOpt = Annotated[str | None, typer.Option(
     "--attention-backend", metavar="cudnn|flash",
     help="PyTorch SDPA's attention kernel (torchtitan, DeepSpeed, Colossal-AI): cuDNN's or FlashAttention-2, about "
-         "half its speed on an H100 (default: the trainer's own: cuDNN for torchtitan, whose attention asks for it; "
-         "FlashAttention-2 for DeepSpeed and Colossal-AI).")]
+         "half its speed on an H100 (default: the trainer's own: cuDNN for torchtitan, which asks for it, and for "
+         "DeepSpeed, whose SDPA picks it from PyTorch 2.9; FlashAttention-2 for Colossal-AI).")]
 KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
                                                 help="Whose kernels and overlap to cost (default: the --trainer "
                                                      "where the command has one, else megatron).")]

@@ -148,14 +148,14 @@ class JobSpec:
     @property
     def runs_attention(self) -> str:
         """The attention kernel the step runs: attention_backend where given, else the trainer's own. Megatron:
-        Transformer Engine's fused attention, cuDNN's. torchtitan 0.2 and 0.3 ask SDPA for cuDNN first
-        (models/common/attention.py: sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH], set_priority=True)).
-        DeepSpeed runs the user's model code, whose SDPA picks by the installed PyTorch's priority (2.11's picks
-        cuDNN on an H100, measured: 626-643 TFLOP/s against flash's 353-359 at 32k tokens; older releases
-        FlashAttention-2), so FlashAttention-2 is assumed; Colossal-AI calls FlashAttention-2 itself."""
+        Transformer Engine's fused attention, cuDNN's. torchtitan 0.2.2 and 0.3.0 ask SDPA for cuDNN first
+        (models/attention.py: sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH], set_priority=True), "remove
+        after PyTorch 2.9", whose own priority puts cuDNN first on Hopper). DeepSpeed runs the user's model code
+        through SDPA at the installed PyTorch's priority: cuDNN on an H100 with 2.11 (measured: the default ran
+        626-643 TFLOP/s, cuDNN 589-641, flash 353-359 at 32k tokens). Colossal-AI calls FlashAttention-2 itself."""
         if self.attention_backend is not None:
             return self.attention_backend
-        return "cudnn" if self.trainer in ("megatron", "torchtitan") else "flash"
+        return "flash" if self.trainer == "colossalai" else "cudnn"
 
     @property
     def moe_load(self) -> float:

@@ -87,13 +87,15 @@ def test_sdpa_cudnn_runs_the_fused_attention_figure_and_pytorchs_other_kernels()
 
 
 def test_each_trainer_runs_its_own_attention_kernel():
-    """Megatron and torchtitan cuDNN's (TE's fused attention; torchtitan's sdpa_kernel priority), DeepSpeed and
-    Colossal-AI FlashAttention-2, unless attention_backend says; Megatron is never costed with FlashAttention."""
+    """Megatron, torchtitan and DeepSpeed cuDNN's (TE's fused attention; torchtitan's sdpa_kernel priority; SDPA's
+    own priority from PyTorch 2.9), Colossal-AI FlashAttention-2 (it calls it itself), unless attention_backend
+    says; Megatron is never costed with FlashAttention."""
     from autotune.costmodel.compute import attention_kernel
 
     kernels = {t: attention_kernel(JobSpec(global_batch=8, seq_len=1024, trainer=t))
                for t in ("megatron", "torchtitan", "deepspeed", "colossalai")}
-    assert kernels == {"megatron": "fused", "torchtitan": "sdpa_cudnn", "deepspeed": "sdpa", "colossalai": "sdpa"}
+    assert kernels == {"megatron": "fused", "torchtitan": "sdpa_cudnn", "deepspeed": "sdpa_cudnn",
+                       "colossalai": "sdpa"}
     pinned = JobSpec(global_batch=8, seq_len=1024, trainer="torchtitan", attention_backend="flash")
     assert attention_kernel(pinned) == "sdpa" and pinned.runs_attention == "flash"
     assert attention_kernel(replace(pinned, trainer="deepspeed", attention_backend="cudnn")) == "sdpa_cudnn"

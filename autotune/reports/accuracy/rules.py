@@ -48,9 +48,10 @@ RULES: tuple[tuple[str, str], ...] = (
     ("fused_kernels", "megatron: on (Transformer Engine); torchtitan: on only when other_settings names "
                       "torch.compile"),
     ("attention", "megatron: Transformer Engine's fused attention (cuDNN); torchtitan rows: FlashAttention-2. "
-                  "Their commits (2024-12, 2025-06) call F.scaled_dot_product_attention with PyTorch's default "
-                  "priority, which put FlashAttention-2 first then (assumed, not read this session; torchtitan 0.2 "
-                  "and 0.3 ask for cuDNN first, which the planner costs for torchtitan)"),
+                  "The public rows' commits (2024-12, 2025-06) call F.scaled_dot_product_attention with PyTorch's "
+                  "default priority of then, FlashAttention-2 first (assumed, not read this session); torchtitan "
+                  "0.2.2 and 0.3.0 ask for cuDNN first, which the planner costs, but the release that switched is "
+                  "not established here, so every torchtitan row is costed with FlashAttention-2"),
     ("degrees", "tp, pp, cp as published, blank -> 1; dp = dp_derived, which must equal num_gpus/(tp*pp*cp)"),
     ("microbatches", "num_microbatches = global_batch/(dp*mbs) (the derived GA where the source prints another); "
                      "torchtitan pp rows without mbs: torchtitan's default of one micro-batch per pipeline stage "
