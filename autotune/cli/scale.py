@@ -14,7 +14,7 @@ from autotune.cli.options import (AttentionOpt, BriefOpt, CrossTpOpt, DtypeOpt, 
                                   MoeImbalanceOpt, MoePadOpt, NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins,
                                   ProfileOpt, SCpOpt, SMbsOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt,
                                   STpOpt, SVocabOpt, SVppOpt, SZeroOpt, SeqOpt, UnfusedOpt, WorkLimitOpt, build_job,
-                                  check_whole_nodes, fail, load_cluster, parse_int_list, show)
+                                  check_whole_nodes, fail, load_cluster, parse_int_list, show, show_warnings)
 from autotune.cli.searching import pins_space, without_timings
 from autotune.emit import TRAINERS
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
@@ -108,6 +108,8 @@ def scale_command(
         show(without_timings(doc) if no_timings else doc, True)
     else:
         show(scaling_report(result, spec, hw, job), False)
+    if any(p.best is not None for p in result.points):
+        show_warnings([w for w in (hw.dtype_warning(job.dtype),) if w])
     if all(p.best is None for p in result.points):
         infeasible = all(p.status == "INFEASIBLE" for p in result.points)
         reason = next((p.reason for p in result.points if p.reason), "")

@@ -88,6 +88,17 @@ class HardwareSpec:
     """NVIDIA's compute capability ("9.0" for Hopper), or the vendor's architecture name ("gfx942");
     "" = not given. Decides which kernels exist for the GPU (DeepEP, costmodel/moe.py)."""
 
+    def dtype_warning(self, dtype: str) -> str:
+        """Why a `dtype` job's costed speed is not what this GPU runs ("" where it is): NVIDIA GPUs have bf16 tensor
+        cores from Ampere (compute capability 8.0); before it the file's bf16 figure is the fp16 one, where PyTorch
+        emulates bf16 matrix multiplies and Transformer Engine does not run."""
+        major = self.compute_capability.split(".")[0]
+        if dtype == "bf16" and major.isdigit() and int(major) < 8:
+            return (f"--dtype bf16 on {self.name} (compute capability {self.compute_capability}, no bf16 tensor "
+                    "cores): costed at the fp16 speed, which bf16 does not reach there (PyTorch emulates its "
+                    "matrix multiplies, Transformer Engine refuses it); use --dtype fp16")
+        return ""
+
     @property
     def nic_share(self) -> float:
         """Network ports per GPU: 1 on nodes with a NIC per GPU, 0.5 on a stock DGX-1 (4 ports, 8 GPUs)."""
