@@ -193,8 +193,8 @@ def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int
     too_big = oversized_jobs(spec, seq, tps, mbss, kind, cps)
     try:
         with _progress(show, f"timing {spec.name} ops on {kind}") as progress:
-            prof = profile_model(spec, seq_len=seq, tps=tps, mbss=mbss, dtype=dtype, device=kind,
-                                          repeats=repeats, warmup=warmup, progress=progress, cps=cps, skip=too_big)
+            prof = profile_model(spec, seq_len=seq, tps=tps, mbss=mbss, dtype=dtype, device=kind, repeats=repeats,
+                                 warmup=warmup, progress=progress, cps=cps, skip=too_big)
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         if "memory" not in str(exc).lower() and not isinstance(exc, MemoryError):
             raise

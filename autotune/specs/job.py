@@ -16,6 +16,8 @@ MOE_DISPATCHERS = ("alltoall", "deepep")
 GRAD_REDUCES = ("fp32", "bf16", "fp16")
 #: Attention kernels of PyTorch's SDPA the cost model prices (JobSpec.attention_backend)
 ATTENTION_BACKENDS = ("cudnn", "flash")
+#: The attention kernel a trainer's own code fixes (JobSpec.runs_attention); DeepSpeed's is the installed PyTorch's
+OWN_ATTENTION = {"megatron": "cudnn", "torchtitan": "cudnn", "colossalai": "flash"}
 #: Adam state layouts the cost model prices (JobSpec.optimizer_states)
 OPTIMIZER_STATES = ("fp32", "bf16", "bf16-moments")
 
@@ -155,7 +157,7 @@ class JobSpec:
         626-643 TFLOP/s, cuDNN 589-641, flash 353-359 at 32k tokens). Colossal-AI calls FlashAttention-2 itself."""
         if self.attention_backend is not None:
             return self.attention_backend
-        return "flash" if self.trainer == "colossalai" else "cudnn"
+        return OWN_ATTENTION.get(self.trainer, "cudnn")
 
     @property
     def moe_load(self) -> float:

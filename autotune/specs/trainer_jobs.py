@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autotune.errors import SpecError
-from autotune.specs.job import JobSpec
+from autotune.specs.job import OWN_ATTENTION, JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.trainers import TRAINER_CAPS, TrainerCaps
 
@@ -52,10 +52,12 @@ def check_trainer_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
     if caps is not None and job.grad_reduce != runs:
         raise SpecError(f"--grad-reduce {job.grad_reduce}: {caps.name}'s config keeps {runs} gradient buffers with "
                         f"--dtype {job.dtype}; use --grad-reduce {runs} (its default)")
-    if caps is not None and caps.name == "torchtitan" and job.attention_backend == "flash":
-        raise SpecError("--attention-backend flash: torchtitan asks SDPA for cuDNN attention first (its attention "
-                        "module), so its config runs cuDNN; leave the flag out, or give --kernels torchtitan without "
-                        "--trainer to estimate an older torchtitan's FlashAttention run")
+    own = OWN_ATTENTION.get(caps.name) if caps is not None else None
+    if own is not None and job.attention_backend not in (None, own):
+        why = ("torchtitan asks SDPA for cuDNN attention first (its attention module)" if own == "cudnn" else
+               f"{caps.name} calls FlashAttention-2 itself")
+        raise SpecError(f"--attention-backend {job.attention_backend}: {why}, so its config runs {own}; leave the "
+                        f"flag out, or give --kernels {caps.name} without --trainer to estimate another kernel's run")
 
 
 def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
@@ -65,11 +67,11 @@ def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
     fp16 or bf16 (no FP8), fused kernels, gradients in that dtype (runs_grad_reduce); only Megatron drops tokens at
     a capacity factor; Adam states as the trainer keeps them (TrainerCaps.optimizer_states; torchtitan's bf16 moments
     in its 0.3.0 overrides, not the 0.2.x TOML; DeepSpeed's bf16 master weights and states with bf16 training), else
-    fp32.
+    fp32; the attention kernel its code fixes (OWN_ATTENTION: Colossal-AI's FlashAttention-2), DeepSpeed keeping
+    the job's.
     `fmt`: torchtitan's format, "cli" (the default) or "toml"."""
-    own_attention = trainer in ("megatron", "torchtitan")  # their configs choose cuDNN (JobSpec.runs_attention)
     out = replace(job, trainer=trainer,  # type: ignore[arg-type]
-                  attention_backend=None if own_attention else job.attention_backend)
+                  attention_backend=None if trainer in OWN_ATTENTION else job.attention_backend)
     caps = TRAINER_CAPS.get(trainer)
     kept = caps is not None and job.optimizer_states in caps.optimizer_states and not (
         (trainer == "torchtitan" and fmt == "toml") or (trainer == "deepspeed" and job.dtype == "fp16"))

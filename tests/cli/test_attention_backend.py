@@ -69,6 +69,13 @@ def test_torchtitan_plans_run_cudnn_so_flash_is_one_line_there(autotune_proc) ->
     assert result.stderr.count("\n") == 1 and "torchtitan asks SDPA for cuDNN attention first" in result.stderr
 
 
+def test_colossalai_runs_flashattention_so_cudnn_is_refused_there(cli) -> None:
+    with pytest.raises(SpecError, match="--attention-backend cudnn: colossalai calls FlashAttention-2 itself, so its "
+                                        "config runs flash"):
+        cli("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64",
+            "--seq-len", "4096", "--trainer", "colossalai", "--attention-backend", "cudnn")
+
+
 def test_as_run_keeps_deepspeeds_backend_and_gives_megatron_and_torchtitan_their_own() -> None:
     job = JobSpec(global_batch=8, seq_len=1024, trainer="deepspeed", attention_backend="cudnn")
     assert as_run_job(job, "deepspeed").attention_backend == "cudnn"
@@ -77,3 +84,6 @@ def test_as_run_keeps_deepspeeds_backend_and_gives_megatron_and_torchtitan_their
     titan = as_run_job(JobSpec(global_batch=8, seq_len=1024, trainer="deepspeed", attention_backend="flash"),
                        "torchtitan")
     assert titan.attention_backend is None and titan.runs_attention == "cudnn"
+    colossal = as_run_job(JobSpec(global_batch=8, seq_len=1024, trainer="deepspeed", attention_backend="cudnn"),
+                          "colossalai")
+    assert colossal.attention_backend is None and colossal.runs_attention == "flash"
