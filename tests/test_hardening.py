@@ -136,7 +136,7 @@ def test_profile_shapes_larger_than_memory_are_refused_before_allocating(tmp_pat
     monkeypatch.setattr("autotune.cli.profile.available_memory", lambda kind: 1 << 10)
     line = error_line(["profile", "--model", "llama3-405b", "--device", "cpu", "--seq-len", "8192", "--tp", "1",
                        "--mbs", "1", "--out", str(tmp_path / "p.json")])
-    assert "needs about" in line and "but cpu has 0.0 GiB free (no op fits); use a smaller --mbs or --seq-len" in line
+    assert "needs about" in line and "but cpu has 9.54e-07 GiB free (no op fits); use a smaller --mbs or" in line
     assert not (tmp_path / "p.json").exists()
 
 
@@ -166,7 +166,8 @@ def test_profile_leaves_ops_too_large_for_memory_untimed_and_names_them(tmp_path
     code, _, err = run(["estimate", "--model", "tiny-gpt", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8",
                         "--seq-len", "256", "--tp", "1", "--pp", "1", "--dp", "8", "--mbs", "1", "--profile", str(out),
                         "--brief"])
-    assert code == 0 and f"left {', '.join(sorted(skipped))} untimed (too large for the measuring GPU's memory)" in err
+    assert code == 0
+    assert f"left {', '.join(sorted(skipped))} untimed (too large for the memory of the device that measured it)" in err
 
 
 def test_profile_refuses_an_unknown_backend_before_starting_torchrun():

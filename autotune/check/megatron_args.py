@@ -215,6 +215,9 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         notes.append("neither --bf16 nor --fp16: Megatron trains in fp32; read as bf16 (autotune costs 16-bit "
                      "and fp8 matmuls)")
     backend = args.get("--attention-backend", "flash" if args.get("--use-flash-attn") else "auto")
+    if backend == "flash":
+        notes.append("--attention-backend flash: Transformer Engine runs the flash-attn package's kernel; costed as "
+                     "its cuDNN fused attention (--attention-backend fused), the kernel autotune prices for Megatron")
     return Reading(
         trainer="megatron", tp=tp or 1, pp=pp or 1, cp=cp or 1,
         ep=_int(args, "--expert-model-parallel-size", 1) or 1, etp=_int(args, "--expert-tensor-parallel-size"),

@@ -91,7 +91,8 @@ def check_command(
     cm = CostModel(u.model, hw, u.job, measured)
     est = cm.estimate(u.plan)
     best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
-    findings = _findings(est, best, max_gap, u.notes, search_note)
+    notes = u.notes + tuple(w for w in (hw.dtype_warning(u.job.dtype),) if w)
+    findings = _findings(est, best, max_gap, notes, search_note)
     if unproven:
         findings.append(Finding("warning", "the best plan is not proven the best: --time-limit or --work-limit "
                                 "stopped its search (a better plan may exist; raise the limit)", EXIT_LIMIT))

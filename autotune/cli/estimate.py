@@ -60,7 +60,7 @@ def estimate(
                 "moe_dispatcher": moe_dispatcher, "moe_capacity_factor": moe_capacity_factor,
                 "moe_pad_to_capacity": moe_pad_to_capacity, "optimizer_states": optimizer_states,
                 "attention_backend": attention_backend}
-    plan, recorded, doc, where = None, {}, None, ""
+    plan, recorded, doc, where, given = None, {}, None, "", set()
     if plan_file is not None:  # re-costed with the job it was planned with, unless the command line gives one
         plan, recorded, doc = read_plan(plan_file, pins)
         where = plan_source(plan_file, "--plan")
@@ -94,8 +94,10 @@ def estimate(
         est, coverage = cm.estimate(plan), cm.op_coverage(plan)
         timeline = None if json_out or brief else cm.timeline(plan)
     show_warnings([w for w in (hw.dtype_warning(job.dtype),) if w]
-                  + coverage_warnings(coverage, plan, measured, job.seq_len) + profile_drift(doc, coverage.source, where)
-                  + grad_drift(job, doc, where))
+                  + coverage_warnings(coverage, plan, measured, job.seq_len)
+                  + profile_drift(doc, coverage.source, where)
+                  + grad_drift(job, doc, where)
+                  + attention_drift(job, recorded, "attention_backend" in given, where))
     if brief:
         typer.echo(brief_line(est))
     elif json_out:
@@ -114,6 +116,16 @@ def profile_drift(doc: object, source: str, where: str) -> list[str]:
         return []
     return [f"{where} was planned with op times from {planned}; this estimate uses {source}: give --profile {planned} "
             "to re-cost it as planned"]
+
+
+def attention_drift(job: JobSpec, recorded: dict, given: bool, where: str) -> list[str]:
+    """A plan document for torchtitan's or DeepSpeed's kernels that records no attention kernel was written before
+    autotune costed theirs as cuDNN's (FlashAttention-2 until 2026-11-24): re-costed with cuDNN, with a warning."""
+    if given or recorded.get("kernels") not in ("torchtitan", "deepspeed") or "attention_backend" in recorded:
+        return []
+    return [f"{where} records no job.attention_backend: written when {job.trainer}'s attention was costed as "
+            "FlashAttention-2's, it is re-costed with cuDNN's, which its code runs; give --attention-backend flash "
+            "to cost it as it was"]
 
 
 def grad_drift(job: JobSpec, doc: object, where: str) -> list[str]:

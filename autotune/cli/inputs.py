@@ -225,7 +225,7 @@ def coverage_warnings(coverage: OpCoverage, plan: Plan, profile: Profile | None 
     untimed = {label.split()[0] for label in profile.not_timed} if profile is not None else set()
     if untimed.issuperset(coverage.fallback):
         return [f"--profile {coverage.source} left {', '.join(coverage.fallback)} untimed (too large for the "
-                f"measuring GPU's memory): {ops}"]
+                f"memory of the device that measured it): {ops}"]
     if profile is not None and profile.seq_len and seq_len is not None and seq_len != profile.seq_len:
         return [f"--profile {coverage.source} was measured at --seq-len {profile.seq_len}, the job runs {seq_len}: "
                 f"{ops}; measure them with `autotune profile --seq-len {seq_len} --tp {plan.tp} --mbs {plan.mbs}`"]

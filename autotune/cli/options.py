@@ -102,9 +102,9 @@ OptimizerStatesOpt = Annotated[str, typer.Option(
          "fused_opt_states_bf16 (any ZeRO stage); DeepSpeed keeps bf16 as bf16 master weights (ZeRO 1-3).")]
 AttentionOpt = Annotated[str | None, typer.Option(
     "--attention-backend", metavar="cudnn|flash",
-    help="PyTorch SDPA's attention kernel (torchtitan, DeepSpeed, Colossal-AI): cuDNN's or FlashAttention-2, about "
-         "half its speed on an H100 (default: the trainer's own: cuDNN for torchtitan, which asks for it, and for "
-         "DeepSpeed, whose SDPA picks it from PyTorch 2.9; FlashAttention-2 for Colossal-AI).")]
+    help="Attention kernel of the PyTorch trainers: cuDNN's or FlashAttention-2, about half its speed on an H100 "
+         "(default: the trainer's own: cuDNN for torchtitan, which asks SDPA for it, and for DeepSpeed, whose SDPA "
+         "picks it from PyTorch 2.9; FlashAttention-2 for Colossal-AI, which calls it; Megatron: cuDNN only).")]
 KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|torchtitan|deepspeed|colossalai",
                                                 help="Whose kernels and overlap to cost (default: the --trainer "
                                                      "where the command has one, else megatron).")]

@@ -192,6 +192,10 @@ def check_profile_ops(profile: Profile, model: ModelSpec) -> None:
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise SpecError(f"--profile {profile.path}: ops[{i}].op: {point.op!r} is not an op the cost model times "
                             f"for {model.name}; {hint}fix or remove it (known ops: {', '.join(sorted(known))})")
+    for i, label in enumerate(profile.not_timed):
+        if label.split()[0] not in known:
+            raise SpecError(f"--profile {profile.path}: not_timed[{i}]: {label!r} does not name an op the cost model "
+                            f"times for {model.name}; fix or remove it")
 
 
 def profile_warnings(profile: Profile, hw: HardwareSpec, dtype: str) -> tuple[str, ...]:

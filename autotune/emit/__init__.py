@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from autotune.emit.asrun import run_figures, what_runs
 from autotune.errors import SpecError
-from autotune.specs.job import JobSpec
+from autotune.specs.job import ATTENTION_NAMES, JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps
@@ -80,6 +80,7 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
                               capacity_warning(trainer, inp), mtp_warning(trainer, inp),
                               rope_scaling_warning(trainer, inp),
                               state_precision_warning(trainer, inp, torchtitan_format),
+                              attention_warning(trainer, inp, torchtitan_format),
                               memory_warning(trainer, inp, torchtitan_format)) if w)
     return EmitResult(result.files, (*result.warnings, *extra)) if extra else result
 
@@ -133,6 +134,21 @@ def state_precision_warning(trainer: str, inp: EmitInput, fmt: str | None = None
     more = run.grad_bytes > inp.job.grad_bytes or (run.optimizer_states == "fp32" != inp.job.optimizer_states)
     return (f"{' and '.join(lost)}: the header's figures are re-estimated for what it runs "
             f"({'more' if more else 'less'} memory than planned)")
+
+def attention_warning(trainer: str, inp: EmitInput, fmt: str | None = None) -> str | None:
+    """The plan was costed with another attention kernel than the trainer's code runs (JobSpec.runs_attention:
+    Megatron's and torchtitan's cuDNN, Colossal-AI's FlashAttention-2), or with one a DeepSpeed config cannot
+    choose (the model code's SDPA call does; `check` costs PyTorch's own choice)."""
+    planned, runs = inp.job.runs_attention, what_runs(inp, trainer, fmt).job.runs_attention
+    if planned != runs:
+        return (f"the plan was costed with {ATTENTION_NAMES[planned]} attention; {trainer}'s code runs "
+                f"{ATTENTION_NAMES[runs]}: the header's figures are re-estimated for what it runs")
+    if trainer == "deepspeed" and inp.job.attention_backend not in (None, "cudnn"):
+        return (f"the plan was costed with {ATTENTION_NAMES[planned]} attention, which a DeepSpeed config cannot "
+                "choose (the model code's SDPA call does: cuDNN on Hopper from PyTorch 2.9); `autotune check` of this "
+                "file costs cuDNN")
+    return None
+
 
 def mtp_warning(trainer: str, inp: EmitInput) -> str | None:
     """Multi-token prediction modules only Megatron's config trains (TrainerCaps.mtp): the others' run leaves

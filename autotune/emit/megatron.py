@@ -235,7 +235,9 @@ def _ddp_flags(plan: Plan, warn: list[str]) -> list[Flag]:
 
 def _kernel_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
     m, job = inp.model, inp.job
-    backend = "flash" if job.flash_attention else "unfused"
+    # fused = Transformer Engine's cuDNN attention, the kernel costed for Megatron; flash would set NVTE_FLASH_ATTN=1
+    # NVTE_FUSED_ATTN=0 (megatron-core 0.16 language_module.py) and run the flash-attn package's kernel instead
+    backend = "fused" if job.flash_attention else "unfused"
     if inp.plan.cp > 1 and not job.flash_attention:
         warn.append("context parallelism needs a fused attention kernel; emitted --attention-backend fused")
         backend = "fused"

@@ -53,7 +53,7 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
                 "global_batch": job.global_batch, "seq_len": job.seq_len, "dtype": job.dtype,
                 "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
                 "grad_reduce": job.grad_reduce, "optimizer_states": job.optimizer_states, "kernels": job.trainer}
-        | ({"attention_backend": job.attention_backend} if job.attention_backend else {})
+        | ({"attention_backend": job.runs_attention} if job.trainer != "megatron" and job.flash_attention else {})
         | ({"moe_dispatcher": job.moe_dispatcher, "moe_imbalance": job.moe_imbalance} if model.is_moe else {})
         | ({"moe_capacity_factor": job.moe_capacity_factor, "moe_pad_to_capacity": job.moe_pad_to_capacity}
            if model.is_moe and job.moe_capacity_factor else {}),

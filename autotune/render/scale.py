@@ -66,7 +66,8 @@ def scaling_json(result: ScalingResult, model: ModelSpec, hw: HardwareSpec, job:
     return {
         "model": model.name, "gpu": hw.name, "gpus_per_node": hw.gpus_per_node, "global_batch": job.global_batch,
         "seq_len": job.seq_len, "tokens_per_step": job.tokens_per_step, "dtype": job.dtype,
-        "grad_reduce": job.grad_reduce, "optimizer_states": job.optimizer_states,
+        "grad_reduce": job.grad_reduce, "optimizer_states": job.optimizer_states, "kernels": job.trainer,
+        **({"attention_backend": job.runs_attention} if job.trainer != "megatron" and job.flash_attention else {}),
         "train_tokens": result.train_tokens, "price_per_gpu_hour": result.price_per_gpu_hour,
         "efficiency_threshold": result.efficiency_threshold, "diminishing_returns_after_gpus": result.knee_gpus,
         "points": [scaling_point_json(p) for p in result.points],

@@ -24,8 +24,8 @@ first other line is the header. Columns (all required unless marked optional; no
   trainer            optional: megatron (default), torchtitan, deepspeed or colossalai (whose kernels ran)
   grad_reduce        optional: fp32, bf16, or fp16 (with dtype fp16); default what the trainer's config runs (fp32;
                      DeepSpeed's, the model dtype)
-  attention_backend  optional: cudnn or flash, PyTorch SDPA's kernel (not with megatron); default the trainer's own
-                     (cuDNN for torchtitan, FlashAttention-2 for DeepSpeed and Colossal-AI)
+  attention_backend  optional: cudnn or flash, the attention kernel (not flash with megatron); default the trainer's
+                     own (cuDNN; FlashAttention-2 for Colossal-AI)
   tp_overlap         optional: false (default) or true (TP communication overlapped with the GEMMs)
   async_tp_backward  optional: true (default) or false (Megatron before late 2021: synchronous TP backward)
   overlap_grad_reduce optional: true (default) or false (Megatron-LM's LocalDDP of 2021: gradients reduced after

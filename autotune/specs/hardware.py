@@ -94,9 +94,9 @@ class HardwareSpec:
         emulates bf16 matrix multiplies and Transformer Engine does not run."""
         major = self.compute_capability.split(".")[0]
         if dtype == "bf16" and major.isdigit() and int(major) < 8:
-            return (f"--dtype bf16 on {self.name} (compute capability {self.compute_capability}, no bf16 tensor "
-                    "cores): costed at the fp16 speed, which bf16 does not reach there (PyTorch emulates its "
-                    "matrix multiplies, Transformer Engine refuses it); use --dtype fp16")
+            return (f"bf16 on {self.name} (compute capability {self.compute_capability}, no bf16 tensor cores) is "
+                    "costed at the fp16 speed, which bf16 does not reach there (PyTorch emulates its matrix "
+                    "multiplies, Transformer Engine refuses it); train in fp16 (--dtype fp16)")
         return ""
 
     @property
@@ -113,7 +113,8 @@ class HardwareSpec:
         """Dense tensor-core peak for a training dtype."""
         peak = {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16, "fp8": self.peak_flops_fp8}[dtype]
         if peak <= 0:
-            raise SpecError(f"--dtype {dtype}: {self.name} has no {dtype} tensor cores; use bf16")
+            instead = "fp16" if self.dtype_warning("bf16") else "bf16"
+            raise SpecError(f"--dtype {dtype}: {self.name} has no {dtype} tensor cores; use {instead}")
         return peak
 
 

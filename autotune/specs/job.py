@@ -16,6 +16,7 @@ MOE_DISPATCHERS = ("alltoall", "deepep")
 GRAD_REDUCES = ("fp32", "bf16", "fp16")
 #: Attention kernels of PyTorch's SDPA the cost model prices (JobSpec.attention_backend)
 ATTENTION_BACKENDS = ("cudnn", "flash")
+ATTENTION_NAMES = {"cudnn": "cuDNN", "flash": "FlashAttention-2"}
 #: The attention kernel a trainer's own code fixes (JobSpec.runs_attention); DeepSpeed's is the installed PyTorch's
 OWN_ATTENTION = {"megatron": "cudnn", "torchtitan": "cudnn", "colossalai": "flash"}
 #: Adam state layouts the cost model prices (JobSpec.optimizer_states)
@@ -98,9 +99,10 @@ class JobSpec:
     """The trainer that runs the step: it decides the kernels (Transformer Engine's cuDNN attention and FP8
     casts under Megatron, PyTorch SDPA under torchtitan and DeepSpeed) and what communication overlaps."""
     attention_backend: Literal["cudnn", "flash"] | None = None
-    """Which kernel PyTorch's SDPA runs the attention with (torchtitan, DeepSpeed, Colossal-AI): "cudnn" (cuDNN's
-    fused attention, the kernel Transformer Engine calls) or "flash" (FlashAttention-2), about half its speed on
-    an H100 (profiles/measured/h100-sxm-microbench-attention.json). None = the trainer's own (runs_attention)."""
+    """The attention kernel of the PyTorch trainers (torchtitan's and DeepSpeed's SDPA call, Colossal-AI's own):
+    "cudnn" (cuDNN's fused attention, the kernel Transformer Engine calls) or "flash" (FlashAttention-2), about half
+    its speed on an H100 (profiles/measured/h100-sxm-microbench-attention.json). None = the trainer's own
+    (runs_attention); Megatron's is cuDNN only."""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -142,6 +144,9 @@ class JobSpec:
         if self.attention_backend not in (None, *ATTENTION_BACKENDS):
             raise SpecError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
                             f"{self.attention_backend!r}")
+        if self.attention_backend is not None and not self.flash_attention:
+            raise SpecError(f"--attention-backend {self.attention_backend} chooses a fused attention kernel, but "
+                            "--no-flash-attention costs unfused attention; drop one of them")
         if self.trainer == "megatron" and self.attention_backend == "flash":
             raise SpecError("--attention-backend flash: Megatron's attention is costed as Transformer Engine's fused "
                             "(cuDNN) kernel; the flag chooses PyTorch SDPA's kernel (--kernels torchtitan, deepspeed "
@@ -151,10 +156,11 @@ class JobSpec:
     def runs_attention(self) -> str:
         """The attention kernel the step runs: attention_backend where given, else the trainer's own. Megatron:
         Transformer Engine's fused attention, cuDNN's. torchtitan 0.2.2 and 0.3.0 ask SDPA for cuDNN first
-        (models/attention.py: sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH], set_priority=True), "remove
-        after PyTorch 2.9", whose own priority puts cuDNN first on Hopper). DeepSpeed runs the user's model code
-        through SDPA at the installed PyTorch's priority: cuDNN on an H100 with 2.11 (measured: the default ran
-        626-643 TFLOP/s, cuDNN 589-641, flash 353-359 at 32k tokens). Colossal-AI calls FlashAttention-2 itself."""
+        (models/attention.py, 0.3.0's models/common/attention.py: sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION,
+        MATH], set_priority=True), "remove after PyTorch 2.9", whose own priority puts cuDNN first on Hopper).
+        DeepSpeed runs the user's model code through SDPA at the installed PyTorch's priority: cuDNN on an H100
+        with 2.11 (measured: the default ran 626-643 TFLOP/s, cuDNN 589-641, flash 353-359 at 32k tokens).
+        Colossal-AI calls FlashAttention-2 itself."""
         if self.attention_backend is not None:
             return self.attention_backend
         return OWN_ATTENTION.get(self.trainer, "cudnn")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from autotune.errors import SpecError
-from autotune.specs.job import OWN_ATTENTION, JobSpec
+from autotune.specs.job import ATTENTION_NAMES, OWN_ATTENTION, JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.trainers import TRAINER_CAPS, TrainerCaps
 
@@ -46,18 +46,20 @@ def check_job_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
 
 def check_trainer_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
     """A search restricted to a trainer (--trainer) prices only the gradient buffers and attention kernel its config
-    runs. Not asked of --kernels alone: those price the trainer's kernels under any gradient dtype, and an older
-    torchtitan's FlashAttention-2."""
+    runs (OWN_ATTENTION: torchtitan's cuDNN, Colossal-AI's FlashAttention-2). Not asked of --kernels alone: those
+    price the trainer's kernels under any gradient dtype or attention kernel (an older torchtitan's
+    FlashAttention-2)."""
     runs = runs_grad_reduce(caps and caps.name, job.dtype, job.grad_reduce)
     if caps is not None and job.grad_reduce != runs:
         raise SpecError(f"--grad-reduce {job.grad_reduce}: {caps.name}'s config keeps {runs} gradient buffers with "
                         f"--dtype {job.dtype}; use --grad-reduce {runs} (its default)")
     own = OWN_ATTENTION.get(caps.name) if caps is not None else None
     if own is not None and job.attention_backend not in (None, own):
-        why = ("torchtitan asks SDPA for cuDNN attention first (its attention module)" if own == "cudnn" else
-               f"{caps.name} calls FlashAttention-2 itself")
-        raise SpecError(f"--attention-backend {job.attention_backend}: {why}, so its config runs {own}; leave the "
-                        f"flag out, or give --kernels {caps.name} without --trainer to estimate another kernel's run")
+        why = {"torchtitan": "torchtitan asks SDPA for cuDNN attention first (its attention module)",
+               "colossalai": "colossalai calls FlashAttention-2 itself"}.get(caps.name, f"{caps.name} fixes it")
+        raise SpecError(f"--attention-backend {job.attention_backend}: {why}, so its config runs "
+                        f"{ATTENTION_NAMES[own]}; leave the flag out (plan and estimate cost another kernel with "
+                        f"--kernels {caps.name} and no --trainer)")
 
 
 def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:

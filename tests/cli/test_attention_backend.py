@@ -30,7 +30,7 @@ def test_cudnn_attention_is_faster_than_flash_by_the_measured_figures(cli) -> No
     FlashAttention-2's (attention_sdpa 0.33) must shorten it, and only the attention terms may differ."""
     flash = _estimate(cli, "--kernels", "torchtitan", "--attention-backend", "flash")
     cudnn = _estimate(cli, "--kernels", "torchtitan")
-    assert cudnn["job"]["kernels"] == "torchtitan" and "attention_backend" not in cudnn["job"]
+    assert cudnn["job"]["kernels"] == "torchtitan" and cudnn["job"]["attention_backend"] == "cudnn"
     assert flash["job"]["attention_backend"] == "flash"
     assert cudnn["step_time_s"] < 0.8 * flash["step_time_s"]
     assert cudnn["operators"]["attention"] < 0.65 * flash["operators"]["attention"]
@@ -71,7 +71,7 @@ def test_torchtitan_plans_run_cudnn_so_flash_is_one_line_there(autotune_proc) ->
 
 def test_colossalai_runs_flashattention_so_cudnn_is_refused_there(cli) -> None:
     with pytest.raises(SpecError, match="--attention-backend cudnn: colossalai calls FlashAttention-2 itself, so its "
-                                        "config runs flash"):
+                                        "config runs FlashAttention-2; leave the flag out"):
         cli("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64",
             "--seq-len", "4096", "--trainer", "colossalai", "--attention-backend", "cudnn")
 
@@ -87,3 +87,44 @@ def test_as_run_keeps_deepspeeds_backend_and_gives_megatron_and_torchtitan_their
     colossal = as_run_job(JobSpec(global_batch=8, seq_len=1024, trainer="deepspeed", attention_backend="cudnn"),
                           "colossalai")
     assert colossal.attention_backend is None and colossal.runs_attention == "flash"
+
+
+def test_emit_warns_when_the_trainer_runs_another_attention_kernel(cli, tmp_path: Path) -> None:
+    """A DeepSpeed plan costed with FlashAttention-2: torchtitan's config runs cuDNN (re-estimated, said), and
+    DeepSpeed's own config cannot choose the kernel (said, with what `check` costs)."""
+    doc = _estimate(cli, "--kernels", "deepspeed", "--attention-backend", "flash")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    titan = cli("emit", "--plan", str(path), "--trainer", "torchtitan", "--out", str(tmp_path / "tt"))
+    assert titan.exit_code == 0, titan.output
+    assert "costed with FlashAttention-2 attention; torchtitan's code runs cuDNN" in titan.output
+    deepspeed = cli("emit", "--plan", str(path), "--trainer", "deepspeed", "--out", str(tmp_path / "ds"))
+    assert deepspeed.exit_code == 0, deepspeed.output
+    assert "which a DeepSpeed config cannot choose" in deepspeed.output
+
+
+def test_a_document_without_the_key_is_recosted_with_cudnn_and_says_so(cli, tmp_path: Path) -> None:
+    doc = _estimate(cli, "--kernels", "deepspeed")
+    assert doc["job"]["attention_backend"] == "cudnn"  # recorded, the trainer's own resolved
+    del doc["job"]["attention_backend"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    old = cli("estimate", "--plan", str(path), "--brief")
+    assert old.exit_code == 0 and "records no job.attention_backend" in old.output
+    assert "give --attention-backend flash to cost it as it was" in old.output
+    pinned = cli("estimate", "--plan", str(path), "--brief", "--attention-backend", "flash")
+    assert pinned.exit_code == 0 and "records no job.attention_backend" not in pinned.output
+
+
+def test_scale_records_the_kernels_and_attention(cli) -> None:
+    result = cli("scale", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64",
+                 "--seq-len", "4096", "--trainer", "deepspeed", "--attention-backend", "flash", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["kernels"], doc["attention_backend"]) == ("deepspeed", "flash")
+
+
+def test_unfused_attention_takes_no_attention_backend() -> None:
+    with pytest.raises(SpecError, match="--attention-backend cudnn chooses a fused attention kernel, but "
+                                        "--no-flash-attention costs unfused attention"):
+        JobSpec(global_batch=8, seq_len=1024, trainer="deepspeed", attention_backend="cudnn", flash_attention=False)

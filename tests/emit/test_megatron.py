@@ -98,7 +98,7 @@ def assert_matches_plan(inp: EmitInput, v: Validated, world_size: int) -> None:
     if m.vocab_size % p.tp == 0:
         assert v.padded_vocab == m.vocab_size
     if not getattr(a, "enable_vocab_parallel", False):  # the fork's core 0.9 has no --attention-backend
-        assert a.attention_backend == ("flash" if inp.job.flash_attention else "unfused")
+        assert a.attention_backend == ("fused" if inp.job.flash_attention else "unfused")
     assert a.position_embedding_type == ("rope" if m.position_embedding == "rope" else "learned_absolute")
 
 

@@ -192,3 +192,25 @@ def test_comm_profile_with_two_gloo_processes(tmp_path, capsys):
     for p in tier.points:
         predicted = model[p.collective](p.bytes, 2, link)
         assert 100 * (predicted - p.seconds) / p.seconds == pytest.approx(p.fit_error_pct, rel=1e-3, abs=1e-3)
+
+
+def test_an_op_the_device_runs_out_of_memory_for_is_left_untimed(monkeypatch, tmp_path):
+    """On a GPU each op is tried (the bytes it moves overstate what it holds): one that raises
+    torch.OutOfMemoryError is listed under not_timed and the rest of the profile is written."""
+    import torch
+
+    import autotune.profiling.optimer as optimer
+    from autotune.catalog import load_model
+
+    real = optimer.kernel
+
+    def kernel(name, d, **kw):
+        if name == "cross_entropy":
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(name, d, **kw)
+
+    monkeypatch.setattr(optimer, "kernel", kernel)
+    prof = optimer.profile_model(load_model("tiny-gpt"), seq_len=64, tps=(1,), mbss=(1,), dtype="bf16", device="cpu",
+                                 repeats=1, warmup=0)
+    assert prof.not_timed == ("cross_entropy tp=1 cp=1 mbs=1",)
+    assert "cross_entropy" not in {p.op for p in prof.ops} and "cross_entropy_bwd" in {p.op for p in prof.ops}

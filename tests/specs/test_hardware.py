@@ -129,7 +129,10 @@ def test_bf16_before_ampere_is_a_warning_naming_the_fix():
     the fp16 figure its file carries, which bf16 does not reach there, so it warns; fp16 and newer GPUs do not."""
     v100 = load_hardware("v100-32gb")
     warning = v100.dtype_warning("bf16")
-    assert "compute capability 7.0, no bf16 tensor cores" in warning and warning.endswith("use --dtype fp16")
+    assert "compute capability 7.0, no bf16 tensor cores" in warning
+    assert warning.endswith("train in fp16 (--dtype fp16)")
+    with pytest.raises(SpecError, match="--dtype fp8: v100-32gb has no fp8 tensor cores; use fp16"):
+        v100.peak_flops("fp8")
     assert v100.dtype_warning("fp16") == ""
     assert all(load_hardware(g).dtype_warning("bf16") == "" for g in ("a100-80gb", "h100-sxm", "b200", "mi300x"))
 
@@ -137,7 +140,7 @@ def test_bf16_before_ampere_is_a_warning_naming_the_fix():
 def test_plan_on_a_v100_in_bf16_warns_once(autotune_proc):
     proc = autotune_proc("plan", "--model", "gpt-1.7b", "--gpu", "v100-32gb", "--gpus", "8", "--global-batch", "64",
                          "--seq-len", "2048", "--brief")
-    assert proc.returncode == 0 and proc.stderr.count("warning: --dtype bf16 on v100-32gb") == 1, proc.stderr
+    assert proc.returncode == 0 and proc.stderr.count("warning: bf16 on v100-32gb") == 1, proc.stderr
     quiet = autotune_proc("plan", "--model", "gpt-1.7b", "--gpu", "v100-32gb", "--gpus", "8", "--global-batch", "64",
                           "--seq-len", "2048", "--brief", "--dtype", "fp16")
     assert quiet.returncode == 0 and "warning" not in quiet.stderr

@@ -102,7 +102,7 @@ DDP_ARGS=(
 )
 
 KERNEL_ARGS=(
-    --attention-backend flash
+    --attention-backend fused
     --transformer-impl transformer_engine
 )
 

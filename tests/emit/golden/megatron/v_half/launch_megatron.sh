@@ -97,7 +97,7 @@ DDP_ARGS=(
 )
 
 KERNEL_ARGS=(
-    --attention-backend flash
+    --attention-backend fused
     --transformer-impl transformer_engine
 )
 

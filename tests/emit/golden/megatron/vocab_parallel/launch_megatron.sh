@@ -118,7 +118,7 @@ TRAINING_ARGS=(
 )
 
 MAINLINE_ARGS=(
-    --attention-backend flash
+    --attention-backend fused
 )
 
 # ---- vocabulary parallelism: sail-sg/VocabularyParallelism fork of Megatron-LM only (HEAD 6191c3b) ----
