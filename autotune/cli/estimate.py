@@ -77,10 +77,15 @@ def estimate(
         fixed = {"model": spec.name, "gpu": hw.name, "gpus": gpus, "gpus_per_node": hw.gpus_per_node,
                  "global_batch": global_batch, "seq_len": seq_len}
         settings = settle_job_settings(recorded, where, settings, given, fixed)
-    job = build_job(global_batch, seq_len, settings["dtype"], settings["no_flash_attention"], settings["unfused"],
-                    settings["grad_reduce"], settings["kernels"], settings["moe_imbalance"],
-                    settings["moe_dispatcher"], settings["moe_capacity_factor"], settings["moe_pad_to_capacity"],
-                    settings["optimizer_states"], settings["attention_backend"])
+    try:
+        job = build_job(global_batch, seq_len, settings["dtype"], settings["no_flash_attention"], settings["unfused"],
+                        settings["grad_reduce"], settings["kernels"], settings["moe_imbalance"],
+                        settings["moe_dispatcher"], settings["moe_capacity_factor"], settings["moe_pad_to_capacity"],
+                        settings["optimizer_states"], settings["attention_backend"])
+    except SpecError as exc:  # some settings may come from the document's job block: name it too
+        if not where:
+            raise
+        raise SpecError(f"{where}: job: {exc}") from None
     if plan is None:
         plan = single_plan(pins, spec, job, gpus)
         if spec.is_moe and etp is None and plan.tp > 1:

@@ -40,7 +40,28 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
     spec = document_model(doc, job, where)
     if model is not None:
         _check_same_model(spec, model, where)
-    job_spec = JobSpec(global_batch=positive_int(job, "global_batch", f"{where}: job"),
+    job_spec = _document_job(job, where)
+    plan = plan_from_dict(doc["plan"], f"{where}: plan")
+    if "gpus" in job and positive_int(job, "gpus", f"{where}: job") != plan.num_gpus:
+        raise SpecError(f"{where}: job.gpus {job['gpus']} but the plan's tp*pp*dp*cp = {plan.num_gpus}; the "
+                        "document was edited by hand: plan again, or make them agree")
+    gpus_per_node = positive_int(job, "gpus_per_node", f"{where}: job")
+    try:
+        check_plan(plan, spec, job_spec, plan.num_gpus, gpus_per_node, allow_cross_node_tp=True)
+    except InvalidPlanError as exc:
+        raise InvalidPlanError(f"{where}: the plan does not fit model {spec.name}: {exc}") from None
+    return EmitInput(plan=plan, model=spec, job=job_spec, gpu=check_name(job["gpu"], "gpu", f"{where}: job"),
+                     gpus_per_node=gpus_per_node, step_time_s=positive_float(doc, "step_time_s", where),
+                     peak_memory_gib=nonneg_float(doc, "peak_memory_gib", where),
+                     mfu=nonneg_float(doc, "mfu", where),
+                     usable_memory_gib=nonneg_float(doc, "usable_memory_gib", where) if "usable_memory_gib" in doc
+                     else 0.0)
+
+
+def _document_job(job: dict, where: str) -> JobSpec:
+    """The JobSpec a document's job block records; a setting JobSpec refuses names the file and its job block."""
+    try:
+        return JobSpec(global_batch=positive_int(job, "global_batch", f"{where}: job"),
                        seq_len=positive_int(job, "seq_len", f"{where}: job"),
                        dtype=choice(job, "dtype", DTYPES, f"{where}: job") if "dtype" in job else "bf16",
                        flash_attention=boolean(job, "flash_attention", f"{where}: job") if "flash_attention" in job
@@ -63,21 +84,10 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
                        else "megatron",  # type: ignore[arg-type]
                        attention_backend=choice(job, "attention_backend", ATTENTION_BACKENDS, f"{where}: job")
                        if "attention_backend" in job else None)  # type: ignore[arg-type]
-    plan = plan_from_dict(doc["plan"], f"{where}: plan")
-    if "gpus" in job and positive_int(job, "gpus", f"{where}: job") != plan.num_gpus:
-        raise SpecError(f"{where}: job.gpus {job['gpus']} but the plan's tp*pp*dp*cp = {plan.num_gpus}; the "
-                        "document was edited by hand: plan again, or make them agree")
-    gpus_per_node = positive_int(job, "gpus_per_node", f"{where}: job")
-    try:
-        check_plan(plan, spec, job_spec, plan.num_gpus, gpus_per_node, allow_cross_node_tp=True)
-    except InvalidPlanError as exc:
-        raise InvalidPlanError(f"{where}: the plan does not fit model {spec.name}: {exc}") from None
-    return EmitInput(plan=plan, model=spec, job=job_spec, gpu=check_name(job["gpu"], "gpu", f"{where}: job"),
-                     gpus_per_node=gpus_per_node, step_time_s=positive_float(doc, "step_time_s", where),
-                     peak_memory_gib=nonneg_float(doc, "peak_memory_gib", where),
-                     mfu=nonneg_float(doc, "mfu", where),
-                     usable_memory_gib=nonneg_float(doc, "usable_memory_gib", where) if "usable_memory_gib" in doc
-                     else 0.0)
+    except SpecError as exc:
+        if str(exc).startswith(where):
+            raise
+        raise SpecError(f"{where}: job: {exc}") from None
 
 
 def document_trainer(doc: Any, where: str) -> str | None:

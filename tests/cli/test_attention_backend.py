@@ -128,3 +128,14 @@ def test_unfused_attention_takes_no_attention_backend() -> None:
     with pytest.raises(SpecError, match="--attention-backend cudnn chooses a fused attention kernel, but "
                                         "--no-flash-attention costs unfused attention"):
         JobSpec(global_batch=8, seq_len=1024, trainer="deepspeed", attention_backend="cudnn", flash_attention=False)
+
+
+def test_a_job_block_the_job_refuses_names_the_file(cli, tmp_path: Path) -> None:
+    doc = _estimate(cli, "--kernels", "deepspeed")
+    doc["job"]["kernels"], doc["job"]["attention_backend"] = "megatron", "flash"
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc))
+    for args in (("estimate", "--plan", str(path)), ("emit", "--plan", str(path), "--trainer", "megatron",
+                                                      "--out", str(tmp_path / "out"))):
+        with pytest.raises(SpecError, match=re.escape(f"{path}: job: --attention-backend flash: Megatron's")):
+            cli(*args)
