@@ -196,7 +196,7 @@ def load_cost_profile(path: str | None, gpu: str, model: ModelSpec, hw: Hardware
     check_profile_model(profile, model)
     check_profile_ops(profile, model)
     check_comm_profile(profile, hw, force)
-    show_warnings(profile_warnings(profile, hw, job.dtype))
+    show_warnings(profile_warnings(profile, hw, job.dtype, job.runs_attention if job.flash_attention else None))
     return profile
 
 

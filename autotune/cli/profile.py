@@ -25,6 +25,7 @@ from autotune.cli.options import parse_int_list, show_warnings
 from autotune.errors import SpecError
 from autotune.fileio import check_target, slug
 from autotune.render.common import dump_json
+from autotune.specs.job import ATTENTION_BACKENDS
 from autotune.specs.limits import MAX_PROFILE_TOKENS, MAX_SEQ_LEN
 from autotune.specs.profile import TIERS, Profile, load_profile, write_profile
 
@@ -139,6 +140,9 @@ def profile_command(
                                                 "cpu, nccl on cuda.")] = None,
     tier: Annotated[str, typer.Option("--tier", metavar="|".join(TIERS), help="--comm: which link the group "
                                       "spans (one node under torchrun --standalone).")] = "intra_node",
+    attention: Annotated[str | None, typer.Option("--attention-backend", metavar="cudnn|flash", help="SDPA kernel "
+                                                  "to time attention with (cuda; default cudnn, what Megatron, "
+                                                  "torchtitan and DeepSpeed run); recorded in the profile.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON summary instead of text.")] = False,
 ) -> None:
     """Measure per-op costs with PyTorch on this machine's device and write a profile (--comm: collectives)."""
@@ -163,7 +167,8 @@ def profile_command(
                                 repeats=repeats, warmup=warmup, show=not json_out)
     else:
         summary = _profile_ops(kind, out, model=model, seq_len=seq_len, tp=tp, mbs=mbs, cp=cp, dtype=dtype,
-                               repeats=repeats, warmup=warmup, show=not json_out)
+                               repeats=repeats, warmup=warmup, show=not json_out,
+                               attention=_attention_backend(attention, kind))
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     text = summary.pop("text")
     if json_out:
@@ -173,8 +178,18 @@ def profile_command(
         typer.echo(f"wrote {summary['out']} in {summary['wall_s']} s")
 
 
+def _attention_backend(asked: str | None, kind: str) -> str | None:
+    """The SDPA kernel attention is timed with: cuDNN's by default on a GPU, none to choose on a CPU."""
+    if asked is not None and asked not in ATTENTION_BACKENDS:
+        raise SpecError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {asked!r}")
+    if asked is not None and kind != "cuda":
+        raise SpecError(f"--attention-backend {asked}: {kind} has no cuDNN or FlashAttention kernel; drop it or use "
+                        "--device cuda")
+    return asked or ("cudnn" if kind == "cuda" else None)
+
+
 def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int | None, tp: str, mbs: str,
-                 cp: str, dtype: str, repeats: int, warmup: int, show: bool) -> dict:
+                 cp: str, dtype: str, repeats: int, warmup: int, show: bool, attention: str | None = None) -> dict:
     from autotune.profiling.optimer import check_cps, profile_model
 
     if model is None:
@@ -195,7 +210,7 @@ def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int
     try:
         with _progress(show, f"timing {spec.name} ops on {kind}") as progress:
             prof = profile_model(spec, seq_len=seq, tps=tps, mbss=mbss, dtype=dtype, device=kind, repeats=repeats,
-                                 warmup=warmup, progress=progress, cps=cps, skip=too_big)
+                                 warmup=warmup, progress=progress, cps=cps, skip=too_big, attention=attention)
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         if "memory" not in str(exc).lower() and not isinstance(exc, MemoryError):
             raise

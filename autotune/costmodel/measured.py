@@ -25,6 +25,7 @@ from autotune.costmodel.ops import (LayerShape, Op, backward_ops, embedding_back
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
 from autotune.errors import SpecError
 from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import ATTENTION_NAMES
 from autotune.specs.model import ModelSpec
 from autotune.specs.profile import Profile
 from autotune.units import from_gbps, from_us
@@ -198,9 +199,16 @@ def check_profile_ops(profile: Profile, model: ModelSpec) -> None:
                             f"times for {model.name}; fix or remove it")
 
 
-def profile_warnings(profile: Profile, hw: HardwareSpec, dtype: str) -> tuple[str, ...]:
-    """Mismatches worth a warning, not an error (a CPU profile on a GPU plan is how the tests run)."""
+def profile_warnings(profile: Profile, hw: HardwareSpec, dtype: str, attention: str | None = None
+                     ) -> tuple[str, ...]:
+    """Mismatches worth a warning, not an error (a CPU profile on a GPU plan is how the tests run); `attention`:
+    the job's attention kernel (JobSpec.runs_attention), None for unfused attention."""
     out = []
+    timed = profile.attention_backend
+    if timed and attention and timed != attention and any(p.op.startswith("flash_attention") for p in profile.ops):
+        out.append(f"--profile {profile.path} timed attention with {ATTENTION_NAMES[timed]}, the job runs "
+                   f"{ATTENTION_NAMES[attention]}: its attention is costed as measured (time it with `autotune "
+                   f"profile --attention-backend {attention}`)")
     device = profile.device.name.lower()
     if profile.ops and (profile.device.kind == "cpu" or hw.name.split("-")[0].lower() not in device):
         out.append(f"--profile {profile.path}: measured on {profile.device.kind} {profile.device.name!r}, but the "

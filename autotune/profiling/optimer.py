@@ -10,6 +10,7 @@ The median is the op's time, the standard deviation says how noisy it was.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import platform
 import statistics
@@ -134,10 +135,11 @@ def time_call(fn: Callable[[], object], *, warmup: int, repeats: int, cuda: bool
 
 def measure_ops(model: ModelSpec, *, seq_len: int, tps: tuple[int, ...], mbss: tuple[int, ...], dtype: str,
                 device: str, repeats: int, warmup: int, progress: Progress | None = None,
-                cps: tuple[int, ...] = (1,), skip: frozenset = frozenset()
+                cps: tuple[int, ...] = (1,), skip: frozenset = frozenset(), attention: str | None = None
                 ) -> tuple[tuple[OpPoint, ...], tuple[str, ...]]:
     """Time every op of `model` at each tp, cp and mbs but the jobs in `skip` and those the device runs out of
-    memory for; returns the points in enumeration order and the labels of the ops left untimed."""
+    memory for; returns the points in enumeration order and the labels of the ops left untimed. `attention`: the
+    SDPA kernel every attention op runs (cudnn, flash; None: PyTorch's own choice)."""
     check_degrees(model, seq_len, tps)
     check_cps(seq_len, cps)
     if dtype not in DTYPES:
@@ -146,7 +148,7 @@ def measure_ops(model: ModelSpec, *, seq_len: int, tps: tuple[int, ...], mbss: t
         raise SpecError("--device cuda: torch sees no CUDA device here; use --device cpu")
     jobs = enumerate_jobs(model, seq_len, tps, mbss, cps)
     points, skipped = [], []
-    with torch.enable_grad():  # the backward kernels replay autograd graphs
+    with torch.enable_grad(), sdpa_backend(attention):  # the backward kernels replay autograd graphs
         for i, j in enumerate(jobs):
             label = f"{j.op.name} tp={j.tp} cp={j.cp} mbs={j.mbs}{' sp' if j.sp else ''}"
             if progress is not None:
@@ -172,13 +174,24 @@ def measure_ops(model: ModelSpec, *, seq_len: int, tps: tuple[int, ...], mbss: t
 
 def profile_model(model: ModelSpec, *, seq_len: int, tps: tuple[int, ...], mbss: tuple[int, ...], dtype: str,
                   device: str, repeats: int, warmup: int, progress: Progress | None = None,
-                  cps: tuple[int, ...] = (1,), skip: frozenset = frozenset()) -> Profile:
+                  cps: tuple[int, ...] = (1,), skip: frozenset = frozenset(), attention: str | None = None) -> Profile:
     """A profile of `model` on this machine's `device` (cpu or cuda), naming the ops left untimed (measure_ops)."""
     torch.manual_seed(0)
     ops, skipped = measure_ops(model, seq_len=seq_len, tps=tps, mbss=mbss, dtype=dtype, device=device,
-                               repeats=repeats, warmup=warmup, progress=progress, cps=cps, skip=skip)
+                               repeats=repeats, warmup=warmup, progress=progress, cps=cps, skip=skip,
+                               attention=attention)
     return Profile(path="", created=utc_date(), device=device_info(device), libraries=libraries(),
-                   model=model.name, seq_len=seq_len, dtype=dtype, ops=ops, comm={}, not_timed=skipped)
+                   model=model.name, seq_len=seq_len, dtype=dtype, ops=ops, comm={}, not_timed=skipped,
+                   attention_backend=attention)
+
+
+def sdpa_backend(attention: str | None) -> contextlib.AbstractContextManager:
+    """SDPA restricted to one kernel (torch.nn.attention.sdpa_kernel), or left to choose (None)."""
+    if attention is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([{"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[attention]])
 
 
 def utc_date() -> str:

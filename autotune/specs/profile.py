@@ -80,12 +80,10 @@ class CommPoint:
     """all_reduce, all_gather, reduce_scatter or p2p (one-way send/recv)."""
     bytes: float
     """The size argument of costmodel/comm.py's function for this collective."""
-    seconds: float
-    """Median of the timed repeats."""
+    seconds: float  # median of the timed repeats
     stdev_seconds: float
     repeats: int
-    fit_error_pct: float
-    """(tier fit - measured) / measured, percent."""
+    fit_error_pct: float  # (tier fit - measured) / measured, percent
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,10 +100,8 @@ class CollectiveFit:
 class CommTier:
     """Fitted latency and bandwidth of one link tier, as costmodel/comm.py uses them (efficiency 1)."""
 
-    backend: str
-    """torch.distributed backend: gloo or nccl."""
-    nproc: int
-    """Processes in the measured group."""
+    backend: str  # torch.distributed's: gloo or nccl
+    nproc: int  # processes in the measured group
     alpha_us: float
     """Latency per collective step (comm.py's Link.latency), microseconds."""
     bandwidth_GBps: float
@@ -132,8 +128,8 @@ class Profile:
     ops: tuple[OpPoint, ...]
     comm: dict[str, CommTier]
     """Measured link tiers (intra_node, inter_node); empty if none."""
-    not_timed: tuple[str, ...] = ()
-    """Ops left untimed, too large for the device's free memory ("name tp=N cp=N mbs=N[ sp]"); optional."""
+    not_timed: tuple[str, ...] = ()  # ops too large for the device's memory, "name tp=N cp=N mbs=N[ sp]"
+    attention_backend: str | None = None  # SDPA's kernel the attention ops ran (cudnn, flash); None: not chosen
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -149,7 +145,7 @@ def load_profile(path: Path | str) -> Profile:
 
 def profile_from_dict(data: Any, r: _Reader) -> Profile:
     r.keys(data, (), ("schema", "created", "device", "libraries", "model", "seq_len", "dtype", "ops"),
-           ("comm", "not_timed"))
+           ("comm", "not_timed", "attention_backend"))
     if data["schema"] != SCHEMA:
         r.fail(("schema",), f"{data['schema']!r} is not a version this autotune reads ({SCHEMA}); {_REMEASURE}")
     created = r.text(data, ("created",))
@@ -175,7 +171,9 @@ def profile_from_dict(data: Any, r: _Reader) -> Profile:
         dtype=None if data["dtype"] is None else r.choice(data, ("dtype",), ("bf16", "fp16", "fp32", "fp8")),
         ops=points,
         comm={tier: _tier(r, comm[tier], ("comm", tier)) for tier in TIERS if tier in comm},
-        not_timed=tuple(r.text(untimed, ("not_timed", i)) for i in range(len(untimed))))
+        not_timed=tuple(r.text(untimed, ("not_timed", i)) for i in range(len(untimed))),
+        attention_backend=r.choice(data, ("attention_backend",), ("cudnn", "flash")) if "attention_backend" in data
+        else None)
 
 
 def _no_repeated_points(r: _Reader, points: tuple[OpPoint, ...]) -> None:
@@ -354,6 +352,8 @@ def profile_to_dict(p: Profile) -> dict[str, Any]:
         doc["comm"] = {tier: _tier_dict(p.comm[tier]) for tier in TIERS if tier in p.comm}
     if p.not_timed:
         doc["not_timed"] = list(p.not_timed)
+    if p.attention_backend:
+        doc["attention_backend"] = p.attention_backend
     return doc
 
 

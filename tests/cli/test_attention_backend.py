@@ -139,3 +139,27 @@ def test_a_job_block_the_job_refuses_names_the_file(cli, tmp_path: Path) -> None
                                                       "--out", str(tmp_path / "out"))):
         with pytest.raises(SpecError, match=re.escape(f"{path}: job: --attention-backend flash: Megatron's")):
             cli(*args)
+
+
+def test_a_profile_records_its_attention_kernel_and_estimates_say_when_the_job_runs_another(cli, tmp_path) -> None:
+    """The shipped long-context profiles were timed with cuDNN (`autotune profile --device cuda` records it): a
+    Colossal-AI job (FlashAttention-2) costs its attention as measured and says so; a torchtitan one is quiet."""
+    from autotune.catalog import PROFILES_DIR
+    from autotune.specs.profile import load_profile
+
+    path = PROFILES_DIR / "measured" / "h100-sxm-llama3-8b-s32768-cp1.torch-eager.json"
+    assert load_profile(path).attention_backend == "cudnn"
+    job = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8", "--seq-len", "32768",
+           "--tp", "1", "--pp", "1", "--dp", "8", "--zero", "3", "--recompute", "full", "--profile", str(path),
+           "--brief")
+    colossal = cli("estimate", *job, "--kernels", "colossalai")
+    assert colossal.exit_code == 0 and "timed attention with cuDNN, the job runs FlashAttention-2" in colossal.output
+    titan = cli("estimate", *job, "--kernels", "torchtitan")
+    assert titan.exit_code == 0 and "timed attention with" not in titan.output
+
+
+def test_profile_on_a_cpu_takes_no_attention_backend(cli, tmp_path) -> None:
+    pytest.importorskip("torch")
+    with pytest.raises(SpecError, match="--attention-backend flash: cpu has no cuDNN or FlashAttention kernel"):
+        cli("profile", "--model", "tiny-gpt", "--device", "cpu", "--attention-backend", "flash",
+            "--out", str(tmp_path / "p.json"))
