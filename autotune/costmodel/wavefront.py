@@ -110,7 +110,8 @@ def wavefront_makespan(w: Wavefronts, flat: Sequence[float]) -> float:
     end = np.empty(len(w.slots) + 2)
     end[0], end[1] = 0.0, -np.inf
     np.take(np.asarray(flat, dtype=np.float64), w.slots, out=end[2:])  # each pass's duration; its start added below
+    take, maximum, add = end.take, np.maximum, np.add  # a step is a few numpy calls: each one's overhead counts
     for inputs, passes in w.steps:
-        ends = end[inputs]
-        end[passes] += np.maximum(ends[0], ends[1], out=ends[0])
+        ends, durations = take(inputs), end[passes]
+        add(maximum(ends[0], ends[1]), durations, out=durations)  # in place: `+=` would also set the slice again
     return end[2:].max().item()
