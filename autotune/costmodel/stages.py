@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
 
 from autotune.costmodel import comm
 from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, chunks_per_rank, pass_ticks, peak_in_flight
+from autotune.costmodel.placement import VocabPlacement, stage_runs, vocab_placement
 from autotune.costmodel.state import dense_first_credit, fixed_state_bytes, layer_state_bytes
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import GRAD_BYTES, WEIGHT_BYTES, StateBytes
@@ -116,42 +116,6 @@ def p2p_seconds(hw: HardwareSpec, *, pp: int, vpp: int, tp: int, cp: int, dp: in
     return 2 * vpp * send
 
 
-@dataclass(frozen=True, slots=True)
-class VocabPlacement:
-    """Which share of the vocabulary layers a pipeline rank runs, and in which of its model chunks."""
-
-    embed: float
-    """Share of the input embedding (1 on the rank that holds it, 1/p each under vocabulary parallelism)."""
-    head: float
-    """Share of the output layer: final norm, LM head and cross-entropy."""
-    embed_chunk: int
-    head_chunk: int
-    shared: bool
-    """Embedding and LM head on one GPU: a tied head needs no second copy of the table."""
-
-
-@cache
-def vocab_placement(schedule: str, vocab: str, pp: int, vpp: int, rank: int) -> VocabPlacement:
-    """'ends'/'balanced': the embedding opens virtual stage 0 and the head closes the last one (rank p-1,
-    or rank 0 under v-half, whose V ends where it starts); 'parallel': both split evenly over all ranks
-    (Yeung et al. 2024), the embedding's share in the first chunk and the head's in the last."""
-    last_chunk = 1 if schedule == "v-half" else vpp - 1
-    if vocab == "parallel" and pp > 1:
-        return VocabPlacement(1 / pp, 1 / pp, 0, last_chunk, False)
-    head_rank = 0 if schedule == "v-half" else pp - 1
-    embed, head = float(rank == 0), float(rank == head_rank)
-    return VocabPlacement(embed, head, 0, last_chunk, bool(embed and head))
-
-
-@cache
-def rank_placements(schedule: str, vocab: str, pp: int, vpp: int) -> tuple[tuple[VocabPlacement, int], ...]:
-    """Every rank's vocab_placement and a small integer naming each distinct one (a cheap key to share work
-    between ranks placed alike)."""
-    ids: dict[VocabPlacement, int] = {}
-    return tuple((place, ids.setdefault(place, len(ids)))
-                 for place in (vocab_placement(schedule, vocab, pp, vpp, rank) for rank in range(pp)))
-
-
 def stage_params(n: int, layer: LayerCost, vocab: VocabCost, *, first: float, last: float, pp: int,
                  shared: bool | None = None) -> int:
     """Parameters on one GPU of a stage with n layers and `first`/`last` shares of the embedding/head."""
@@ -256,87 +220,80 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
                  vp_comm: tuple[float, float] = (0.0, 0.0), param_bytes: StateBytes = StateBytes(),
                  ticks: Ticks | None = None, memo: dict | None = None, dense_first: int = 0
                  ) -> tuple[StageCost, ...]:
-    """Assemble every stage of `plan` from per-layer and vocabulary costs (what does not depend on the stage
-    is computed once: estimates are called thousands of times per second). `ticks`: schedule_ticks(plan,
+    """Assemble every stage of `plan` from per-layer and vocabulary costs (estimates are called thousands of
+    times per second): ranks alike come in runs (placement.stage_runs), whose parts are found once per run and
+    only the stage objects, which differ in their index, are made per rank. `ticks`: schedule_ticks(plan,
     layer), if the caller has it. `memo`: a dict kept across calls for plans that differ only in their
     partition (with the same costs), which then share every stage of equal index and layer count.
     `dense_first`: the model's dense-first layers, which open rank 0's first chunk (dense_first_credit)."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
-    base = base_recompute(plan)
-    rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
-    per_state = layer_state_bytes(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, param_bytes)
-    credit = dense_first_credit(layer, plan.zero, plan.dp * plan.cp, plan.expert_dp, param_bytes) \
-        if dense_first else (0, 0, 0)
-    layer_compute = layer.fwd.seconds + layer.bwd.seconds
-    layer_tp = layer.tp_fwd_s + layer.tp_bwd_s
-    layer_cp = layer.cp_fwd_s + layer.cp_bwd_s
-    cats = tuple(a + b for a, b in zip(layer.fwd.by_category, layer.bwd.by_category))
-    vocab_cat = CATEGORIES.index("vocab")
-    act_base = layer.act.get(base)
-    transient_zero3 = zero3_transient(plan, layer)
     ticks = schedule_ticks(plan, layer) if ticks is None else ticks
-    peaks = peak_in_flight(plan.schedule, plan.pp, plan.vpp, plan.num_microbatches, ticks)
     extra_in_flight = vocab_parallel_in_flight(plan)
-    placements = rank_placements(plan.schedule, plan.vocab, plan.pp, plan.vpp)
     memo = {} if memo is None else memo  # middle stages with equal layer counts cost the same:
     # The stages themselves are kept from a shape's second plan on (a partition search): a sweep or a search
     # meets most shapes once, and stages kept alive for nothing made the garbage collector walk them (issue 13)
     again = "shared" in memo
     shared, memories = memo.setdefault("shared", {}), memo.setdefault("memories", {})
-    built = memo.setdefault("built", {}) if again else {}
-    out = []
-    run = None  # (n, placement, dense layers, peak) of the stage before, whose parts the next one may reuse
-    for index, n in enumerate(plan.layers_per_stage):
-        stage = built.get((index, n))
-        if stage is not None:
-            out.append(stage)
-            continue
-        place, pid = placements[index]
-        dense = min(chunk_layers(n, v)[0], dense_first) if index == 0 else 0  # rank 0's first chunk opens the model
-        peak = peaks[index]
-        if run == (n, pid, dense, peak):  # middle ranks come in runs alike: skip the memo look-ups
-            stage = built[index, n] = StageCost(index, *fields, memory, *tail)
-            out.append(stage)
-            continue
-        run = (n, pid, dense, peak)
+    built = memo.setdefault("built", {}) if again else None
+    out: list[StageCost] = []
+    for start, stop, n, place, pid, peak in stage_runs(plan.layers_per_stage, plan.schedule, plan.vocab, plan.pp,
+                                                       plan.vpp, plan.num_microbatches, ticks):
+        dense = min(chunk_layers(n, v)[0], dense_first) if start == 0 else 0  # rank 0's first chunk opens the model
         key = (n, pid, dense)
-        costs = shared.get(key)
-        if costs is None:
-            first, last = place.embed, place.head
-            biggest = -(-n // v)  # chunks may differ by one layer; memory is counted at the largest
-            rc = recomputed_per_chunk(plan, biggest)
-            rc_layers = sum(min(rc, c) for c in chunk_layers(n, v))
-            vocab_compute = (first * (vocab.embed_fwd.seconds + vocab.embed_bwd.seconds)
-                             + last * (vocab.head_fwd.seconds + vocab.head_bwd.seconds))
-            by_category = [n * x for x in cats]
-            by_category[vocab_cat] += vocab_compute
-            params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp, shared=place.shared)
-            fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
-            bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
-            zero3 = zero3_exposed(plan, hw, params, fwd, bwd, param_bytes.grad, n + (first > 0) + (last > 0))
-            fixed = fixed_state_bytes(layer, vocab, params - n * layer.params, last, v, plan.zero,
-                                      plan.dp * plan.cp, plan.expert_dp, param_bytes)
-            costs = shared[key] = (
-                # StageCost's fields from `layers` to `params`, in order (each stage adds its index and memory)
-                (n, rc_layers, place.embed > 0, place.head > 0, n * layer_compute + vocab_compute,
-                 n * rec_base + rc_layers * (rec_full - rec_base),
-                 n * layer_tp + first * vocab.embed_comm_s + last * vocab.head_comm_s + sum(vp_comm), n * layer_cp,
-                 p2p_s, zero3, fwd, bwd, tuple(by_category), params),
-                # and after `memory`: chunks and expert_params
-                (chunk_durations(plan, n, layer, vocab, place, rc, p2p_s, vp_comm, zero3), n * layer.expert_params),
-                tuple(n * per + f - dense * c for per, f, c in zip(per_state, fixed, credit)),
-                rc * layer.act.full + (biggest - rc) * act_base, (layer.act.none if rc else 0) + transient_zero3)
-        fields, tail, state, act_chunk, transient = costs
-        memory = memories.get(run)
+        parts = shared.get(key)
+        if parts is None:
+            parts = shared[key] = stage_parts(plan, layer, vocab, hw, n, place, dense, p2p_s, vp_comm, param_bytes)
+        fields, tail, state, act_chunk, transient = parts
+        memory = memories.get((*key, peak))
         if memory is None:  # ranks alike in layers, placement, dense layers and peak hold alike
-            memory = memories[run] = StageMemory(
-                weights=state[0], gradients=state[1], optimizer=state[2],
-                activations=(peak + extra_in_flight) * act_chunk,
-                vocab_activations=vocab_activations(plan, place, peak, vocab) if place.embed or place.head else 0,
-                transient=transient)
-        stage = built[index, n] = StageCost(index, *fields, memory, *tail)  # positional: 19 keywords cost 30% more
-        out.append(stage)
+            memory = memories[(*key, peak)] = StageMemory(
+                state[0], state[1], state[2], (peak + extra_in_flight) * act_chunk,
+                vocab_activations(plan, place, peak, vocab) if place.embed or place.head else 0, transient)
+        if built is None:  # positional: 19 keywords cost 30% more
+            out += [StageCost(i, *fields, memory, *tail) for i in range(start, stop)]
+            continue
+        for i in range(start, stop):
+            stage = built.get((i, n))
+            if stage is None:
+                stage = built[i, n] = StageCost(i, *fields, memory, *tail)
+            out.append(stage)
     return tuple(out)
+
+
+def stage_parts(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, n: int, place: VocabPlacement,
+                dense: int, p2p_s: float, vp_comm: tuple[float, float], param_bytes: StateBytes) -> tuple:
+    """What every stage of n layers placed at `place` and opened by `dense` dense-first layers shares:
+    StageCost's fields from `layers` to `params` and those after `memory`, its (weights, gradients, optimizer)
+    bytes, one chunk's activations and its transient bytes (build_stages adds the index and the memory)."""
+    v = chunks_per_rank(plan.schedule, plan.vpp)
+    base = base_recompute(plan)
+    rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
+    shards = plan.dp * plan.cp
+    first, last = place.embed, place.head
+    biggest = -(-n // v)  # chunks may differ by one layer; memory is counted at the largest
+    rc = recomputed_per_chunk(plan, biggest)
+    rc_layers = sum(min(rc, c) for c in chunk_layers(n, v))
+    vocab_compute = (first * (vocab.embed_fwd.seconds + vocab.embed_bwd.seconds)
+                     + last * (vocab.head_fwd.seconds + vocab.head_bwd.seconds))
+    by_category = [n * (a + b) for a, b in zip(layer.fwd.by_category, layer.bwd.by_category)]
+    by_category[CATEGORIES.index("vocab")] += vocab_compute
+    params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp, shared=place.shared)
+    fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
+    bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
+    zero3 = zero3_exposed(plan, hw, params, fwd, bwd, param_bytes.grad, n + (first > 0) + (last > 0))
+    per_state = layer_state_bytes(layer, plan.zero, shards, plan.expert_dp, param_bytes)
+    fixed = fixed_state_bytes(layer, vocab, params - n * layer.params, last, v, plan.zero, shards, plan.expert_dp,
+                              param_bytes)
+    credit = dense_first_credit(layer, plan.zero, shards, plan.expert_dp, param_bytes) if dense else (0, 0, 0)
+    return ((n, rc_layers, first > 0, last > 0, n * (layer.fwd.seconds + layer.bwd.seconds) + vocab_compute,
+             n * rec_base + rc_layers * (rec_full - rec_base),
+             n * (layer.tp_fwd_s + layer.tp_bwd_s) + first * vocab.embed_comm_s + last * vocab.head_comm_s
+             + sum(vp_comm), n * (layer.cp_fwd_s + layer.cp_bwd_s), p2p_s, zero3, fwd, bwd, tuple(by_category),
+             params),
+            (chunk_durations(plan, n, layer, vocab, place, rc, p2p_s, vp_comm, zero3), n * layer.expert_params),
+            tuple(n * per + f - dense * c for per, f, c in zip(per_state, fixed, credit)),
+            rc * layer.act.full + (biggest - rc) * layer.act.get(base),
+            (layer.act.none if rc else 0) + zero3_transient(plan, layer))
 
 
 def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost, ticks: Ticks) -> int:

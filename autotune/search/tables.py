@@ -14,7 +14,8 @@ from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.pipeline import UNIT_TICKS, chunks_per_rank, peak_in_flight
-from autotune.costmodel.stages import (chunk_durations, layer_passes, p2p_seconds, rank_placements, schedule_ticks,
+from autotune.costmodel.placement import rank_placements
+from autotune.costmodel.stages import (chunk_durations, layer_passes, p2p_seconds, schedule_ticks,
                                        stage_bwd_s, stage_fwd_s, stage_params, stage_vocab_activations,
                                        vocab_parallel_comm, vocab_parallel_in_flight, vocab_placement, zero3_exposed,
                                        zero3_transient)
