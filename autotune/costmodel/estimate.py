@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
-from operator import attrgetter
 
 from autotune.costmodel import comm
 from autotune.costmodel.compute import attention_kernel
@@ -17,6 +16,7 @@ from autotune.costmodel.moe import deepep_refusal
 from autotune.costmodel.mtp import MtpPasses, mtp_passes, with_mtp
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, Timeline, makespan, simulate
+from autotune.costmodel.stagememo import shape_memo
 from autotune.costmodel.stages import (StageCost, base_recompute, build_stages, p2p_time, schedule_ticks,
                                       vocab_parallel_comm)
 from autotune.errors import SpecError
@@ -34,13 +34,8 @@ ADAM_STEP_BYTES = 4 + 2 * 4 * 3 + 2
 
 #: Distinct pipeline simulations a CostModel remembers (each holds its durations: pp * chunks * 3 floats).
 MAKESPAN_CACHE = 4096
-#: Plan shapes (every field but the partition) whose stage costs CostModel keeps for other partitions
-STAGE_MEMO_PLANS = 256
 #: Bucketed exposures kept per collective, group and bucket (dp_sync_exposed)
 EXPOSURE_MEMO = 65536
-#: The Plan fields a stage's cost depends on besides its own layer count and index: all but the partition
-PLAN_SHAPE_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "layers_per_stage")
-_plan_shape = attrgetter(*PLAN_SHAPE_FIELDS)  # their values as a tuple, read in C
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +111,9 @@ class CostModel:
         self._makespan = lru_cache(maxsize=MAKESPAN_CACHE)(makespan)
         # Plans that differ only in their partition (brute force, partition searches) share their stages' costs
         self._stage_memo: dict[tuple, dict] = {}
+        # and plans that differ in what a stage's times (or its state bytes) do not depend on share those
+        self._stage_times: dict[tuple, dict] = {}
+        self._stage_states: dict[tuple, dict] = {}
         self._exposures: dict[tuple, dict] = {}  # dp_sync_exposed's bucketed exposures by stage shape
         self.model_flops = model_flops_per_step(model, job)
         self.state_bytes = job.state_bytes  # bytes per parameter of the training state, read on every estimate
@@ -205,14 +203,7 @@ class CostModel:
                                               tokens=tokens)
             self._pipe_comm[comm_key] = p2p_time(plan, self.hw, tokens, self.model.hidden_size), vp_comm
         p2p_s, vp_comm = self._pipe_comm[comm_key]
-        # what build_stages reads besides the partition (the costs it is handed follow from the plan's fields,
-        # but keyed on too, so a memo never serves stages of other inputs)
-        shape = (*_plan_shape(plan), ticks, p2p_s, vp_comm)
-        memo = self._stage_memo.get(shape)
-        if memo is None:
-            if len(self._stage_memo) >= STAGE_MEMO_PLANS:  # bounded: drop the oldest shape
-                del self._stage_memo[next(iter(self._stage_memo))]
-            memo = self._stage_memo[shape] = {}
+        memo = shape_memo((self._stage_memo, self._stage_times, self._stage_states), plan, ticks, p2p_s, vp_comm)
         return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.state_bytes, ticks, memo,
                             dense_first=self.dense_first(plan.tp_mode))
 

@@ -226,32 +226,39 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     times per second): ranks alike come in runs (placement.stage_runs), whose parts are found once per run and
     only the stage objects, which differ in their index, are made per rank. `ticks`: schedule_ticks(plan,
     layer), if the caller has it. `memo`: a dict kept across calls for plans that differ only in their
-    partition (with the same costs), which then share every stage of equal index and layer count.
+    partition (with the same costs), which then share every stage of equal index and layer count; its "times"
+    and "states" (stage_times and stage_state by layers and placement) may be shared with plans that differ in
+    what those do not read (CostModel: the ZeRO stage below 2, the recomputation).
     `dense_first`: the model's dense-first layers, which open rank 0's first chunk (dense_first_credit)."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
     ticks = schedule_ticks(plan, layer) if ticks is None else ticks
-    extra_in_flight = vocab_parallel_in_flight(plan)
+    extra_in_flight, transient_zero3 = vocab_parallel_in_flight(plan), zero3_transient(plan, layer)
     memo = {} if memo is None else memo  # middle stages with equal layer counts cost the same:
     # The stages themselves are kept from a shape's second plan on (a partition search): a sweep or a search
     # meets most shapes once, and stages kept alive for nothing made the garbage collector walk them (issue 13)
-    again = "shared" in memo
-    shared, memories = memo.setdefault("shared", {}), memo.setdefault("memories", {})
+    again = "memories" in memo
+    times, states = memo.setdefault("times", {}), memo.setdefault("states", {})
+    memories = memo.setdefault("memories", {})
     built = memo.setdefault("built", {}) if again else None
     out: list[StageCost] = []
     for start, stop, n, place, pid, peak in stage_runs(plan.layers_per_stage, plan.schedule, plan.vocab, plan.pp,
                                                        plan.vpp, plan.num_microbatches, ticks):
         dense = min(chunk_layers(n, v)[0], dense_first) if start == 0 else 0  # rank 0's first chunk opens the model
+        timing = times.get((n, pid))
+        if timing is None:
+            timing = times[n, pid] = stage_times(plan, layer, vocab, hw, n, place, p2p_s, vp_comm, param_bytes.grad)
+        fields, tail, act_chunk, rc_transient = timing
         key = (n, pid, dense)
-        parts = shared.get(key)
-        if parts is None:
-            parts = shared[key] = stage_parts(plan, layer, vocab, hw, n, place, dense, p2p_s, vp_comm, param_bytes)
-        fields, tail, state, act_chunk, transient = parts
+        state = states.get(key)
+        if state is None:
+            state = states[key] = stage_state(plan, layer, vocab, n, place, dense, fields[-1], param_bytes)
         memory = memories.get((*key, peak))
         if memory is None:  # ranks alike in layers, placement, dense layers and peak hold alike
             memory = memories[(*key, peak)] = StageMemory(
                 state[0], state[1], state[2], (peak + extra_in_flight) * act_chunk,
-                vocab_activations(plan, place, peak, vocab) if place.embed or place.head else 0, transient)
-        if built is None:  # positional: 19 keywords cost 30% more
+                vocab_activations(plan, place, peak, vocab) if place.embed or place.head else 0,
+                rc_transient + transient_zero3)
+        if built is None:
             out += [StageCost(i, *fields, memory, *tail) for i in range(start, stop)]
             continue
         for i in range(start, stop):
@@ -262,15 +269,15 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     return tuple(out)
 
 
-def stage_parts(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, n: int, place: VocabPlacement,
-                dense: int, p2p_s: float, vp_comm: tuple[float, float], param_bytes: StateBytes) -> tuple:
-    """What every stage of n layers placed at `place` and opened by `dense` dense-first layers shares:
-    StageCost's fields from `layers` to `params` and those after `memory`, its (weights, gradients, optimizer)
-    bytes, one chunk's activations and its transient bytes (build_stages adds the index and the memory)."""
+def stage_times(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, n: int, place: VocabPlacement,
+                p2p_s: float, vp_comm: tuple[float, float], grad_bytes: int) -> tuple:
+    """What every stage of n layers placed at `place` shares but its index and memory: StageCost's fields from
+    `layers` to `params` and those after `memory`; and one chunk's activations and the layer full recompute
+    rematerializes (its memory's, from the recomputation). Reads no more of the plan than its degrees, schedule,
+    vocabulary mode, recomputation and ZeRO stage from 2 on (ZeRO-2/3 traffic)."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
     base = base_recompute(plan)
     rec_base, rec_full = layer.recompute_time(base), layer.recompute_time("full")
-    shards = plan.dp * plan.cp
     first, last = place.embed, place.head
     biggest = -(-n // v)  # chunks may differ by one layer; memory is counted at the largest
     rc = recomputed_per_chunk(plan, biggest)
@@ -282,20 +289,27 @@ def stage_parts(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec
     params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp, shared=place.shared)
     fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
     bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
-    zero3 = zero3_exposed(plan, hw, params, fwd, bwd, param_bytes.grad, n + (first > 0) + (last > 0))
-    per_state = layer_state_bytes(layer, plan.zero, shards, plan.expert_dp, param_bytes)
-    fixed = fixed_state_bytes(layer, vocab, params - n * layer.params, last, v, plan.zero, shards, plan.expert_dp,
-                              param_bytes)
-    credit = dense_first_credit(layer, plan.zero, shards, plan.expert_dp, param_bytes) if dense else (0, 0, 0)
+    zero3 = zero3_exposed(plan, hw, params, fwd, bwd, grad_bytes, n + (first > 0) + (last > 0))
     return ((n, rc_layers, first > 0, last > 0, n * (layer.fwd.seconds + layer.bwd.seconds) + vocab_compute,
              n * rec_base + rc_layers * (rec_full - rec_base),
              n * (layer.tp_fwd_s + layer.tp_bwd_s) + first * vocab.embed_comm_s + last * vocab.head_comm_s
              + sum(vp_comm), n * (layer.cp_fwd_s + layer.cp_bwd_s), p2p_s, zero3, fwd, bwd, tuple(by_category),
              params),
             (chunk_durations(plan, n, layer, vocab, place, rc, p2p_s, vp_comm, zero3), n * layer.expert_params),
-            tuple(n * per + f - dense * c for per, f, c in zip(per_state, fixed, credit)),
-            rc * layer.act.full + (biggest - rc) * layer.act.get(base),
-            (layer.act.none if rc else 0) + zero3_transient(plan, layer))
+            rc * layer.act.full + (biggest - rc) * layer.act.get(base), layer.act.none if rc else 0)
+
+
+def stage_state(plan: Plan, layer: LayerCost, vocab: VocabCost, n: int, place: VocabPlacement, dense: int,
+                params: int, param_bytes: StateBytes) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes of a stage of n layers and `params` parameters placed at `place`,
+    opened by `dense` dense-first layers. Reads no more of the plan than its degrees, schedule and ZeRO stage."""
+    v = chunks_per_rank(plan.schedule, plan.vpp)
+    shards = plan.dp * plan.cp
+    per_state = layer_state_bytes(layer, plan.zero, shards, plan.expert_dp, param_bytes)
+    fixed = fixed_state_bytes(layer, vocab, params - n * layer.params, place.head, v, plan.zero, shards,
+                              plan.expert_dp, param_bytes)
+    credit = dense_first_credit(layer, plan.zero, shards, plan.expert_dp, param_bytes) if dense else (0, 0, 0)
+    return tuple(n * per + f - dense * c for per, f, c in zip(per_state, fixed, credit))  # type: ignore[return-value]
 
 
 def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost, ticks: Ticks) -> int:
