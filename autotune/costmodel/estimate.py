@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 
 from autotune.costmodel import comm
 from autotune.costmodel.compute import attention_kernel
@@ -36,6 +37,7 @@ ADAM_STEP_BYTES = 4 + 2 * 4 * 3 + 2
 MAKESPAN_CACHE = 4096
 #: Bucketed exposures kept per collective, group and bucket (dp_sync_exposed)
 EXPOSURE_MEMO = 65536
+_time_s, _chunks, _params = attrgetter("time_s"), attrgetter("chunks"), attrgetter("params")  # read in C
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +234,8 @@ class CostModel:
         ticks = self.ticks(plan)
         stages = self._stages(plan, ticks)
         m = plan.num_microbatches
-        times = [s.time_s for s in stages]
-        pipe = self._makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(s.chunks for s in stages), ticks)
+        times = list(map(_time_s, stages))
+        pipe = self._makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(map(_chunks, stages)), ticks)
         dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes, self._exposures,
                                      overlap=self.job.overlap_grad_reduce)
         opt = optimizer_time(plan, self.hw, stages)
@@ -300,7 +302,7 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
 
     worst = slack = 0.0  # stages alike (most of them) expose alike: each shape's exposure is computed once
     last = None
-    for params, w in zip([s.params for s in stages], [s.bwd_s if window == "bwd" else s.fwd_s for s in stages]):
+    for params, w in map(attrgetter("params", "bwd_s" if window == "bwd" else "fwd_s"), stages):  # in C
         if last is not None and params == last[0] and w == last[1]:
             # a stage like the one before exposes as much with more slack (w >= 0): it cannot be the worst
             slack += w
@@ -352,5 +354,5 @@ def optimizer_time(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...]) 
     the expert-data-parallel group; the step is a few milliseconds either way and the planner's partition
     model charges it the same way, so the two stay one model."""
     shards = plan.dp * plan.cp if plan.zero >= 1 else 1
-    most = max(s.params for s in stages)
+    most = max(map(_params, stages))
     return most * ADAM_STEP_BYTES / shards / (hw.hbm_bandwidth * hw.efficiency.memory)

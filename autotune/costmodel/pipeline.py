@@ -30,9 +30,11 @@ Orders:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from itertools import islice
+from operator import itemgetter
 from typing import Literal
 
 import numpy as np
@@ -288,6 +290,13 @@ def _chain(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> tuple[tupl
 
 
 @cache
+def _in_order(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> Callable[[list], tuple]:
+    """makespan's flat durations in _chain's order, in one call in C (a call a pass was a third of its loop)."""
+    slots = _chain(schedule, pp, vpp, m, ticks)[0]
+    return itemgetter(*slots) if len(slots) > 1 else lambda flat: tuple(map(flat.__getitem__, slots))  # 1: no tuple
+
+
+@cache
 def _graph(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks = UNIT_TICKS) -> _Graph:
     ids, seq, prev, dep = _placed(schedule, pp, vpp, m, ticks)
     slots, prev_at, dep_at = _chain(schedule, pp, vpp, m, ticks)
@@ -319,19 +328,18 @@ def simulate(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
 
 
 def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, ticks: Ticks | None = None) -> float:
-    """simulate(...).makespan without building the intervals (estimates call this thousands of times): the
-    same additions in the same order, each pass a few list lookups on the precompiled graph, or with many
-    ranks a wavefront of passes at a time in numpy (costmodel/wavefront.py: the same operations)."""
+    """simulate(...).makespan without the intervals (estimates call it thousands of times): the same additions in
+    the same order, a pass a few list lookups, or with many ranks a wavefront at a time in numpy (wavefront.py)."""
     ticks, v = _ticks(schedule, durations, ticks), chunks_per_rank(schedule, vpp)
     if not set(map(len, durations)) <= {v}:  # any row of another length (in C: makespan runs thousands of times)
         raise ValueError(f"durations need {v} (F, B, W) per rank for {schedule} with vpp={vpp}")
     flat = flat_durations(schedule, durations)
     if pp >= WAVEFRONT_MIN_PP:
         return wavefront_makespan(_wavefronts(schedule, pp, vpp, m, ticks), flat)
-    slots, prev_at, dep_at = _chain(schedule, pp, vpp, m, ticks)
+    _, prev_at, dep_at = _chain(schedule, pp, vpp, m, ticks)
     end = [0.0, -math.inf]  # then one entry per pass, in _graph's order (see _Graph.prev_at, dep_at)
     push = end.append
-    for p, d, x in zip(prev_at, dep_at, map(flat.__getitem__, slots)):
+    for p, d, x in zip(prev_at, dep_at, _in_order(schedule, pp, vpp, m, ticks)(flat)):
         a, b = end[p], end[d]
         push((b if b > a else a) + x)
     return max(islice(end, 2, None))
