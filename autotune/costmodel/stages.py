@@ -234,12 +234,13 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     ticks = schedule_ticks(plan, layer) if ticks is None else ticks
     extra_in_flight, transient_zero3 = vocab_parallel_in_flight(plan), zero3_transient(plan, layer)
     memo = {} if memo is None else memo  # middle stages with equal layer counts cost the same:
-    # The stages themselves are kept from a shape's second plan on (a partition search): a sweep or a search
-    # meets most shapes once, and stages kept alive for nothing made the garbage collector walk them (issue 13)
-    again = "memories" in memo
+    # The stages and their memories are kept from a shape's second plan on (a partition search): a sweep or a
+    # search meets most shapes once, and objects kept alive for nothing make the garbage collector walk them
     times, states = memo.setdefault("times", {}), memo.setdefault("states", {})
-    memories = memo.setdefault("memories", {})
+    again = "memories" in memo
+    memories = memo.setdefault("memories", {}) if again else {}
     built = memo.setdefault("built", {}) if again else None
+    memo.setdefault("memories", {})  # (empty: it marks the shape seen)
     out: list[StageCost] = []
     for start, stop, n, place, pid, peak in stage_runs(plan.layers_per_stage, plan.schedule, plan.vocab, plan.pp,
                                                        plan.vpp, plan.num_microbatches, ticks):
