@@ -46,44 +46,41 @@ def fixed_pass_ids(schedule: str, pp: int, v: int, m: int) -> PassIds:
     """pass_ids of a fixed order (1f1b, zb-h1, interleaved: pipeline.rank_orders), the same arrays built from
     the orders' rules in numpy: building a large order's Pass objects and reading them back was most of the
     first estimate of a new (schedule, pp, m) (issue 13; tests/costmodel/test_schedules.py compares them)."""
-    kinds, chunks, js = [], [], []
-    for rank in range(pp):
-        kind, chunk, j = _rank_order(schedule, rank, pp, v, m)
-        kinds.append(kind)
-        chunks.append(chunk)
-        js.append(j)
-    return _numbered(schedule, pp, v, m, np.concatenate(kinds), np.concatenate(chunks), np.concatenate(js),
-                     [len(k) for k in kinds])
-
-
-def _rank_order(schedule: str, rank: int, pp: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One rank's (kind, chunk, micro-batch) arrays, as pipeline._one_f_one_b, _zb_h1 and _interleaved order
-    them: the warm-up's forwards, then a forward (while any is left) and a backward per step, then (zb-h1)
-    the weight gradient `rank` backwards behind, then the drain."""
-    total = m * v  # chunk-passes of each kind
-    warmup = min((pp - rank - 1) * 2 + (v - 1) * pp, total) if schedule == "interleaved" else min(pp - rank - 1, m)
-    k = np.arange(total)
-    steady = total - warmup
-    # per step: F(warmup + k) while k < steady, B(k), and for zb-h1 W(k - rank) once k >= rank
-    width = 3 if schedule == "zb-h1" else 2
-    kind = np.empty((total, width), dtype=np.int64)
-    idx = np.empty((total, width), dtype=np.int64)
-    keep = np.ones((total, width), dtype=bool)
-    kind[:, 0], idx[:, 0], keep[:, 0] = 0, warmup + k, k < steady
-    kind[:, 1], idx[:, 1] = 1, k
-    if width == 3:
-        kind[:, 2], idx[:, 2], keep[:, 2] = 2, k - rank, k >= rank
-    kind = np.concatenate((np.zeros(warmup, dtype=np.int64), kind[keep]))
-    idx = np.concatenate((np.arange(warmup), idx[keep]))
-    if width == 3:  # the weight gradients still pending
-        rest = np.arange(max(m - rank, 0), m)
-        kind = np.concatenate((kind, np.full(len(rest), 2)))
-        idx = np.concatenate((idx, rest))
+    kind, idx, keep = _rank_rows(schedule, pp, v, m)
+    kind, idx = kind[keep], idx[keep]  # row by row: rank 0's passes in order, then rank 1's, ...
+    lengths = keep.sum(axis=1).tolist()
     if schedule != "interleaved":
-        return kind, np.zeros(len(kind), dtype=np.int64), idx
+        return _numbered(schedule, pp, v, m, kind, np.zeros(len(kind), dtype=np.int64), idx, lengths)
     group = (idx // pp) % v  # pipeline._interleaved's chunk_pass: forwards walk the chunks up, backwards down
-    chunk = np.where(kind == 0, group, v - 1 - group)
-    return kind, chunk, (idx // (pp * v)) * pp + idx % pp
+    return _numbered(schedule, pp, v, m, kind, np.where(kind == 0, group, v - 1 - group),
+                     (idx // (pp * v)) * pp + idx % pp, lengths)
+
+
+def _rank_rows(schedule: str, pp: int, v: int, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every rank's order as a row of (kind, chunk-pass index) candidates and whether each is kept, as
+    pipeline._one_f_one_b, _zb_h1 and _interleaved order them: the warm-up's forwards, then a forward (while
+    any is left) and a backward per step, then (zb-h1) the weight gradient `rank` backwards behind, then the
+    drain. All ranks at once: a rank at a time, the numpy calls' overhead was most of a large order's build."""
+    total = m * v  # chunk-passes of each kind
+    rank = np.arange(pp)[:, None]
+    k = np.arange(total)[None, :]
+    warmup = np.minimum((pp - rank - 1) * 2 + (v - 1) * pp, total) if schedule == "interleaved" else \
+        np.minimum(pp - rank - 1, m)
+    # per step: F(warmup + k) while k < total - warmup, B(k), and for zb-h1 W(k - rank) once k >= rank
+    width = 3 if schedule == "zb-h1" else 2
+    kind = np.empty((pp, total, width), dtype=np.int64)
+    idx = np.empty((pp, total, width), dtype=np.int64)
+    keep = np.ones((pp, total, width), dtype=bool)
+    kind[..., 0], idx[..., 0], keep[..., 0] = 0, warmup + k, k < total - warmup
+    kind[..., 1], idx[..., 1] = 1, k
+    if width == 3:
+        kind[..., 2], idx[..., 2], keep[..., 2] = 2, k - rank, k >= rank
+    rows = [(np.zeros((pp, total), dtype=np.int64), np.broadcast_to(k, (pp, total)), k < warmup),
+            (kind.reshape(pp, -1), idx.reshape(pp, -1), keep.reshape(pp, -1))]
+    if width == 3:  # the weight gradients still pending: W(j) for j >= m - rank
+        j = np.arange(m)[None, :]
+        rows.append((np.full((pp, m), 2, dtype=np.int64), np.broadcast_to(j, (pp, m)), j >= m - rank))
+    return tuple(np.concatenate(parts, axis=1) for parts in zip(*rows))  # type: ignore[return-value]
 
 
 def _numbered(schedule: str, pp: int, v: int, m: int, kind: np.ndarray, chunk: np.ndarray, j: np.ndarray,
