@@ -228,7 +228,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     layer), if the caller has it. `memo`: a dict kept across calls for plans that differ only in their
     partition (with the same costs), which then share every stage of equal index and layer count; its "times"
     and "states" (stage_times and stage_state by layers and placement) may be shared with plans that differ in
-    what those do not read (CostModel: the ZeRO stage below 2, the recomputation).
+    what those do not read (stagememo: times across schedules but v-half and ZeRO 0/1, bytes across recomputation).
     `dense_first`: the model's dense-first layers, which open rank 0's first chunk (dense_first_credit)."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
     ticks = schedule_ticks(plan, layer) if ticks is None else ticks
