@@ -16,6 +16,7 @@ MOE_DISPATCHERS = ("alltoall", "deepep")
 GRAD_REDUCES = ("fp32", "bf16", "fp16")
 #: Attention kernels of PyTorch's SDPA the cost model prices (JobSpec.attention_backend)
 ATTENTION_BACKENDS = ("cudnn", "flash")
+#: How messages name them
 ATTENTION_NAMES = {"cudnn": "cuDNN", "flash": "FlashAttention-2"}
 #: The attention kernel a trainer's own code fixes (JobSpec.runs_attention); DeepSpeed's is the installed PyTorch's
 OWN_ATTENTION = {"megatron": "cudnn", "torchtitan": "cudnn", "colossalai": "flash"}
@@ -149,8 +150,8 @@ class JobSpec:
                             "--no-flash-attention costs unfused attention; drop one of them")
         if self.trainer == "megatron" and self.attention_backend == "flash":
             raise SpecError("--attention-backend flash: Megatron's attention is costed as Transformer Engine's fused "
-                            "(cuDNN) kernel; the flag chooses PyTorch SDPA's kernel (--kernels torchtitan, deepspeed "
-                            "or colossalai)")
+                            "(cuDNN) kernel; the flag chooses the PyTorch trainers' kernel (--kernels torchtitan, "
+                            "deepspeed or colossalai)")
 
     @property
     def runs_attention(self) -> str:
