@@ -144,3 +144,13 @@ def test_plan_on_a_v100_in_bf16_warns_once(autotune_proc):
     quiet = autotune_proc("plan", "--model", "gpt-1.7b", "--gpu", "v100-32gb", "--gpus", "8", "--global-batch", "64",
                           "--seq-len", "2048", "--brief", "--dtype", "fp16")
     assert quiet.returncode == 0 and "warning" not in quiet.stderr
+
+
+def test_emit_of_a_v100_bf16_plan_warns_once(autotune_proc, tmp_path):
+    doc = autotune_proc("plan", "--model", "gpt-1.7b", "--gpu", "v100-32gb", "--gpus", "8", "--global-batch", "64",
+                        "--seq-len", "2048", "--json", "--no-timings")
+    assert doc.returncode == 0, doc.stderr
+    (tmp_path / "plan.json").write_text(doc.stdout)
+    proc = autotune_proc("emit", "--plan", str(tmp_path / "plan.json"), "--trainer", "megatron",
+                         "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0 and proc.stderr.count("warning: bf16 on v100-32gb") == 1, proc.stderr
