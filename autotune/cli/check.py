@@ -91,7 +91,7 @@ def check_command(
     cm = CostModel(u.model, hw, u.job, measured)
     est = cm.estimate(u.plan)
     best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
-    notes = u.notes + tuple(w for w in (hw.dtype_warning(u.job.dtype),) if w)
+    notes = u.notes + hw.dtype_warnings(u.job.dtype)
     findings = _findings(est, best, max_gap, notes, search_note)
     if unproven:
         findings.append(Finding("warning", "the best plan is not proven the best: --time-limit or --work-limit "

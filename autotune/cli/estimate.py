@@ -98,7 +98,7 @@ def estimate(
     with time_limited(time_limit, "estimate"):
         est, coverage = cm.estimate(plan), cm.op_coverage(plan)
         timeline = None if json_out or brief else cm.timeline(plan)
-    show_warnings([w for w in (hw.dtype_warning(job.dtype),) if w]
+    show_warnings([*hw.dtype_warnings(job.dtype)]
                   + coverage_warnings(coverage, plan, measured, job.seq_len)
                   + profile_drift(doc, coverage.source, where)
                   + grad_drift(job, doc, where)

@@ -32,14 +32,14 @@ def document_reestimator(inp: EmitInput, doc: dict[str, Any] | None = None) -> t
     headers of what a trainer really runs; None when the GPU is not in the catalog (headers then say so). With
     the document: where it was priced from the same op costs, its stored predictions are checked against its plan
     and replaced, with a warning, when they do not match (a plan.json edited by hand); a dtype the GPU has no
-    tensor cores for is a warning too (HardwareSpec.dtype_warning)."""
+    tensor cores for is a warning too (HardwareSpec.dtype_warnings)."""
     try:
         hw = replace(load_hardware(inp.gpu), gpus_per_node=inp.gpus_per_node)
         cm = CostModel(inp.model, hw, inp.job, load_cost_profile(None, inp.gpu, inp.model, hw, inp.job))
     except AutotuneError:
         return None, inp
     if doc is not None:
-        show_warnings([w for w in (hw.dtype_warning(inp.job.dtype),) if w])
+        show_warnings(hw.dtype_warnings(inp.job.dtype))
     figures = reestimator(cm)
     if doc is not None and doc.get("op_costs") == cm.op_coverage(inp.plan).as_dict():
         now = tuple(rounded(x) for x in figures(inp.plan, inp.job))

@@ -87,7 +87,7 @@ def plan(
     result = distinct_fitting(run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=left,
                                          profile=measured, work_limit=work_limit), top)
     coverage = CostModel(spec, hw, job, measured).op_coverage(result.best.plan)
-    show_warnings([w for w in (hw.dtype_warning(job.dtype),) if w]
+    show_warnings([*hw.dtype_warnings(job.dtype)]
                   + coverage_warnings(coverage, result.best.plan, measured, job.seq_len))
     doc = {**plan_json(result, spec, hw, job, mine), "trainer": None if caps is None else caps.name,
            "op_costs": coverage.as_dict()}

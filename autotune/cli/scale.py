@@ -109,7 +109,7 @@ def scale_command(
     else:
         show(scaling_report(result, spec, hw, job), False)
     if any(p.best is not None for p in result.points):
-        show_warnings([w for w in (hw.dtype_warning(job.dtype),) if w])
+        show_warnings(hw.dtype_warnings(job.dtype))
     if all(p.best is None for p in result.points):
         infeasible = all(p.status == "INFEASIBLE" for p in result.points)
         reason = next((p.reason for p in result.points if p.reason), "")

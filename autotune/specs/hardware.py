@@ -88,16 +88,16 @@ class HardwareSpec:
     """NVIDIA's compute capability ("9.0" for Hopper), or the vendor's architecture name ("gfx942");
     "" = not given. Decides which kernels exist for the GPU (DeepEP, costmodel/moe.py)."""
 
-    def dtype_warning(self, dtype: str) -> str:
-        """Why a `dtype` job's costed speed is not what this GPU runs ("" where it is): NVIDIA GPUs have bf16 tensor
+    def dtype_warnings(self, dtype: str) -> tuple[str, ...]:
+        """Why a `dtype` job's costed speed is not what this GPU runs (none where it is): NVIDIA GPUs have bf16 tensor
         cores from Ampere (compute capability 8.0); before it the file's bf16 figure is the fp16 one, where PyTorch
         emulates bf16 matrix multiplies and Transformer Engine does not run."""
         major = self.compute_capability.split(".")[0]
         if dtype == "bf16" and major.isdigit() and int(major) < 8:
             return (f"bf16 on {self.name} (compute capability {self.compute_capability}, no bf16 tensor cores) is "
                     "costed at the fp16 speed, which bf16 does not reach there (PyTorch emulates its matrix "
-                    "multiplies, Transformer Engine refuses it); train in fp16 (--dtype fp16)")
-        return ""
+                    "multiplies, Transformer Engine refuses it); train in fp16 (--dtype fp16)",)
+        return ()
 
     @property
     def nic_share(self) -> float:
@@ -113,7 +113,7 @@ class HardwareSpec:
         """Dense tensor-core peak for a training dtype."""
         peak = {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16, "fp8": self.peak_flops_fp8}[dtype]
         if peak <= 0:
-            instead = "fp16" if self.dtype_warning("bf16") else "bf16"
+            instead = "fp16" if self.dtype_warnings("bf16") else "bf16"
             raise SpecError(f"--dtype {dtype}: {self.name} has no {dtype} tensor cores; use {instead}")
         return peak
 

@@ -128,13 +128,13 @@ def test_bf16_before_ampere_is_a_warning_naming_the_fix():
     """NVIDIA GPUs have bf16 tensor cores from compute capability 8.0 (Ampere): a bf16 job on a V100 is costed at
     the fp16 figure its file carries, which bf16 does not reach there, so it warns; fp16 and newer GPUs do not."""
     v100 = load_hardware("v100-32gb")
-    warning = v100.dtype_warning("bf16")
+    (warning,) = v100.dtype_warnings("bf16")
     assert "compute capability 7.0, no bf16 tensor cores" in warning
     assert warning.endswith("train in fp16 (--dtype fp16)")
     with pytest.raises(SpecError, match="--dtype fp8: v100-32gb has no fp8 tensor cores; use fp16"):
         v100.peak_flops("fp8")
-    assert v100.dtype_warning("fp16") == ""
-    assert all(load_hardware(g).dtype_warning("bf16") == "" for g in ("a100-80gb", "h100-sxm", "b200", "mi300x"))
+    assert v100.dtype_warnings("fp16") == ()
+    assert all(load_hardware(g).dtype_warnings("bf16") == () for g in ("a100-80gb", "h100-sxm", "b200", "mi300x"))
 
 
 def test_plan_on_a_v100_in_bf16_warns_once(autotune_proc):
