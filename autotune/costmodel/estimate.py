@@ -27,7 +27,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from autotune.specs.profile import Profile
 from autotune.specs.tpgrid import tp_mode_degrees
-from autotune.specs.trainer_jobs import runs_mtp
+from autotune.specs.trainer_jobs import overlaps_grad_reduce, runs_mtp
 
 #: Bytes Adam touches per parameter in its step: read the fp32 gradient, read and write the fp32 master
 #: weight, m and v, write the 16-bit weight (a memory-bound kernel, paper 5).
@@ -237,7 +237,7 @@ class CostModel:
         times = list(map(_time_s, stages))
         pipe = self._makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(map(_chunks, stages)), ticks)
         dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes, self._exposures,
-                                     overlap=self.job.overlap_grad_reduce)
+                                     overlap=overlaps_grad_reduce(self.job, plan.pp, plan.zero))
         opt = optimizer_time(plan, self.hw, stages)
         step = pipe + dp_exposed + opt
         b = times.index(max(times))  # the first of the slowest

@@ -146,7 +146,10 @@ def sync_bound(s: Sync, buckets: tuple[int, ...], layer_params: int, num_layers:
     max_i x_i equalizes them: S_i = (1 + rho)*S_{i-1} + z/(beta - omega) with rho = omega/(beta - omega),
     so z = L*omega / ((1 + rho)^p - 1) for p stages holding L layers. For p == 1 it is L*(beta - omega).
     Stage 0 has no slack, so its last bucket shows in full: at least one bucket, or its whole buffer when the
-    stage may hold less than a bucket (`smallest_params`)."""
+    stage may hold less than a bucket (`smallest_params`). A sync after the backward (Sync.whole): stage 0's whole
+    buffer, at least the smallest one."""
+    if s.whole:
+        return max(min(a + slope * smallest_params * s.bytes_per_param for a, slope in s.pieces), 0.0)
     best = math.inf
     for b, c in zip(buckets, s.per_bucket):
         beta = layer_params * s.bytes_per_param * c / (b * s.bytes_per_param)

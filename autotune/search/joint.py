@@ -115,10 +115,12 @@ def _stage_sync(cc: CandidateCosts, k: int, n: np.ndarray, used: np.ndarray, win
         total: np.ndarray | float = 0.0
         for sync in cc.syncs:
             own, slack = fluid_syncs(cc, k, sync, n, used, windows)
-            whole = np.min([pa + slope * sync.bytes_per_param * params for pa, slope in sync.pieces], axis=0)
-            last = np.where(params[None, :] >= np.array(cc.buckets)[:, None], np.array(sync.per_bucket)[:, None],
-                            whole[None, :])
-            total = total + np.maximum(0.0, np.maximum(own, last)[:, None, :] - slack[None, :, None])
+            if not sync.whole:  # else own is already the whole buffer's collective
+                whole = np.min([pa + slope * sync.bytes_per_param * params for pa, slope in sync.pieces], axis=0)
+                last = np.where(params[None, :] >= np.array(cc.buckets)[:, None],
+                                np.array(sync.per_bucket)[:, None], whole[None, :])
+                own = np.maximum(own, last)
+            total = total + np.maximum(0.0, own[:, None, :] - slack[None, :, None])
         out = total + adam[None]
     for name in windows:
         windows[name] += window_s(cc, k, 0, name)

@@ -36,7 +36,8 @@ def memory_constraints(model: cp_model.CpModel, cc: CandidateCosts, chunks, rc) 
 def dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks, ranges, num_layers: int):
     """Exposed data-parallel sync, as estimate.dp_sync_exposed computes it: for the chosen bucket B and every
     stage i, minus the windows of the stages before it (slack_i), the last bucket (one bucket if the stage
-    holds at least B, else its whole buffer) and the fluid term (bytes_i/B)*c - window_i."""
+    holds at least B, else its whole buffer) and the fluid term (bytes_i/B)*c - window_i. A sync run after the
+    backward (Sync.whole) is the collective of each stage's whole buffer less its slack (estimate._unoverlapped)."""
     if not cc.syncs:
         return [], 0
     v, lp = cc.cand.vpp, cc.layer.params
@@ -46,9 +47,18 @@ def dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks, ranges, num_lay
     all_params = num_layers * lp + sum(s.vocab_params for s in cc.stages)
     for sync in cc.syncs:
         # tight domains keep CP-SAT's propagation and LP relaxation effective
-        hi = max(to_solver_time(c * (all_params / bucket + 1)) for bucket, c in zip(cc.buckets, sync.per_bucket))
+        hi = (to_solver_time(whole_buffer_s(sync, all_params)) + num_layers + 1 if sync.whole else  # + roundings
+              max(to_solver_time(c * (all_params / bucket + 1)) for bucket, c in zip(cc.buckets, sync.per_bucket)))
         exposed = model.NewIntVar(0, hi, f"{sync.window}_exposed")
         per_layer_window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
+        if sync.whole:  # one bucket choice (tables.sync_buckets): the collective of each stage's whole buffer
+            slack = 0
+            for i, k in enumerate(chunks):
+                _whole_buffer(model, cc, sync, i, k, [choice[0]], exposed, slack, f"whole_{sync.window}_{i}")
+                slack = (slack + to_solver_time(cc.cand.vpp * per_layer_window) * k
+                         + to_solver_time(window_s(cc, i, 0, sync.window)))
+            total = total + exposed
+            continue
         for y, bucket, c in zip(choice, cc.buckets, sync.per_bucket):
             per_param = c / bucket  # seconds of fluid communication per parameter
             slack, least_slack = 0, 0  # least_slack: the slack with every earlier stage at its fewest layers
@@ -84,13 +94,26 @@ def _last_bucket(model: cp_model.CpModel, cc: CandidateCosts, sync, i: int, k, k
         model.Add(k <= threshold - 1).OnlyEnforceIf(small)
         model.Add(k >= threshold).OnlyEnforceIf(small.Not())
         model.Add(exposed >= to_solver_time(c) - slack).OnlyEnforceIf([y, small.Not()])
-    pieces = [model.NewBoolVar(f"piece_{sync.window}_{i}_{bucket}_{j}") for j in range(len(sync.pieces))]
-    model.AddBoolOr(pieces).OnlyEnforceIf([y, small])
+    _whole_buffer(model, cc, sync, i, k, [y, small], exposed, slack, f"piece_{sync.window}_{i}_{bucket}")
+
+
+def _whole_buffer(model: cp_model.CpModel, cc: CandidateCosts, sync, i: int, k, enforce: list, exposed, slack,
+                  name: str) -> None:
+    """Under `enforce`: exposed >= the collective of stage i's whole buffer - slack_i, the collective being the
+    least of its linear pieces, which the minimization picks through one literal per piece."""
+    v, lp, s = cc.cand.vpp, cc.layer.params, cc.stages[i]
+    pieces = [model.NewBoolVar(f"{name}_{j}") for j in range(len(sync.pieces))]
+    model.AddBoolOr(pieces).OnlyEnforceIf(enforce)
     nbytes = sync.bytes_per_param
     for lit, (a, slope) in zip(pieces, sync.pieces):
         per_k = to_solver_time(slope * nbytes * v * lp)
         fixed = to_solver_time(a + slope * nbytes * s.vocab_params)
-        model.Add(exposed >= per_k * k + fixed - slack).OnlyEnforceIf([y, small, lit])
+        model.Add(exposed >= per_k * k + fixed - slack).OnlyEnforceIf([*enforce, lit])
+
+
+def whole_buffer_s(sync, params: float) -> float:
+    """Seconds of the collective over `params` parameters' buffer in one piece (the least of its linear pieces)."""
+    return min(a + slope * sync.bytes_per_param * params for a, slope in sync.pieces)
 
 
 def adam_term(model: cp_model.CpModel, cc: CandidateCosts, chunks, num_layers: int):

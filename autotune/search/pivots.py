@@ -178,13 +178,18 @@ def fluid_syncs(cc: CandidateCosts, k: int, sync: Sync, n: np.ndarray, used: np.
     """(own[b, j], slack[u]) of one sync at every bucket cc.buckets[b]: the fluid term of partition_terms.dp_sync
     for stage k holding n[j] chunks (the communication of its parameters less its own window) and the windows of
     the stages before it holding used[u] chunks (`windows`: their fixed windows). Seconds per parameter are taken
-    first, as partition_terms.dp_sync takes them, so every bound rounds the same way."""
+    first, as partition_terms.dp_sync takes them, so every bound rounds the same way. A sync after the backward
+    (Sync.whole): own[0, j] is the collective of the stage's whole buffer."""
     v, lp = cc.cand.vpp, cc.layer.params
-    per_param = np.array(sync.per_bucket) / np.array(cc.buckets)
     window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
+    slack = used * v * window + windows[sync.window]
+    if sync.whole:  # after the backward: the collective of the whole buffer, its own window hiding none of it
+        nbytes = (n * v * lp + cc.stages[k].vocab_params) * sync.bytes_per_param
+        return np.min([a + slope * nbytes for a, slope in sync.pieces], axis=0)[None, :], slack
+    per_param = np.array(sync.per_bucket) / np.array(cc.buckets)
     own = ((n * v)[None, :] * (lp * per_param - window)[:, None] + (cc.stages[k].vocab_params * per_param)[:, None]
            - window_s(cc, k, 0, sync.window))
-    return own, used * v * window + windows[sync.window]
+    return own, slack
 
 
 def pivot_share(cc: CandidateCosts) -> float:

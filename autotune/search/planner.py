@@ -136,9 +136,6 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
         raise SpecError(f"--gpus must be > 0, got {gpus}")
     if top_k < 0:
         raise SpecError(f"--top must be >= 0, got {top_k}")
-    if not job.overlap_grad_reduce:
-        raise SpecError("overlap_grad_reduce false (a reduction after the backward, as in 2021) is costed by estimate "
-                        "only: the planner costs Megatron's overlapped gradient reduction")
     start = time.perf_counter()
     budget = Budget.from_limits(work_limit, time_limit_s)
     cm = CostModel(model, hw, job, profile) if cost_model is None else cost_model

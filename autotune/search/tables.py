@@ -24,6 +24,7 @@ from autotune.search.space import Candidate
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import WEIGHT_BYTES
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
+from autotune.specs.trainer_jobs import overlaps_grad_reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,9 @@ class Sync:
     pieces: tuple[tuple[float, float], ...]
     """The collective's time as min over (latency, seconds per byte): a stage smaller than a bucket sends
     its whole buffer as one bucket."""
+    whole: bool = False
+    """The trainer runs it once per step on each stage's whole buffer, after that stage's backward (trainer_jobs.
+    overlaps_grad_reduce False): only the windows of the stages before hide it, and per_bucket is unused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +152,21 @@ def _tied_sync(hw: HardwareSpec, nbytes: int, pp: int, stride: int) -> float:
 
 def sync_collectives(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[Sync, ...]:
     """The bucketed collectives of the candidate, as estimate.dp_sync_exposed runs them."""
-    return _collectives(cm.hw, cm.job.grad_bytes, c.dp * c.cp, c.tp, c.zero, buckets)
+    return _collectives(cm.hw, cm.job.grad_bytes, c.dp * c.cp, c.tp, c.zero, buckets,
+                        not overlaps_grad_reduce(cm.job, c.pp, c.zero))
+
+
+def sync_buckets(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[int, ...]:
+    """The bucket sizes the solver picks from: one (the default where allowed) when the gradients are reduced
+    after the backward in one pass, where the size changes nothing the cost model sees."""
+    if overlaps_grad_reduce(cm.job, c.pp, c.zero):
+        return buckets
+    return (DEFAULT_BUCKET if DEFAULT_BUCKET in buckets else buckets[0],)
 
 
 @lru_cache(maxsize=4096)
-def _collectives(hw: HardwareSpec, grad_bytes: int, n: int, tp: int, zero: int, buckets: tuple[int, ...]
-                 ) -> tuple[Sync, ...]:
+def _collectives(hw: HardwareSpec, grad_bytes: int, n: int, tp: int, zero: int, buckets: tuple[int, ...],
+                 whole: bool = False) -> tuple[Sync, ...]:
     """sync_collectives from what it reads: kept, since thousands of candidates of a search share a few
     hundred (issue 13: a tenth of quick_bound's time went into recomputing them)."""
     if n == 1 or zero >= 3:
@@ -161,15 +174,16 @@ def _collectives(hw: HardwareSpec, grad_bytes: int, n: int, tp: int, zero: int, 
     link = comm.group_link(hw, n, tp)
     reduce, kind = (comm.all_reduce, "all_reduce") if zero == 0 else (comm.reduce_scatter, "reduce_scatter")
     out = [] if zero == 2 else [Sync(grad_bytes, tuple(reduce(b * grad_bytes, n, link) for b in buckets), "bwd",
-                                     comm.linear_pieces(kind, n, link))]
+                                     comm.linear_pieces(kind, n, link), whole)]
     if zero in (1, 2):
         out.append(Sync(WEIGHT_BYTES, tuple(comm.all_gather(b * WEIGHT_BYTES, n, link) for b in buckets), "fwd",
-                        comm.linear_pieces("all_gather", n, link)))
+                        comm.linear_pieces("all_gather", n, link), whole))
     return tuple(out)
 
 
 def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> CandidateCosts:
     """Gather the per-stage coefficients of one candidate."""
+    buckets = sync_buckets(cm, c, buckets)
     layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp),
                     cm.vocab(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base))
     plan = shell_plan(c)

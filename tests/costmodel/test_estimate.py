@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.costmodel import comm, memory
@@ -114,14 +116,19 @@ def test_a_reduction_after_the_backward_is_exposed_whole():
         flat.breakdown.dp_comm_exposed_s
 
 
-def test_the_planner_refuses_the_unoverlapped_reduction():
-    from autotune.errors import SpecError
-    from autotune.search.planner import search
-    from autotune.search.space import SearchSpace
-
-    job = JobSpec(global_batch=16, seq_len=1024, overlap_grad_reduce=False)
-    with pytest.raises(SpecError, match="overlap_grad_reduce false .* is costed by estimate only"):
-        search(MODEL, HW, job, 4, SearchSpace())
+@pytest.mark.parametrize(("pp", "zero", "after"), [(1, 0, True), (1, 1, False), (2, 0, True), (2, 1, True)])
+def test_deepspeed_reduces_after_the_backward_with_a_pipeline_or_without_zero(pp, zero, after):
+    """DeepSpeed 0.19's pipeline engine reduces once its schedule has run, and without ZeRO its engine all-reduces
+    once loss.backward() returns (trainer_jobs.overlaps_grad_reduce): the exposure is then the one of
+    overlap_grad_reduce False; ZeRO-1 without a pipeline reduces in its backward hooks (overlap_comm)."""
+    ds = JobSpec(global_batch=16, seq_len=1024, trainer="deepspeed", grad_reduce="bf16")
+    plan = _plan(pp=pp, dp=4 // pp, zero=zero, num_microbatches=4 * pp, layers_per_stage=even_split(8, pp))
+    got = CostModel(MODEL, HW, ds).estimate(plan).breakdown.dp_comm_exposed_s
+    unoverlapped = CostModel(MODEL, HW, replace(ds, overlap_grad_reduce=False)).estimate(plan)
+    overlapped = CostModel(MODEL, HW, replace(ds, trainer="megatron")).estimate(plan)
+    want = unoverlapped if after else overlapped
+    assert got == want.breakdown.dp_comm_exposed_s
+    assert overlapped.breakdown.dp_comm_exposed_s < unoverlapped.breakdown.dp_comm_exposed_s
 
 
 @pytest.mark.parametrize("pp", [2, 4])

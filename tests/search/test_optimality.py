@@ -231,3 +231,40 @@ def test_bf16_optimizer_states_never_slow_the_best_plan(inst: Instance) -> None:
     for more, less in zip(best, best[1:]):
         if more is not None:
             assert less is not None and less.step_time_s <= more.step_time_s * (1 + REL)
+
+
+# ------------------------------------------------------------------------------------------- reduction after backward
+@settings(RANDOM, max_examples=25)
+@given(inst=instances(layers=st.integers(2, 8), gpus=st.sampled_from((2, 4, 8))), pp=st.sampled_from((1, 2, 4)))
+def test_reduction_after_the_backward_matches_brute_force(inst: Instance, pp: int) -> None:
+    """overlap_grad_reduce False: every stage all-reduces (or reduce-scatters and gathers) its whole buffer once
+    its backward ends (estimate._unoverlapped); the partition model's whole-buffer syncs (Sync.whole) find the
+    brute-force optimum over free partitions."""
+    inst = replace(inst, job=replace(inst.job, overlap_grad_reduce=False))
+    space = SearchSpace(pp=(pp,), tp_overlap=(False,))
+    assume(any(True for _ in inst.candidates(space)))
+    s = fitting_bucket(inst, space)
+    note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 2, s)), top_k=1))
+
+
+@settings(RANDOM, max_examples=20)
+@given(inst=instances(layers=st.integers(2, 8), gpus=st.sampled_from((2, 4, 8))))
+def test_deepspeed_reductions_match_brute_force(inst: Instance) -> None:
+    """Under DeepSpeed some candidates reduce during the backward (ZeRO-1 without a pipeline) and others after it
+    (a pipeline, or no ZeRO: trainer_jobs.overlaps_grad_reduce): the planner restricted to DeepSpeed still finds
+    the brute-force optimum over both."""
+    inst = replace(inst, job=replace(inst.job, trainer="deepspeed", grad_reduce="bf16"))
+    space = for_trainer(SearchSpace(tp_overlap=(False,)), TRAINER_CAPS["deepspeed"])
+    assume(any(True for _ in inst.candidates(space)))
+    s = fitting_bucket(inst, space)
+    note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 2, s)), top_k=1))
+
+
+def test_reduction_after_the_backward_unloads_the_first_stage() -> None:
+    """Bound by the network (one GPU per node, a small batch): a stage's reduction after its backward hides behind
+    the backwards of the stages before it, so stage 0, with none, gets fewer layers than the even split."""
+    model = tiny_model(layers=12, hidden=1024, heads=8, vocab=32000)
+    hw = replace(load_hardware("h100-sxm"), gpus_per_node=1)
+    inst = Instance(model, hw, JobSpec(global_batch=8, seq_len=256, overlap_grad_reduce=False), 4)
+    res = assert_planner_matches(inst, SearchSpace(pp=(2,), tp=(1,), zero=(0,), tp_overlap=(False,)), top_k=0)
+    assert res is not None and res.best.plan.layers_per_stage == (5, 7)
