@@ -115,6 +115,12 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def degree_values(n: int, space: SearchSpace) -> list[int]:
+    """The values a degree may take with n GPUs left for it and the degrees after it: the divisors of n, or any
+    count up to n with idle GPUs allowed (what does not divide n leaves GPUs idle)."""
+    return list(range(1, n + 1)) if space.allow_idle else divisors(n)
+
+
 def _allowed(values: list, pins: tuple | None) -> list:
     return values if pins is None else [v for v in values if v in pins]
 
@@ -132,7 +138,7 @@ def tp_options(model: ModelSpec, gpus: int, gpus_per_node: int, space: SearchSpa
             values = [d for d in divisors(model.num_heads)
                       if model.num_kv_heads % d == 0 and (limit is None or d <= limit)]
         else:
-            values = [d for d in divisors(gpus) if d > 1 and grid_fits(mode, d, model)]
+            values = [d for d in degree_values(gpus, space) if d > 1 and grid_fits(mode, d, model)]
         out += [(mode, tp) for tp in _allowed(values, space.tp)]
     return out
 
@@ -156,18 +162,19 @@ def cp_options(job: JobSpec, gpus: int, space: SearchSpace) -> list[int]:
     cap = max(space.cp) if space.cp else MAX_CP
     if space.trainer is not None and not space.trainer.cp:
         cap = 1
-    values = [d for d in divisors(gpus) if d <= cap and (d == 1 or job.seq_len % (2 * d) == 0)]
+    values = [d for d in degree_values(gpus, space) if d <= cap and (d == 1 or job.seq_len % (2 * d) == 0)]
     return _allowed(values, space.cp)
 
 
 def degree_options(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int,
                    space: SearchSpace) -> Iterator[tuple[str, int, int, int, int]]:
-    """(tp_mode, tp, cp, pp, dp) with tp*cp*pp*dp == gpus (or <= with allow_idle) and dp dividing the batch."""
+    """(tp_mode, tp, cp, pp, dp) with tp*cp*pp*dp == gpus (or <= with allow_idle, any degree then leaving GPUs
+    idle) and dp dividing the batch."""
     for mode, tp in tp_options(model, gpus, gpus_per_node, space):
         for cp in cp_options(job, gpus, space):
-            if gpus % (tp * cp):
+            if tp * cp > gpus or (gpus % (tp * cp) and not space.allow_idle):
                 continue
-            for pp in _allowed(divisors(gpus // (tp * cp)), space.pp):
+            for pp in _allowed(degree_values(gpus // (tp * cp), space), space.pp):
                 if pp > model.num_layers or not _trainer_degrees(space.trainer, model, cp, pp):
                     continue
                 rest = gpus // (tp * cp * pp)

@@ -78,7 +78,7 @@ def _valid_degrees(inst: Instance, idle: bool, cross: bool) -> set[tuple]:
             continue
         if model.num_heads % tp or model.num_kv_heads % tp or (tp > inst.hw.gpus_per_node and not cross):
             continue
-        if (cp > 1 and job.seq_len % (2 * cp)) or n % (tp * cp) or n % (tp * cp * pp) or pp > model.num_layers:
+        if (cp > 1 and job.seq_len % (2 * cp)) or pp > model.num_layers:  # idle GPUs: any degrees up to n
             continue
         for mbs in divisors(job.global_batch // dp):
             if mbs == 1 or mbs * job.seq_len // cp <= MAX_MICROBATCH_TOKENS:
