@@ -116,12 +116,15 @@ def test_a_reduction_after_the_backward_is_exposed_whole():
         flat.breakdown.dp_comm_exposed_s
 
 
-@pytest.mark.parametrize(("pp", "zero", "after"), [(1, 0, True), (1, 1, False), (2, 0, True), (2, 1, True)])
-def test_deepspeed_reduces_after_the_backward_with_a_pipeline_or_without_zero(pp, zero, after):
+@pytest.mark.parametrize(("trainer", "pp", "zero", "after"),
+                         [("deepspeed", 1, 0, True), ("deepspeed", 1, 1, False), ("deepspeed", 2, 0, True),
+                          ("deepspeed", 2, 1, True), ("colossalai", 1, 0, False), ("colossalai", 2, 0, True)])
+def test_trainers_that_reduce_after_the_backward(trainer, pp, zero, after):
     """DeepSpeed 0.19's pipeline engine reduces once its schedule has run, and without ZeRO its engine all-reduces
-    once loss.backward() returns (trainer_jobs.overlaps_grad_reduce): the exposure is then the one of
-    overlap_grad_reduce False; ZeRO-1 without a pipeline reduces in its backward hooks (overlap_comm)."""
-    ds = JobSpec(global_batch=16, seq_len=1024, trainer="deepspeed", grad_reduce="bf16")
+    once loss.backward() returns; Colossal-AI's legacy engine all-reduces in engine.step() with a pipeline, through
+    DDP without one (trainer_jobs.overlaps_grad_reduce): the exposure is then the one of overlap_grad_reduce False;
+    DeepSpeed's ZeRO-1 without a pipeline reduces in its backward hooks (overlap_comm)."""
+    ds = JobSpec(global_batch=16, seq_len=1024, trainer=trainer, grad_reduce="bf16")
     plan = _plan(pp=pp, dp=4 // pp, zero=zero, num_microbatches=4 * pp, layers_per_stage=even_split(8, pp))
     got = CostModel(MODEL, HW, ds).estimate(plan).breakdown.dp_comm_exposed_s
     unoverlapped = CostModel(MODEL, HW, replace(ds, overlap_grad_reduce=False)).estimate(plan)

@@ -248,13 +248,15 @@ def test_reduction_after_the_backward_matches_brute_force(inst: Instance, pp: in
 
 
 @settings(RANDOM, max_examples=20)
-@given(inst=instances(layers=st.integers(2, 8), gpus=st.sampled_from((2, 4, 8))))
-def test_deepspeed_reductions_match_brute_force(inst: Instance) -> None:
-    """Under DeepSpeed some candidates reduce during the backward (ZeRO-1 without a pipeline) and others after it
-    (a pipeline, or no ZeRO: trainer_jobs.overlaps_grad_reduce): the planner restricted to DeepSpeed still finds
+@given(inst=instances(layers=st.integers(2, 8), gpus=st.sampled_from((2, 4, 8)), fractions=(0.6, 1.0, 4.0)),
+       trainer=st.sampled_from(("deepspeed", "colossalai")))
+def test_trainer_reductions_match_brute_force(inst: Instance, trainer: str) -> None:
+    """Under DeepSpeed and Colossal-AI some candidates reduce during the backward (no pipeline; for DeepSpeed with
+    ZeRO) and others after it (trainer_jobs.overlaps_grad_reduce): the planner restricted to the trainer still finds
     the brute-force optimum over both."""
-    inst = replace(inst, job=replace(inst.job, trainer="deepspeed", grad_reduce="bf16"))
-    space = for_trainer(SearchSpace(tp_overlap=(False,)), TRAINER_CAPS["deepspeed"])
+    grad_reduce = "bf16" if trainer == "deepspeed" else "fp32"  # what each one's config runs
+    inst = replace(inst, job=replace(inst.job, trainer=trainer, grad_reduce=grad_reduce))
+    space = for_trainer(SearchSpace(tp_overlap=(False,)), TRAINER_CAPS[trainer])
     assume(any(True for _ in inst.candidates(space)))
     s = fitting_bucket(inst, space)
     note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 2, s)), top_k=1))
