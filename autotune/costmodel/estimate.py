@@ -71,6 +71,8 @@ class Estimate:
     op_seconds: tuple[tuple[str, float], ...]
     """Per-step compute time of the bottleneck stage by operator category (gemm, attention, norm, ...)."""
     usable_memory_bytes: int
+    grads_after_backward: bool = False
+    """The data-parallel reduction waits for the backward to end (trainer_jobs.overlaps_grad_reduce False)."""
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -236,8 +238,9 @@ class CostModel:
         m = plan.num_microbatches
         times = list(map(_time_s, stages))
         pipe = self._makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(map(_chunks, stages)), ticks)
+        overlap = overlaps_grad_reduce(self.job, plan.pp, plan.zero)
         dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes, self._exposures,
-                                     overlap=overlaps_grad_reduce(self.job, plan.pp, plan.zero))
+                                     overlap=overlap)
         opt = optimizer_time(plan, self.hw, stages)
         step = pipe + dp_exposed + opt
         b = times.index(max(times))  # the first of the slowest
@@ -253,7 +256,7 @@ class CostModel:
             model_tflops_per_gpu=tflops, mfu=tflops * 1e12 / self.hw.peak_flops(self.job.dtype),
             stages=stages, breakdown=breakdown,
             op_seconds=tuple((c, m * t) for c, t in zip(CATEGORIES, bs.by_category)),
-            usable_memory_bytes=self.hw.usable_memory_bytes)
+            usable_memory_bytes=self.hw.usable_memory_bytes, grads_after_backward=not overlap)
 
 
 def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], model: ModelSpec,
