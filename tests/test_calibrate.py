@@ -146,7 +146,7 @@ ERROR_CASES = {
                     ":2: gpu: --gpu 'z100'"),
     "mixed gpus": ((HEADER, ROW_17B, ROW_36B.replace("a100-80gb", "h100-sxm")), ":3: gpu: 'a100-80gb' above"),
     "bad plan": ((HEADER, ROW_17B, ROW_36B.replace(",64,512,2048,fp16,2,1,32,", ",64,512,2048,fp16,2,1,16,")),
-                 ":3: plan: tp*pp*dp*cp = 2*1*16*1 = 32 GPUs"),
+                 ":3: plan: tp*pp*dp*cp = 2*1*16*1 = 32 GPUs, but the gpus column is 64"),
     "one row": ((HEADER, ROW_17B), "1 run(s); calibrating needs at least 2"),
     "no header": (("# only comments",), "no header line"),
 }

@@ -30,10 +30,20 @@ def parse(text: str, where: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SpecError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        raise SpecError(f"{where}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     if not isinstance(doc, dict):
         raise SpecError(f"{where}: expected a JSON object (a DeepSpeed config)")
     return doc
+
+
+def _size(doc: dict[str, Any], key: str, where: str) -> int | None:
+    """A batch size or step count the config gives (None where it leaves it to DeepSpeed): at least 1."""
+    if key not in doc:
+        return None
+    value = _int(doc, key, where)
+    if value < 1:
+        raise SpecError(f"{where}: {key} must be >= 1, got {value}")
+    return value
 
 
 def _int(doc: dict[str, Any], key: str, where: str) -> int:
@@ -183,9 +193,8 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
         notes.append(f"activation_checkpoint_interval {interval}: checkpoints every {interval}-th layer boundary; "
                      "costed as full recompute of every layer")
     check_sizes(where, degrees=(tp, pp, cp))
-    mbs = _int(config, "train_micro_batch_size_per_gpu", where) if "train_micro_batch_size_per_gpu" in config else None
-    gas = _int(config, "gradient_accumulation_steps", where) if "gradient_accumulation_steps" in config else None
-    tbs = _int(config, "train_batch_size", where) if "train_batch_size" in config else None
+    mbs, gas, tbs = (_size(config, key, where) for key in ("train_micro_batch_size_per_gpu",
+                                                           "gradient_accumulation_steps", "train_batch_size"))
     if len(batch_keys) == 1:  # DeepSpeed's _set_batch_related_parameters: no accumulation
         gas = 1
     if mbs is not None and gas is not None:

@@ -48,8 +48,13 @@ class Understood:
 
 def read_text(path: Path) -> str:
     try:
-        if not path.is_file():
+        if path.is_dir():
+            raise SpecError(f"{path}: a directory; give the launch config inside it (e.g. launch_megatron.sh, "
+                            "ds_config.json, a torchtitan .toml)")
+        if not path.exists():
             raise SpecError(f"{path}: no such config file")
+        if not path.is_file():
+            raise SpecError(f"{path}: not a regular file; give the launch config's path")
         raw = path.read_bytes()[:MAX_CONFIG_BYTES + 1]
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the config ({exc.strerror})") from None
@@ -88,6 +93,9 @@ def read_config(path: Path, trainer: str | None, gpus: int) -> tuple[str, Readin
     if trainer == "megatron":
         reading = _megatron(path, text)
     elif trainer == "torchtitan":
+        wrapped = _wrapped_script(path, text)
+        if wrapped is not None:
+            raise SpecError(f"{path.name} only runs {wrapped} (a Slurm wrapper): check that file")
         fmt = "toml" if path.suffix == ".toml" or re.search(r"^\s*\[\w+\]\s*$", text, re.M) else "cli"
         reading = read_toml(text) if fmt == "toml" else read_overrides(text)
     else:
@@ -113,6 +121,16 @@ def header_note(header: str | None, plan: Plan) -> str | None:
     if said == runs:
         return None
     return f"the file's autotune header says '{m.group(0)}', but its settings run the plan above (edited since?)"
+
+
+def _wrapped_script(path: Path, text: str) -> str | None:
+    """The script beside `path` that this one only runs (emit's sbatch_torchtitan.sh runs launch_torchtitan.sh):
+    a shell script with no torchtitan settings or entry point of its own. None otherwise."""
+    if path.suffix not in (".sh", ".bash") or re.search(r"--[a-z_]+\.[a-z_]+|torchtitan\.train|train\.py", text):
+        return None
+    beside = [name for name in sorted({m for m in re.findall(r"([\w.-]+\.sh)\b", text)} - {path.name})
+              if (path.parent / name).is_file()]
+    return beside[0] if beside else None
 
 
 def _megatron(path: Path, text: str) -> Reading:
@@ -253,6 +271,8 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
                model_arg: str | None, seq_len_arg: int | None) -> Understood:
     """The Plan, ModelSpec and JobSpec of a reading on --gpus GPUs (rule checks are the caller's check_plan)."""
     r = reading
+    if r.seq_len is not None and r.seq_len < 1:
+        raise SpecError(f"the {trainer} config trains {r.seq_len}-token sequences; fix its sequence length (>= 1)")
     if r.seq_len and seq_len_arg and seq_len_arg != r.seq_len:
         raise SpecError(f"--seq-len {seq_len_arg}: the {trainer} config trains {r.seq_len}-token sequences; drop "
                         "--seq-len or give the same")

@@ -15,7 +15,7 @@ from autotune.cli.options import (AttentionOpt, BatchOrPlanOpt, BriefOpt, Bucket
                                   MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt, OptimizerStatesOpt,
                                   OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
                                   ScheduleOpt, SeqOrPlanOpt, SpOpt, TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt,
-                                  ZeroOpt, build_job, check_simulation_size, check_whole_nodes, load_cluster, show,
+                                  ZeroOpt, build_job, check_moe_flags, check_simulation_size, check_whole_nodes, load_cluster, show,
                                   show_warnings, time_limited)
 from autotune.costmodel.estimate import CostModel
 from autotune.emit.document import document_model
@@ -69,6 +69,7 @@ def estimate(
     filled = job_from_plan_document(given_job, recorded, where)
     gpus, global_batch, seq_len = filled["gpus"], filled["global_batch"], filled["seq_len"]
     spec = load_model(model) if model is not None else document_model(doc, recorded, where)
+    check_moe_flags(spec, moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity)
     hw = load_cluster(filled["gpu"], filled["gpus_per_node"])
     check_whole_nodes(gpus, hw)
     if plan_file is not None:
@@ -91,7 +92,8 @@ def estimate(
         if spec.is_moe and etp is None and plan.tp > 1:
             show_warnings([f"etp 1 (the default here): experts whole on each GPU of their ep group; Megatron's own "
                            f"default is etp = tp = {plan.tp} (give --etp {plan.tp} to cost that)"])
-    check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp)
+    # a saved plan states its own tensor-parallel layout (plan --allow-cross-node-tp), as a script does for `check`
+    check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp or bool(plan_file))
     check_simulation_size(plan, "estimate")
     measured = load_cost_profile(profile, filled["gpu"], spec, hw, job, force_profile)
     cm = CostModel(spec, hw, job, measured)

@@ -11,6 +11,7 @@ from typing import Any
 from autotune.catalog import PROFILES_DIR, parse_json, read_json
 from autotune.cli.options import Pins, one, parse_choice_list, parse_int_list, show_warnings
 from autotune.costmodel.measured import OpCoverage, check_profile_model, check_profile_ops, profile_warnings
+from autotune.emit.document import document_trainer
 from autotune.errors import SpecError
 from autotune.fileio import slug
 from autotune.specs.hardware import HardwareSpec
@@ -84,6 +85,7 @@ def read_plan(path: str, pins: Pins) -> tuple[Plan, dict[str, Any], Any]:
     job = doc.get("job") if isinstance(doc, dict) and "plan" in doc else None
     if job is not None and not isinstance(job, dict):
         raise SpecError(f"{where}: 'job' must be an object, as `autotune plan --json` writes it")
+    document_trainer(doc, where)  # a document names the trainer it was searched for as emit reads it, or none
     return plan_from_dict(doc, where), job or {}, doc
 
 
@@ -153,6 +155,8 @@ def settle_job_settings(recorded: dict[str, Any], where: str, values: dict[str, 
             raise SpecError(f"{where}: job.{key} {value!r} must be one of {', '.join(JOB_CHOICES[key])}; fix it or "
                             "drop the job block")
         value = (not value) if negated else value
+        if key == "moe_capacity_factor" and value == 0:  # JobSpec's 0: dropless routing, no flag given
+            value = None
         if param in given and values[param] != value:
             raise SpecError(f"{where} was planned with {key} {recorded[key]!r}; {flag} differs: drop {flag} to "
                             "re-cost the plan as planned, or plan again")

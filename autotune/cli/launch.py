@@ -23,6 +23,7 @@ from autotune.fileio import write_file, write_files
 from autotune.render.common import dump_json, rounded
 from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
 from autotune.search.trainers import reestimator
+from autotune.specs.limits import check_train_tokens
 from autotune.specs.trainers import TrainerCaps, caps_for
 
 
@@ -78,8 +79,7 @@ def launch_config(trainer: str, inp: EmitInput, *, torchtitan_format: str | None
     """The trainer's files for a plan; under --strict any warning is an error (shown first, nothing written).
     `reestimate` prices what the trainer really runs, for the files' headers (emit/common.py); `mock_data` and
     `train_tokens` shape the run (emit/runfiles.py)."""
-    if not train_tokens > 0 or train_tokens == float("inf"):
-        raise SpecError(f"--train-tokens {train_tokens:g}: must be a number of tokens > 0, e.g. 1e12")
+    check_train_tokens(train_tokens)
     inp = replace(inp, reestimate=reestimate, mock_data=mock_data, train_tokens=train_tokens)
     result = emit_config(trainer, inp, torchtitan_format=torchtitan_format or TORCHTITAN_FORMATS[0])
     if strict and result.warnings:

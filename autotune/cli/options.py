@@ -19,6 +19,7 @@ from autotune.errors import SolverLimitError, SpecError
 from autotune.render.common import dump_json, make_console
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
 from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_PIPELINE_PASSES, MAX_SEQ_LEN
 from autotune.specs.plan import DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan
 from autotune.specs.tpgrid import MODES
@@ -289,10 +290,24 @@ def load_cluster(gpu: str, gpus_per_node: int | None) -> HardwareSpec:
     return hw if gpus_per_node is None else replace(hw, gpus_per_node=gpus_per_node)
 
 
+def check_moe_flags(model: ModelSpec, imbalance: float | None, dispatcher: str, capacity: float | None,
+                    pad: bool) -> None:
+    """MoE settings given for a dense model are a mistake (the wrong --model?), as --ep is: one line naming them."""
+    given = [flag for flag, on in (("--moe-imbalance", imbalance is not None),
+                                   ("--moe-dispatcher", dispatcher != "alltoall"),
+                                   ("--moe-capacity-factor", capacity is not None), ("--moe-pad-to-capacity", pad)) if on]
+    if given and not model.is_moe:
+        raise SpecError(f"{', '.join(given)}: {model.name} is dense (no experts); drop "
+                        f"{'it' if len(given) == 1 else 'them'}")
+
+
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
               grad_reduce: str | None = None, kernels: str | None = None, moe_imbalance: float | None = None,
               moe_dispatcher: str = "alltoall", moe_capacity: float | None = None, moe_pad: bool = False,
               optimizer_states: str = "fp32", attention_backend: str | None = None) -> JobSpec:
+    if moe_capacity is not None and not moe_capacity > 0:  # 0 is JobSpec's dropless: a given 0 is a mistake
+        raise SpecError(f"--moe-capacity-factor {moe_capacity:g}: an expert's capacity over the mean tokens must be "
+                        "> 0 (leave it out for dropless routing)")
     imbalance = DEFAULT_MOE_IMBALANCE if moe_imbalance is None else moe_imbalance
     if not 1.0 <= imbalance <= MAX_MOE_IMBALANCE:  # also NaN
         raise SpecError(f"--moe-imbalance {imbalance:g}: the busiest expert's tokens over the mean must be >= 1.0 "

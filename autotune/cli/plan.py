@@ -19,7 +19,8 @@ from autotune.cli.options import (AttentionOpt, BatchOpt, BriefOpt, CompareOpt, 
                                   RunTokensOpt, SCpOpt, SDpOpt, SEpOpt, SEtpOpt, SLayersOpt, SMbsOpt, SOverlapOpt,
                                   SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt, SVocabOpt, SVppOpt,
                                   SZeroOpt, SeqOpt, StrictOpt, TimeLimitOpt, TopOpt, TrainerOpt, UnfusedOpt,
-                                  WorkLimitOpt, build_job, check_whole_nodes, load_cluster, show, show_warnings)
+                                  WorkLimitOpt, build_job, check_moe_flags, check_whole_nodes, load_cluster, show,
+                                  show_warnings)
 from autotune.cli.searching import compare_plan, distinct_fitting, run_search, search_space, without_timings
 from autotune.costmodel.estimate import CostModel
 from autotune.errors import SolverLimitError, SpecError
@@ -30,6 +31,7 @@ from autotune.render.trainers import trainers_json, trainers_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
 from autotune.search.trainers import best_per_trainer, reestimator
+from autotune.specs.limits import check_train_tokens
 from autotune.specs.trainer_jobs import check_trainer_settings, check_job_settings, runs_grad_reduce
 
 
@@ -64,7 +66,9 @@ def plan(
         raise SpecError("--strict and --torchtitan-format apply to the launch config written with --out DIR; add it")
     if out is not None:
         check_target(Path(out), directory=True)
+    check_train_tokens(train_tokens)
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
+    check_moe_flags(spec, moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity)
     check_whole_nodes(gpus, hw)
     job = build_job(global_batch, seq_len, dtype, no_flash_attention, unfused,
                     grad_reduce or runs_grad_reduce(trainer or kernels, dtype), kernels or trainer,

@@ -14,7 +14,8 @@ from autotune.cli.options import (AttentionOpt, BriefOpt, CrossTpOpt, DtypeOpt, 
                                   MoeImbalanceOpt, MoePadOpt, NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins,
                                   ProfileOpt, SCpOpt, SMbsOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt,
                                   STpOpt, SVocabOpt, SVppOpt, SZeroOpt, SeqOpt, UnfusedOpt, WorkLimitOpt, build_job,
-                                  check_whole_nodes, fail, load_cluster, parse_int_list, show, show_warnings)
+                                  check_moe_flags, check_whole_nodes, fail, load_cluster, parse_int_list, show,
+                                  show_warnings)
 from autotune.cli.searching import pins_space, without_timings
 from autotune.emit import TRAINERS
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
@@ -79,6 +80,7 @@ def scale_command(
     if not work_limit > 0:
         raise SpecError(f"--work-limit must be > 0, got {work_limit:g}")
     spec, hw = load_model(model), load_cluster(gpu, gpus_per_node)
+    check_moe_flags(spec, moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity)
     sizes = parse_int_list(gpus, "--gpus")
     for size in sizes:
         check_whole_nodes(size, hw)

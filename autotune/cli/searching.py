@@ -73,7 +73,8 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     plan = load_plan_file(path, "--compare")
     check_simulation_size(plan, f"--compare {path}")
     cm = CostModel(model, hw, job, profile)
-    flags = {"allow_idle": space.allow_idle, "allow_cross_node_tp": space.allow_cross_node_tp}
+    # a saved plan states its own tensor-parallel layout, as a launch script does for `check`
+    flags = {"allow_idle": space.allow_idle, "allow_cross_node_tp": True}
     try:
         return Comparison(path, validate_plan(plan, cm, gpus, **flags), None)
     except InvalidPlanError as exc:

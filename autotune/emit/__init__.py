@@ -14,7 +14,7 @@ from autotune.emit.asrun import run_figures, what_runs
 from autotune.errors import SpecError
 from autotune.specs.job import ATTENTION_NAMES, JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import Plan
+from autotune.specs.plan import DEFAULT_BUCKET, Plan
 from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
@@ -35,7 +35,7 @@ class EmitInput:
     peak_memory_gib: float
     """Predicted peak memory per GPU, for the header."""
     mfu: float
-    reestimate: Callable[[Plan, JobSpec], tuple[float, float, float]] | None = field(default=None, compare=False)
+    reestimate: Callable[..., tuple[float, float, float]] | None = field(default=None, compare=False)
     """(step time s, peak GiB, MFU) of another plan under the same model, hardware and job: the header then
     states the prediction for the plan a trainer really runs when it differs from `plan` (emit/common.py)."""
     train_tokens: float = 1e12
@@ -77,6 +77,7 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
     # Megatron's emitter says it itself, and torchtitan's lists it among what its llama3 lacks
     softcap = softcap_warning(trainer, inp.model) if trainer not in ("megatron", "torchtitan") else None
     extra = tuple(w for w in (full_attention_warning(trainer, inp), softcap, dispatcher_warning(caps, inp),
+                              bucket_warning(caps, inp),
                               capacity_warning(trainer, inp), mtp_warning(trainer, inp),
                               rope_scaling_warning(trainer, inp),
                               state_precision_warning(trainer, inp, torchtitan_format),
@@ -92,7 +93,17 @@ def dispatcher_warning(caps: TrainerCaps | None, inp: EmitInput) -> str | None:
     if caps is None or not inp.model.is_moe or p.ep * p.etp == 1 or inp.job.moe_dispatcher in caps.moe_dispatchers:
         return None
     return (f"the step was priced with the {inp.job.moe_dispatcher} token dispatcher, which {caps.name} does not "
-            f"run: its config uses {', '.join(caps.moe_dispatchers)}, so the step will be slower than predicted")
+            f"run: its config uses {', '.join(caps.moe_dispatchers)}; the header's figures are re-estimated for "
+            "what it runs")
+
+
+def bucket_warning(caps: TrainerCaps | None, inp: EmitInput) -> str | None:
+    """The plan chose a gradient bucket the trainer's config cannot set (TrainerCaps.gradient_buckets): it runs
+    the default one, as `check` reads it back and the header re-estimates (specs/trainers.py as_run)."""
+    if caps is None or caps.gradient_buckets or inp.plan.bucket_size == DEFAULT_BUCKET:
+        return None
+    return (f"bucket {inp.plan.bucket_size:,} parameters: {caps.name}'s config sets no gradient bucket, so it is "
+            f"costed at the default {DEFAULT_BUCKET:,}; the header's figures are re-estimated for what it runs")
 
 
 def capacity_warning(trainer: str, inp: EmitInput) -> str | None:
@@ -185,8 +196,8 @@ def full_attention_warning(trainer: str, inp: EmitInput) -> str | None:
     if trainer == "torchtitan" or not m.sliding_window_layers or m.sliding_window >= inp.job.seq_len:
         return None
     return (f"{m.name}: {m.sliding_window_layers} of {m.num_layers} layers attend over a {m.sliding_window}-token "
-            f"window, as costed, but the {trainer} config sets no window, so they run full attention over "
-            f"{inp.job.seq_len} tokens: the step will be slower than predicted")
+            f"window, as planned, but the {trainer} config sets no window, so they run full attention over "
+            f"{inp.job.seq_len} tokens: the header's figures are re-estimated for what it runs")
 
 
 def softcap_warning(trainer: str, model: ModelSpec) -> str | None:

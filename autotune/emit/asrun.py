@@ -16,8 +16,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
-from autotune.specs.trainer_jobs import as_run_job
+from autotune.specs.trainer_jobs import as_run_job, as_run_model
 from autotune.specs.trainers import EMITTED_CAPS, as_run
 
 if TYPE_CHECKING:
@@ -31,11 +32,13 @@ Figures = tuple[float, float, float]
 
 @dataclass(frozen=True, slots=True)
 class AsRun:
-    """The plan and job an emitted config runs, and what of the difference the cost model cannot express."""
+    """The plan, job and model an emitted config runs, and what of the difference the cost model cannot express."""
 
     plan: Plan
     job: JobSpec
     notes: tuple[str, ...] = ()
+    model: ModelSpec | None = None
+    """The model as the config builds it (trainer_jobs.as_run_model: a sliding window only torchtitan builds)."""
 
 
 def format_runs(trainer: str, fmt: str | None) -> Runs | None:
@@ -57,11 +60,17 @@ def what_runs(inp: EmitInput, trainer: str, fmt: str | None = None) -> AsRun:
     job = as_run_job(inp.job, trainer, fmt)
     if plan.zero not in job.state_zero_stages:  # e.g. Megatron FSDP, which keeps fp32 main weights and moments
         job = replace(job, optimizer_states="fp32")
-    return AsRun(plan, job, tuple(notes))
+    return AsRun(plan, job, tuple(notes), as_run_model(inp.model, trainer, inp.job.seq_len))
 
 
 def as_planned(inp: EmitInput, run: AsRun) -> bool:
-    return run.plan == inp.plan and run.job == inp.job
+    """Whether the config runs the plan, job and model as they were priced (the same attention kernel counts as
+    the same, whether a job names it or leaves it to the trainer: JobSpec.runs_attention)."""
+    def kernel_named(job: JobSpec) -> tuple[JobSpec, str | None]:
+        return replace(job, attention_backend=None), job.runs_attention
+
+    return (run.plan == inp.plan and kernel_named(run.job) == kernel_named(inp.job)
+            and run.model in (None, inp.model))
 
 
 def run_figures(inp: EmitInput, run: AsRun) -> Figures | None:
@@ -69,4 +78,4 @@ def run_figures(inp: EmitInput, run: AsRun) -> Figures | None:
     inp.reestimate (None when there is none to call)."""
     if as_planned(inp, run):
         return inp.step_time_s, inp.peak_memory_gib, inp.mfu
-    return None if inp.reestimate is None else inp.reestimate(run.plan, run.job)
+    return None if inp.reestimate is None else inp.reestimate(run.plan, run.job, run.model)

@@ -165,8 +165,8 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
                 tp_overlap=_bool(where, "tp_overlap", row.get("tp_overlap") or "false"))
     try:
         check_plan(plan, model, job, ints["gpus"], hw.gpus_per_node)
-    except SpecError as exc:
-        raise SpecError(f"{where}: plan: {exc}") from None
+    except SpecError as exc:  # check_plan names the command line's flag where a runs file has its column
+        raise SpecError(f"{where}: plan: {str(exc).replace('--gpus is', 'the gpus column is')}") from None
     return Run(line=no, model_name=row["model"], model=model, job=job, plan=plan, step_time_s=step)
 
 

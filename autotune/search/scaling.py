@@ -8,6 +8,7 @@ be split over the GPUs, is a row with its reason, not an error. Scaling efficien
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from autotune.search.space import SearchSpace, enumerate_candidates
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
+from autotune.specs.limits import check_train_tokens
 from autotune.specs.plan import Plan
 from autotune.specs.profile import Profile
 
@@ -113,10 +115,9 @@ def check_sweep(gpu_counts: Sequence[int], *, train_tokens: float, price_per_gpu
                         f"e.g. {','.join(map(str, sorted(set(gpu_counts))))}")
     if not 0 < efficiency_threshold <= 1:
         raise SpecError(f"--efficiency-threshold must be in (0, 1], got {efficiency_threshold:g}")
-    if train_tokens <= 0:
-        raise SpecError(f"--train-tokens must be > 0, got {train_tokens:g}")
-    if price_per_gpu_hour is not None and price_per_gpu_hour <= 0:
-        raise SpecError(f"--price-per-gpu-hour must be > 0, got {price_per_gpu_hour:g}")
+    check_train_tokens(train_tokens)
+    if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour < math.inf:  # also NaN
+        raise SpecError(f"--price-per-gpu-hour must be a finite amount > 0, got {price_per_gpu_hour:g}")
 
 
 def strategy_family(plan: Plan) -> str:

@@ -83,15 +83,16 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
     return tuple(out)
 
 
-def reestimator(cm: CostModel) -> Callable[[Plan, JobSpec], tuple[float, float, float]]:
+def reestimator(cm: CostModel) -> Callable[..., tuple[float, float, float]]:
     """(step time s, peak GiB per GPU, MFU) of a plan and job under cm's model, GPU and profile: what an emitted
-    file's header states for the plan a trainer really runs, with the kernels it runs (emit/common.py
-    header_lines)."""
-    models = {cm.job: cm}
+    file's header states for the plan a trainer really runs, with the kernels it runs and the model as it builds
+    it (`model`, default cm's: emit/common.py header_lines)."""
+    models = {(cm.job, cm.model): cm}
 
-    def figures(plan: Plan, job: JobSpec) -> tuple[float, float, float]:
-        if job not in models:
-            models[job] = CostModel(cm.model, cm.hw, job, cm.profile)
-        est = models[job].estimate(plan)
+    def figures(plan: Plan, job: JobSpec, model: ModelSpec | None = None) -> tuple[float, float, float]:
+        key = (job, cm.model if model is None else model)
+        if key not in models:
+            models[key] = CostModel(key[1], cm.hw, job, cm.profile)
+        est = models[key].estimate(plan)
         return est.step_time_s, gib(est.peak_memory_bytes), est.mfu
     return figures

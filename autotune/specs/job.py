@@ -142,7 +142,7 @@ class JobSpec:
             raise SpecError(f"--moe-capacity-factor is costed for the alltoall dispatcher (DeepEP's kernels are "
                             f"dropless); drop it or use --moe-dispatcher alltoall")
         if self.trainer not in TRAINERS:
-            raise SpecError(f"--trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
+            raise SpecError(f"--kernels (or --trainer) must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
         if self.attention_backend not in (None, *ATTENTION_BACKENDS):
             raise SpecError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got "
                             f"{self.attention_backend!r}")

@@ -32,6 +32,8 @@ MAX_GPUS = 1 << 20
 MAX_GLOBAL_BATCH = 1 << 16
 #: Tokens per sequence: million-token contexts.
 MAX_SEQ_LEN = 1 << 20
+#: Tokens to train (`--train-tokens`): about 300 times the largest published pretraining runs (~36T tokens, 2025).
+MAX_TRAIN_TOKENS = 1e16
 #: Transformer layers: DeepNet trained 1,000 (Wang et al. 2022).
 MAX_LAYERS = 1024
 #: Pipeline passes `estimate` simulates, micro-batches x pp x vpp (about 10 s for the slowest schedule, v-half).
@@ -105,6 +107,14 @@ def int_maximum(field: str) -> int:
 def float_range(field: str) -> tuple[float, float]:
     """The documented (minimum, maximum) of a number (FLOAT_RANGES, else (0, MAX_FLOAT_FIELD))."""
     return FLOAT_RANGES.get(field, (0.0, MAX_FLOAT_FIELD))
+
+
+def check_train_tokens(value: float) -> float:
+    """--train-tokens: a number of tokens > 0 and at most MAX_TRAIN_TOKENS (also refuses NaN and infinity)."""
+    if not 0 < value <= MAX_TRAIN_TOKENS:
+        raise SpecError(f"--train-tokens {value:g}: must be a number of tokens > 0 and <= {MAX_TRAIN_TOKENS:g}, "
+                        "e.g. 1e12")
+    return value
 
 
 def check_max(value: int, maximum: int, field: str, where: str = "") -> int:

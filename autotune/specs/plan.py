@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from autotune.errors import InvalidPlanError
 from autotune.specs._strict import check_keys
-from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, check_max
+from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_INT_FIELD, MAX_LAYERS, check_max
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.tpgrid import MODES, check_tp_shapes, tp_mode_degrees
@@ -192,6 +192,9 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
     for key in ("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "bucket_size", "ep", "etp"):
         if getattr(plan, key) < 1:
             raise InvalidPlanError(f"{key} must be >= 1, got {getattr(plan, key)}")
+    if plan.bucket_size > MAX_INT_FIELD:  # the largest a plan file holds: a typo, not a bucket
+        raise InvalidPlanError(f"bucket_size {plan.bucket_size} exceeds {MAX_INT_FIELD:,} parameters; give a bucket "
+                               "of at most a model's size")
     used = plan.num_gpus
     if used != num_gpus and not (allow_idle and used < num_gpus):
         raise InvalidPlanError(f"tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = {used} GPUs, but --gpus is "

@@ -86,7 +86,7 @@ def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
     a capacity factor; Adam states as the trainer keeps them (TrainerCaps.optimizer_states; torchtitan's bf16 moments
     in its 0.3.0 overrides, not the 0.2.x TOML; DeepSpeed's bf16 master weights and states with bf16 training), else
     fp32; the attention kernel its code fixes (OWN_ATTENTION: Colossal-AI's FlashAttention-2), DeepSpeed keeping
-    the job's.
+    the job's; NCCL all-to-alls where the trainer has no other token dispatcher (DeepEP is Megatron's).
     `fmt`: torchtitan's format, "cli" (the default) or "toml"."""
     out = replace(job, trainer=trainer,  # type: ignore[arg-type]
                   attention_backend=None if trainer in OWN_ATTENTION else job.attention_backend)
@@ -97,6 +97,8 @@ def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
         out = replace(out, optimizer_states="fp32")
     if trainer != "megatron":  # only Megatron's config drops tokens at a capacity (emit: capacity_warning)
         out = replace(out, moe_capacity_factor=0.0, moe_pad_to_capacity=False)
+    if caps is not None and out.moe_dispatcher not in caps.moe_dispatchers:  # DeepEP: Megatron's flex dispatcher
+        out = replace(out, moe_dispatcher="alltoall")
     if trainer == "torchtitan":
         return replace(out, dtype="fp8" if job.dtype == "fp8" and fmt == "toml" else "bf16", flash_attention=True,
                        grad_reduce="fp32")

@@ -19,7 +19,7 @@ from typing import Literal
 from autotune.errors import SpecError
 from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import Plan, is_even_split
+from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
 from autotune.specs.tpgrid import MODES
 
 Split = Literal["any", "even", "deepspeed"]
@@ -317,6 +317,8 @@ def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple
         p = replace(p, vocab="ends" if is_even_split(p.layers_per_stage) else "balanced")
     if p.tp_mode not in caps.tp_modes:
         p = replace(p, tp_mode="1d")
+    if not caps.gradient_buckets and p.bucket_size != DEFAULT_BUCKET:  # its config sets none (what `check` reads)
+        p = replace(p, bucket_size=DEFAULT_BUCKET)
     if p.sequence_parallel not in caps.sequence_parallel:
         p = replace(p, sequence_parallel=False, tp_overlap=False)
     if p.tp_overlap and not caps.tp_overlap:

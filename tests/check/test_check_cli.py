@@ -205,6 +205,12 @@ BAD = {
     "degrees.toml": ("[model]\nflavor = \"8B\"\n[parallelism]\ndata_parallel_shard_degree = 4\n"
                      "tensor_parallel_degree = 2\n", [], "but --gpus is 16"),
     "args.txt": (ARGS.replace("PARALLEL", "--tensor-model-parallel-size 3"), [], "does not divide --gpus 16"),
+    "seq0.txt": (ARGS.replace("--seq-length 8192", "--seq-length 0").replace("PARALLEL", ""), [],
+                 "trains 0-token sequences; fix its sequence length"),
+    "mbs0.json": ('{"train_batch_size": 256, "train_micro_batch_size_per_gpu": 0, "gradient_accumulation_steps": 4}',
+                  ["--model", "llama3-8b", "--seq-len", "4096"], "train_micro_batch_size_per_gpu must be >= 1, got 0"),
+    "broken.json": ('{"train_batch_size": "', ["--model", "llama3-8b", "--seq-len", "4096"],
+                    "not valid JSON at line 1, column 22: Unterminated string starting at"),
     # a model the catalog lacks, whose --vocab-size Megatron ignores without the NullTokenizer
     "uncatalogued.txt": (ARGS.replace("--num-layers 32", "--num-layers 30").replace("NullTokenizer",
                                                                                     "HuggingFaceTokenizer")
@@ -302,11 +308,23 @@ def test_plan_out_then_check(cli, tmp_path: Path, trainer: str, config: str) -> 
     assert doc["check"]["gain_pct"] is not None and abs(doc["check"]["gain_pct"]) < 0.05
 
 
-def test_slurm_script_points_to_launch_script(autotune_proc, tmp_path: Path) -> None:
-    _emitted(tmp_path, "even", "megatron")
-    proc = autotune_proc("check", str(tmp_path / "sbatch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "16")
+@pytest.mark.parametrize(("trainer", "said"), [("megatron", "runs launch_megatron.sh: check that file"),
+                                               ("torchtitan", "only runs launch_torchtitan.sh (a Slurm wrapper): "
+                                                              "check that file")])
+def test_slurm_script_points_to_launch_script(autotune_proc, tmp_path: Path, trainer: str, said: str) -> None:
+    _emitted(tmp_path, "even", trainer)
+    proc = autotune_proc("check", str(tmp_path / f"sbatch_{trainer}.sh"), "--gpu", "h100-sxm", "--gpus", "16")
     assert proc.returncode == 1
-    assert proc.stderr.count("\n") == 1 and "runs launch_megatron.sh: check that file" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and said in proc.stderr
+
+
+@pytest.mark.parametrize(("target", "said"), [("dir", "a directory; give the launch config inside it"),
+                                              ("/dev/null", "not a regular file"), ("missing", "no such config file")])
+def test_a_path_that_is_no_config_file_says_what_it_is(autotune_proc, tmp_path: Path, target: str,
+                                                        said: str) -> None:
+    path = {"dir": str(tmp_path), "missing": str(tmp_path / "nope.sh")}.get(target, target)
+    proc = autotune_proc("check", path, "--gpu", "h100-sxm", "--gpus", "16")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and said in proc.stderr
 
 
 def test_a_best_plan_a_limit_cut_short_says_so_and_exits_3(cli) -> None:

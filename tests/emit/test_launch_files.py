@@ -56,7 +56,7 @@ def test_the_checkpoint_interval_follows_the_step_time_of_what_the_trainer_runs(
     """DeepSpeed runs the plan's selective recompute as full recompute: the header re-estimates that step, and the
     checkpoint interval (about an hour) must come from the same step, not the planned one (an hour's worth of
     planned steps took 2 h of what it runs here). A trainer that runs the plan as planned keeps the planned step."""
-    inp = replace(LLAMA3_8B, reestimate=lambda plan, job: (2 * LLAMA3_8B.step_time_s, 30.0, 0.2))
+    inp = replace(LLAMA3_8B, reestimate=lambda plan, job, model=None: (2 * LLAMA3_8B.step_time_s, 30.0, 0.2))
     assert inp.plan.recompute == "selective" and inp.plan.pp == 2
     planned, as_run = round(3600 / inp.step_time_s), round(3600 / (2 * inp.step_time_s))
     files = dict(emit("deepspeed", inp).files)

@@ -99,7 +99,9 @@ def test_deterministic_and_sorted(name):
         first, second = emit_torchtitan(inp, fmt=fmt), emit_torchtitan(inp, fmt=fmt)
         assert first == second
         assert [n for n, _ in first.files] == sorted(n for n, _ in first.files)
-    assert emit("torchtitan", inp, torchtitan_format="toml") == emit_torchtitan(inp, fmt="toml")
+    # the dispatch adds warnings only (e.g. the planned gradient bucket torchtitan's config cannot set)
+    dispatched, direct = emit("torchtitan", inp, torchtitan_format="toml"), emit_torchtitan(inp, fmt="toml")
+    assert dispatched.files == direct.files and set(direct.warnings) <= set(dispatched.warnings)
 
 
 @pytest.mark.parametrize("name", list(GOLDEN))
@@ -466,7 +468,7 @@ def test_the_memory_warning_judges_what_the_toml_runs_as_the_header_does():
     through a copy of the header's as-run logic)."""
     asked = []
 
-    def reestimate(plan, job):
+    def reestimate(plan, job, model=None):
         asked.append(plan)
         return 3.0, (80.0 if plan.sequence_parallel else 40.0), 0.3
 
