@@ -87,9 +87,10 @@ def limit_note(result: PlanResult) -> str:
     """What a limit that struck means for the result ('' when none did)."""
     flag = "--time-limit" if result.limit == "time" else "--work-limit"
     if result.status != "OPTIMAL":
-        return (f"{flag} reached before the search finished: the optimum may be up to {100 * result.gap:.1f}% "
-                f"faster; raise {flag} to prove it" + (" (the plan found may differ on another machine)"
-                                                       if result.limit == "time" else ""))
+        how_far = ("no bound on the optimum was proven yet" if result.gap >= 1.0 else  # no candidate bounded
+                   f"the optimum may be up to {100 * result.gap:.1f}% faster")
+        return (f"{flag} reached before the search finished: {how_far}; raise {flag} to prove it"
+                + (" (the plan found may differ on another machine)" if result.limit == "time" else ""))
     if result.limit == "time":
         return "--time-limit reached while the runners-up were searched: they may differ on another machine"
     return ""
