@@ -36,6 +36,22 @@ def parse(text: str, where: str) -> dict[str, Any]:
     return doc
 
 
+#: ds_pipeline.json's "model" keys (emit/deepspeed.py) that fix the shape, with their ModelSpec field names
+_SHAPE_KEYS = {"num_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_heads",
+               "num_key_value_heads": "num_kv_heads", "head_dim": "head_dim", "ffn_hidden_size": "ffn_hidden_size",
+               "vocab_size": "vocab_size"}
+
+
+def _model_fields(shape: Any) -> dict[str, Any] | None:
+    """The model's shape from ds_pipeline.json's "model" block (None without one): its sizes, each >= 1."""
+    if not isinstance(shape, dict) or not set(_SHAPE_KEYS) <= set(shape):
+        return None
+    out: dict[str, Any] = {field: _size(shape, key, "ds_pipeline.json: model") for key, field in _SHAPE_KEYS.items()}
+    if isinstance(shape.get("tied_embeddings"), bool):
+        out["tied_embeddings"] = shape["tied_embeddings"]
+    return out
+
+
 def _size(doc: dict[str, Any], key: str, where: str) -> int | None:
     """A batch size or step count the config gives (None where it leaves it to DeepSpeed): at least 1."""
     if key not in doc:
@@ -220,8 +236,11 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
                      "JSON does not hold")
     dtype = "fp16" if fp16 is True else "bf16"
     states = optimizer_states(config, zero, notes) if bf16 is True else "fp32"
+    # autotune's ds_pipeline.json records the model its model code builds and the sequence it trains ("model")
+    shape = pipeline.get("model") if pipeline is not None else None
+    seq_len = _size(shape, "seq_len", "ds_pipeline.json: model") if isinstance(shape, dict) else None
     return Reading(trainer="deepspeed", tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1, num_microbatches=gas,
-                   global_batch=tbs, seq_len=None, recompute="full" if interval else "none", zero=zero,
+                   global_batch=tbs, seq_len=seq_len, model_fields=_model_fields(shape), recompute="full" if interval else "none", zero=zero,
                    sequence_parallel=sp, layers_per_stage=layers, split="deepspeed", bucket_size=bucket,
                    dtype=dtype, grad_reduce=grad_reduce(config, dtype, zero, notes), optimizer_states=states,
                    notes=tuple(notes))
