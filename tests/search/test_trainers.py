@@ -98,7 +98,7 @@ def plans() -> dict[str, Plan]:
     out = {}
     for name in TRAINER_CAPS:
         job = _own_job(name)
-        space = SearchSpace(pp=(2, 4), trainer=caps_for(name))
+        space = for_trainer(SearchSpace(pp=(2, 4)), caps_for(name))  # as `plan --trainer` builds it
         out[name] = search(MODEL, HW, job, 16, space, top_k=0).best.plan
     return out
 
