@@ -345,10 +345,10 @@ def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
     return max(islice(end, 2, None))
 
 
-#: Ranks from which makespan walks wavefronts (at most one pass per rank each) in numpy rather than passes in
-#: Python: a numpy step costs about as much as 15 passes in Python (measured on 1f1b, zb-h1 and interleaved:
-#: twice as fast at 64 ranks, 1.2 to 2 times at 32; at 16 slower for 1f1b, so the line is drawn at 32).
-WAVEFRONT_MIN_PP = 32
+#: Ranks from which makespan walks wavefronts (a grid row, three numpy calls, each) rather than passes in Python:
+#: a row costs about as much as 13 passes in Python (measured on the bench's 1f1b, zb-h1 and interleaved plans:
+#: at 16 ranks as fast for 1f1b and up to twice as fast for interleaved, at 8 slower but for interleaved).
+WAVEFRONT_MIN_PP = 16
 
 
 @cache

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 import numpy as np
 
@@ -22,34 +21,33 @@ from autotune.costmodel.passids import PassIds
 
 @dataclass(frozen=True, eq=False)
 class Wavefronts:
-    """makespan's passes renumbered wavefront by wavefront; the end table keeps its first two entries
-    (0: the step's start, 1: no dependency) and pass k of this order is entry k + 2."""
+    """makespan's passes on a grid of wavefronts: row d holds the passes of depth d, a column per rank (a rank
+    runs at most one pass per depth) and a last column that stays -inf (no dependency); row 0 is the step's
+    start. A cell where its rank runs no pass carries the rank's last end on (it waits on -inf for 0.0 seconds,
+    which leaves any end as it is), so each pass finds its rank predecessor's end right above it and a row is
+    three numpy calls on whole rows, none of them on slices made per step."""
 
     slots: np.ndarray
-    """Each pass's entry of the flat durations (pipeline.flat_durations)."""
-    steps: tuple[tuple[np.ndarray, slice], ...]
-    """Per wavefront, a 2 x width array of end-table entries (its passes' rank predecessors, then their
-    dependencies; contiguous, which numpy gathers fastest) and the slice of the end table its passes fill."""
+    """Each cell's entry of the flat durations (pipeline.flat_durations); -1 (an appended 0.0) where none runs."""
+    deps: tuple[np.ndarray, ...]
+    """Per row from 1 on, the grid entry (row * width + column) of each cell's dependency; -inf's for none."""
+    passes: np.ndarray
+    """The grid entry of every pass (their largest end is the makespan)."""
 
 
 def wavefronts(ids: PassIds, guess: np.ndarray | None = None) -> Wavefronts:
-    """Group a schedule's passes (passids.pass_ids of its rank orders) by depth: `guess` (per pass in rank
-    order, closed_depths) where it is the depth, else found walking the ranks round robin as pipeline._graph
+    """Place a schedule's passes (passids.pass_ids of its rank orders) on the grid by depth: `guess` (per pass in
+    rank order, closed_depths) where it is the depth, else found walking the ranks round robin as pipeline._graph
     does, each rank as far as its dependencies allow."""
-    total = len(ids.own)
     level = guess if guess is not None and _is_depth(ids, guess) else _walked_depths(ids)  # per pass in rank order
-    order = np.argsort(level, kind="stable")  # our pass k is pass order[k] in rank order
-    entry = np.empty(total + 2, dtype=np.int64)  # end-table entry of each pass in rank order, then start, none
-    entry[order] = np.arange(2, total + 2)
-    entry[total:] = (0, 1)
-    prev = np.arange(-1, total - 1)
-    prev[ids.starts] = total  # a rank's first pass follows the step's start
-    at = np.full(ids.none + 1, total + 1)  # pass id -> q; `none` -> the "no dependency" entry
-    at[ids.own] = np.arange(total)
-    inputs = np.stack((entry[prev[order]], entry[at[ids.need[order]]]))
-    bounds = (np.searchsorted(level[order], np.arange(1, int(level.max()) + 2)) + 2).tolist()
-    return Wavefronts(ids.slot[order], tuple((np.ascontiguousarray(inputs[:, a - 2:b - 2]), slice(a, b))
-                                             for a, b in pairwise(bounds)))
+    ranks = len(ids.starts)
+    width, rows = ranks + 1, int(level.max()) + 1
+    cell = level * width + ids.rank  # each pass's grid entry, in rank order
+    at = np.full(ids.none + 1, ranks)  # pass id -> its grid entry; `none` (no dependency) -> the -inf entry
+    at[ids.own] = cell
+    slots, deps = np.full(rows * width, -1), np.full(rows * width, ranks)
+    slots[cell], deps[cell] = ids.slot, at[ids.need]
+    return Wavefronts(slots.reshape(rows, width), tuple(deps.reshape(rows, width)[1:]), cell)
 
 
 def _walked_depths(ids: PassIds) -> np.ndarray:
@@ -105,13 +103,14 @@ def closed_depths(schedule: str, ids: PassIds, pp: int, m: int) -> np.ndarray | 
 
 
 def wavefront_makespan(w: Wavefronts, flat: Sequence[float]) -> float:
-    """makespan over the grouped graph, given the flat durations: its result, to the bit. Like makespan's
-    loop, which starts from 0.0, it is a float even for integer durations (converted the same way)."""
-    end = np.empty(len(w.slots) + 2)
-    end[0], end[1] = 0.0, -np.inf
-    np.take(np.asarray(flat, dtype=np.float64), w.slots, out=end[2:])  # each pass's duration; its start added below
-    take, maximum, add = end.take, np.maximum, np.add  # a step is a few numpy calls: each one's overhead counts
-    for inputs, passes in w.steps:
-        ends, durations = take(inputs), end[passes]
-        add(maximum(ends[0], ends[1]), durations, out=durations)  # in place: `+=` would also set the slice again
-    return end[2:].max().item()
+    """makespan over the grid, given the flat durations: its result, to the bit. Like makespan's loop, which
+    starts from 0.0, it is a float even for integer durations (converted the same way)."""
+    end = np.array((*flat, 0.0)).take(w.slots)  # each pass's duration in its cell; its start added below
+    end[0], end[0, -1] = 0.0, -np.inf
+    take, maximum, add = end.reshape(-1).take, np.maximum, np.add
+    above = end[0]
+    for row, deps in zip(end[1:], w.deps):  # a row a step, in three calls: their overhead is the step's cost
+        add(maximum(above, take(deps)), row, out=row)
+        above = row
+    # with no negative duration no end falls along a rank: the last row holds each rank's last and largest one
+    return (above.max() if min(flat, default=0.0) >= 0 else take(w.passes).max()).item()
