@@ -48,15 +48,18 @@ def rank_placements(schedule: str, vocab: str, pp: int, vpp: int) -> tuple[tuple
                  for place in (vocab_placement(schedule, vocab, pp, vpp, rank) for rank in range(pp)))
 
 
-Run = tuple[int, int, int, VocabPlacement, int, int]
-"""(first rank, rank after the last, layers, vocabulary placement, its id, chunks in flight at the peak)."""
+Part = tuple[int, int, int]
+"""(first rank, rank after the last, chunks in flight at the peak): ranks of a run alike in their peak too."""
+Run = tuple[int, int, int, VocabPlacement, int, tuple[Part, ...]]
+"""(first rank, rank after the last, layers, vocabulary placement, its id, its parts alike in peak)."""
 
 
 def stage_runs(layers: tuple[int, ...], schedule: str, vocab: str, pp: int, vpp: int, m: int,
                ticks: Ticks) -> tuple[Run, ...]:
-    """The ranks in maximal runs alike in layer count, vocabulary placement and peak chunks in flight (the
-    middle ranks of a plan mostly form one): all a stage's cost depends on besides its index, but for the
-    dense-first layers that may open rank 0, which is why rank 0 is always a run of its own."""
+    """The ranks in maximal runs alike in layer count and vocabulary placement (the middle ranks of a plan mostly
+    form one), each split into parts alike in peak chunks in flight: all a stage's cost depends on besides its
+    index, but for the dense-first layers that may open rank 0, which is why rank 0 is always a run of its own.
+    Parts, not runs, by peak: 1F1B's peak differs on every rank, and a rank's times and bytes do not depend on it."""
     return _runs(layers, schedule, vocab, pp, vpp, m, ticks if schedule == "v-half" else UNIT_TICKS)
 
 
@@ -65,10 +68,20 @@ def _runs(layers: tuple[int, ...], schedule: str, vocab: str, pp: int, vpp: int,
           ticks: Ticks) -> tuple[Run, ...]:
     placements = rank_placements(schedule, vocab, pp, vpp)
     peaks = peak_in_flight(schedule, pp, vpp, m, ticks)
-    kinds = [(n, placements[i][1], peaks[i]) for i, n in enumerate(layers)]
+    kinds = [(n, placements[i][1]) for i, n in enumerate(layers)]
     runs, start = [], 0
     for i in range(1, len(kinds) + 1):
         if i == len(kinds) or i == 1 or kinds[i] != kinds[start]:
-            runs.append((start, i, layers[start], *placements[start], peaks[start]))
+            runs.append((start, i, layers[start], *placements[start], _parts(peaks, start, i)))
             start = i
     return tuple(runs)
+
+
+def _parts(peaks: tuple[int, ...], start: int, stop: int) -> tuple[Part, ...]:
+    """Ranks start..stop-1 in maximal parts alike in peak."""
+    parts, first = [], start
+    for i in range(start + 1, stop + 1):
+        if i == stop or peaks[i] != peaks[first]:
+            parts.append((first, i, peaks[first]))
+            first = i
+    return tuple(parts)

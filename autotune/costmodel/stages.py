@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from autotune.costmodel import comm
@@ -20,9 +19,10 @@ from autotune.units import ACTIVATION_BYTES, FP32_BYTES
 
 
 
-@dataclass(frozen=True, slots=True)
-class StageMemory:
-    """Bytes one GPU of a stage holds at its peak, term by term."""
+class StageMemory(NamedTuple):
+    """Bytes one GPU of a stage holds at its peak, term by term. A named tuple for the reason StageCost is one:
+    an estimate makes one per rank of another peak (each rank of 1F1B), where a frozen dataclass's __init__
+    took twice as long."""
 
     weights: int
     gradients: int
@@ -69,17 +69,15 @@ class StageCost(NamedTuple):
     by_category: tuple[float, ...]
     params: int
     memory: StageMemory
-    chunks: tuple[tuple[float, float, float], ...] = ()
+    chunks: tuple[tuple[float, float, float], ...]
     """(F, B, W) seconds of one micro-batch on each of the rank's model chunks: what the schedule runs."""
-    expert_params: int = 0
+    expert_params: int
     """The routed-expert parameters inside `params` (MoE): their optimizer state and Adam step are sharded
     over the expert-data-parallel group."""
-
-    @property
-    def time_s(self) -> float:
-        """Busy time per micro-batch."""
-        return (self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s + self.pp_comm_s
-                + self.zero3_comm_s)
+    time_s: float
+    """Busy time per micro-batch: compute_s + recompute_s + tp_comm_s + cp_comm_s + pp_comm_s + zero3_comm_s,
+    summed once per stage shape (stage_times; as a property it was summed again on every read, and an estimate
+    reads it for every rank)."""
 
 
 def recomputed_per_chunk(plan: Plan, chunk_layers: int) -> int:
@@ -242,8 +240,8 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     built = memo.setdefault("built", {}) if again else None
     memo.setdefault("memories", {})  # (empty: it marks the shape seen)
     out: list[StageCost] = []
-    for start, stop, n, place, pid, peak in stage_runs(plan.layers_per_stage, plan.schedule, plan.vocab, plan.pp,
-                                                       plan.vpp, plan.num_microbatches, ticks):
+    for start, _, n, place, pid, parts in stage_runs(plan.layers_per_stage, plan.schedule, plan.vocab, plan.pp,
+                                                     plan.vpp, plan.num_microbatches, ticks):
         dense = min(chunk_layers(n, v)[0], dense_first) if start == 0 else 0  # rank 0's first chunk opens the model
         timing = times.get((n, pid))
         if timing is None:
@@ -253,20 +251,24 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
         state = states.get(key)
         if state is None:
             state = states[key] = stage_state(plan, layer, vocab, n, place, dense, fields[-1], param_bytes)
-        memory = memories.get((*key, peak))
-        if memory is None:  # ranks alike in layers, placement, dense layers and peak hold alike
-            memory = memories[(*key, peak)] = StageMemory(
-                state[0], state[1], state[2], (peak + extra_in_flight) * act_chunk,
-                vocab_activations(plan, place, peak, vocab) if place.embed or place.head else 0,
-                rc_transient + transient_zero3)
-        if built is None:
-            out += [StageCost(i, *fields, memory, *tail) for i in range(start, stop)]
-            continue
-        for i in range(start, stop):
-            stage = built.get((i, n))
-            if stage is None:
-                stage = built[i, n] = StageCost(i, *fields, memory, *tail)
-            out.append(stage)
+        for first, after, peak in parts:
+            memory = memories.get((*key, peak))
+            if memory is None:  # ranks alike in layers, placement, dense layers and peak hold alike
+                memory = memories[(*key, peak)] = StageMemory(
+                    state[0], state[1], state[2], (peak + extra_in_flight) * act_chunk,
+                    vocab_activations(plan, place, peak, vocab) if place.embed or place.head else 0,
+                    rc_transient + transient_zero3)
+            if built is None:
+                if after - first == 1:  # (1F1B: every rank's peak differs)
+                    out.append(StageCost(first, *fields, memory, *tail))
+                else:
+                    out += [StageCost(i, *fields, memory, *tail) for i in range(first, after)]
+                continue
+            for i in range(first, after):
+                stage = built.get((i, n))
+                if stage is None:
+                    stage = built[i, n] = StageCost(i, *fields, memory, *tail)
+                out.append(stage)
     return tuple(out)
 
 
@@ -291,12 +293,15 @@ def stage_times(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec
     fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
     bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
     zero3 = zero3_exposed(plan, hw, params, fwd, bwd, grad_bytes, n + (first > 0) + (last > 0))
-    return ((n, rc_layers, first > 0, last > 0, n * (layer.fwd.seconds + layer.bwd.seconds) + vocab_compute,
-             n * rec_base + rc_layers * (rec_full - rec_base),
-             n * (layer.tp_fwd_s + layer.tp_bwd_s) + first * vocab.embed_comm_s + last * vocab.head_comm_s
-             + sum(vp_comm), n * (layer.cp_fwd_s + layer.cp_bwd_s), p2p_s, zero3, fwd, bwd, tuple(by_category),
-             params),
-            (chunk_durations(plan, n, layer, vocab, place, rc, p2p_s, vp_comm, zero3), n * layer.expert_params),
+    compute, recompute = n * (layer.fwd.seconds + layer.bwd.seconds) + vocab_compute, \
+        n * rec_base + rc_layers * (rec_full - rec_base)
+    tp_comm = (n * (layer.tp_fwd_s + layer.tp_bwd_s) + first * vocab.embed_comm_s + last * vocab.head_comm_s
+               + sum(vp_comm))
+    cp_comm = n * (layer.cp_fwd_s + layer.cp_bwd_s)
+    return ((n, rc_layers, first > 0, last > 0, compute, recompute, tp_comm, cp_comm, p2p_s, zero3, fwd, bwd,
+             tuple(by_category), params),
+            (chunk_durations(plan, n, layer, vocab, place, rc, p2p_s, vp_comm, zero3), n * layer.expert_params,
+             compute + recompute + tp_comm + cp_comm + p2p_s + zero3),
             rc * layer.act.full + (biggest - rc) * layer.act.get(base), layer.act.none if rc else 0)
 
 
