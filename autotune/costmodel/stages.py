@@ -314,12 +314,14 @@ def stage_state(plan: Plan, layer: LayerCost, vocab: VocabCost, n: int, place: V
     """(weights, gradients, optimizer) bytes of a stage of n layers and `params` parameters placed at `place`,
     opened by `dense` dense-first layers. Reads no more of the plan than its degrees, schedule and ZeRO stage."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
-    shards = plan.dp * plan.cp
-    per_state = layer_state_bytes(layer, plan.zero, shards, plan.expert_dp, param_bytes)
-    fixed = fixed_state_bytes(layer, vocab, params - n * layer.params, place.head, v, plan.zero, shards,
-                              plan.expert_dp, param_bytes)
-    credit = dense_first_credit(layer, plan.zero, shards, plan.expert_dp, param_bytes) if dense else (0, 0, 0)
-    return tuple(n * per + f - dense * c for per, f, c in zip(per_state, fixed, credit))  # type: ignore[return-value]
+    shards, zero, expert_dp = plan.dp * plan.cp, plan.zero, plan.expert_dp
+    w, g, o = layer_state_bytes(layer, zero, shards, expert_dp, param_bytes)
+    fw, fg, fo = fixed_state_bytes(layer, vocab, params - n * layer.params, place.head, v, zero, shards, expert_dp,
+                                   param_bytes)
+    if not dense:  # (most stages: spelled out, as the three terms are, since an estimate asks for every new shape)
+        return n * w + fw, n * g + fg, n * o + fo
+    cw, cg, co = dense_first_credit(layer, zero, shards, expert_dp, param_bytes)
+    return n * w + fw - dense * cw, n * g + fg - dense * cg, n * o + fo - dense * co
 
 
 def stage_vocab_activations(plan: Plan, index: int, vocab: VocabCost, ticks: Ticks) -> int:
