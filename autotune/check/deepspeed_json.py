@@ -10,10 +10,12 @@ config with a "pipeline" section needs the file. The model is never in DeepSpeed
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from autotune.check.reading import Reading, check_sizes
 from autotune.errors import SpecError
+from autotune.specs.model import ACTIVATIONS, BIASES, NORMS, POSITIONS
 
 #: DeepSpeed's default ZeRO reduce_bucket_size, in elements (runtime/zero/config.py).
 DS_DEFAULT_BUCKET = 500_000_000
@@ -42,14 +44,37 @@ _SHAPE_KEYS = {"num_layers": "num_layers", "hidden_size": "hidden_size", "num_at
                "vocab_size": "vocab_size"}
 
 
+#: Its choices, each from the ModelSpec values a model file may hold
+_CHOICE_KEYS = {"activation": ACTIVATIONS, "norm": NORMS, "bias": BIASES, "position_embedding": POSITIONS}
+#: And what does not change the cost (Reading.model_soft: it picks between catalog models of the same shape)
+_SOFT_KEYS = ("norm_eps", "rope_theta", "rope_scaling_factor", "init_std")
+
+
 def _model_fields(shape: Any) -> dict[str, Any] | None:
-    """The model's shape from ds_pipeline.json's "model" block (None without one): its sizes, each >= 1."""
-    if not isinstance(shape, dict) or not set(_SHAPE_KEYS) <= set(shape):
+    """The model's shape from ds_pipeline.json's "model" block (None without one, or one that lacks a size or the
+    activation and norm): its sizes, each >= 1, and its choices, each checked."""
+    where = "ds_pipeline.json: model"
+    if not isinstance(shape, dict) or not {*_SHAPE_KEYS, "activation", "norm"} <= set(shape):
         return None
-    out: dict[str, Any] = {field: _size(shape, key, "ds_pipeline.json: model") for key, field in _SHAPE_KEYS.items()}
-    if isinstance(shape.get("tied_embeddings"), bool):
+    out: dict[str, Any] = {field: _size(shape, key, where) for key, field in _SHAPE_KEYS.items()}
+    for key, values in _CHOICE_KEYS.items():
+        if key in shape:
+            if shape[key] not in values:
+                raise SpecError(f"{where}: {key} must be one of {', '.join(values)}, got {shape[key]!r}")
+            out[key] = shape[key]
+    if "tied_embeddings" in shape:
+        if not isinstance(shape["tied_embeddings"], bool):
+            raise SpecError(f"{where}: tied_embeddings must be true or false, got {shape['tied_embeddings']!r}")
         out["tied_embeddings"] = shape["tied_embeddings"]
     return out
+
+
+def _model_soft(shape: Any) -> dict[str, Any] | None:
+    """ds_pipeline.json's model settings that do not change the cost (finite numbers > 0 only)."""
+    if not isinstance(shape, dict):
+        return None
+    return {k: float(shape[k]) for k in _SOFT_KEYS if isinstance(shape.get(k), (int, float))
+            and not isinstance(shape[k], bool) and 0 < shape[k] < math.inf} or None
 
 
 def _size(doc: dict[str, Any], key: str, where: str) -> int | None:
@@ -240,7 +265,8 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     shape = pipeline.get("model") if pipeline is not None else None
     seq_len = _size(shape, "seq_len", "ds_pipeline.json: model") if isinstance(shape, dict) else None
     return Reading(trainer="deepspeed", tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1, num_microbatches=gas,
-                   global_batch=tbs, seq_len=seq_len, model_fields=_model_fields(shape), recompute="full" if interval else "none", zero=zero,
+                   global_batch=tbs, seq_len=seq_len, model_fields=_model_fields(shape), model_soft=_model_soft(shape),
+                   recompute="full" if interval else "none", zero=zero,
                    sequence_parallel=sp, layers_per_stage=layers, split="deepspeed", bucket_size=bucket,
                    dtype=dtype, grad_reduce=grad_reduce(config, dtype, zero, notes), optimizer_states=states,
                    notes=tuple(notes))

@@ -368,3 +368,18 @@ def test_a_missing_global_batch_is_said_to_default(cli, tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"no --global-batch-size: Megatron's default is --micro-batch-size x "
                                         r"data-parallel size = 8\)"):
         cli("check", str(_write(tmp_path, "nogbs.txt", text)), "--gpu", "h100-sxm", "--gpus", "16")
+
+
+def test_a_deepspeed_config_of_a_model_outside_the_catalog_checks_as_planned(cli, tmp_path: Path) -> None:
+    """ds_pipeline.json's model block gives the whole shape (a GELU variant of llama3-8b the catalog lacks), so
+    `check` costs the model the config builds, named as its header names it, without --model."""
+    spec = json.loads((REPO / "profiles" / "models" / "llama3-8b.json").read_text())
+    spec.update(name="custom-gelu", activation="gelu", ffn_hidden_size=16384)
+    model = _write(tmp_path, "custom.json", json.dumps(spec))
+    out = tmp_path / "run"
+    planned = cli("plan", "--model", str(model), "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64",
+                  "--seq-len", "2048", "--trainer", "deepspeed", "--pp", "2", "--out", str(out), "--json", "--top", "0")
+    assert planned.exit_code == 0, planned.output
+    doc, _ = _check_json(cli, str(out / "ds_config.json"), "--gpu", "h100-sxm", "--gpus", "16")
+    assert doc["model_spec"]["name"] == "custom-gelu" and doc["model_spec"]["activation"] == "gelu"
+    assert doc["step_time_s"] == json.loads(planned.stdout)["step_time_s"]
