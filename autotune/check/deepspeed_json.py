@@ -77,6 +77,19 @@ def _model_soft(shape: Any) -> dict[str, Any] | None:
             and not isinstance(shape[k], bool) and 0 < shape[k] < math.inf} or None
 
 
+def _overlap_comm(zero_cfg: dict[str, Any], zero: int, where: str, notes: list[str]) -> bool:
+    """zero_optimization.overlap_comm, whose default is true only for ZeRO-3 (deepspeed 0.19 runtime/zero/config.py
+    overlap_comm_valid). Without it ZeRO-1 registers no backward hooks and reduces after the backward; ZeRO-2's
+    hooks reduce in line on the compute stream, which autotune costs as overlapped (noted)."""
+    value = zero_cfg.get("overlap_comm", zero == 3)
+    if not isinstance(value, bool):
+        raise SpecError(f"{where}: zero_optimization.overlap_comm must be true or false, got {value!r}")
+    if not value and zero == 2:
+        notes.append("zero_optimization.overlap_comm false: ZeRO-2 reduces each bucket in line with the backward; "
+                      "costed as overlapped (faster than the run)")
+    return value or zero != 1
+
+
 def _size(doc: dict[str, Any], key: str, where: str) -> int | None:
     """A batch size or step count the config gives (None where it leaves it to DeepSpeed): at least 1."""
     if key not in doc:
@@ -189,6 +202,7 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
         raise SpecError(f"{where}: zero_optimization.stage must be 0, 1, 2 or 3, got {zero}")
     bucket = (_int(zero_cfg, "reduce_bucket_size", f"{where}: zero_optimization") if "reduce_bucket_size" in zero_cfg
               else DS_DEFAULT_BUCKET)
+    overlap = _overlap_comm(zero_cfg, zero, where, notes)
     fp16 = config.get("fp16", {}).get("enabled", False) if isinstance(config.get("fp16"), dict) else False
     bf16 = config.get("bf16", {}).get("enabled", False) if isinstance(config.get("bf16"), dict) else False
     if fp16 is True and bf16 is True:
@@ -266,7 +280,7 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     seq_len = _size(shape, "seq_len", "ds_pipeline.json: model") if isinstance(shape, dict) else None
     return Reading(trainer="deepspeed", tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs or 1, num_microbatches=gas,
                    global_batch=tbs, seq_len=seq_len, model_fields=_model_fields(shape), model_soft=_model_soft(shape),
-                   recompute="full" if interval else "none", zero=zero,
+                   recompute="full" if interval else "none", zero=zero, overlap_grad_reduce=overlap,
                    sequence_parallel=sp, layers_per_stage=layers, split="deepspeed", bucket_size=bucket,
                    dtype=dtype, grad_reduce=grad_reduce(config, dtype, zero, notes), optimizer_states=states,
                    notes=tuple(notes))

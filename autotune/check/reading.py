@@ -58,6 +58,8 @@ class Reading:
     """Adam moments' dtype (JobSpec.optimizer_states)."""
     moe_dispatcher: str = "alltoall"
     """MoE token dispatcher (JobSpec.moe_dispatcher)."""
+    overlap_grad_reduce: bool = True
+    """The config overlaps the data-parallel reduction with the backward where the trainer can (JobSpec's)."""
     moe_capacity: tuple[float, bool] = (0.0, False)
     """MoE capacity factor (0: dropless) and whether experts are padded to it (JobSpec.moe_capacity_factor)."""
     moe_imbalance: float | None = None

@@ -151,7 +151,8 @@ SSpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-
                                              help="Megatron sequence parallelism (default: search both).")]
 SOverlapOpt = Annotated[bool | None, typer.Option("--tp-overlap/--no-tp-overlap",
                                                   help="TP communication overlap (default: search both).")]
-IdleOpt = Annotated[bool, typer.Option("--allow-idle", help="Allow plans that leave some GPUs unused.")]
+IdleOpt = Annotated[bool, typer.Option("--allow-idle", help="Allow plans that leave some GPUs unused (any degree "
+                                                            "may: a search several times larger).")]
 TopOpt = Annotated[int, typer.Option("--top", min=0, max=100, metavar="K", help="Runners-up to show (at most 100).")]
 TimeLimitOpt = Annotated[float, typer.Option("--time-limit", metavar="S", help="Wall-clock safety net in seconds: "
                                               "if it strikes, the best plan so far is shown (exit 3), and it may "

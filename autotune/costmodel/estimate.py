@@ -27,7 +27,8 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from autotune.specs.profile import Profile
 from autotune.specs.tpgrid import tp_mode_degrees
-from autotune.specs.trainer_jobs import overlaps_grad_reduce, runs_mtp
+from autotune.specs.trainer_jobs import runs_mtp
+from autotune.specs.trainers import overlaps_grad_reduce
 
 #: Bytes Adam touches per parameter in its step: read the fp32 gradient, read and write the fp32 master
 #: weight, m and v, write the 16-bit weight (a memory-bound kernel, paper 5).
@@ -72,7 +73,7 @@ class Estimate:
     """Per-step compute time of the bottleneck stage by operator category (gemm, attention, norm, ...)."""
     usable_memory_bytes: int
     grads_after_backward: bool = False
-    """The data-parallel reduction waits for the backward to end (trainer_jobs.overlaps_grad_reduce False)."""
+    """The data-parallel reduction waits for the backward to end (trainers.overlaps_grad_reduce False)."""
 
     @property
     def peak_memory_bytes(self) -> int:

@@ -100,9 +100,10 @@ def dispatcher_warning(caps: TrainerCaps | None, inp: EmitInput) -> str | None:
 def bucket_warning(caps: TrainerCaps | None, inp: EmitInput) -> str | None:
     """The plan chose a gradient bucket the trainer's config cannot set (TrainerCaps.gradient_buckets): it runs
     the default one, as `check` reads it back and the header re-estimates (specs/trainers.py as_run)."""
-    if caps is None or caps.gradient_buckets or inp.plan.bucket_size == DEFAULT_BUCKET:
+    p = inp.plan
+    if caps is None or caps.gradient_buckets or p.bucket_size == DEFAULT_BUCKET or p.dp * p.cp == 1:
         return None
-    return (f"bucket {inp.plan.bucket_size:,} parameters: {caps.name}'s config sets no gradient bucket, so it is "
+    return (f"bucket {p.bucket_size:,} parameters: {caps.name}'s config sets no gradient bucket, so it is "
             f"costed at the default {DEFAULT_BUCKET:,}; the header's figures are re-estimated for what it runs")
 
 

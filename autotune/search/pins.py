@@ -51,10 +51,11 @@ def _check_degrees(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int
                             f"use one of {', '.join(map(str, ok))}")
         if tp > gpus_per_node and not space.allow_cross_node_tp:
             raise SpecError(f"tp {tp} exceeds the {gpus_per_node} GPUs of a node; pass --allow-cross-node-tp")
-    divide_gpus = [("--tp", space.tp), ("--pp", space.pp), ("--cp", space.cp)]
-    for flag, values in divide_gpus + ([] if space.allow_idle else [("--dp", space.dp)]):
+    for flag, values in (("--tp", space.tp), ("--pp", space.pp), ("--cp", space.cp), ("--dp", space.dp)):
         for v in values or ():
-            if gpus % v:
+            if space.allow_idle and v > gpus:  # idle GPUs: any degree up to the GPU count (space.degree_values)
+                raise SpecError(f"{flag} {v} exceeds --gpus {gpus}")
+            if not space.allow_idle and gpus % v:
                 raise SpecError(f"{flag} {v} does not divide --gpus {gpus}")
     for pp in space.pp or ():
         if pp > model.num_layers:

@@ -24,7 +24,7 @@ from autotune.search.space import Candidate
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import WEIGHT_BYTES
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
-from autotune.specs.trainer_jobs import overlaps_grad_reduce
+from autotune.specs.trainers import overlaps_grad_reduce
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,7 @@ class JobSpec:
     """Megatron reduces gradients bucket by bucket during the last micro-batch's backward and gathers the
     distributed optimizer's weights during the next forward (overlap_grad_reduce, overlap_param_gather). False:
     each stage reduces its whole buffer once its backward ends (and gathers before its forward), as Megatron-LM's
-    LocalDDP did in the SC'21 paper's runs (trainer_jobs.overlaps_grad_reduce: DeepSpeed also reduces after the
+    LocalDDP did in the SC'21 paper's runs (trainers.overlaps_grad_reduce: DeepSpeed also reduces after the
     backward with a pipeline or without ZeRO)."""
     async_tp_backward: bool = True
     """Megatron issues the backward's tensor-parallel input-gradient collectives asynchronously, behind the

@@ -29,22 +29,6 @@ def runs_grad_reduce(trainer: str | None, dtype: str, asked: str | None = None) 
     return asked or "fp32"
 
 
-def overlaps_grad_reduce(job: JobSpec, pp: int, zero: int) -> bool:
-    """Whether the data-parallel gradient reduction runs during the backward, bucket by bucket (Megatron's
-    overlap_grad_reduce, FSDP2's per-block reduce-scatter, DeepSpeed's ZeRO-1/2 hooks with overlap_comm, PyTorch
-    DDP under Colossal-AI), rather than after it in one pass (estimate.dp_sync_exposed's _unoverlapped).
-    DeepSpeed 0.19 reduces after the backward in two cases: its pipeline engine turns the engine's backward
-    all-reduce off and reduces once the whole schedule has run (runtime/pipe/engine.py: enable_backward_allreduce
-    False, _exec_reduce_grads), and without ZeRO its engine all-reduces the gradients once loss.backward() returns
-    (engine.py allreduce_gradients -> buffered_allreduce_fallback). Colossal-AI's legacy engine wraps the model in
-    DDP only without a pipeline; with one it adds DataParallelGradientHandler, which all-reduces in engine.step()
-    (0.3.6 legacy/initialize.py, legacy/engine/_base_engine.py). job.overlap_grad_reduce False (Megatron-LM's
-    LocalDDP of 2021) never overlaps."""
-    if (job.trainer == "deepspeed" and (pp > 1 or zero == 0)) or (job.trainer == "colossalai" and pp > 1):
-        return False
-    return job.overlap_grad_reduce
-
-
 def check_job_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
     """A search restricted to a trainer (or fork), or costed with its kernels, prices only a token dispatcher and
     Adam state dtype it runs."""

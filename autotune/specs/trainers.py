@@ -214,6 +214,11 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
     if p.tp_overlap and not (caps.tp_overlap and (job.fused_kernels or not caps.tp_overlap_needs_fused)):
         out.append(f"tp_overlap: {n} has no TP communication overlap" + (" without torch.compile (--unfused)"
                                                                           if caps.tp_overlap else ""))
+    if not caps.gradient_buckets and p.bucket_size != DEFAULT_BUCKET and p.dp * p.cp > 1:
+        out.append(f"bucket {p.bucket_size:,}: {n}'s config sets no gradient bucket (it runs {DEFAULT_BUCKET:,})")
+    if p.dp * p.cp > 1 and overlaps_grad_reduce(job, p.pp, p.zero) \
+            and not overlaps_grad_reduce(replace(job, trainer=n), p.pp, p.zero):  # type: ignore[arg-type]
+        out.append(f"gradients reduced during the backward: {n} reduces them after it with pp {p.pp}, zero {p.zero}")
     if model.is_moe:
         out += _moe_rules(caps, plan, model)
         if job.moe_dispatcher not in caps.moe_dispatchers and plan.ep * plan.etp > 1:
@@ -298,6 +303,22 @@ def refusal(caps: TrainerCaps, plan: Plan) -> str | None:
     return None
 
 
+def overlaps_grad_reduce(job: JobSpec, pp: int, zero: int) -> bool:
+    """Whether the data-parallel gradient reduction runs during the backward, bucket by bucket (Megatron's
+    overlap_grad_reduce, FSDP2's per-block reduce-scatter, DeepSpeed's ZeRO-1/2 hooks with overlap_comm, PyTorch
+    DDP under Colossal-AI), rather than after it in one pass (estimate.dp_sync_exposed's _unoverlapped).
+    DeepSpeed 0.19 reduces after the backward in two cases: its pipeline engine turns the engine's backward
+    all-reduce off and reduces once the whole schedule has run (runtime/pipe/engine.py: enable_backward_allreduce
+    False, _exec_reduce_grads), and without ZeRO its engine all-reduces the gradients once loss.backward() returns
+    (engine.py allreduce_gradients -> buffered_allreduce_fallback). Colossal-AI's legacy engine wraps the model in
+    DDP only without a pipeline; with one it adds DataParallelGradientHandler, which all-reduces in engine.step()
+    (0.3.6 legacy/initialize.py, legacy/engine/_base_engine.py). job.overlap_grad_reduce False (Megatron-LM's
+    LocalDDP of 2021) never overlaps."""
+    if (job.trainer == "deepspeed" and (pp > 1 or zero == 0)) or (job.trainer == "colossalai" and pp > 1):
+        return False
+    return job.overlap_grad_reduce
+
+
 def runners(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     """The trainers (no forks) that run the plan as planned, in table order."""
     return [name for name, caps in TRAINER_CAPS.items() if not unsupported(caps, plan, model, job)]
@@ -317,7 +338,7 @@ def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple
         p = replace(p, vocab="ends" if is_even_split(p.layers_per_stage) else "balanced")
     if p.tp_mode not in caps.tp_modes:
         p = replace(p, tp_mode="1d")
-    if not caps.gradient_buckets and p.bucket_size != DEFAULT_BUCKET:  # its config sets none (what `check` reads)
+    if not caps.gradient_buckets and p.bucket_size != DEFAULT_BUCKET and p.dp * p.cp > 1:  # as `check` reads it
         p = replace(p, bucket_size=DEFAULT_BUCKET)
     if p.sequence_parallel not in caps.sequence_parallel:
         p = replace(p, sequence_parallel=False, tp_overlap=False)

@@ -383,3 +383,18 @@ def test_a_deepspeed_config_of_a_model_outside_the_catalog_checks_as_planned(cli
     doc, _ = _check_json(cli, str(out / "ds_config.json"), "--gpu", "h100-sxm", "--gpus", "16")
     assert doc["model_spec"]["name"] == "custom-gelu" and doc["model_spec"]["activation"] == "gelu"
     assert doc["step_time_s"] == json.loads(planned.stdout)["step_time_s"]
+
+
+def test_deepspeed_zero1_without_overlap_comm_reduces_after_the_backward(cli, tmp_path: Path) -> None:
+    """overlap_comm defaults to false below ZeRO-3 (deepspeed's overlap_comm_valid): ZeRO-1 then reduces after the
+    backward, so its exposed data-parallel time is the larger, unoverlapped one; true overlaps it."""
+    exposed = {}
+    for overlap in (None, True):
+        zero = {"stage": 1, **({} if overlap is None else {"overlap_comm": overlap})}
+        path = _write(tmp_path, f"ds_config_{overlap}.json", json.dumps({
+            "train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+            "zero_optimization": zero, "bf16": {"enabled": True}}))
+        doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16", "--model", "llama3-8b",
+                             "--seq-len", "4096")
+        exposed[overlap] = doc["breakdown"]["dp_comm_exposed_s"]
+    assert exposed[None] > exposed[True] > 0

@@ -122,7 +122,7 @@ def test_a_reduction_after_the_backward_is_exposed_whole():
 def test_trainers_that_reduce_after_the_backward(trainer, pp, zero, after):
     """DeepSpeed 0.19's pipeline engine reduces once its schedule has run, and without ZeRO its engine all-reduces
     once loss.backward() returns; Colossal-AI's legacy engine all-reduces in engine.step() with a pipeline, through
-    DDP without one (trainer_jobs.overlaps_grad_reduce): the exposure is then the one of overlap_grad_reduce False;
+    DDP without one (trainers.overlaps_grad_reduce): the exposure is then the one of overlap_grad_reduce False;
     DeepSpeed's ZeRO-1 without a pipeline reduces in its backward hooks (overlap_comm)."""
     ds = JobSpec(global_batch=16, seq_len=1024, trainer=trainer, grad_reduce="bf16")
     plan = _plan(pp=pp, dp=4 // pp, zero=zero, num_microbatches=4 * pp, layers_per_stage=even_split(8, pp))

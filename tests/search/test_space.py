@@ -182,3 +182,20 @@ def test_fluid_sync_by_hand() -> None:
         for u, nu in enumerate(used):  # rank 0 holding the used chunks
             hand = window_s(cc, 0, int(nu), sync.window)
             assert slack[u] == pytest.approx(hand, rel=1e-12, abs=1e-15)
+
+
+def test_idle_gpus_let_a_pin_leave_gpus_unused() -> None:
+    """With --allow-idle a degree need not divide the GPU count (found in review: the search returned pp 5 on
+    12 GPUs, which --pp 5 then refused); one beyond it is still refused."""
+    from autotune.errors import SpecError
+    from autotune.search.pins import check_space
+
+    inst = Instance(tiny_model(layers=8, hidden=256, heads=8), load_hardware("h100-sxm"),
+                    JobSpec(global_batch=8, seq_len=1024), 12)
+    space = SearchSpace(allow_idle=True, tp=(1,), cp=(1,), pp=(5,))
+    check_space(space, inst.model, inst.job, inst.gpus, 8)
+    assert {(c.pp, c.dp) for c in inst.candidates(space)} == {(5, 1), (5, 2)}
+    with pytest.raises(SpecError, match="--pp 13 exceeds --gpus 12"):
+        check_space(replace(space, pp=(13,)), inst.model, inst.job, inst.gpus, 8)
+    with pytest.raises(SpecError, match="--pp 5 does not divide --gpus 12"):
+        check_space(replace(space, allow_idle=False), inst.model, inst.job, inst.gpus, 8)

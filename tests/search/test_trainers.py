@@ -27,7 +27,7 @@ from autotune.search.space import SearchSpace, for_trainer
 from autotune.search.tables import to_plan
 from autotune.search.trainers import best_per_trainer, reestimator
 from autotune.specs.job import JobSpec
-from autotune.specs.plan import Plan, check_plan
+from autotune.specs.plan import DEFAULT_BUCKET, Plan, check_plan
 from autotune.specs.trainer_jobs import runs_grad_reduce
 from autotune.specs.trainers import (EMITTED_CAPS, FORK_CAPS, TRAINER_CAPS, as_run, caps_for, deepspeed_split,
                                      refusal, runners, unsupported)
@@ -238,3 +238,20 @@ def test_a_trainer_without_a_bucket_setting_keeps_the_default_bucket() -> None:
     for name in ("megatron", "deepspeed"):
         assert for_trainer(SearchSpace(), TRAINER_CAPS[name]).buckets == BUCKETS
     assert for_trainer(SearchSpace(), None) == SearchSpace()
+
+
+def test_a_trainer_that_runs_another_bucket_or_reduction_does_not_run_the_plan():
+    """Found in review: a plan whose bucket torchtitan's and Colossal-AI's configs cannot set, or whose gradient
+    reduction DeepSpeed and Colossal-AI run after the backward with a pipeline, is not run 'as planned' by them
+    (best_per_trainer then searches their own best plan)."""
+    plan = Plan(tp=1, pp=2, dp=8, mbs=1, num_microbatches=8, zero=0, layers_per_stage=(16, 16),
+                bucket_size=320_000_000)
+    said = {name: unsupported(caps, plan, MODEL, JOB) for name, caps in TRAINER_CAPS.items()}
+    assert not any("bucket" in w or "reduced" in w for w in said["megatron"])
+    assert any(w.startswith("bucket 320,000,000: torchtitan") for w in said["torchtitan"])
+    for name in ("deepspeed", "colossalai"):
+        assert any(w.startswith(f"gradients reduced during the backward: {name} reduces them after it")
+                   for w in said[name])
+    assert as_run(TRAINER_CAPS["colossalai"], plan, MODEL)[0].bucket_size == DEFAULT_BUCKET
+    alone = replace(plan, pp=1, dp=16, num_microbatches=4, layers_per_stage=(32,), bucket_size=DEFAULT_BUCKET)
+    assert not any("reduced" in w for w in unsupported(TRAINER_CAPS["colossalai"], alone, MODEL, JOB))
