@@ -22,7 +22,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from autotune.specs.profile import Profile
 from autotune.specs.trainer_jobs import runs_grad_reduce
-from autotune.specs.trainers import TRAINER_CAPS, unsupported
+from autotune.specs.trainers import TRAINER_CAPS, runs_otherwise, unsupported
 from autotune.units import gib
 
 
@@ -50,7 +50,7 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
     own kernels (what `plan --trainer T` returns) unless own_kernels is False (--kernels was given)."""
     out = []
     for name, caps in TRAINER_CAPS.items():
-        why = tuple(unsupported(caps, winner, model, job))
+        why = (*unsupported(caps, winner, model, job), *runs_otherwise(caps, winner, job))
         grads = runs_grad_reduce(name, job.dtype, job.grad_reduce)
         if grads != job.grad_reduce:  # the gradient buffers its config keeps (DeepSpeed: the model dtype)
             why += (f"{job.grad_reduce} gradient buffers: {name}'s config keeps {grads}",)

@@ -214,11 +214,6 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
     if p.tp_overlap and not (caps.tp_overlap and (job.fused_kernels or not caps.tp_overlap_needs_fused)):
         out.append(f"tp_overlap: {n} has no TP communication overlap" + (" without torch.compile (--unfused)"
                                                                           if caps.tp_overlap else ""))
-    if not caps.gradient_buckets and p.bucket_size != DEFAULT_BUCKET and p.dp * p.cp > 1:
-        out.append(f"bucket {p.bucket_size:,}: {n}'s config sets no gradient bucket (it runs {DEFAULT_BUCKET:,})")
-    if p.dp * p.cp > 1 and overlaps_grad_reduce(job, p.pp, p.zero) \
-            and not overlaps_grad_reduce(replace(job, trainer=n), p.pp, p.zero):  # type: ignore[arg-type]
-        out.append(f"gradients reduced during the backward: {n} reduces them after it with pp {p.pp}, zero {p.zero}")
     if model.is_moe:
         out += _moe_rules(caps, plan, model)
         if job.moe_dispatcher not in caps.moe_dispatchers and plan.ep * plan.etp > 1:
@@ -319,9 +314,24 @@ def overlaps_grad_reduce(job: JobSpec, pp: int, zero: int) -> bool:
     return job.overlap_grad_reduce
 
 
+def runs_otherwise(caps: TrainerCaps, plan: Plan, job: JobSpec) -> list[str]:
+    """What the trainer's config runs otherwise than `plan` was costed, beside its structure (unsupported): a
+    gradient bucket it cannot set, and a reduction it runs after the backward where the plan's kernels overlap it.
+    One line each (empty: none); a restricted search never meets them (for_trainer keeps the default bucket, and
+    the trainer's own kernels cost its reduction)."""
+    p, n, out = plan, caps.name, []
+    if not caps.gradient_buckets and p.bucket_size != DEFAULT_BUCKET and p.dp * p.cp > 1:
+        out.append(f"bucket {p.bucket_size:,}: {n}'s config sets no gradient bucket (it runs {DEFAULT_BUCKET:,})")
+    if p.dp * p.cp > 1 and overlaps_grad_reduce(job, p.pp, p.zero) \
+            and not overlaps_grad_reduce(replace(job, trainer=n.partition("+")[0]), p.pp, p.zero):  # a fork's own
+        out.append(f"gradients reduced during the backward: {n} reduces them after it with pp {p.pp}, zero {p.zero}")
+    return out
+
+
 def runners(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     """The trainers (no forks) that run the plan as planned, in table order."""
-    return [name for name, caps in TRAINER_CAPS.items() if not unsupported(caps, plan, model, job)]
+    return [name for name, caps in TRAINER_CAPS.items()
+            if not unsupported(caps, plan, model, job) and not runs_otherwise(caps, plan, job)]
 
 
 def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple[str, ...]]:

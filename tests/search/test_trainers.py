@@ -30,7 +30,7 @@ from autotune.specs.job import JobSpec
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, check_plan
 from autotune.specs.trainer_jobs import runs_grad_reduce
 from autotune.specs.trainers import (EMITTED_CAPS, FORK_CAPS, TRAINER_CAPS, as_run, caps_for, deepspeed_split,
-                                     refusal, runners, unsupported)
+                                     refusal, runners, runs_otherwise, unsupported)
 from autotune.units import gib
 from ._instances import Instance, fitting_bucket, instances
 from .bruteforce import allowed_buckets, partitions
@@ -246,7 +246,7 @@ def test_a_trainer_that_runs_another_bucket_or_reduction_does_not_run_the_plan()
     (best_per_trainer then searches their own best plan)."""
     plan = Plan(tp=1, pp=2, dp=8, mbs=1, num_microbatches=8, zero=0, layers_per_stage=(16, 16),
                 bucket_size=320_000_000)
-    said = {name: unsupported(caps, plan, MODEL, JOB) for name, caps in TRAINER_CAPS.items()}
+    said = {name: runs_otherwise(caps, plan, JOB) for name, caps in TRAINER_CAPS.items()}
     assert not any("bucket" in w or "reduced" in w for w in said["megatron"])
     assert any(w.startswith("bucket 320,000,000: torchtitan") for w in said["torchtitan"])
     for name in ("deepspeed", "colossalai"):
@@ -254,4 +254,5 @@ def test_a_trainer_that_runs_another_bucket_or_reduction_does_not_run_the_plan()
                    for w in said[name])
     assert as_run(TRAINER_CAPS["colossalai"], plan, MODEL)[0].bucket_size == DEFAULT_BUCKET
     alone = replace(plan, pp=1, dp=16, num_microbatches=4, layers_per_stage=(32,), bucket_size=DEFAULT_BUCKET)
-    assert not any("reduced" in w for w in unsupported(TRAINER_CAPS["colossalai"], alone, MODEL, JOB))
+    assert not any("reduced" in w for w in runs_otherwise(TRAINER_CAPS["colossalai"], alone, JOB))
+    assert "torchtitan" not in runners(plan, MODEL, JOB) and "deepspeed" not in runners(plan, MODEL, JOB)
