@@ -279,7 +279,13 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
     seq_len = r.seq_len or seq_len_arg
     if seq_len is None:
         raise SpecError(f"the {trainer} config does not give the sequence length; pass --seq-len N")
-    model, notes = resolve_model(r, model_arg, slug(r.model_hint or path.stem, fallback="config-model"), seq_len)
+    try:
+        model, notes = resolve_model(r, model_arg, slug(r.model_hint or path.stem, fallback="config-model"), seq_len)
+    except SpecError as exc:  # emit's torchtitan_overrides.txt: its launch script beside it names the model
+        launch = path.with_name("launch_torchtitan.sh")
+        if trainer != "torchtitan" or model_arg is not None or path == launch or not launch.is_file():
+            raise
+        raise SpecError(f"{exc}, or check {launch.name} beside it, which names it") from None
     notes = list(r.notes) + notes
     run = as_run_model(model, trainer, seq_len)
     if run != model:  # only torchtitan builds a model's window (emit warns so too)

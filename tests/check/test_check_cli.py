@@ -125,6 +125,13 @@ def test_torchtitan_overrides_with_model(cli, tmp_path: Path) -> None:
     assert code == 0 and doc["plan"]["tp"] == 2 and doc["job"]["kernels"] == "torchtitan"
 
 
+def test_torchtitan_overrides_without_model_point_to_their_launch_script(autotune_proc, tmp_path: Path) -> None:
+    overrides = _emitted(tmp_path, "even", "torchtitan") / "torchtitan_overrides.txt"
+    proc = autotune_proc("check", str(overrides), "--gpu", "h100-sxm", "--gpus", "16")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1
+    assert "or check launch_torchtitan.sh beside it, which names it" in proc.stderr
+
+
 # ------------------------------------------------------------------------------------------ exit 4 and 5
 def test_gap_exits_4(cli, tmp_path: Path) -> None:
     """tp 8 x pp 1 on two nodes is predicted at least 30% slower than the best plan: --max-gap 10 fails."""
