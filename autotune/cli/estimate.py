@@ -15,8 +15,8 @@ from autotune.cli.options import (AttentionOpt, BatchOrPlanOpt, BriefOpt, Bucket
                                   MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt, OptimizerStatesOpt,
                                   OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
                                   ScheduleOpt, SeqOrPlanOpt, SpOpt, TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt,
-                                  ZeroOpt, build_job, check_moe_flags, check_simulation_size, check_whole_nodes, load_cluster, show,
-                                  show_warnings, time_limited)
+                                  ZeroOpt, build_job, check_moe_flags, check_simulation_size, check_whole_nodes,
+                                  load_cluster, show, show_warnings, time_limited)
 from autotune.costmodel.estimate import CostModel
 from autotune.emit.document import document_model
 from autotune.errors import SpecError

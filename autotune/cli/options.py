@@ -296,7 +296,8 @@ def check_moe_flags(model: ModelSpec, imbalance: float | None, dispatcher: str, 
     """MoE settings given for a dense model are a mistake (the wrong --model?), as --ep is: one line naming them."""
     given = [flag for flag, on in (("--moe-imbalance", imbalance is not None),
                                    ("--moe-dispatcher", dispatcher != "alltoall"),
-                                   ("--moe-capacity-factor", capacity is not None), ("--moe-pad-to-capacity", pad)) if on]
+                                   ("--moe-capacity-factor", capacity is not None),
+                                   ("--moe-pad-to-capacity", pad)) if on]
     if given and not model.is_moe:
         raise SpecError(f"{', '.join(given)}: {model.name} is dense (no experts); drop "
                         f"{'it' if len(given) == 1 else 'them'}")
