@@ -59,7 +59,7 @@ class Sync:
     """The collective's time as min over (latency, seconds per byte): a stage smaller than a bucket sends
     its whole buffer as one bucket."""
     whole: bool = False
-    """The trainer runs it once per step on each stage's whole buffer, after that stage's backward (trainer_jobs.
+    """The trainer runs it once per step on each stage's whole buffer, after that stage's backward (trainers.
     overlaps_grad_reduce False): only the windows of the stages before hide it, and per_bucket is unused."""
 
 

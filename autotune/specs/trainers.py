@@ -336,7 +336,8 @@ def runners(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
 
 def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple[str, ...]]:
     """The plan the trainer runs in place of `plan` (what its emitter writes, as the cost model sees it) and what
-    of the difference the cost model cannot express. Equal to `plan` when the trainer runs it."""
+    of the difference the cost model cannot express. Equal to `plan` when the trainer runs it (unsupported and
+    runs_otherwise say nothing)."""
     p, notes = plan, []
     if p.schedule not in caps.schedules:  # zb-h1, v-half, interleaved: 1F1B over the same layers per rank
         if p.schedule == "v-half" and "interleaved" in caps.schedules and caps.name == "torchtitan":
