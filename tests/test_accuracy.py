@@ -221,7 +221,7 @@ def test_h200_row(public_rows):
     assert (c.hw.name, c.job.grad_reduce) == ("h200", "fp32")
 
 
-@pytest.mark.parametrize("gpu, name", [("B200", "b200"), ("b200", "b200"), ("H200", "h200")])
+@pytest.mark.parametrize("gpu, name", [("B200", "b200"), ("b200", "b200"), ("H200", "h200"), ("A100", "a100-80gb")])
 def test_b200_rows_run_on_the_catalog_b200(public_rows, gpu, name):
     """RULES 'hardware': a DGX B200 row (held out: the public rows are H100/H200) runs on profiles/hardware/b200.json
     with the row's GPUs per node; a GPU without a catalog file is skipped with the reason."""
@@ -229,6 +229,7 @@ def test_b200_rows_run_on_the_catalog_b200(public_rows, gpu, name):
     assert row_hardware(row).name == name
     with pytest.raises(RowSkipped, match="GB200"):
         row_hardware({**row, "gpu_type": "GB200"})
+    assert row_hardware({**row, "gpu_type": "A100", "gpu_note": "SXM4 40GB HBM2"}).name == "a100-40gb"
 
 
 def test_grad_reduce_rule_over_every_row(public_rows):
