@@ -465,3 +465,16 @@ def test_public_main_text_and_deterministic_json(capsys):
     assert set(doc["fitted_values"]["without_family"]) == {"Llama3.1-8B", "Llama3.1-70B", "Llama3.1-405B"}
     assert len(doc["rows"]) + len(doc["skipped"]) == 151
     assert {"row_id", "plan", "breakdown", "note", "lofo_error_pct", "fits"} <= doc["rows"][0].keys()
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("fp8", "fp8"), ("FP8", "fp8"), ("mxfp8", "fp8"),
+                                                  ("float8", "fp8"), ("bf16", "bf16"), ("fp16", "fp16")])
+def test_precision_spellings_of_held_out_rows(public_rows, precision, dtype):
+    """RULES 'dtype': any fp8/float8 recipe is costed as FP8 (B200 rows say MXFP8), fp16 as fp16 with 16-bit
+    buffers of its own dtype; FP4 is skipped, with the reason, rather than costed as something else."""
+    from autotune.reports.accuracy.rules import row_job
+
+    job = row_job({**public_rows[86], "precision": precision}, "megatron")
+    assert job.dtype == dtype and job.grad_reduce in ("fp32", "bf16" if dtype != "fp16" else "fp16")
+    with pytest.raises(RowSkipped, match="FP4 is not costed"):
+        row_job({**public_rows[86], "precision": "nvfp4"}, "megatron")

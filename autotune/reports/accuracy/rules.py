@@ -44,8 +44,9 @@ RULES: tuple[tuple[str, str], ...] = (
                  "(GB200's NVLink domain of 72 is not modelled) are skipped"),
     ("trainer", "NeMo, Megatron-Core, Megatron-LM and Megatron-Bridge rows -> megatron; torchtitan rows -> "
                 "torchtitan"),
-    ("dtype", "fp8 when precision is fp8 (TE hybrid/current scaling, torchao float8 tensorwise/rowwise alike: "
-              "the scaling recipe is not modelled), else bf16; flash attention on"),
+    ("dtype", "fp8 when precision names fp8 or float8 (TE hybrid/current scaling, MXFP8, torchao float8 "
+              "tensorwise/rowwise alike: the scaling recipe is not modelled), fp16 when it is fp16, else bf16; "
+              "FP4 rows are skipped (not costed); flash attention on"),
     ("fused_kernels", "megatron: on (Transformer Engine); torchtitan: on only when other_settings names "
                       "torch.compile"),
     ("attention", "megatron: Transformer Engine's fused attention (cuDNN); torchtitan rows: FlashAttention-2. "
@@ -224,8 +225,12 @@ def row_job(row: dict[str, str], trainer: str) -> JobSpec:
     """RULES 'dtype', 'fused_kernels', 'attention' and 'grad_reduce'."""
     settings = row["other_settings"].lower()
     fused = trainer == "megatron" or "compile" in settings
-    dtype = "fp8" if row["precision"].strip().lower() in ("fp8", "float8") else "bf16"
-    grad_reduce = "bf16" if row["source_id"].strip() in BF16_GRAD_REDUCE_SOURCES else "fp32"
+    precision = row["precision"].strip().lower()
+    if "fp4" in precision:
+        raise RowSkipped(f"precision {row['precision']!r}: FP4 is not costed (bf16, fp16, fp8)")
+    dtype = "fp8" if "fp8" in precision or "float8" in precision else "fp16" if precision == "fp16" else "bf16"
+    sixteen = "fp16" if dtype == "fp16" else "bf16"  # 16-bit buffers are the parameters' dtype
+    grad_reduce = sixteen if row["source_id"].strip() in BF16_GRAD_REDUCE_SOURCES else "fp32"
     return JobSpec(global_batch=column_int(row, "global_batch_size"), seq_len=column_int(row, "seq_len"), dtype=dtype,
                    flash_attention=True, fused_kernels=fused, grad_reduce=grad_reduce,  # type: ignore[arg-type]
                    trainer=trainer, moe_imbalance=1.0,  # type: ignore[arg-type]
