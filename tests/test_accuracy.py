@@ -478,3 +478,17 @@ def test_precision_spellings_of_held_out_rows(public_rows, precision, dtype):
     assert job.dtype == dtype and job.grad_reduce in ("fp32", "bf16" if dtype != "fp16" else "fp16")
     with pytest.raises(RowSkipped, match="FP4 is not costed"):
         row_job({**public_rows[86], "precision": "nvfp4"}, "megatron")
+
+
+@pytest.mark.parametrize(("framework", "detail", "trainer", "zero"), [
+    ("DeepSpeed 0.16", "ZeRO-2", "deepspeed", 2), ("Megatron-DeepSpeed", "", "megatron", 1),
+    ("Colossal-AI 0.4", "zero stage 1", "colossalai", 1), ("DeepSpeed", "", "deepspeed", 0)])
+def test_rows_of_other_trainers(public_rows, framework, detail, trainer, zero):
+    """RULES 'trainer' and 'zero': a DeepSpeed or Colossal-AI row (held out: the public rows are NeMo, Megatron and
+    torchtitan) is costed with that trainer's kernels, gradient buffers and the ZeRO stage the row names."""
+    row = {**public_rows[327], "framework": framework, "source_id": "other", "fsdp": "no", "fsdp_detail": detail}
+    c = row_case(row)
+    assert (c.job.trainer, c.plan.zero) == (trainer, zero)
+    assert c.job.grad_reduce == ("bf16" if trainer == "deepspeed" else "fp32")
+    with pytest.raises(RowSkipped, match="MaxText"):
+        row_case({**row, "framework": "MaxText"})

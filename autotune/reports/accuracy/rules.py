@@ -9,11 +9,13 @@ from dataclasses import dataclass, replace
 from autotune.catalog import PROFILES_DIR, load_hardware
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.reports.accuracy import row_models
+from autotune.reports.accuracy.recipes import MOE_RECIPE_SOURCES, MOE_RECIPES, RECIPE_LAYOUTS, MoeRecipe
 from autotune.reports.accuracy.row_models import RowSkipped, column_int
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan, check_plan, even_split, is_even_split
+from autotune.specs.trainer_jobs import runs_grad_reduce
 from autotune.units import from_gib
 
 #: The rule for every knob a public row does not publish (or publishes as free text), in one place; the
@@ -42,8 +44,9 @@ RULES: tuple[tuple[str, str], ...] = (
                  "h200; B200 -> b200 (DGX B200: its kernel efficiencies are the H100's, as its file says); A100 -> "
                  "a100-40gb when gpu_note says 40GB, else a100-80gb; gpus_per_node from the row; other GPUs "
                  "(GB200's NVLink domain of 72 is not modelled) are skipped"),
-    ("trainer", "NeMo, Megatron-Core, Megatron-LM and Megatron-Bridge rows -> megatron; torchtitan rows -> "
-                "torchtitan"),
+    ("trainer", "NeMo, Megatron-Core, Megatron-LM and Megatron-Bridge rows -> megatron (Megatron-DeepSpeed "
+                "too); torchtitan rows -> torchtitan; other DeepSpeed and Colossal-AI rows -> their own; other "
+                "frameworks are skipped"),
     ("dtype", "fp8 when precision names fp8 or float8 (TE hybrid/current scaling, MXFP8, torchao float8 "
               "tensorwise/rowwise alike: the scaling recipe is not modelled), fp16 when it is fp16, else bf16; "
               "FP4 rows are skipped (not costed); flash attention on"),
@@ -80,7 +83,9 @@ RULES: tuple[tuple[str, str], ...] = (
                    "recipe runs the Muon optimizer, costed as Adam. NeMo "
                    "2.5's qwen3_30b_a3b recipe sets the same recompute. The performance scripts (not on PyPI) "
                    "override the recipes' parallelism; that they keep these settings is assumed, not read"),
-    ("zero", "torchtitan with fsdp yes -> 3 (FSDP2 shards weights, gradients and optimizer state), without -> 0; "
+    ("zero", "DeepSpeed and Colossal-AI rows: the ZeRO stage fsdp_detail or other_settings names ('ZeRO-2', "
+             "'zero stage 1'), else as below; "
+             "torchtitan with fsdp yes -> 3 (FSDP2 shards weights, gradients and optimizer state), without -> 0; "
              "NeMo/Megatron -> 1: they use the distributed optimizer by default (NeMo 1.0 distributed_fused_adam, "
              "NeMo 2.0 use_distributed_optimizer=True), unless the row says fsdp yes (-> 3); FSDP with pp > 1 "
              "-> 1, as check_plan allows no more with pipelining (torchtitan keeps the gathered weights across "
@@ -105,36 +110,6 @@ RULES: tuple[tuple[str, str], ...] = (
 RULE_KEYS = tuple(k for k, _ in RULES)
 
 
-@dataclass(frozen=True, slots=True)
-class MoeRecipe:
-    """What a Megatron-Bridge MoE pretrain recipe sets that the rows leave blank (RULES 'moe_recipe')."""
-
-    recompute: str
-    dispatcher: str
-    grad_reduce: str = "fp32"
-    """fp32 where the recipe keeps ddp.grad_reduce_in_fp32 = True (_pretrain_common's default)."""
-    optimizer_states: str = "fp32"
-    """JobSpec.optimizer_states of its precision-aware optimizer settings."""
-
-
-#: The MoE models' Megatron-Bridge 0.3.1 pretrain recipes, by catalog name: DeepSeek-V3's sets
-#: grad_reduce_in_fp32 = False and use_precision_aware_optimizer with bf16 moments and main gradients, under
-#: MixedPrecisionConfig's default fp8_recipe "tensorwise", which megatron-core's optimizer reads even in a bf16 run
-#: (so whole fp32 master weights: bf16-moments); the others, Kimi-K2's default Muon variant included, keep fp32
-MOE_RECIPES = {"qwen3-30b-a3b": MoeRecipe("full", "deepep"), "qwen3-235b-a22b": MoeRecipe("none", "deepep"),
-               "deepseek-v3": MoeRecipe("selective", "deepep", "bf16", "bf16-moments"),
-               "gpt-oss-120b": MoeRecipe("none", "alltoall"), "gpt-oss-20b": MoeRecipe("none", "alltoall"),
-               "kimi-k2": MoeRecipe("selective", "alltoall")}
-MOE_RECIPE_SOURCES = ("megatron_bridge_perf_summary",)
-#: Decoder layers per virtual stage (in virtual order) of the recipes' explicit pipeline layouts, by catalog
-#: name and (pp, vp): megatron-bridge 0.3.1 recipes/deepseek/deepseek_v3.py
-#: set_deepseek_v3_pipeline_model_parallel_layout (the embedding opens the first stage; the MTP module and the
-#: loss close the last, which holds fewer decoder layers)
-RECIPE_LAYOUTS: dict[str, dict[tuple[int, int], tuple[int, ...]]] = {"deepseek-v3": {
-    (4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,), (16, 1): (4,) * 15 + (1,),
-    (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}}
-#: recipes/kimi/kimi_k2.py _get_kimi_k2_pipeline_layout: the same stages, the loss without an MTP module
-RECIPE_LAYOUTS["kimi-k2"] = {**RECIPE_LAYOUTS["deepseek-v3"], (2, 8): (4,) * 15 + (1,)}
 #: torchtitan's default number of stages per rank for looped (interleaved) schedules (generate_split_points)
 TORCHTITAN_STAGES_PER_RANK = 2
 #: source_ids whose rows reduce gradients in bf16 (RULES 'grad_reduce')
@@ -172,6 +147,9 @@ def row_trainer(row: dict[str, str]) -> str:
         return "torchtitan"
     if "nemo" in framework or "megatron" in framework:
         return "megatron"
+    for name in ("deepspeed", "colossalai"):
+        if name in framework.replace("-", ""):
+            return name
     raise RowSkipped(f"framework {row['framework']!r} is not one the cost model knows")
 
 
@@ -231,6 +209,8 @@ def row_job(row: dict[str, str], trainer: str) -> JobSpec:
     dtype = "fp8" if "fp8" in precision or "float8" in precision else "fp16" if precision == "fp16" else "bf16"
     sixteen = "fp16" if dtype == "fp16" else "bf16"  # 16-bit buffers are the parameters' dtype
     grad_reduce = sixteen if row["source_id"].strip() in BF16_GRAD_REDUCE_SOURCES else "fp32"
+    if trainer in ("deepspeed", "colossalai"):  # what their configs keep (trainer_jobs.runs_grad_reduce)
+        grad_reduce = runs_grad_reduce(trainer, dtype, grad_reduce)
     return JobSpec(global_batch=column_int(row, "global_batch_size"), seq_len=column_int(row, "seq_len"), dtype=dtype,
                    flash_attention=True, fused_kernels=fused, grad_reduce=grad_reduce,  # type: ignore[arg-type]
                    trainer=trainer, moe_imbalance=1.0,  # type: ignore[arg-type]
@@ -283,6 +263,9 @@ def published_plan(row: dict[str, str], model: ModelSpec, job: JobSpec, trainer:
     if local % mbs:
         raise RowSkipped(f"local batch {local} (global batch / dp) is not divisible by mbs {mbs}")
     zero = 3 if row["fsdp"].strip().lower() == "yes" else (1 if trainer == "megatron" else 0)
+    stage = re.search(r"zero[\s_-]*(?:stage[\s_=:-]*)?([0-3])\b", f"{row['fsdp_detail']} {settings}", re.I)
+    if stage and trainer in ("deepspeed", "colossalai"):  # their rows name the ZeRO stage they ran
+        zero = int(stage.group(1))
     sp = tp > 1
     if trainer == "megatron":
         overlap = sp and not re.search(r"tp_comm_overlap\s*=\s*false", settings)
