@@ -123,14 +123,20 @@ def header_note(header: str | None, plan: Plan) -> str | None:
     return f"the file's autotune header says '{m.group(0)}', but its settings run the plan above (edited since?)"
 
 
-def _wrapped_script(path: Path, text: str) -> str | None:
-    """The script beside `path` that this one only runs (emit's sbatch_torchtitan.sh runs launch_torchtitan.sh):
-    a shell script with no torchtitan settings or entry point of its own. None otherwise."""
-    if path.suffix not in (".sh", ".bash") or re.search(r"--[a-z_]+\.[a-z_]+|torchtitan\.train|train\.py", text):
-        return None
-    beside = [name for name in sorted({m for m in re.findall(r"([\w.-]+\.sh)\b", text)} - {path.name})
+def _script_beside(path: Path, text: str) -> str | None:
+    """The first shell script `text` names (other than itself) that lies beside `path`: the one a Slurm script
+    runs (emit's sbatch_<trainer>.sh runs launch_<trainer>.sh). None when it names none."""
+    beside = [name for name in sorted(set(re.findall(r"([\w.-]+\.sh)\b", text)) - {path.name})
               if (path.parent / name).is_file()]
     return beside[0] if beside else None
+
+
+def _wrapped_script(path: Path, text: str) -> str | None:
+    """The script beside `path` that this one only runs: a shell script with no torchtitan settings or entry
+    point of its own. None otherwise."""
+    if path.suffix not in (".sh", ".bash") or re.search(r"--[a-z_]+\.[a-z_]+|torchtitan\.train|train\.py", text):
+        return None
+    return _script_beside(path, text)
 
 
 def _megatron(path: Path, text: str) -> Reading:
@@ -138,10 +144,9 @@ def _megatron(path: Path, text: str) -> Reading:
     try:
         return read_megatron(text)
     except SpecError as exc:
-        others = sorted({Path(m).name for m in re.findall(r"[\w./$\"{}-]*?([\w.-]+\.sh)\b", text)} - {path.name})
-        beside = [name for name in others if (path.parent / name).is_file()]
+        beside = _script_beside(path, text)
         if "no pretrain_gpt.py call" in str(exc) and beside:
-            raise SpecError(f"{exc}; {path.name} runs {beside[0]}: check that file") from None
+            raise SpecError(f"{exc}; {path.name} runs {beside}: check that file") from None
         raise
 
 

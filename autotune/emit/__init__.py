@@ -15,7 +15,7 @@ from autotune.errors import SpecError
 from autotune.specs.job import ATTENTION_NAMES, JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import DEFAULT_BUCKET, Plan
-from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps
+from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps, runs_default_bucket
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -100,10 +100,9 @@ def dispatcher_warning(caps: TrainerCaps | None, inp: EmitInput) -> str | None:
 def bucket_warning(caps: TrainerCaps | None, inp: EmitInput) -> str | None:
     """The plan chose a gradient bucket the trainer's config cannot set (TrainerCaps.gradient_buckets): it runs
     the default one, as `check` reads it back and the header re-estimates (specs/trainers.py as_run)."""
-    p = inp.plan
-    if caps is None or caps.gradient_buckets or p.bucket_size == DEFAULT_BUCKET or p.dp * p.cp == 1:
+    if caps is None or not runs_default_bucket(caps, inp.plan):
         return None
-    return (f"bucket {p.bucket_size:,} parameters: {caps.name}'s config sets no gradient bucket, so it is "
+    return (f"bucket {inp.plan.bucket_size:,} parameters: {caps.name}'s config sets no gradient bucket, so it is "
             f"costed at the default {DEFAULT_BUCKET:,}; the header's figures are re-estimated for what it runs")
 
 

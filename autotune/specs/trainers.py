@@ -314,13 +314,19 @@ def overlaps_grad_reduce(job: JobSpec, pp: int, zero: int) -> bool:
     return job.overlap_grad_reduce
 
 
+def runs_default_bucket(caps: TrainerCaps, plan: Plan) -> bool:
+    """Whether the trainer's config runs the default gradient bucket in place of the plan's, where the bucket is
+    costed (a data-parallel sync): it sets none (TrainerCaps.gradient_buckets), so `check` reads the default."""
+    return not caps.gradient_buckets and plan.bucket_size != DEFAULT_BUCKET and plan.dp * plan.cp > 1
+
+
 def runs_otherwise(caps: TrainerCaps, plan: Plan, job: JobSpec) -> list[str]:
     """What the trainer's config runs otherwise than `plan` was costed, beside its structure (unsupported): a
     gradient bucket it cannot set, and a reduction it runs after the backward where the plan's kernels overlap it.
     One line each (empty: none); a restricted search never meets them (for_trainer keeps the default bucket, and
     the trainer's own kernels cost its reduction)."""
     p, n, out = plan, caps.name, []
-    if not caps.gradient_buckets and p.bucket_size != DEFAULT_BUCKET and p.dp * p.cp > 1:
+    if runs_default_bucket(caps, p):
         out.append(f"bucket {p.bucket_size:,}: {n}'s config sets no gradient bucket (it runs {DEFAULT_BUCKET:,})")
     if p.dp * p.cp > 1 and overlaps_grad_reduce(job, p.pp, p.zero) \
             and not overlaps_grad_reduce(replace(job, trainer=n.partition("+")[0]), p.pp, p.zero):  # a fork's own
@@ -349,7 +355,7 @@ def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple
         p = replace(p, vocab="ends" if is_even_split(p.layers_per_stage) else "balanced")
     if p.tp_mode not in caps.tp_modes:
         p = replace(p, tp_mode="1d")
-    if not caps.gradient_buckets and p.bucket_size != DEFAULT_BUCKET and p.dp * p.cp > 1:  # as `check` reads it
+    if runs_default_bucket(caps, p):
         p = replace(p, bucket_size=DEFAULT_BUCKET)
     if p.sequence_parallel not in caps.sequence_parallel:
         p = replace(p, sequence_parallel=False, tp_overlap=False)
