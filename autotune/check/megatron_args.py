@@ -231,6 +231,9 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
         grad_reduce=grad_reduce(args), optimizer_states=optimizer_states(args, notes),
         moe_dispatcher=dispatcher(args, notes),
+        # without --overlap-grad-reduce, DDP reduces in finish_grad_sync once the backward ends (FSDP2 never waits)
+        overlap_grad_reduce=bool(args.get("--overlap-grad-reduce") or args.get("--use-torch-fsdp2")),
+        overlap_p2p=not args.get("--no-overlap-p2p-communication"),
         moe_imbalance=routing_imbalance(args), moe_capacity=capacity(args, _float), model_fields=model,
         model_soft=_soft(args),
         notes=tuple(notes))

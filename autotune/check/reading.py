@@ -60,6 +60,8 @@ class Reading:
     """MoE token dispatcher (JobSpec.moe_dispatcher)."""
     overlap_grad_reduce: bool = True
     """The config overlaps the data-parallel reduction with the backward where the trainer can (JobSpec's)."""
+    overlap_p2p: bool = True
+    """The config lets Megatron's interleaved schedule overlap its pipeline sends (JobSpec's)."""
     moe_capacity: tuple[float, bool] = (0.0, False)
     """MoE capacity factor (0: dropless) and whether experts are padded to it (JobSpec.moe_capacity_factor)."""
     moe_imbalance: float | None = None

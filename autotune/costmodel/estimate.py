@@ -17,6 +17,7 @@ from autotune.costmodel.moe import deepep_refusal
 from autotune.costmodel.mtp import MtpPasses, mtp_passes, with_mtp
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, Timeline, makespan, simulate
+from autotune.costmodel.schedules import exposed_p2p_share
 from autotune.costmodel.stagememo import shape_memo
 from autotune.costmodel.stages import (StageCost, base_recompute, build_stages, p2p_time, schedule_ticks,
                                       vocab_parallel_comm)
@@ -74,6 +75,8 @@ class Estimate:
     usable_memory_bytes: int
     grads_after_backward: bool = False
     """The data-parallel reduction waits for the backward to end (trainers.overlaps_grad_reduce False)."""
+    p2p_exposed: float = 1.0
+    """Share of the pipeline sends the passes wait on (schedules.exposed_p2p_share; below 1 where overlapped)."""
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -199,14 +202,15 @@ class CostModel:
         layer = self.layer(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp)
         vocab = self.vocab(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp, base_recompute(plan))
         comm_key = (plan.pp, plan.vpp, plan.tp, plan.cp, plan.dp, plan.sequence_parallel, plan.mbs,
-                    plan.vocab == "parallel")
+                    plan.vocab == "parallel", plan.schedule)
         if comm_key not in self._pipe_comm:
             tokens = plan.mbs * self.job.seq_len // plan.cp
             vp_comm = (0.0, 0.0)
             if plan.vocab == "parallel":
                 vp_comm = vocab_parallel_comm(self.model, self.hw, pp=plan.pp, tp=plan.tp, cp=plan.cp, dp=plan.dp,
                                               tokens=tokens)
-            self._pipe_comm[comm_key] = p2p_time(plan, self.hw, tokens, self.model.hidden_size), vp_comm
+            exposed = exposed_p2p_share(self.job, plan.schedule, plan.pp, plan.vpp, plan.num_microbatches)
+            self._pipe_comm[comm_key] = p2p_time(plan, self.hw, tokens, self.model.hidden_size, exposed), vp_comm
         p2p_s, vp_comm = self._pipe_comm[comm_key]
         memo = shape_memo((self._stage_memo, self._stage_times, self._stage_states), plan, ticks, p2p_s, vp_comm)
         return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.state_bytes, ticks, memo,
@@ -257,7 +261,8 @@ class CostModel:
             model_tflops_per_gpu=tflops, mfu=tflops * 1e12 / self.hw.peak_flops(self.job.dtype),
             stages=stages, breakdown=breakdown,
             op_seconds=tuple((c, m * t) for c, t in zip(CATEGORIES, bs.by_category)),
-            usable_memory_bytes=self.hw.usable_memory_bytes, grads_after_backward=not overlap)
+            usable_memory_bytes=self.hw.usable_memory_bytes, grads_after_backward=not overlap,
+            p2p_exposed=exposed_p2p_share(self.job, plan.schedule, plan.pp, plan.vpp, m))
 
 
 def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], model: ModelSpec,

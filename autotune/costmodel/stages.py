@@ -95,14 +95,15 @@ def base_recompute(plan: Plan) -> str:
     return "selective" if plan.recompute == "selective" else "none"
 
 
-def p2p_time(plan: Plan, hw: HardwareSpec, tokens: int, hidden: int) -> float:
-    """Per micro-batch: one activation send forward and one gradient send backward per model chunk."""
+def p2p_time(plan: Plan, hw: HardwareSpec, tokens: int, hidden: int, exposed: float = 1.0) -> float:
+    """Per micro-batch: one activation send forward and one gradient send backward per model chunk, the
+    `exposed` share of them (schedules.exposed_p2p_share) waited on."""
     return p2p_seconds(hw, pp=plan.pp, vpp=plan.vpp, tp=plan.tp, cp=plan.cp, dp=plan.dp,
-                       sp=plan.sequence_parallel, tokens=tokens, hidden=hidden)
+                       sp=plan.sequence_parallel, tokens=tokens, hidden=hidden, exposed=exposed)
 
 
 def p2p_seconds(hw: HardwareSpec, *, pp: int, vpp: int, tp: int, cp: int, dp: int, sp: bool, tokens: int,
-                hidden: int) -> float:
+                hidden: int, exposed: float = 1.0) -> float:
     """p2p_time from the bare degrees (the planner calls it before any Plan exists). Only a 1/tp shard of the
     activation travels between stages: with sequence parallelism it is already split; without, Megatron's
     scatter-gather optimization sends a 1/tp slice from each tp rank and all-gathers it over NVLink on
@@ -113,7 +114,7 @@ def p2p_seconds(hw: HardwareSpec, *, pp: int, vpp: int, tp: int, cp: int, dp: in
     send = comm.p2p(full / tp, comm.p2p_link(hw, pp, tp * cp * dp))
     if not sp and tp > 1:
         send += comm.all_gather(full, tp, comm.group_link(hw, tp, 1))
-    return 2 * vpp * send
+    return 2 * vpp * send * exposed
 
 
 def stage_params(n: int, layer: LayerCost, vocab: VocabCost, *, first: float, last: float, pp: int,

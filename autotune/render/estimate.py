@@ -129,6 +129,8 @@ def _breakdown_table(est: Estimate) -> Table:
             label = "tensor + expert-parallel comm"
         if key == "dp_comm_exposed_s" and est.grads_after_backward:
             label = "data-parallel comm (after the backward)"
+        if key == "pp_comm_s" and est.p2p_exposed < 1.0:
+            label = f"pipeline p2p ({est.p2p_exposed:.0%} not overlapped)"
         shown = seconds if abs(seconds) >= 5e-5 else 0.0  # a bubble of -1e-16 s (rounding) shows as 0
         table.add_row(label, f"{shown:.4f}", f"{100 * shown / est.step_time_s:.1f}")
     table.add_row(Text("total", style="bold"), f"{sum(terms.values()):.4f}", "100.0")

@@ -12,11 +12,11 @@ import math
 
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.schedules import pipeline_lower_bound
-from autotune.costmodel.stages import (p2p_seconds, stage_bwd_s, stage_fwd_s, stage_params, vocab_parallel_comm,
+from autotune.costmodel.stages import (stage_bwd_s, stage_fwd_s, stage_params, vocab_parallel_comm,
                                        vocab_placement, zero3_exposed)
 from autotune.search.space import Candidate
-from autotune.search.tables import (CandidateCosts, Sync, chunk_ranges, shell_plan, smallest_stage_params, stage_caps,
-                                    sync_collectives, tied_sync_seconds)
+from autotune.search.tables import (CandidateCosts, Sync, candidate_p2p, chunk_ranges, shell_plan,
+                                    smallest_stage_params, stage_caps, sync_collectives, tied_sync_seconds)
 
 
 def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s: float = 0.0,
@@ -60,8 +60,7 @@ def _quick_terms(cm: CostModel, c: Candidate, buckets: tuple[int, ...], memo: di
              c.schedule, c.vocab)
     if (shared := None if memo is None else memo.get(shape)) is None:
         tokens = c.mbs * cm.job.seq_len // c.cp
-        p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp, tokens=tokens,
-                          hidden=cm.model.hidden_size)
+        p2p = candidate_p2p(cm, c, tokens)
         shared = (*_fixed_terms(cm, c, layer, vocab, p2p, tokens), smallest_stage_params(c, layer, vocab, L))
         if memo is not None:
             memo[shape] = shared

@@ -15,6 +15,7 @@ from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.pipeline import UNIT_TICKS, chunks_per_rank, peak_in_flight
 from autotune.costmodel.placement import rank_placements
+from autotune.costmodel.schedules import exposed_p2p_share
 from autotune.costmodel.stages import (chunk_durations, layer_passes, p2p_seconds, schedule_ticks,
                                        stage_bwd_s, stage_fwd_s, stage_params, stage_vocab_activations,
                                        vocab_parallel_comm, vocab_parallel_in_flight, vocab_placement, zero3_exposed,
@@ -181,6 +182,13 @@ def _collectives(hw: HardwareSpec, grad_bytes: int, n: int, tp: int, zero: int, 
     return tuple(out)
 
 
+def candidate_p2p(cm: CostModel, c: Candidate, tokens: int) -> float:
+    """The pipeline sends per micro-batch a candidate's passes wait on (CostModel._stages' p2p_time)."""
+    exposed = exposed_p2p_share(cm.job, c.schedule, c.pp, c.vpp, c.num_microbatches)
+    return p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp, tokens=tokens,
+                       hidden=cm.model.hidden_size, exposed=exposed)
+
+
 def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> CandidateCosts:
     """Gather the per-stage coefficients of one candidate."""
     buckets = sync_buckets(cm, c, buckets)
@@ -190,8 +198,7 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
     shards = c.dp * c.cp
     L = cm.model.num_layers
     tokens = c.mbs * cm.job.seq_len // c.cp
-    p2p = p2p_seconds(cm.hw, pp=c.pp, vpp=c.vpp, tp=c.tp, cp=c.cp, dp=c.dp, sp=c.sp, tokens=tokens,
-                      hidden=cm.model.hidden_size)
+    p2p = candidate_p2p(cm, c, tokens)
     vp_comm = (vocab_parallel_comm(cm.model, cm.hw, pp=c.pp, tp=c.tp, cp=c.cp, dp=c.dp, tokens=tokens)
                if c.vocab == "parallel" else (0.0, 0.0))
     # only a v-half order depends on the proportions: the others share one cached order (and peak) per shape

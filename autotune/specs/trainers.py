@@ -314,6 +314,14 @@ def overlaps_grad_reduce(job: JobSpec, pp: int, zero: int) -> bool:
     return job.overlap_grad_reduce
 
 
+def overlaps_p2p(job: JobSpec, schedule: str, vpp: int) -> bool:
+    """Whether the pipeline's steady-state sends and receives run beside the passes (JobSpec.overlap_p2p): only
+    Megatron's interleaved schedule does (megatron-core's forward_backward_pipelining_with_interleaving; its
+    1F1B without interleaving forces overlap_p2p_comm off, Megatron-LM validate_args). torchtitan's
+    torch.distributed.pipelining, DeepSpeed's and Colossal-AI's pipeline engines wait on each send and receive."""
+    return job.trainer == "megatron" and schedule == "interleaved" and vpp > 1 and job.overlap_p2p
+
+
 def runs_default_bucket(caps: TrainerCaps, plan: Plan) -> bool:
     """Whether the trainer's config runs the default gradient bucket in place of the plan's, where the bucket is
     costed (a data-parallel sync): it sets none (TrainerCaps.gradient_buckets), so `check` reads the default."""

@@ -405,3 +405,26 @@ def test_deepspeed_zero1_without_overlap_comm_reduces_after_the_backward(cli, tm
                              "--seq-len", "4096")
         exposed[overlap] = doc["breakdown"]["dp_comm_exposed_s"]
     assert exposed[None] > exposed[True] > 0
+
+
+def test_megatron_overlap_switches_are_read(cli, tmp_path: Path) -> None:
+    """Megatron-LM's --overlap-grad-reduce is off by default (DDP then reduces in finish_grad_sync once the backward
+    ends) and its interleaved schedule overlaps pipeline sends unless --no-overlap-p2p-communication: `check`
+    costs each script as it runs."""
+    base = """#!/bin/bash
+python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer \\
+  --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2 \\
+  --sequence-parallel --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
+  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
+  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
+  --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 """
+    docs = {}
+    for name, extra in (("plain", ""), ("overlap", "--overlap-grad-reduce"),
+                        ("blocking", "--overlap-grad-reduce --no-overlap-p2p-communication")):
+        path = _write(tmp_path, f"{name}.sh", base + extra + "\n")
+        docs[name], code = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "32", "--model", "llama3-8b")
+        assert code == 0, docs[name]
+    terms = {k: d["breakdown"] for k, d in docs.items()}
+    assert terms["plain"]["dp_comm_exposed_s"] > terms["overlap"]["dp_comm_exposed_s"]
+    assert terms["blocking"]["pp_comm_s"] > terms["overlap"]["pp_comm_s"] > 0
+    assert terms["plain"]["pp_comm_s"] == terms["overlap"]["pp_comm_s"]

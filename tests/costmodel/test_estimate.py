@@ -167,3 +167,15 @@ def test_fits_compares_the_peak_stage_with_usable_memory():
     assert CostModel(MODEL, tight, JOB).estimate(_plan()).fits
     short = replace(HW, memory_bytes=peak + HW.memory_reserve_bytes - 1)
     assert not CostModel(MODEL, short, JOB).estimate(_plan()).fits
+
+
+def test_megatrons_interleaved_schedule_waits_only_on_warm_up_and_cool_down_sends():
+    """overlap_p2p_comm: the steady state's sends run beside the passes, so each pass carries the warmed-up
+    share of its hop (pp 4, vpp 2, 16 micro-batches: rank 0 warms up 2*3 + 4 = 10 of 32 forwards)."""
+    plan = _plan(pp=4, layers_per_stage=(2, 2, 2, 2), schedule="interleaved", vpp=2)
+    overlapped = CostModel(MODEL, HW, JOB).estimate(plan)
+    blocking = CostModel(MODEL, HW, replace(JOB, overlap_p2p=False)).estimate(plan)
+    assert overlapped.p2p_exposed == 10 / 32 and blocking.p2p_exposed == 1.0
+    assert blocking.breakdown.pp_comm_s > 0
+    assert overlapped.breakdown.pp_comm_s == pytest.approx(10 / 32 * blocking.breakdown.pp_comm_s, rel=1e-12)
+    assert overlapped.step_time_s < blocking.step_time_s

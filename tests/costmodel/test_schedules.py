@@ -6,12 +6,15 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune.costmodel import critical, passids, pipeline, schedules, wavefront
+from autotune.specs.job import JobSpec
 
 
 # ------------------------------------------------------------------------ an independent event simulator
@@ -331,3 +334,36 @@ def test_critical_path_is_the_pass_by_pass_walk_to_the_last_bit(schedule):
         want = _critical_path_pass_by_pass(schedule, pp, v, m, dur, ticks)
         got = critical.critical_path(schedule, pp, v, m, dur)
         assert got == want and repr(got[0]) == repr(want[0]), (schedule, pp, v, m, dur)
+
+
+# ------------------------------------------------------------------------ pipeline sends the passes wait on
+MEGATRON = JobSpec(global_batch=64, seq_len=4096)
+
+
+@pytest.mark.parametrize(("pp", "vpp", "m"), [(4, 5, 16), (8, 5, 64), (2, 2, 2), (4, 2, 4), (16, 2, 32)])
+def test_exposed_p2p_share_is_rank_zeros_warm_up_in_megatron_core(pp, vpp, m):
+    """Megatron's interleaved schedule with overlap_p2p_comm waits only on its warm-up forwards' and cool-down
+    backwards' sends: rank 0's warm-up count, read from megatron-core's own get_pp_rank_microbatches."""
+    schedules_mc = pytest.importorskip("megatron.core.pipeline_parallel.schedules",
+                                       reason="megatron-core is installed by `make trainers`")
+    group = SimpleNamespace(size=lambda: pp, rank=lambda: 0)
+    comm = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=vpp)
+    total, _, warm, _ = schedules_mc.get_pp_rank_microbatches(m, vpp, pp, p2p_communicator=comm)
+    assert total == m * vpp
+    assert schedules.exposed_p2p_share(MEGATRON, "interleaved", pp, vpp, m) == pytest.approx(warm / total)
+
+
+def test_exposed_p2p_share_by_hand():
+    """pp 4, vpp 5, 16 micro-batches: rank 0 warms up 2*3 + 4*4 = 22 of its 80 forward passes."""
+    assert schedules.exposed_p2p_share(MEGATRON, "interleaved", 4, 5, 16) == 22 / 80
+    assert schedules.exposed_p2p_share(MEGATRON, "interleaved", 4, 2, 2) == 1.0  # all of it warm-up
+
+
+@pytest.mark.parametrize(("job", "schedule", "vpp"), [
+    (MEGATRON, "1f1b", 1),  # Megatron forces overlap_p2p_comm off without interleaving
+    (replace(MEGATRON, overlap_p2p=False), "interleaved", 4),  # --no-overlap-p2p-communication
+    (replace(MEGATRON, trainer="torchtitan"), "interleaved", 4),  # torch.distributed.pipelining waits
+    (replace(MEGATRON, trainer="deepspeed"), "1f1b", 1),
+])
+def test_every_send_is_waited_on_without_megatrons_overlap(job, schedule, vpp):
+    assert schedules.exposed_p2p_share(job, schedule, 8, vpp, 64) == 1.0

@@ -96,6 +96,10 @@ RULES: tuple[tuple[str, str], ...] = (
                    "default otherwise (NeMo 2.0 performance recipes, which the Megatron-LM examples follow, turn "
                    "tp_comm_overlap on for tp > 1 on H100); off only where a row says tp_comm_overlap=false; "
                    "torchtitan: on when other_settings names AsyncTP, off for vanilla TP"),
+    ("p2p_overlap", "megatron rows with vpp > 1: pipeline sends overlapped with the passes outside warm-up and "
+                    "cool-down (overlap_p2p_comm: Megatron-LM's default, and NeMo 2.0's comm-overlap callback sets "
+                    "it whenever vpp > 1; the NeMo 1.0 launcher configs of the 24.x rows are assumed to match, not "
+                    "read); without vpp, and under torchtitan, every send is waited on"),
     ("partition", "layers_per_stage = even_split(num_layers, pp), vocab 'ends'; where check_plan rejects the "
                   "published layout, the nearest valid one (for an interleaved split: the vpp <= published "
                   "and per-rank layer counts with the shortest ideal pipeline time, vocab 'balanced' when "
