@@ -97,9 +97,12 @@ RULES: tuple[tuple[str, str], ...] = (
                    "tp_comm_overlap on for tp > 1 on H100); off only where a row says tp_comm_overlap=false; "
                    "torchtitan: on when other_settings names AsyncTP, off for vanilla TP"),
     ("p2p_overlap", "megatron rows with vpp > 1: pipeline sends overlapped with the passes outside warm-up and "
-                    "cool-down (overlap_p2p_comm: Megatron-LM's default, and NeMo 2.0's comm-overlap callback sets "
-                    "it whenever vpp > 1; the NeMo 1.0 launcher configs of the 24.x rows are assumed to match, not "
-                    "read); without vpp, and under torchtitan, every send is waited on"),
+                    "cool-down (overlap_p2p_comm: Megatron-LM's default; NeMo 2.0's MegatronCommOverlapCallback "
+                    "sets it whenever vpp > 1, nemo_toolkit 2.0.0 lightning/pytorch/callbacks/"
+                    "megatron_comm_overlap.py; NeMo 1.0, the 24.x launcher rows, takes it from the Hydra config, "
+                    "megatron_base_model.py, and the launcher's Llama configs are assumed to set it true with vpp "
+                    "as NeMo's GPT config template does: not read this session); without vpp, and under "
+                    "torchtitan, every send is waited on"),
     ("partition", "layers_per_stage = even_split(num_layers, pp), vocab 'ends'; where check_plan rejects the "
                   "published layout, the nearest valid one (for an interleaved split: the vpp <= published "
                   "and per-rank layer counts with the shortest ideal pipeline time, vocab 'balanced' when "
