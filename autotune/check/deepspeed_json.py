@@ -79,15 +79,12 @@ def _model_soft(shape: Any) -> dict[str, Any] | None:
 
 def _overlap_comm(zero_cfg: dict[str, Any], zero: int, where: str, notes: list[str]) -> bool:
     """zero_optimization.overlap_comm, whose default is true only for ZeRO-3 (deepspeed 0.19 runtime/zero/config.py
-    overlap_comm_valid). Without it ZeRO-1 registers no backward hooks and reduces after the backward; ZeRO-2's
-    hooks reduce in line on the compute stream, which autotune costs as overlapped (noted)."""
+    overlap_comm_valid). Without it ZeRO-1 registers no backward hooks and reduces after the backward, and ZeRO-2's
+    hooks reduce-scatter each bucket on the compute stream, stalling the backward (stages.zero3_exposed)."""
     value = zero_cfg.get("overlap_comm", zero == 3)
     if not isinstance(value, bool):
         raise SpecError(f"{where}: zero_optimization.overlap_comm must be true or false, got {value!r}")
-    if not value and zero == 2:
-        notes.append("zero_optimization.overlap_comm false: ZeRO-2 reduces each bucket in line with the backward; "
-                      "costed as overlapped (faster than the run)")
-    return value or zero != 1
+    return value or zero not in (1, 2)
 
 
 def _size(doc: dict[str, Any], key: str, where: str) -> int | None:

@@ -5,6 +5,7 @@ same constraints; exit 5 when a stage is predicted out of memory, 4 when the bes
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,6 +29,7 @@ from autotune.render.common import dump_json, plan_line, plan_tag, precision_wor
 from autotune.render.estimate import estimate_json
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import JobSpec
 from autotune.specs.plan import check_plan
 from autotune.specs.trainer_jobs import runs_mtp
 from autotune.specs.trainers import TRAINER_CAPS, seq_len_issue
@@ -121,9 +123,9 @@ def check_command(
 def _best(u: Understood, hw: HardwareSpec, gpus: int, measured: Any, time_limit: float,
           work_limit: float) -> tuple[Estimate | None, str | None, bool]:
     """The best plan the trainer runs on the same GPUs and job, or None and why; and whether a limit stopped its
-    search before it was proven the best."""
+    search before it was proven the best. It is costed as autotune's config of it runs (as_emitted)."""
     try:
-        result = run_search(u.model, hw, u.job, gpus, trainer_space(u.trainer, u.plan), top_k=0,
+        result = run_search(u.model, hw, as_emitted(u.job), gpus, trainer_space(u.trainer, u.plan), top_k=0,
                             time_limit_s=time_limit, profile=measured, work_limit=work_limit)
     except (InfeasibleError, SpecError) as exc:  # nothing to compare with: the config's own verdict stands
         return None, str(exc), False
@@ -141,8 +143,14 @@ def _findings(est: Estimate, best: Estimate | None, max_gap: float | None, notes
     return findings
 
 
+def as_emitted(job: JobSpec) -> JobSpec:
+    """The job as autotune's own config runs it: the overlaps a config may leave off (Megatron's
+    --overlap-grad-reduce and p2p overlap, DeepSpeed's overlap_comm) are written on by every emitter."""
+    return replace(job, overlap_grad_reduce=True, overlap_p2p=True)
+
+
 def _emit_better(out: str, u: Understood, best: Estimate, hw: HardwareSpec) -> list[Path]:
-    inp = EmitInput(plan=best.plan, model=u.model, job=u.job, gpu=hw.name, gpus_per_node=hw.gpus_per_node,
+    inp = EmitInput(plan=best.plan, model=u.model, job=as_emitted(u.job), gpu=hw.name, gpus_per_node=hw.gpus_per_node,
                     step_time_s=best.step_time_s, peak_memory_gib=gib(best.peak_memory_bytes), mfu=best.mfu,
                     usable_memory_gib=gib(best.usable_memory_bytes))
     result = launch_config(u.trainer, inp, torchtitan_format=u.torchtitan_format, strict=False)

@@ -214,7 +214,8 @@ class CostModel:
         p2p_s, vp_comm = self._pipe_comm[comm_key]
         memo = shape_memo((self._stage_memo, self._stage_times, self._stage_states), plan, ticks, p2p_s, vp_comm)
         return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.state_bytes, ticks, memo,
-                            dense_first=self.dense_first(plan.tp_mode))
+                            dense_first=self.dense_first(plan.tp_mode),
+                            grads_inline=not overlaps_grad_reduce(self.job, plan.pp, plan.zero))
 
     def dense_first(self, tp_mode: str) -> int:
         """Dense-first layers a stage may be credited for (stages.build_stages): the model's, for the 1-D layer

@@ -219,8 +219,8 @@ def schedule_ticks(plan: Plan, layer: LayerCost) -> Ticks:
 
 def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, p2p_s: float,
                  vp_comm: tuple[float, float] = (0.0, 0.0), param_bytes: StateBytes = StateBytes(),
-                 ticks: Ticks | None = None, memo: dict | None = None, dense_first: int = 0
-                 ) -> tuple[StageCost, ...]:
+                 ticks: Ticks | None = None, memo: dict | None = None, dense_first: int = 0,
+                 grads_inline: bool = False) -> tuple[StageCost, ...]:
     """Assemble every stage of `plan` from per-layer and vocabulary costs (estimates are called thousands of
     times per second): ranks alike come in runs (placement.stage_runs), whose parts are found once per run and
     only the stage objects, which differ in their index, are made per rank. `ticks`: schedule_ticks(plan,
@@ -228,7 +228,8 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     partition (with the same costs), which then share every stage of equal index and layer count; its "times"
     and "states" (stage_times and stage_state by layers and placement) may be shared with plans that differ in
     what those do not read (stagememo: times across schedules but v-half and ZeRO 0/1, bytes across recomputation).
-    `dense_first`: the model's dense-first layers, which open rank 0's first chunk (dense_first_credit)."""
+    `dense_first`: the model's dense-first layers, which open rank 0's first chunk (dense_first_credit).
+    `grads_inline`: ZeRO-2's reduce-scatters stall the backward (zero3_exposed's `inline`)."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
     ticks = schedule_ticks(plan, layer) if ticks is None else ticks
     extra_in_flight, transient_zero3 = vocab_parallel_in_flight(plan), zero3_transient(plan, layer)
@@ -249,7 +250,8 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
         dense = min(chunk_layers(n, v)[0], dense_first) if start == 0 else 0  # rank 0's first chunk opens the model
         timing = times.get((n, pid))
         if timing is None:
-            timing = times[n, pid] = stage_times(plan, layer, vocab, hw, n, place, p2p_s, vp_comm, param_bytes.grad)
+            timing = times[n, pid] = stage_times(plan, layer, vocab, hw, n, place, p2p_s, vp_comm, param_bytes.grad,
+                                                 grads_inline)
         fields, tail, act_chunk, rc_transient = timing
         key = (n, pid, dense)
         state = states.get(key)
@@ -278,7 +280,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
 
 
 def stage_times(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec, n: int, place: VocabPlacement,
-                p2p_s: float, vp_comm: tuple[float, float], grad_bytes: int) -> tuple:
+                p2p_s: float, vp_comm: tuple[float, float], grad_bytes: int, grads_inline: bool = False) -> tuple:
     """What every stage of n layers placed at `place` shares but its index and memory: StageCost's fields from
     `layers` to `params` and those after `memory`; and one chunk's activations and the layer full recompute
     rematerializes (its memory's, from the recomputation). Reads no more of the plan than its degrees, schedule,
@@ -297,7 +299,7 @@ def stage_times(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpec
     params = stage_params(n, layer, vocab, first=first, last=last, pp=plan.pp, shared=place.shared)
     fwd = stage_fwd_s(n, layer, vocab, first=first, last=last)
     bwd = stage_bwd_s(n, layer, vocab, first=first, last=last)
-    zero3 = zero3_exposed(plan, hw, params, fwd, bwd, grad_bytes, n + (first > 0) + (last > 0))
+    zero3 = zero3_exposed(plan, hw, params, fwd, bwd, grad_bytes, n + (first > 0) + (last > 0), grads_inline)
     compute, recompute = n * (layer.fwd.seconds + layer.bwd.seconds) + vocab_compute, \
         n * rec_base + rc_layers * (rec_full - rec_base)
     tp_comm = (n * (layer.tp_fwd_s + layer.tp_bwd_s) + first * vocab.embed_comm_s + last * vocab.head_comm_s
@@ -362,7 +364,7 @@ def comm_interference(hw: HardwareSpec) -> float:
 
 
 def zero3_exposed(plan: Plan, hw: HardwareSpec, params: int, fwd_s: float, bwd_s: float,
-                  grad_bytes: int = GRAD_BYTES, units: int = 1) -> float:
+                  grad_bytes: int = GRAD_BYTES, units: int = 1, inline: bool = False) -> float:
     """ZeRO-2/3 per micro-batch. ZeRO-3/FSDP all-gathers the weights for the forward and again for the
     backward and reduce-scatters the gradients; ZeRO-2 keeps only a 1/d shard of the gradients, so it too
     reduce-scatters them in every micro-batch's backward (DeepSpeed's reduce_scatter with overlap_comm).
@@ -370,7 +372,10 @@ def zero3_exposed(plan: Plan, hw: HardwareSpec, params: int, fwd_s: float, bwd_s
     hidden part is not free: while a collective runs, its NCCL channels hold SMs the GEMMs would use, so the
     compute it overlaps slows by comm_interference of the overlapped time. FSDP wraps every Transformer block
     (and the embedding and head) as a unit with its own collectives, so each of the `units` pays the
-    collective's latency (torchtitan's fully_shard per block; DeepSpeed's per-module prefetch)."""
+    collective's latency (torchtitan's fully_shard per block; DeepSpeed's per-module prefetch). `inline`: ZeRO-2
+    whose reduction is not overlapped (trainers.overlaps_grad_reduce False: DeepSpeed without overlap_comm, its
+    default below ZeRO-3) reduce-scatters each bucket on the compute stream as the backward fills it
+    (deepspeed 0.19 runtime/zero/stage_1_and_2.py reduce_ipg_grads), stalling the backward for all of it."""
     if plan.zero < 2:
         return 0.0
     n = plan.dp * plan.cp
@@ -378,6 +383,8 @@ def zero3_exposed(plan: Plan, hw: HardwareSpec, params: int, fwd_s: float, bwd_s
     units = max(1, units)
     gather = units * comm.all_gather(params / units * WEIGHT_BYTES, n, link) if plan.zero >= 3 else 0.0
     scatter = units * comm.reduce_scatter(params / units * grad_bytes, n, link)
+    if inline and plan.zero == 2:
+        return scatter
     fwd_exposed, bwd_exposed = max(0.0, gather - fwd_s), max(0.0, gather + scatter - bwd_s)
     hidden = 2 * gather + scatter - fwd_exposed - bwd_exposed
     return fwd_exposed + bwd_exposed + comm_interference(hw) * hidden

@@ -17,6 +17,7 @@ from autotune.costmodel.stages import (stage_bwd_s, stage_fwd_s, stage_params, v
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, candidate_p2p, chunk_ranges, shell_plan,
                                     smallest_stage_params, stage_caps, sync_collectives, tied_sync_seconds)
+from autotune.specs.trainers import overlaps_grad_reduce
 
 
 def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s: float = 0.0,
@@ -72,7 +73,8 @@ def _quick_terms(cm: CostModel, c: Candidate, buckets: tuple[int, ...], memo: di
     total_params = L * layer.params + vocab_params
     if c.zero >= 2:  # pp == 1: one stage holds everything
         extra = zero3_exposed(shell_plan(c), cm.hw, total_params, stage_fwd_s(L, layer, vocab, first=True, last=True),
-                              stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2)
+                              stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2,
+                              not overlaps_grad_reduce(cm.job, c.pp, c.zero))
         fixed = tuple(x + extra for x in fixed)
     fixed_sum, fixed_max, fixed_min, fixed_last = fixed
     chunks = L // c.vpp

@@ -215,7 +215,8 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
             if c.zero >= 2:  # pp == 1: the single stage holds every layer
                 zero3 = zero3_exposed(plan, cm.hw, L * layer.params + vparams,
                                       stage_fwd_s(L, layer, vocab, first=True, last=True),
-                                      stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2)
+                                      stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2,
+                                      not overlaps_grad_reduce(cm.job, c.pp, c.zero))
             fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
             state = fixed_state_bytes(layer, vocab, vparams, place.head, chunks_per_rank(c.schedule, c.vpp), c.zero,
                                       shards, plan.expert_dp, cm.state_bytes)

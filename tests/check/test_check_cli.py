@@ -392,12 +392,14 @@ def test_a_deepspeed_config_of_a_model_outside_the_catalog_checks_as_planned(cli
     assert doc["step_time_s"] == json.loads(planned.stdout)["step_time_s"]
 
 
-def test_deepspeed_zero1_without_overlap_comm_reduces_after_the_backward(cli, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage", [1, 2])
+def test_deepspeed_without_overlap_comm_waits_on_its_reduction(cli, tmp_path: Path, stage: int) -> None:
     """overlap_comm defaults to false below ZeRO-3 (deepspeed's overlap_comm_valid): ZeRO-1 then reduces after the
-    backward, so its exposed data-parallel time is the larger, unoverlapped one; true overlaps it."""
+    backward and ZeRO-2 reduce-scatters each bucket on the compute stream, so the exposed data-parallel time is
+    the larger, unoverlapped one; true overlaps it."""
     exposed = {}
     for overlap in (None, True):
-        zero = {"stage": 1, **({} if overlap is None else {"overlap_comm": overlap})}
+        zero = {"stage": stage, **({} if overlap is None else {"overlap_comm": overlap})}
         path = _write(tmp_path, f"ds_config_{overlap}.json", json.dumps({
             "train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
             "zero_optimization": zero, "bf16": {"enabled": True}}))

@@ -297,6 +297,26 @@ def test_zero2_reduce_scatters_every_micro_batch_and_not_again_at_the_end():
                                                + comm_interference(HW) * min(scatter, stage.bwd_s))
 
 
+
+def test_zero2_without_overlap_stalls_the_backward_on_every_reduce_scatter():
+    """DeepSpeed's ZeRO-2 without overlap_comm reduce-scatters each bucket on the compute stream: the whole
+    scatter of every micro-batch is exposed, however long the backward, and the end-of-step reduction stays
+    the parameter all-gather alone."""
+    model = gpt_model(layers=4)
+    plan = Plan(tp=1, pp=1, dp=8, mbs=1, num_microbatches=8, zero=2, layers_per_stage=(4,))
+    link = comm.group_link(HW, 8, 1)
+    units = 4 + 2
+    stages = {}
+    for overlap in (True, False):
+        job = JobSpec(global_batch=64, seq_len=1024, trainer="deepspeed", overlap_grad_reduce=overlap)
+        stages[overlap] = CostModel(model, HW, job).estimate(plan).stages[0]
+    scatter = units * comm.reduce_scatter(stages[False].params / units * 4, 8, link)
+    assert stages[False].zero3_comm_s == pytest.approx(scatter)
+    assert stages[False].zero3_comm_s > stages[True].zero3_comm_s
+    assert zero3_exposed(plan, HW, 10**9, 100.0, 100.0, 4, units=1, inline=True) == pytest.approx(
+        comm.reduce_scatter(4e9, 8, link))
+
+
 # ----------------------------------------------------------------------------------------- uneven chunks
 def test_interleaved_chunks_of_unequal_layers_are_costed_layer_by_layer():
     """7 layers on a rank with vpp 2 run as chunks of 4 and 3 layers (the emitted layout): on rank 0 the first
