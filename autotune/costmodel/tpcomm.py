@@ -51,7 +51,7 @@ def tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
     nbytes = shape.elem * shape.tokens * model.hidden_size
     link = comm.group_link(hw, tp, 1)
     if shape.sp:
-        ag, rs = comm.all_gather(nbytes, tp, link), comm.reduce_scatter(nbytes, tp, link)
+        ag, rs = comm.all_gather(gathered_bytes(job, shape, nbytes), tp, link), comm.reduce_scatter(nbytes, tp, link)
         regather = blocks * ag if regathers_inputs(job) else 0.0
         fwd_c, bwd_inline, bwd_async = blocks * (ag + rs), regather, blocks * (ag + rs)
     else:
@@ -70,6 +70,19 @@ def tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
     hidden = gemm_seconds(bwd_ops, COLUMN_PARALLEL, "_wgrad", hw, job, lookup) + gemm_seconds(
         bwd_ops, COLUMN_PARALLEL, "_dgrad", hw, job, lookup)
     return fwd_c, bwd_inline + max(0.0, bwd_async - hidden)
+
+
+def gathered_bytes(job: JobSpec, shape: LayerShape, nbytes: float) -> float:
+    """Bytes of a sequence-parallel all-gather of `nbytes` of activations. Under FP8, Transformer Engine quantizes
+    before it gathers: the normalized input of a column-parallel linear (the forward's gather and the backward's
+    re-gather for the weight gradient) and a row-parallel linear's output gradient travel as 1-byte FP8, over
+    NCCL and userbuffers alike (transformer_engine 2.8 pytorch/module/layernorm_linear.py and linear.py:
+    gather_along_first_dim / fill_userbuffers_buffer_for_all_gather with the quantizer; base.py
+    grad_output_preprocess). The reduce-scatters carry the GEMMs' 16-bit outputs. Megatron only: torchtitan's
+    gathers move the bf16 activations (async_tp_comm)."""
+    if job.dtype == "fp8" and job.trainer == "megatron":
+        return nbytes / shape.elem
+    return nbytes
 
 
 def regathers_inputs(job: JobSpec) -> bool:

@@ -233,6 +233,20 @@ def test_tp_overlap_leaves_one_chunk_exposed_when_the_gemms_are_longer():
     assert over.tp_fwd_s < plain.tp_fwd_s
 
 
+def test_transformer_engine_gathers_fp8_and_reduce_scatters_16_bit():
+    """Under FP8, Transformer Engine quantizes before it all-gathers (the normalized input, its backward
+    re-gather, a row-parallel output gradient: 1 byte per element); the reduce-scatters carry the GEMMs' bf16
+    outputs. torchtitan gathers its bf16 activations and casts after."""
+    job, hw = JobSpec(global_batch=8, seq_len=8192, dtype="fp8"), replace(HW, peak_flops_fp8=2e14)
+    link = comm.group_link(hw, 4, 1)
+    elems = 8192 * LLAMA.hidden_size
+    fwd = 2 * (comm.all_gather(elems, 4, link) + comm.reduce_scatter(2 * elems, 4, link))
+    assert layer_cost(LLAMA, hw, job, tp=4, cp=1, mbs=1, sp=True, tp_overlap=False).tp_fwd_s == pytest.approx(fwd)
+    titan = layer_cost(LLAMA, hw, replace(job, trainer="torchtitan"), tp=4, cp=1, mbs=1, sp=True, tp_overlap=False)
+    assert titan.tp_fwd_s == pytest.approx(2 * (comm.all_gather(2 * elems, 4, link)
+                                                + comm.reduce_scatter(2 * elems, 4, link)))
+
+
 def test_megatron_hides_the_backward_input_gradient_collectives_torchtitan_does_not():
     mega = _tp_layer(JobSpec(global_batch=8, seq_len=8192), False)
     titan = _tp_layer(JobSpec(global_batch=8, seq_len=8192, trainer="torchtitan"), False)
