@@ -29,7 +29,7 @@ from autotune.specs.plan import Plan
 from autotune.specs.profile import Profile
 from autotune.specs.tpgrid import tp_mode_degrees
 from autotune.specs.trainer_jobs import runs_mtp
-from autotune.specs.trainers import overlaps_grad_reduce
+from autotune.specs.trainers import overlaps_grad_reduce, reduces_inline
 
 #: Bytes Adam touches per parameter in its step: read the fp32 gradient, read and write the fp32 master
 #: weight, m and v, write the 16-bit weight (a memory-bound kernel, paper 5).
@@ -202,7 +202,7 @@ class CostModel:
         layer = self.layer(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp)
         vocab = self.vocab(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp, base_recompute(plan))
         comm_key = (plan.pp, plan.vpp, plan.tp, plan.cp, plan.dp, plan.sequence_parallel, plan.mbs,
-                    plan.vocab == "parallel", plan.schedule)
+                    plan.vocab == "parallel", plan.schedule, plan.num_microbatches)
         if comm_key not in self._pipe_comm:
             tokens = plan.mbs * self.job.seq_len // plan.cp
             vp_comm = (0.0, 0.0)
@@ -215,7 +215,7 @@ class CostModel:
         memo = shape_memo((self._stage_memo, self._stage_times, self._stage_states), plan, ticks, p2p_s, vp_comm)
         return build_stages(plan, layer, vocab, self.hw, p2p_s, vp_comm, self.state_bytes, ticks, memo,
                             dense_first=self.dense_first(plan.tp_mode),
-                            grads_inline=not overlaps_grad_reduce(self.job, plan.pp, plan.zero))
+                            grads_inline=reduces_inline(self.job, plan.pp, plan.zero))
 
     def dense_first(self, tp_mode: str) -> int:
         """Dense-first layers a stage may be credited for (stages.build_stages): the model's, for the 1-D layer

@@ -17,7 +17,7 @@ from autotune.costmodel.stages import (stage_bwd_s, stage_fwd_s, stage_params, v
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, candidate_p2p, chunk_ranges, shell_plan,
                                     smallest_stage_params, stage_caps, sync_collectives, tied_sync_seconds)
-from autotune.specs.trainers import overlaps_grad_reduce
+from autotune.specs.trainers import reduces_inline
 
 
 def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s: float = 0.0,
@@ -58,7 +58,7 @@ def _quick_terms(cm: CostModel, c: Candidate, buckets: tuple[int, ...], memo: di
     # the fixed terms and the smallest stage, shared by the candidates that differ only in ZeRO stage and full
     # recomputation (a third of those quick_bound meets, whose terms took a quarter of its time)
     shape = ("fixed", c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base, c.pp, c.vpp, c.dp,
-             c.schedule, c.vocab)
+             c.schedule, c.vocab, c.num_microbatches)
     if (shared := None if memo is None else memo.get(shape)) is None:
         tokens = c.mbs * cm.job.seq_len // c.cp
         p2p = candidate_p2p(cm, c, tokens)
@@ -74,7 +74,7 @@ def _quick_terms(cm: CostModel, c: Candidate, buckets: tuple[int, ...], memo: di
     if c.zero >= 2:  # pp == 1: one stage holds everything
         extra = zero3_exposed(shell_plan(c), cm.hw, total_params, stage_fwd_s(L, layer, vocab, first=True, last=True),
                               stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2,
-                              not overlaps_grad_reduce(cm.job, c.pp, c.zero))
+                              reduces_inline(cm.job, c.pp, c.zero))
         fixed = tuple(x + extra for x in fixed)
     fixed_sum, fixed_max, fixed_min, fixed_last = fixed
     chunks = L // c.vpp

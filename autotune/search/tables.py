@@ -25,7 +25,7 @@ from autotune.search.space import Candidate
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import WEIGHT_BYTES
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
-from autotune.specs.trainers import overlaps_grad_reduce
+from autotune.specs.trainers import overlaps_grad_reduce, reduces_inline
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +216,7 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
                 zero3 = zero3_exposed(plan, cm.hw, L * layer.params + vparams,
                                       stage_fwd_s(L, layer, vocab, first=True, last=True),
                                       stage_bwd_s(L, layer, vocab, first=True, last=True), cm.job.grad_bytes, L + 2,
-                                      not overlaps_grad_reduce(cm.job, c.pp, c.zero))
+                                      reduces_inline(cm.job, c.pp, c.zero))
             fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
             state = fixed_state_bytes(layer, vocab, vparams, place.head, chunks_per_rank(c.schedule, c.vpp), c.zero,
                                       shards, plan.expert_dp, cm.state_bytes)

@@ -314,6 +314,12 @@ def overlaps_grad_reduce(job: JobSpec, pp: int, zero: int) -> bool:
     return job.overlap_grad_reduce
 
 
+def reduces_inline(job: JobSpec, pp: int, zero: int) -> bool:
+    """Whether ZeRO-2's per-micro-batch reduce-scatters run on the compute stream, stalling the backward: DeepSpeed
+    without overlap_comm (stage_1_and_2.py reduce_ipg_grads on the current stream; stages.zero3_exposed)."""
+    return job.trainer == "deepspeed" and zero == 2 and not overlaps_grad_reduce(job, pp, zero)
+
+
 def overlaps_p2p(job: JobSpec, schedule: str, vpp: int) -> bool:
     """Whether the pipeline's steady-state sends and receives run beside the passes (JobSpec.overlap_p2p): only
     Megatron's interleaved schedule does (megatron-core's forward_backward_pipelining_with_interleaving; its

@@ -430,3 +430,22 @@ python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-
     assert terms["plain"]["dp_comm_exposed_s"] > terms["overlap"]["dp_comm_exposed_s"]
     assert terms["blocking"]["pp_comm_s"] > terms["overlap"]["pp_comm_s"] > 0
     assert terms["plain"]["pp_comm_s"] == terms["overlap"]["pp_comm_s"]
+
+
+def test_megatron_fsdp_overlaps_its_reduction_with_or_without_the_flag(cli, tmp_path: Path) -> None:
+    """Found in review: Megatron-FSDP forces overlap_grad_reduce when it shards gradients (optim_grads,
+    optim_grads_params), so a script without --overlap-grad-reduce runs, and is costed, as one with it."""
+    base = """#!/bin/bash
+python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-megatron-fsdp \\
+  --data-parallel-sharding-strategy optim_grads --tensor-model-parallel-size 2 --sequence-parallel \\
+  --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
+  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
+  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
+  --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 """
+    steps = []
+    for name, extra in (("plain", ""), ("flag", "--overlap-grad-reduce")):
+        doc, code = _check_json(cli, str(_write(tmp_path, f"{name}.sh", base + extra + "\n")), "--gpu", "h100-sxm",
+                                "--gpus", "32", "--model", "llama3-8b")
+        assert code in (0, 4), doc
+        steps.append(doc["step_time_s"])
+    assert steps[0] == steps[1]
