@@ -20,6 +20,7 @@ from autotune.check.megatron_layout import check_layout, parse_layout
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, dispatcher, mla_model_fields, moe_model_fields,
                                               routing_imbalance)
+from autotune.check.megatron_overlap import overlap_settings
 from autotune.check.megatron_precision import PRECISION_SWITCH, PRECISION_VALUE, grad_reduce, optimizer_states
 from autotune.check.megatron_recompute import recompute_setting
 from autotune.check.reading import Reading, check_sizes, misspelling_of
@@ -55,7 +56,7 @@ NEUTRAL_SWITCH = frozenset("""
 --log-params-norm --log-num-zeros-in-grad --log-timers-to-tensorboard --log-memory-to-tensorboard
 --log-validation-ppl-to-tensorboard --log-world-size-to-tensorboard --log-throughput --use-checkpoint-args
 --no-gradient-accumulation-fusion --use-flash-attn --no-async-tensor-model-parallel-allreduce
---overlap-param-gather --check-for-nan-in-loss-and-grad
+--check-for-nan-in-loss-and-grad
 --no-check-for-nan-in-loss-and-grad --apply-query-key-layer-scaling --no-position-embedding
 --reset-position-ids --reset-attention-mask --eod-mask-loss --use-rotary-position-embeddings
 --no-rope-fusion --no-bias-swiglu-fusion --no-bias-gelu-fusion --no-persist-layer-norm --manual-gc
@@ -85,7 +86,7 @@ SWITCH = frozenset("""
 --use-torch-fsdp2 --recompute-activations --checkpoint-activations
 --no-masked-softmax-fusion --no-bias-dropout-fusion --enable-vocab-parallel --account-for-embedding-in-pipeline-split
 --account-for-loss-in-pipeline-split --squared-relu --distribute-saved-activations --qk-layernorm
---overlap-grad-reduce --no-overlap-p2p-communication
+--overlap-grad-reduce --overlap-param-gather --no-overlap-p2p-communication
 """.split())
 VALUE, SWITCH = VALUE | MOE_VALUE | PRECISION_VALUE, SWITCH | MOE_SWITCH | PRECISION_SWITCH  # megatron_moe/precision
 NEUTRAL_VALUE, NEUTRAL_SWITCH = NEUTRAL_VALUE | MOE_NEUTRAL_VALUE, NEUTRAL_SWITCH | MOE_NEUTRAL_SWITCH
@@ -215,10 +216,6 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
     if not args.get("--bf16") and dtype == "bf16":
         notes.append("neither --bf16 nor --fp16: Megatron trains in fp32; read as bf16 (autotune costs 16-bit "
                      "and fp8 matmuls)")
-    group = _int(args, "--microbatch-group-size-per-virtual-pipeline-stage")
-    if group is not None and vpp > 1 and group != (pp or 1):
-        notes.append(f"--microbatch-group-size-per-virtual-pipeline-stage {group}: costed as Megatron's default "
-                     f"group of pp {pp or 1} (the interleaved order and its warm-up depend on it)")
     backend = args.get("--attention-backend", "flash" if args.get("--use-flash-attn") else "auto")
     if backend == "flash":
         notes.append("--attention-backend flash: Transformer Engine runs the flash-attn package's kernel; costed as "
@@ -236,20 +233,10 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
         grad_reduce=grad_reduce(args), optimizer_states=optimizer_states(args, notes),
         moe_dispatcher=dispatcher(args, notes),
-        overlap_grad_reduce=overlaps_grad_reduce(args, zero),
-        overlap_p2p=not args.get("--no-overlap-p2p-communication"),
+        **overlap_settings(args, zero, pp or 1, vpp, notes),
         moe_imbalance=routing_imbalance(args), moe_capacity=capacity(args, _float), model_fields=model,
         model_soft=_soft(args),
         notes=tuple(notes))
-
-
-def overlaps_grad_reduce(args: dict[str, Any], zero: int) -> bool:
-    """Whether the data-parallel reduction overlaps the backward. Without --overlap-grad-reduce, DDP and the
-    distributed optimizer reduce in finish_grad_sync once the backward ends (megatron-core 0.16
-    distributed/param_and_grad_buffer.py); FSDP2 reduce-scatters per block regardless, and Megatron-FSDP forces
-    overlap when it shards gradients (megatron_fsdp.py: optim_grads and optim_grads_params set and assert it)."""
-    return bool(args.get("--overlap-grad-reduce") or args.get("--use-torch-fsdp2")
-                or (args.get("--use-megatron-fsdp") and zero >= 2))
 
 
 def _overlap_rules(args: dict[str, Any], tp: int) -> None:

@@ -60,6 +60,8 @@ class Reading:
     """MoE token dispatcher (JobSpec.moe_dispatcher)."""
     overlap_grad_reduce: bool = True
     """The config overlaps the data-parallel reduction with the backward where the trainer can (JobSpec's)."""
+    overlap_param_gather: bool = True
+    """The config gathers the distributed optimizer's weights behind the next forward (JobSpec's)."""
     overlap_p2p: bool = True
     """The config lets Megatron's interleaved schedule overlap its pipeline sends (JobSpec's)."""
     moe_capacity: tuple[float, bool] = (0.0, False)

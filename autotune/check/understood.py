@@ -303,7 +303,7 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
                   fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, optimizer_states=r.optimizer_states,
                   trainer=trainer,  # type: ignore[arg-type]
                   moe_dispatcher=r.moe_dispatcher, overlap_grad_reduce=r.overlap_grad_reduce,  # type: ignore[arg-type]
-                  overlap_p2p=r.overlap_p2p)
+                  overlap_param_gather=r.overlap_param_gather, overlap_p2p=r.overlap_p2p)
     if r.moe_imbalance is not None:
         job = replace(job, moe_imbalance=r.moe_imbalance)
     if r.moe_capacity[0] and model.is_moe:

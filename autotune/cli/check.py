@@ -145,8 +145,9 @@ def _findings(est: Estimate, best: Estimate | None, max_gap: float | None, notes
 
 def as_emitted(job: JobSpec) -> JobSpec:
     """The job as autotune's own config runs it: the overlaps a config may leave off (Megatron's
-    --overlap-grad-reduce and p2p overlap, DeepSpeed's overlap_comm) are written on by every emitter."""
-    return replace(job, overlap_grad_reduce=True, overlap_p2p=True)
+    --overlap-grad-reduce, --overlap-param-gather and p2p overlap, DeepSpeed's overlap_comm) are written on by
+    every emitter."""
+    return replace(job, overlap_grad_reduce=True, overlap_param_gather=True, overlap_p2p=True)
 
 
 def _emit_better(out: str, u: Understood, best: Estimate, hw: HardwareSpec) -> list[Path]:

@@ -29,7 +29,7 @@ from autotune.specs.plan import Plan
 from autotune.specs.profile import Profile
 from autotune.specs.tpgrid import tp_mode_degrees
 from autotune.specs.trainer_jobs import runs_mtp
-from autotune.specs.trainers import overlaps_grad_reduce, reduces_inline
+from autotune.specs.overlap import gathers_params_in_step, overlaps_grad_reduce, reduces_inline
 
 #: Bytes Adam touches per parameter in its step: read the fp32 gradient, read and write the fp32 master
 #: weight, m and v, write the 16-bit weight (a memory-bound kernel, paper 5).
@@ -74,7 +74,7 @@ class Estimate:
     """Per-step compute time of the bottleneck stage by operator category (gemm, attention, norm, ...)."""
     usable_memory_bytes: int
     grads_after_backward: bool = False
-    """The data-parallel reduction waits for the backward to end (trainers.overlaps_grad_reduce False)."""
+    """The data-parallel reduction waits for the backward to end (overlap.overlaps_grad_reduce False)."""
     p2p_exposed: float = 1.0
     """Share of the pipeline sends the passes wait on (schedules.exposed_p2p_share; below 1 where overlapped)."""
 
@@ -237,6 +237,12 @@ class CostModel:
             self._ticks[key] = schedule_ticks(plan, self.layer(*key[:-1]))
         return self._ticks[key]
 
+    def dp_sync(self, plan: Plan, stages: tuple[StageCost, ...]) -> float:
+        """dp_sync_exposed as the job's trainer runs the reduction and the weights' all-gather."""
+        return dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes, self._exposures,
+                               overlap=overlaps_grad_reduce(self.job, plan.pp, plan.zero),
+                               gather_in_step=gathers_params_in_step(self.job, plan.zero))
+
     def estimate(self, plan: Plan) -> Estimate:
         """Predict step time, throughput and per-stage memory of a plan (assumed valid: see check_plan)."""
         ticks = self.ticks(plan)
@@ -245,8 +251,7 @@ class CostModel:
         times = list(map(_time_s, stages))
         pipe = self._makespan(plan.schedule, plan.pp, plan.vpp, m, tuple(map(_chunks, stages)), ticks)
         overlap = overlaps_grad_reduce(self.job, plan.pp, plan.zero)
-        dp_exposed = dp_sync_exposed(plan, self.hw, stages, self.model, self.job.grad_bytes, self._exposures,
-                                     overlap=overlap)
+        dp_exposed = self.dp_sync(plan, stages)
         opt = optimizer_time(plan, self.hw, stages)
         step = pipe + dp_exposed + opt
         b = times.index(max(times))  # the first of the slowest
@@ -267,7 +272,8 @@ class CostModel:
 
 
 def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...], model: ModelSpec,
-                    grad_bytes: int = GRAD_BYTES, memo: dict | None = None, overlap: bool = True) -> float:
+                    grad_bytes: int = GRAD_BYTES, memo: dict | None = None, overlap: bool = True,
+                    gather_in_step: bool = False) -> float:
     """Data-parallel synchronization left exposed at the end (gradients) and start (parameters) of a step.
 
     Gradients are reduced in buckets while the last micro-batch's backward runs (Megatron's
@@ -277,7 +283,9 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
     (overlap_param_gather), where stage i starts sum(fwd_j, j < i) late. A tied embedding's gradient is
     all-reduced between the first and last stage after the backward (Megatron's finalize_model_grads).
     `memo`: a dict kept across calls with the same `hw` (a CostModel's), where the exposure of each stage
-    shape is remembered per collective, group and bucket. `overlap` False: _unoverlapped.
+    shape is remembered per collective, group and bucket. `overlap` False: _unoverlapped. `gather_in_step`:
+    the weights' all-gather runs in the optimizer step (overlap.gathers_params_in_step), on each stage's whole
+    buffer, as _unoverlapped gathers them.
     """
     exposed = tied_embedding_sync(plan, hw, model, grad_bytes)
     n = plan.dp * plan.cp
@@ -291,7 +299,9 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
     if plan.zero < 2:  # ZeRO-2 reduce-scatters in every micro-batch (stages.zero3_exposed), not once a step
         exposed += _bucketed_over_stages(stages, grad_bytes, plan.bucket_size, "bwd", lambda b: reduce(b, n, link),
                                          memo.setdefault((reduce, n, plan.tp, grad_bytes, plan.bucket_size), {}))
-    if plan.zero in (1, 2):
+    if plan.zero in (1, 2) and gather_in_step:
+        exposed += _whole_buffers(stages, WEIGHT_BYTES, comm.all_gather, [s.fwd_s for s in stages], n, link)
+    elif plan.zero in (1, 2):
         exposed += _bucketed_over_stages(stages, WEIGHT_BYTES, plan.bucket_size, "fwd",
                                          lambda b: comm.all_gather(b, n, link),
                                          memo.setdefault((comm.all_gather, n, plan.tp, WEIGHT_BYTES,
@@ -339,14 +349,17 @@ def _unoverlapped(plan: Plan, stages: tuple[StageCost, ...], grad_bytes: int, re
     phases = [(grad_bytes, reduce, [s.bwd_s for s in stages])] if plan.zero < 2 else []
     if plan.zero in (1, 2):
         phases.append((WEIGHT_BYTES, comm.all_gather, [s.fwd_s for s in stages]))
-    exposed = 0.0
-    for nbytes, collective, windows in phases:
-        worst = slack = 0.0
-        for s, w in zip(stages, windows):
-            worst = max(worst, collective(s.params * nbytes, n, link) - slack)
-            slack += w
-        exposed += worst
-    return exposed
+    return sum(_whole_buffers(stages, nbytes, collective, windows, n, link) for nbytes, collective, windows in phases)
+
+
+def _whole_buffers(stages: tuple[StageCost, ...], nbytes: int, collective, windows: list[float], n: int,
+                   link) -> float:
+    """max_i (the collective of stage i's whole buffer - slack_i), slack_i = the windows of the stages before i."""
+    worst = slack = 0.0
+    for s, w in zip(stages, windows):
+        worst = max(worst, collective(s.params * nbytes, n, link) - slack)
+        slack += w
+    return worst
 
 
 def tied_embedding_sync(plan: Plan, hw: HardwareSpec, model: ModelSpec, grad_bytes: int = GRAD_BYTES) -> float:

@@ -13,7 +13,7 @@ micro-batch down to a rank, every pass of that rank, and the backward of the las
 from __future__ import annotations
 
 from autotune.specs.job import JobSpec
-from autotune.specs.trainers import overlaps_p2p
+from autotune.specs.overlap import overlaps_p2p
 
 
 def equal_stage_time(schedule: str, pp: int, vpp: int, m: int, f: float, b: float, w: float = 0.0) -> float:
@@ -46,7 +46,7 @@ def pipeline_lower_bound(schedule: str, m: int, vpp: int, pp: int, t_max: float,
 
 def exposed_p2p_share(job: JobSpec, schedule: str, pp: int, vpp: int, m: int) -> float:
     """Share of a rank's pipeline sends and receives that hold up its passes. Where the trainer overlaps them
-    (trainers.overlaps_p2p: Megatron's interleaved schedule) only the warm-up forwards and the cool-down
+    (overlap.overlaps_p2p: Megatron's interleaved schedule) only the warm-up forwards and the cool-down
     backwards still wait on theirs: megatron-core posts them without overlap_p2p_comm unless
     overlap_p2p_comm_warmup_flush is set, and rank r warms up 2(p - r - 1) + (v - 1)p of its m*v forward passes
     (0.16 pipeline_parallel/schedules.py, get_pp_rank_microbatches with its default group of p). Rank 0's share,

@@ -373,7 +373,7 @@ def zero3_exposed(plan: Plan, hw: HardwareSpec, params: int, fwd_s: float, bwd_s
     compute it overlaps slows by comm_interference of the overlapped time. FSDP wraps every Transformer block
     (and the embedding and head) as a unit with its own collectives, so each of the `units` pays the
     collective's latency (torchtitan's fully_shard per block; DeepSpeed's per-module prefetch). `inline`: ZeRO-2
-    whose reduction is not overlapped (trainers.overlaps_grad_reduce False: DeepSpeed without overlap_comm, its
+    whose reduction is not overlapped (overlap.overlaps_grad_reduce False: DeepSpeed without overlap_comm, its
     default below ZeRO-3) reduce-scatters each bucket on the compute stream as the backward fills it
     (deepspeed 0.19 runtime/zero/stage_1_and_2.py reduce_ipg_grads), stalling the backward for all of it."""
     if plan.zero < 2:

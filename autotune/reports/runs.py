@@ -30,6 +30,8 @@ first other line is the header. Columns (all required unless marked optional; no
   async_tp_backward  optional: true (default) or false (Megatron before late 2021: synchronous TP backward)
   overlap_grad_reduce optional: true (default) or false (Megatron-LM's LocalDDP of 2021: gradients reduced after
                      the backward)
+  overlap_param_gather optional: true (default) or false (Megatron's distributed optimizer gathering the updated
+                     weights in the optimizer step: no --overlap-param-gather)
   overlap_p2p        optional: true (default) or false (Megatron's interleaved schedule waiting on every pipeline
                      send: --no-overlap-p2p-communication, or Megatron-LM before 2023)
 
@@ -57,7 +59,7 @@ REQUIRED = ("model", "gpu", "gpus", "global_batch", "seq_len", "dtype", "tp", "p
             "num_microbatches", "schedule", "vpp", "recompute", "zero", "sequence_parallel", "flash_attention",
             "step_time_s")
 OPTIONAL = ("layers_per_stage", "fused_kernels", "trainer", "grad_reduce", "tp_overlap", "async_tp_backward",
-            "overlap_grad_reduce", "overlap_p2p", "attention_backend")
+            "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p", "attention_backend")
 _INTS = ("gpus", "global_batch", "seq_len", "tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp")
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -156,6 +158,8 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
                       async_tp_backward=_bool(where, "async_tp_backward", row.get("async_tp_backward") or "true"),
                       overlap_grad_reduce=_bool(where, "overlap_grad_reduce",
                                                 row.get("overlap_grad_reduce") or "true"),
+                      overlap_param_gather=_bool(where, "overlap_param_gather",
+                                                 row.get("overlap_param_gather") or "true"),
                       overlap_p2p=_bool(where, "overlap_p2p", row.get("overlap_p2p") or "true"))
     except SpecError as exc:
         raise SpecError(f"{where}: {exc}") from None

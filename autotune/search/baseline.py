@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import replace
 
-from autotune.costmodel.estimate import CostModel, Estimate, dp_sync_exposed
+from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.errors import InvalidPlanError
 from autotune.search.partition import Hint
 from autotune.search.tables import CandidateCosts, chunk_ranges, to_plan
@@ -86,8 +86,7 @@ def baseline_plans(cm: CostModel, cc: CandidateCosts, gpus: int, *, pinned: tupl
         plan = to_plan(cc.cand, tuple(cc.cand.vpp * k for k in chunks), cc.buckets[0], r)
         if len(cc.buckets) > 1:  # the stages do not depend on the bucket: time the sync alone for each
             stages = cm.stages(plan)
-            sync = [dp_sync_exposed(replace(plan, bucket_size=b), cm.hw, stages, cm.model, cm.job.grad_bytes)
-                    for b in cc.buckets]
+            sync = [cm.dp_sync(replace(plan, bucket_size=b), stages) for b in cc.buckets]
             plan = replace(plan, bucket_size=cc.buckets[sync.index(min(sync))])
         try:
             est = validate_plan(plan, cm, gpus, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp)

@@ -17,7 +17,7 @@ from autotune.costmodel.stages import (stage_bwd_s, stage_fwd_s, stage_params, v
 from autotune.search.space import Candidate
 from autotune.search.tables import (CandidateCosts, Sync, candidate_p2p, chunk_ranges, shell_plan,
                                     smallest_stage_params, stage_caps, sync_collectives, tied_sync_seconds)
-from autotune.specs.trainers import reduces_inline
+from autotune.specs.overlap import reduces_inline
 
 
 def quick_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], forced_s: float = 0.0,

@@ -51,10 +51,10 @@ def dp_sync(model: cp_model.CpModel, cc: CandidateCosts, chunks, ranges, num_lay
               max(to_solver_time(c * (all_params / bucket + 1)) for bucket, c in zip(cc.buckets, sync.per_bucket)))
         exposed = model.NewIntVar(0, hi, f"{sync.window}_exposed")
         per_layer_window = cc.layer_bwd_s if sync.window == "bwd" else cc.layer_fwd_s
-        if sync.whole:  # one bucket choice (tables.sync_buckets): the collective of each stage's whole buffer
+        if sync.whole:  # the collective of each stage's whole buffer, whatever the bucket
             slack = 0
             for i, k in enumerate(chunks):
-                _whole_buffer(model, cc, sync, i, k, [choice[0]], exposed, slack, f"whole_{sync.window}_{i}")
+                _whole_buffer(model, cc, sync, i, k, [], exposed, slack, f"whole_{sync.window}_{i}")
                 slack = (slack + to_solver_time(cc.cand.vpp * per_layer_window) * k
                          + to_solver_time(window_s(cc, i, 0, sync.window)))
             total = total + exposed

@@ -25,7 +25,7 @@ from autotune.search.space import Candidate
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import WEIGHT_BYTES
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
-from autotune.specs.trainers import overlaps_grad_reduce, reduces_inline
+from autotune.specs.overlap import gathers_params_in_step, overlaps_grad_reduce, reduces_inline
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,21 +153,28 @@ def _tied_sync(hw: HardwareSpec, nbytes: int, pp: int, stride: int) -> float:
 
 def sync_collectives(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[Sync, ...]:
     """The bucketed collectives of the candidate, as estimate.dp_sync_exposed runs them."""
-    return _collectives(cm.hw, cm.job.grad_bytes, c.dp * c.cp, c.tp, c.zero, buckets,
-                        not overlaps_grad_reduce(cm.job, c.pp, c.zero))
+    return _collectives(cm.hw, cm.job.grad_bytes, c.dp * c.cp, c.tp, c.zero, buckets, *_whole_syncs(cm, c))
+
+
+def _whole_syncs(cm: CostModel, c: Candidate) -> tuple[bool, bool]:
+    """Whether the reduction and the weights' all-gather each run once on every stage's whole buffer (after the
+    backward, or in the optimizer step) rather than bucket by bucket (CostModel.dp_sync)."""
+    whole = not overlaps_grad_reduce(cm.job, c.pp, c.zero)
+    return whole, whole or gathers_params_in_step(cm.job, c.zero)
 
 
 def sync_buckets(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[int, ...]:
-    """The bucket sizes the solver picks from: one (the default where allowed) when the gradients are reduced
-    after the backward in one pass, where the size changes nothing the cost model sees."""
-    if overlaps_grad_reduce(cm.job, c.pp, c.zero):
+    """The bucket sizes the solver picks from: one (the default where allowed) when every collective the bucket
+    would split runs on whole buffers, where the size changes nothing the cost model sees."""
+    whole_reduce, whole_gather = _whole_syncs(cm, c)
+    if (c.zero < 2 and not whole_reduce) or (c.zero in (1, 2) and not whole_gather):
         return buckets
     return (DEFAULT_BUCKET if DEFAULT_BUCKET in buckets else buckets[0],)
 
 
 @lru_cache(maxsize=4096)
 def _collectives(hw: HardwareSpec, grad_bytes: int, n: int, tp: int, zero: int, buckets: tuple[int, ...],
-                 whole: bool = False) -> tuple[Sync, ...]:
+                 whole: bool = False, whole_gather: bool = False) -> tuple[Sync, ...]:
     """sync_collectives from what it reads: kept, since thousands of candidates of a search share a few
     hundred (issue 13: a tenth of quick_bound's time went into recomputing them)."""
     if n == 1 or zero >= 3:
@@ -178,7 +185,7 @@ def _collectives(hw: HardwareSpec, grad_bytes: int, n: int, tp: int, zero: int, 
                                      comm.linear_pieces(kind, n, link), whole)]
     if zero in (1, 2):
         out.append(Sync(WEIGHT_BYTES, tuple(comm.all_gather(b * WEIGHT_BYTES, n, link) for b in buckets), "fwd",
-                        comm.linear_pieces("all_gather", n, link), whole))
+                        comm.linear_pieces("all_gather", n, link), whole_gather))
     return tuple(out)
 
 

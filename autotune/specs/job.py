@@ -76,13 +76,17 @@ class JobSpec:
     """Megatron reduces gradients bucket by bucket during the last micro-batch's backward and gathers the
     distributed optimizer's weights during the next forward (overlap_grad_reduce, overlap_param_gather). False:
     each stage reduces its whole buffer once its backward ends (and gathers before its forward), as Megatron-LM's
-    LocalDDP did in the SC'21 paper's runs (trainers.overlaps_grad_reduce: DeepSpeed also reduces after the
+    LocalDDP did in the SC'21 paper's runs (overlap.overlaps_grad_reduce: DeepSpeed also reduces after the
     backward with a pipeline or without ZeRO)."""
+    overlap_param_gather: bool = True
+    """Megatron's distributed optimizer gathers the updated weights bucket by bucket during the next forward
+    (--overlap-param-gather, which autotune's config sets). False: in the optimizer step, as DeepSpeed's and
+    Colossal-AI's ZeRO-1/2 always do (overlap.gathers_params_in_step)."""
     overlap_p2p: bool = True
     """Megatron's interleaved schedule posts each steady-state pipeline send and receive beside the next pass and
     waits only before the pass that needs it (overlap_p2p_comm: Megatron-LM's default, --no-overlap-p2p-
     communication turns it off; NeMo 2.0 sets it whenever vpp > 1). False: every send blocks, as before 2023 and
-    the SC'21 paper's runs (trainers.overlaps_p2p)."""
+    the SC'21 paper's runs (overlap.overlaps_p2p)."""
     async_tp_backward: bool = True
     """Megatron issues the backward's tensor-parallel input-gradient collectives asynchronously, behind the
     weight-gradient GEMMs (since late 2021; the SC'21 paper's runs predate it). Only Megatron has it."""

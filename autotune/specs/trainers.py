@@ -19,6 +19,7 @@ from typing import Literal
 from autotune.errors import SpecError
 from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
+from autotune.specs.overlap import overlaps_grad_reduce, overlaps_p2p
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
 from autotune.specs.tpgrid import MODES
 
@@ -296,36 +297,6 @@ def refusal(caps: TrainerCaps, plan: Plan) -> str | None:
                 "takes the data-parallel size from the topology, dp x cp, and the batch no longer adds up); use "
                 "cp 1 or pp 1")
     return None
-
-
-def overlaps_grad_reduce(job: JobSpec, pp: int, zero: int) -> bool:
-    """Whether the data-parallel gradient reduction runs during the backward, bucket by bucket (Megatron's
-    overlap_grad_reduce, FSDP2's per-block reduce-scatter, DeepSpeed's ZeRO-1/2 hooks with overlap_comm, PyTorch
-    DDP under Colossal-AI), rather than after it in one pass (estimate.dp_sync_exposed's _unoverlapped).
-    DeepSpeed 0.19 reduces after the backward in two cases: its pipeline engine turns the engine's backward
-    all-reduce off and reduces once the whole schedule has run (runtime/pipe/engine.py: enable_backward_allreduce
-    False, _exec_reduce_grads), and without ZeRO its engine all-reduces the gradients once loss.backward() returns
-    (engine.py allreduce_gradients -> buffered_allreduce_fallback). Colossal-AI's legacy engine wraps the model in
-    DDP only without a pipeline; with one it adds DataParallelGradientHandler, which all-reduces in engine.step()
-    (0.3.6 legacy/initialize.py, legacy/engine/_base_engine.py). job.overlap_grad_reduce False (Megatron-LM's
-    LocalDDP of 2021) never overlaps."""
-    if (job.trainer == "deepspeed" and (pp > 1 or zero == 0)) or (job.trainer == "colossalai" and pp > 1):
-        return False
-    return job.overlap_grad_reduce
-
-
-def reduces_inline(job: JobSpec, pp: int, zero: int) -> bool:
-    """Whether ZeRO-2's per-micro-batch reduce-scatters run on the compute stream, stalling the backward: DeepSpeed
-    without overlap_comm (stage_1_and_2.py reduce_ipg_grads on the current stream; stages.zero3_exposed)."""
-    return job.trainer == "deepspeed" and zero == 2 and not overlaps_grad_reduce(job, pp, zero)
-
-
-def overlaps_p2p(job: JobSpec, schedule: str, vpp: int) -> bool:
-    """Whether the pipeline's steady-state sends and receives run beside the passes (JobSpec.overlap_p2p): only
-    Megatron's interleaved schedule does (megatron-core's forward_backward_pipelining_with_interleaving; its
-    1F1B without interleaving forces overlap_p2p_comm off, Megatron-LM validate_args). torchtitan's
-    torch.distributed.pipelining, DeepSpeed's and Colossal-AI's pipeline engines wait on each send and receive."""
-    return job.trainer == "megatron" and schedule == "interleaved" and vpp > 1 and job.overlap_p2p
 
 
 def runs_default_bucket(caps: TrainerCaps, plan: Plan) -> bool:

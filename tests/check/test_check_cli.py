@@ -410,9 +410,10 @@ def test_deepspeed_without_overlap_comm_waits_on_its_reduction(cli, tmp_path: Pa
 
 
 def test_megatron_overlap_switches_are_read(cli, tmp_path: Path) -> None:
-    """Megatron-LM's --overlap-grad-reduce is off by default (DDP then reduces in finish_grad_sync once the backward
-    ends) and its interleaved schedule overlaps pipeline sends unless --no-overlap-p2p-communication: `check`
-    costs each script as it runs."""
+    """Megatron-LM's --overlap-grad-reduce and --overlap-param-gather are off by default (DDP then reduces in
+    finish_grad_sync once the backward ends, and the distributed optimizer gathers in its step) and its
+    interleaved schedule overlaps pipeline sends unless --no-overlap-p2p-communication: `check` costs each
+    script as it runs."""
     base = """#!/bin/bash
 python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer \\
   --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2 \\
@@ -422,7 +423,8 @@ python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-
   --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 """
     docs = {}
     for name, extra in (("plain", ""), ("overlap", "--overlap-grad-reduce"),
-                        ("blocking", "--overlap-grad-reduce --no-overlap-p2p-communication")):
+                        ("blocking", "--overlap-grad-reduce --no-overlap-p2p-communication"),
+                        ("gathered", "--overlap-grad-reduce --overlap-param-gather")):
         path = _write(tmp_path, f"{name}.sh", base + extra + "\n")
         docs[name], code = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "32", "--model", "llama3-8b")
         assert code == 0, docs[name]
@@ -430,6 +432,8 @@ python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-
     assert terms["plain"]["dp_comm_exposed_s"] > terms["overlap"]["dp_comm_exposed_s"]
     assert terms["blocking"]["pp_comm_s"] > terms["overlap"]["pp_comm_s"] > 0
     assert terms["plain"]["pp_comm_s"] == terms["overlap"]["pp_comm_s"]
+    # without --overlap-param-gather the distributed optimizer gathers the updated weights in its step
+    assert terms["overlap"]["dp_comm_exposed_s"] > terms["gathered"]["dp_comm_exposed_s"]
 
 
 def test_megatron_fsdp_overlaps_its_reduction_with_or_without_the_flag(cli, tmp_path: Path) -> None:

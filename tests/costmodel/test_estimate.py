@@ -122,13 +122,14 @@ def test_a_reduction_after_the_backward_is_exposed_whole():
 def test_trainers_that_reduce_after_the_backward(trainer, pp, zero, after):
     """DeepSpeed 0.19's pipeline engine reduces once its schedule has run, and without ZeRO its engine all-reduces
     once loss.backward() returns; Colossal-AI's legacy engine all-reduces in engine.step() with a pipeline, through
-    DDP without one (trainers.overlaps_grad_reduce): the exposure is then the one of overlap_grad_reduce False;
-    DeepSpeed's ZeRO-1 without a pipeline reduces in its backward hooks (overlap_comm)."""
+    DDP without one (overlap.overlaps_grad_reduce): the exposure is then the one of overlap_grad_reduce False;
+    DeepSpeed's ZeRO-1 without a pipeline reduces in its backward hooks (overlap_comm) and gathers the updated
+    weights in its step (overlap.gathers_params_in_step), as Megatron without --overlap-param-gather."""
     ds = JobSpec(global_batch=16, seq_len=1024, trainer=trainer, grad_reduce="bf16")
     plan = _plan(pp=pp, dp=4 // pp, zero=zero, num_microbatches=4 * pp, layers_per_stage=even_split(8, pp))
     got = CostModel(MODEL, HW, ds).estimate(plan).breakdown.dp_comm_exposed_s
     unoverlapped = CostModel(MODEL, HW, replace(ds, overlap_grad_reduce=False)).estimate(plan)
-    overlapped = CostModel(MODEL, HW, replace(ds, trainer="megatron")).estimate(plan)
+    overlapped = CostModel(MODEL, HW, replace(ds, trainer="megatron", overlap_param_gather=False)).estimate(plan)
     want = unoverlapped if after else overlapped
     assert got == want.breakdown.dp_comm_exposed_s
     assert overlapped.breakdown.dp_comm_exposed_s < unoverlapped.breakdown.dp_comm_exposed_s
@@ -179,3 +180,21 @@ def test_megatrons_interleaved_schedule_waits_only_on_warm_up_and_cool_down_send
     assert blocking.breakdown.pp_comm_s > 0
     assert overlapped.breakdown.pp_comm_s == pytest.approx(10 / 32 * blocking.breakdown.pp_comm_s, rel=1e-12)
     assert overlapped.step_time_s < blocking.step_time_s
+
+
+def test_zero1_weights_gathered_in_the_step_are_exposed_whole():
+    """DeepSpeed's ZeRO-1/2 and Megatron without --overlap-param-gather all-gather the updated weights inside the
+    optimizer step: on one stage the exposure is the bucketed reduction plus the whole buffer's all-gather, where
+    Megatron's overlapped gather hides its buckets behind the next forward."""
+    plan = _plan(dp=4, num_microbatches=4, zero=1)
+    job = JobSpec(global_batch=16, seq_len=1024)
+    hidden = CostModel(MODEL, HW, job).estimate(plan)
+    in_step = CostModel(MODEL, HW, replace(job, overlap_param_gather=False)).estimate(plan)
+    deepspeed = CostModel(MODEL, HW, replace(job, trainer="deepspeed")).estimate(plan)
+    stage, link = in_step.stages[0], comm.group_link(HW, 4, 1)
+    reduce = comm.bucketed_exposure(stage.params * job.grad_bytes, plan.bucket_size * job.grad_bytes, stage.bwd_s,
+                                    lambda b: comm.reduce_scatter(b, 4, link))
+    gather = comm.all_gather(stage.params * 2, 4, link)
+    assert in_step.breakdown.dp_comm_exposed_s == pytest.approx(reduce + gather)
+    assert hidden.breakdown.dp_comm_exposed_s < in_step.breakdown.dp_comm_exposed_s
+    assert deepspeed.breakdown.dp_comm_exposed_s > hidden.breakdown.dp_comm_exposed_s

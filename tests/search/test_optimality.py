@@ -252,7 +252,7 @@ def test_reduction_after_the_backward_matches_brute_force(inst: Instance, pp: in
        trainer=st.sampled_from(("deepspeed", "colossalai")))
 def test_trainer_reductions_match_brute_force(inst: Instance, trainer: str) -> None:
     """Under DeepSpeed and Colossal-AI some candidates reduce during the backward (no pipeline; for DeepSpeed with
-    ZeRO) and others after it (trainers.overlaps_grad_reduce): the planner restricted to the trainer still finds
+    ZeRO) and others after it (overlap.overlaps_grad_reduce): the planner restricted to the trainer still finds
     the brute-force optimum over both."""
     grad_reduce = "bf16" if trainer == "deepspeed" else "fp32"  # what each one's config runs
     inst = replace(inst, job=replace(inst.job, trainer=trainer, grad_reduce=grad_reduce))
