@@ -242,9 +242,9 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     built = memo.setdefault("built", {}) if again else None
     memo.setdefault("memories", {})  # (empty: it marks the shape seen)
     out: list[StageCost] = []
-    # _make takes the fields as one tuple, in C, where the named tuples' __new__ is a Python function taking each
-    # by name: a third less per object, and an estimate makes one per rank
-    new_stage, new_memory = StageCost._make, StageMemory._make
+    # tuple.__new__ takes the fields as one tuple, in C, where the named tuples' __new__ is a Python function taking
+    # each by name (and _make one checking the length): a fifth less per object, and an estimate makes one per rank
+    new = tuple.__new__
     for start, _, n, place, pid, parts in stage_runs(plan.layers_per_stage, plan.schedule, plan.vocab, plan.pp,
                                                      plan.vpp, plan.num_microbatches, ticks):
         dense = min(chunk_layers(n, v)[0], dense_first) if start == 0 else 0  # rank 0's first chunk opens the model
@@ -258,23 +258,26 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
         if state is None:
             state = states[key] = stage_state(plan, layer, vocab, n, place, dense, fields[-1], param_bytes)
         for first, after, peak in parts:
-            memory = memories.get((*key, peak))
-            if memory is None:  # ranks alike in layers, placement, dense layers and peak hold alike
-                memory = memories[(*key, peak)] = new_memory((
-                    state[0], state[1], state[2], (peak + extra_in_flight) * act_chunk,
-                    vocab_activations(plan, place, peak, vocab) if place.embed or place.head else 0,
-                    rc_transient + transient_zero3))
+            # ranks alike in layers, placement, dense layers and peak hold alike: a shape seen before keeps its
+            # memories; a new one makes each part's (two runs of a plan rarely share one: no look-ups for them)
+            memory = memories.get((*key, peak)) if again else None
+            if memory is None:
+                memory = new(StageMemory, (state[0], state[1], state[2], (peak + extra_in_flight) * act_chunk,
+                                           vocab_activations(plan, place, peak, vocab) if place.embed or place.head
+                                           else 0, rc_transient + transient_zero3))
+                if again:
+                    memories[(*key, peak)] = memory
             if built is None:
                 if after - first == 1:  # (1F1B: every rank's peak differs)
-                    out.append(new_stage((first, *fields, memory, *tail)))
+                    out.append(new(StageCost, (first, *fields, memory, *tail)))
                 else:
                     rest = (*fields, memory, *tail)
-                    out += [new_stage((i, *rest)) for i in range(first, after)]
+                    out += [new(StageCost, (i, *rest)) for i in range(first, after)]
                 continue
             for i in range(first, after):
                 stage = built.get((i, n))
                 if stage is None:
-                    stage = built[i, n] = new_stage((i, *fields, memory, *tail))
+                    stage = built[i, n] = new(StageCost, (i, *fields, memory, *tail))
                 out.append(stage)
     return tuple(out)
 

@@ -108,10 +108,11 @@ def wavefront_makespan(w: Wavefronts, flat: Sequence[float]) -> float:
     starts from 0.0, it is a float even for integer durations (converted the same way)."""
     end = np.array((*flat, 0.0)).take(w.slots)  # each pass's duration in its cell; its start added below
     end[0], end[0, -1] = 0.0, -np.inf
-    take, rows = end.reshape(-1).take, list(end)
+    gather, rows = end.reshape(-1).__getitem__, list(end)
     # row t = max(row t-1, its dependencies' ends) + its durations, in three calls whose overhead is a row's
     # cost: chained maps run them from C, a row after the other (each map pulls its inputs when the row before
-    # is done), without the interpreter's loop between them (a tenth of the time)
-    deque(map(np.add, map(np.maximum, rows[:-1], map(take, w.deps)), rows[1:], rows[1:]), maxlen=0)
+    # is done), without the interpreter's loop between them (a tenth of the time). The gather is an index
+    # (__getitem__): a third cheaper a call than take, a tenth of a row
+    deque(map(np.add, map(np.maximum, rows[:-1], map(gather, w.deps)), rows[1:], rows[1:]), maxlen=0)
     # with no negative duration no end falls along a rank: the last row holds each rank's last and largest one
-    return (rows[-1].max() if min(flat, default=0.0) >= 0 else take(w.passes).max()).item()
+    return (rows[-1].max() if min(flat, default=0.0) >= 0 else gather(w.passes).max()).item()
