@@ -40,6 +40,7 @@ MAKESPAN_CACHE = 4096
 #: Bucketed exposures kept per collective, group and bucket (dp_sync_exposed)
 EXPOSURE_MEMO = 65536
 _time_s, _chunks, _params = attrgetter("time_s"), attrgetter("chunks"), attrgetter("params")  # read in C
+_params_and = {"bwd": attrgetter("params", "bwd_s"), "fwd": attrgetter("params", "fwd_s")}  # (_bucketed_over_stages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,19 +284,21 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
     (overlap_param_gather), where stage i starts sum(fwd_j, j < i) late. A tied embedding's gradient is
     all-reduced between the first and last stage after the backward (Megatron's finalize_model_grads).
     `memo`: a dict kept across calls with the same `hw` (a CostModel's), where the exposure of each stage
-    shape is remembered per collective, group and bucket. `overlap` False: _unoverlapped. `gather_in_step`:
-    the weights' all-gather runs in the optimizer step (overlap.gathers_params_in_step), on each stage's whole
-    buffer, as _unoverlapped gathers them.
+    shape is remembered per collective, group and bucket, and each group's link. `overlap` False: _unoverlapped.
+    `gather_in_step`: the weights' all-gather runs in the optimizer step (overlap.gathers_params_in_step), on each
+    stage's whole buffer, as _unoverlapped gathers them.
     """
     exposed = tied_embedding_sync(plan, hw, model, grad_bytes)
     n = plan.dp * plan.cp
     if n == 1 or plan.zero >= 3:
         return exposed
-    link = comm.group_link(hw, n, plan.tp)
+    memo = {} if memo is None else memo
+    link = memo.get((comm.group_link, n, plan.tp))  # (a look-up is a tenth of group_link: an estimate asks)
+    if link is None:
+        link = memo[comm.group_link, n, plan.tp] = comm.group_link(hw, n, plan.tp)
     reduce = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
     if not overlap:
         return exposed + _unoverlapped(plan, stages, grad_bytes, reduce, n, link)
-    memo = {} if memo is None else memo
     if plan.zero < 2:  # ZeRO-2 reduce-scatters in every micro-batch (stages.zero3_exposed), not once a step
         exposed += _bucketed_over_stages(stages, grad_bytes, plan.bucket_size, "bwd", lambda b: reduce(b, n, link),
                                          memo.setdefault((reduce, n, plan.tp, grad_bytes, plan.bucket_size), {}))
@@ -322,21 +325,22 @@ def _bucketed_over_stages(stages: tuple[StageCost, ...], bytes_per_param: int, b
 
     worst = slack = 0.0  # stages alike (most of them) expose alike: each shape's exposure is computed once
     last = None
-    for params, w in map(attrgetter("params", "bwd_s" if window == "bwd" else "fwd_s"), stages):  # in C
-        if last is not None and params == last[0] and w == last[1]:
+    for shape in map(_params_and[window], stages):  # (params, window), read in C
+        if shape == last:  # (one comparison in C)
             # a stage like the one before exposes as much with more slack (w >= 0): it cannot be the worst
-            slack += w
+            slack += shape[1]
             continue
-        last = params, w
-        exposure = exposures.get(last)
+        last = shape
+        exposure = exposures.get(shape)
         if exposure is None:
             if len(exposures) >= EXPOSURE_MEMO:  # bounded, as the other memos: a long search meets many shapes
                 exposures.clear()
-            exposure = exposures[params, w] = comm.bucketed_exposure(params * bytes_per_param,
-                                                                     bucket * bytes_per_param, w, per_bucket)
+            params, w = shape
+            exposure = exposures[shape] = comm.bucketed_exposure(params * bytes_per_param, bucket * bytes_per_param,
+                                                                 w, per_bucket)
         if exposure - slack > worst:  # max(worst, exposure - slack) without the call
             worst = exposure - slack
-        slack += w
+        slack += shape[1]
     return worst
 
 
