@@ -91,9 +91,11 @@ def _numbered(schedule: str, pp: int, v: int, m: int, kind: np.ndarray, chunk: n
     s = np.where(chunk == 0, rank, 2 * pp - 1 - rank) if schedule == "v-half" else chunk * pp + rank
     none = 3 * stages * m
     own = (kind * stages + s) * m + j
-    # F needs F on s-1 (the first stage: nothing), W its own B, B needs B on s+1 (the last stage: its own F)
-    need = np.select([kind == 0, kind == 2, s < stages - 1],
-                     [np.where(s > 0, own - m, none), own - stages * m, own + m], s * m + j)
+    # F needs F on s-1 (the first stage: nothing), W its own B, B needs B on s+1 (the last stage: its own F): a
+    # step from its own id per kind, then the two ends (np.select over all of them took most of a large order's ids)
+    need = own + np.array((-m, m, -stages * m))[kind]
+    need[(s == 0) & (kind == 0)] = none
+    need[(s == stages - 1) & (kind == 1)] -= (stages + 1) * m
     return PassIds(own, need, rank, (rank * v + chunk) * 3 + kind, np.cumsum([0] + lengths[:-1]), none)
 
 

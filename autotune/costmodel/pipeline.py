@@ -334,8 +334,8 @@ def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
     if not set(map(len, durations)) <= {v}:  # any row of another length (in C: makespan runs thousands of times)
         raise ValueError(f"durations need {v} (F, B, W) per rank for {schedule} with vpp={vpp}")
     flat = flat_durations(schedule, durations)
-    if pp >= WAVEFRONT_MIN_PP:
-        return wavefront_makespan(_wavefronts(schedule, pp, vpp, m, ticks), flat)
+    if pp >= WAVEFRONT_MIN_PP and (grid := _wavefronts(schedule, pp, vpp, m, ticks)).pays:
+        return wavefront_makespan(grid, flat)
     _, prev_at, dep_at = _chain(schedule, pp, vpp, m, ticks)
     end = [0.0, -math.inf]  # then one entry per pass, in _graph's order (see _Graph.prev_at, dep_at)
     push = end.append
@@ -345,9 +345,9 @@ def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
     return max(islice(end, 2, None))
 
 
-#: Ranks from which makespan walks wavefronts (a grid row, three numpy calls, each) rather than passes in Python:
-#: a row costs about as much as 13 passes in Python (measured on the bench's 1f1b, zb-h1 and interleaved plans:
-#: at 16 ranks as fast for 1f1b and up to twice as fast for interleaved, at 8 slower but for interleaved).
+#: Ranks from which makespan walks wavefronts (a grid row, three numpy calls, each) rather than passes in Python,
+#: where a row holds enough passes (Wavefronts.pays: a row costs about 11 passes in Python; with fewer ranks the
+#: rows hold fewer passes, and building a grid to find how full its rows are would cost more than it saves).
 WAVEFRONT_MIN_PP = 16
 
 

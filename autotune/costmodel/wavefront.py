@@ -35,6 +35,17 @@ class Wavefronts:
     passes: np.ndarray
     """The grid entry of every pass (their largest end is the makespan)."""
 
+    @property
+    def pays(self) -> bool:
+        """Whether a row holds enough passes for the grid to beat makespan's loop (ROW_PASSES)."""
+        return len(self.passes) >= ROW_PASSES * len(self.slots)
+
+
+#: Passes a grid row must hold on average for wavefront_makespan to be faster than makespan's loop over passes:
+#: a row's three numpy calls cost about as much as 11 passes of the loop (measured on the bench's 1f1b, zb-h1 and
+#: interleaved plans of 16 to 64 ranks; fewer micro-batches, fewer passes a row)
+ROW_PASSES = 11
+
 
 def wavefronts(ids: PassIds, guess: np.ndarray | None = None) -> Wavefronts:
     """Place a schedule's passes (passids.pass_ids of its rank orders) on the grid by depth: `guess` (per pass in

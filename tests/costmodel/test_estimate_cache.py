@@ -149,6 +149,10 @@ def test_makespan_of_many_ranks_is_the_plain_simulation(schedule, vpp, m):
     ticks = pipeline._ticks(schedule, durations, None)
     assert repr(pipeline.makespan(schedule, pp, vpp, m, durations)) == repr(
         _plain_makespan(schedule, pp, vpp, m, durations, ticks))
+    # makespan walks the grid only where its rows are full (Wavefronts.pays): the grid itself, whether it does
+    grid = pipeline._wavefronts(schedule, pp, vpp, m, ticks)
+    assert repr(wavefront_makespan(grid, pipeline.flat_durations(schedule, durations))) == repr(
+        _plain_makespan(schedule, pp, vpp, m, durations, ticks))
     integers = tuple(tuple((1, 2, 1) for _ in row) for row in durations)  # a float, as the loop's
     assert repr(pipeline.makespan(schedule, pp, vpp, m, integers)) == repr(
         _plain_makespan(schedule, pp, vpp, m, integers, pipeline._ticks(schedule, integers, None)))
