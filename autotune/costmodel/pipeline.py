@@ -105,9 +105,7 @@ def pass_ticks(durations: "Durations") -> Ticks:
 
 
 def _ticks(schedule: str, durations: "Durations", ticks: Ticks | None) -> Ticks:
-    if schedule != "v-half":
-        return UNIT_TICKS
-    return pass_ticks(durations) if ticks is None else ticks
+    return UNIT_TICKS if schedule != "v-half" else pass_ticks(durations) if ticks is None else ticks
 
 
 @cache
@@ -290,10 +288,12 @@ def _chain(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> tuple[tupl
 
 
 @cache
-def _in_order(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> Callable[[list], tuple]:
-    """makespan's flat durations in _chain's order, in one call in C (a call a pass was a third of its loop)."""
-    slots = _chain(schedule, pp, vpp, m, ticks)[0]
-    return itemgetter(*slots) if len(slots) > 1 else lambda flat: tuple(map(flat.__getitem__, slots))  # 1: no tuple
+def _in_order(schedule: str, pp: int, vpp: int, m: int, ticks: Ticks) -> tuple[Callable[[list], tuple], tuple]:
+    """makespan's durations in _chain's order, in one call in C (a call a pass was a third of its loop), and its ends
+    that are a rank's last (no pass follows them on their rank)."""
+    slots, prev_at, _ = _chain(schedule, pp, vpp, m, ticks)
+    return (itemgetter(*slots) if len(slots) > 1 else lambda flat: tuple(map(flat.__getitem__, slots)),  # 1: no tuple
+            tuple(sorted(set(range(2, len(slots) + 2)) - set(prev_at))))
 
 
 @cache
@@ -337,17 +337,17 @@ def makespan(schedule: str, pp: int, vpp: int, m: int, durations: Durations, tic
     if pp >= WAVEFRONT_MIN_PP and (grid := _wavefronts(schedule, pp, vpp, m, ticks)).pays:
         return wavefront_makespan(grid, flat)
     _, prev_at, dep_at = _chain(schedule, pp, vpp, m, ticks)
-    end = [0.0, -math.inf]  # then one entry per pass, in _graph's order (see _Graph.prev_at, dep_at)
-    push = end.append
-    for p, d, x in zip(prev_at, dep_at, _in_order(schedule, pp, vpp, m, ticks)(flat)):
+    in_order, lasts = _in_order(schedule, pp, vpp, m, ticks)
+    push = (end := [0.0, -math.inf]).append  # then one entry per pass, in _graph's order (_Graph.prev_at, dep_at)
+    for p, d, x in zip(prev_at, dep_at, in_order(flat)):
         a, b = end[p], end[d]
         push((b if b > a else a) + x)
-    return max(islice(end, 2, None))
+    # with no negative duration no end falls along a rank: the largest is a rank's last (pp of them, not every pass)
+    return max(map(end.__getitem__, lasts)) if min(flat, default=0.0) >= 0 else max(islice(end, 2, None))
 
 
 #: Ranks from which makespan walks wavefronts (a grid row, three numpy calls, each) rather than passes in Python,
-#: where a row holds enough passes (Wavefronts.pays: a row costs about 11 passes in Python; with fewer ranks the
-#: rows hold fewer passes, and building a grid to find how full its rows are would cost more than it saves).
+#: where a row holds enough passes (Wavefronts.pays); fewer ranks hold fewer a row, and a grid would not pay.
 WAVEFRONT_MIN_PP = 16
 
 
