@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, mul
 
 from autotune.costmodel import comm
 from autotune.costmodel.compute import attention_kernel
@@ -267,7 +268,7 @@ class CostModel:
             plan=plan, step_time_s=step, tokens_per_s=self.job.tokens_per_step / step,
             model_tflops_per_gpu=tflops, mfu=tflops * 1e12 / self.hw.peak_flops(self.job.dtype),
             stages=stages, breakdown=breakdown,
-            op_seconds=tuple((c, m * t) for c, t in zip(CATEGORIES, bs.by_category)),
+            op_seconds=tuple(zip(CATEGORIES, map(mul, repeat(m), bs.by_category))),  # m * t each, in C
             usable_memory_bytes=self.hw.usable_memory_bytes, grads_after_backward=not overlap,
             p2p_exposed=exposed_p2p_share(self.job, plan.schedule, plan.pp, plan.vpp, m))
 
