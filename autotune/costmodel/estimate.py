@@ -294,7 +294,7 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
     if n == 1 or plan.zero >= 3:
         return exposed
     memo = {} if memo is None else memo
-    link = memo.get((comm.group_link, n, plan.tp))  # (a look-up is a tenth of group_link: an estimate asks)
+    link = memo.get((comm.group_link, n, plan.tp))  # once per group: every estimate asks, a look-up is a tenth
     if link is None:
         link = memo[comm.group_link, n, plan.tp] = comm.group_link(hw, n, plan.tp)
     reduce = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter

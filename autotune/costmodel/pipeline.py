@@ -105,7 +105,7 @@ def pass_ticks(durations: "Durations") -> Ticks:
 
 
 def _ticks(schedule: str, durations: "Durations", ticks: Ticks | None) -> Ticks:
-    return UNIT_TICKS if schedule != "v-half" else pass_ticks(durations) if ticks is None else ticks
+    return UNIT_TICKS if schedule != "v-half" else (pass_ticks(durations) if ticks is None else ticks)
 
 
 @cache
