@@ -42,8 +42,14 @@ def reduces_inline(job: JobSpec, pp: int, zero: int) -> bool:
 
 
 def overlaps_p2p(job: JobSpec, schedule: str, vpp: int) -> bool:
-    """Whether the pipeline's steady-state sends and receives run beside the passes (JobSpec.overlap_p2p): only
-    Megatron's interleaved schedule does (megatron-core's forward_backward_pipelining_with_interleaving; its
-    1F1B without interleaving forces overlap_p2p_comm off, Megatron-LM validate_args). torchtitan's
-    torch.distributed.pipelining, DeepSpeed's and Colossal-AI's pipeline engines wait on each send and receive."""
-    return job.trainer == "megatron" and schedule == "interleaved" and vpp > 1 and job.overlap_p2p
+    """Whether the interleaved schedule's steady-state sends and receives run beside the passes. Megatron's does
+    (megatron-core's forward_backward_pipelining_with_interleaving with overlap_p2p_comm, JobSpec.overlap_p2p; its
+    1F1B without interleaving forces overlap_p2p_comm off, Megatron-LM validate_args), and so does torchtitan's
+    Interleaved1F1B, which runs on torch's _PipelineScheduleRuntime: it never waits on a send until the step ends
+    and posts each receive as soon as the sending pass is scheduled (torch 2.13 distributed/pipelining/
+    schedules.py, _add_send_recv), so charging it Megatron's blocking warm-up (schedules.exposed_p2p_share) errs
+    on the slow side. torchtitan's 1F1B (Schedule1F1B) and DeepSpeed's and Colossal-AI's pipeline engines wait
+    on each send and receive."""
+    if schedule != "interleaved" or vpp <= 1:
+        return False
+    return (job.trainer == "megatron" and job.overlap_p2p) or job.trainer == "torchtitan"

@@ -19,7 +19,7 @@ from typing import Literal
 from autotune.errors import SpecError
 from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
-from autotune.specs.overlap import overlaps_grad_reduce, overlaps_p2p
+from autotune.specs.overlap import overlaps_grad_reduce
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
 from autotune.specs.tpgrid import MODES
 
@@ -307,19 +307,15 @@ def runs_default_bucket(caps: TrainerCaps, plan: Plan) -> bool:
 
 def runs_otherwise(caps: TrainerCaps, plan: Plan, job: JobSpec) -> list[str]:
     """What the trainer's config runs otherwise than `plan` was costed, beside its structure (unsupported): a
-    gradient bucket it cannot set, a reduction it runs after the backward where the plan's kernels overlap it, and
-    pipeline sends it waits on where the plan's trainer overlaps them. One line each (empty: none); a restricted
-    search never meets them (for_trainer keeps the default bucket, and the trainer's own kernels cost its
-    reduction and its sends)."""
+    gradient bucket it cannot set, and a reduction it runs after the backward where the plan's kernels overlap it.
+    One line each (empty: none); a restricted search never meets them (for_trainer keeps the default bucket, and
+    the trainer's own kernels cost its reduction)."""
     p, n, out = plan, caps.name, []
     own = replace(job, trainer=n.partition("+")[0])  # a fork's own trainer
     if runs_default_bucket(caps, p):
         out.append(f"bucket {p.bucket_size:,}: {n}'s config sets no gradient bucket (it runs {DEFAULT_BUCKET:,})")
     if p.dp * p.cp > 1 and overlaps_grad_reduce(job, p.pp, p.zero) and not overlaps_grad_reduce(own, p.pp, p.zero):
         out.append(f"gradients reduced during the backward: {n} reduces them after it with pp {p.pp}, zero {p.zero}")
-    if p.schedule in caps.schedules and overlaps_p2p(job, p.schedule, p.vpp) and not overlaps_p2p(own, p.schedule,
-                                                                                                   p.vpp):
-        out.append(f"pipeline sends overlapped with the passes: {n} waits on each")
     return out
 
 

@@ -257,15 +257,3 @@ def test_a_trainer_that_runs_another_bucket_or_reduction_does_not_run_the_plan()
     assert not any("reduced" in w for w in runs_otherwise(TRAINER_CAPS["colossalai"], alone, JOB))
     assert "torchtitan" not in runners(plan, MODEL, JOB) and "deepspeed" not in runners(plan, MODEL, JOB)
 
-
-def test_a_trainer_that_waits_on_its_pipeline_sends_does_not_run_an_overlapped_plan():
-    """Megatron's interleaved schedule overlaps its steady-state sends; torchtitan has the schedule but waits on
-    each send, so it does not run Megatron's interleaved plan as planned (DeepSpeed lacks the schedule itself)."""
-    plan = Plan(tp=1, pp=2, dp=8, mbs=1, num_microbatches=8, schedule="interleaved", vpp=2,
-                layers_per_stage=(16, 16))
-    said = {name: runs_otherwise(caps, plan, JOB) for name, caps in TRAINER_CAPS.items()}
-    assert said["megatron"] == []
-    assert "pipeline sends overlapped with the passes: torchtitan waits on each" in said["torchtitan"]
-    assert not any("pipeline sends" in w for w in said["deepspeed"])
-    assert not any("pipeline sends" in w for w in runs_otherwise(TRAINER_CAPS["torchtitan"],
-                                                                 replace(plan, schedule="1f1b", vpp=1), JOB))

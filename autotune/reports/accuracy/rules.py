@@ -101,8 +101,10 @@ RULES: tuple[tuple[str, str], ...] = (
                     "sets it whenever vpp > 1, nemo_toolkit 2.0.0 lightning/pytorch/callbacks/"
                     "megatron_comm_overlap.py; NeMo 1.0, the 24.x launcher rows, takes it from the Hydra config, "
                     "megatron_base_model.py, and the launcher's Llama configs are assumed to set it true with vpp "
-                    "as NeMo's GPT config template does: not read this session); without vpp, and under "
-                    "torchtitan, every send is waited on"),
+                    "as NeMo's GPT config template does: not read this session); torchtitan's interleaved rows "
+                    "the same share (torch's runtime schedule posts receives early; that the rows' torch of 2024-12 "
+                    "already ran Interleaved1F1B on it is assumed, not read); without vpp every send is waited "
+                    "on"),
     ("partition", "layers_per_stage = even_split(num_layers, pp), vocab 'ends'; where check_plan rejects the "
                   "published layout, the nearest valid one (for an interleaved split: the vpp <= published "
                   "and per-rank layer counts with the shortest ideal pipeline time, vocab 'balanced' when "
