@@ -44,7 +44,7 @@ NEUTRAL_VALUE = frozenset("""
 --exit-duration-in-mins --log-throughput --num-workers --dataloader-type --attention-softmax-in-fp32
 --transformer-impl --cp-comm-type --ddp-num-buckets --num-distributed-optimizer-instances --eod-mask-loss
 --rampup-batch-size --manual-gc-interval --timing-log-level --timing-log-option --rope-scaling-factor
---max-tokens-to-oom --microbatch-group-size-per-virtual-pipeline-stage --fp8-recipe --fp8-margin
+--max-tokens-to-oom --fp8-recipe --fp8-margin
 --fp8-amax-history-len --fp8-amax-compute-algo --tp-comm-overlap-cfg --logging-level --log-interval
 --hidden-dropout --attention-dropout --ffn-hidden-size --distributed-timeout-seconds --ckpt-assume-constant-structure
 --async-save --use-dist-ckpt --dist-ckpt-format
@@ -74,7 +74,7 @@ VALUE = frozenset("""
 --num-layers-per-virtual-pipeline-stage --virtual-pipeline-model-parallel-size --decoder-first-pipeline-num-layers
 --decoder-last-pipeline-num-layers --pipeline-model-parallel-layout --micro-batch-size --global-batch-size
 --recompute-granularity --recompute-method --recompute-num-layers --recompute-modules --ddp-bucket-size
---data-parallel-sharding-strategy
+--data-parallel-sharding-strategy --microbatch-group-size-per-virtual-pipeline-stage
 --fp8-format --attention-backend --expert-model-parallel-size --num-experts --expert-tensor-parallel-size
 --moe-router-topk --moe-ffn-hidden-size --moe-router-score-function --moe-shared-expert-intermediate-size
 --moe-token-dispatcher-type --moe-flex-dispatcher-backend
@@ -86,7 +86,7 @@ SWITCH = frozenset("""
 --use-torch-fsdp2 --recompute-activations --checkpoint-activations
 --no-masked-softmax-fusion --no-bias-dropout-fusion --enable-vocab-parallel --account-for-embedding-in-pipeline-split
 --account-for-loss-in-pipeline-split --squared-relu --distribute-saved-activations --qk-layernorm
---overlap-grad-reduce --overlap-param-gather --no-overlap-p2p-communication
+--overlap-grad-reduce --overlap-param-gather --no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush
 """.split())
 VALUE, SWITCH = VALUE | MOE_VALUE | PRECISION_VALUE, SWITCH | MOE_SWITCH | PRECISION_SWITCH  # megatron_moe/precision
 NEUTRAL_VALUE, NEUTRAL_SWITCH = NEUTRAL_VALUE | MOE_NEUTRAL_VALUE, NEUTRAL_SWITCH | MOE_NEUTRAL_SWITCH

@@ -19,7 +19,7 @@ from typing import Literal
 from autotune.errors import SpecError
 from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
-from autotune.specs.overlap import overlaps_grad_reduce
+from autotune.specs.overlap import gathers_params_in_step, overlaps_grad_reduce
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
 from autotune.specs.tpgrid import MODES
 
@@ -201,7 +201,7 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
     if p.schedule not in caps.schedules:
         out.append(f"schedule {p.schedule}: {n} runs {', '.join(caps.schedules)}")
     if p.schedule == "interleaved" and p.vpp > caps.max_vpp:
-        out.append(f"vpp {p.vpp}: {n} runs at most {caps.max_vpp} chunks per rank")
+        out.append(f"vpp {p.vpp}: {n} runs at most {caps.max_vpp} chunk{'s' if caps.max_vpp > 1 else ''} per rank")
     if p.vocab not in caps.vocabs:
         out.append(f"vocab {p.vocab}: {n} places the vocabulary layers as {', '.join(caps.vocabs)}")
     if p.zero not in caps.zero_stages(p.pp):
@@ -307,7 +307,8 @@ def runs_default_bucket(caps: TrainerCaps, plan: Plan) -> bool:
 
 def runs_otherwise(caps: TrainerCaps, plan: Plan, job: JobSpec) -> list[str]:
     """What the trainer's config runs otherwise than `plan` was costed, beside its structure (unsupported): a
-    gradient bucket it cannot set, and a reduction it runs after the backward where the plan's kernels overlap it.
+    gradient bucket it cannot set, a reduction it runs after the backward where the plan's kernels overlap it, and a
+    weights' all-gather it runs in the optimizer step where the plan's trainer hides it behind the next forward.
     One line each (empty: none); a restricted search never meets them (for_trainer keeps the default bucket, and
     the trainer's own kernels cost its reduction)."""
     p, n, out = plan, caps.name, []
@@ -316,6 +317,9 @@ def runs_otherwise(caps: TrainerCaps, plan: Plan, job: JobSpec) -> list[str]:
         out.append(f"bucket {p.bucket_size:,}: {n}'s config sets no gradient bucket (it runs {DEFAULT_BUCKET:,})")
     if p.dp * p.cp > 1 and overlaps_grad_reduce(job, p.pp, p.zero) and not overlaps_grad_reduce(own, p.pp, p.zero):
         out.append(f"gradients reduced during the backward: {n} reduces them after it with pp {p.pp}, zero {p.zero}")
+    if p.dp * p.cp > 1 and not gathers_params_in_step(job, p.zero) and gathers_params_in_step(own, p.zero):
+        out.append(f"weights gathered behind the next forward: {n} gathers them in its optimizer step with zero "
+                   f"{p.zero}")
     return out
 
 

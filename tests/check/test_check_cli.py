@@ -5,11 +5,13 @@ bad input (one `error:` line, exit 1, nothing written)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from autotune.emit import emit
+from autotune.errors import SpecError
 from emit.scenarios import GOLDEN  # tests/emit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -453,3 +455,29 @@ python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-
         assert code in (0, 4), doc
         steps.append(doc["step_time_s"])
     assert steps[0] == steps[1]
+
+
+def test_megatron_overlap_flags_left_off_are_noted_and_bad_groups_refused(cli, tmp_path: Path) -> None:
+    """Found in a user test: a script that leaves an overlap off says so (the best plan turns it on, which is the
+    whole gap), a micro-batch group megatron-core rejects is refused, and so is warmup-flush without p2p overlap."""
+    base = """#!/bin/bash
+python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer \\
+  --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2 \\
+  --sequence-parallel --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
+  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
+  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
+  --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 """
+    args = ("--gpu", "h100-sxm", "--gpus", "32", "--model", "llama3-8b")
+    doc, _ = _check_json(cli, str(_write(tmp_path, "off.sh", base + "--no-overlap-p2p-communication\n")), *args)
+    notes = " ".join(doc["check"]["notes"])
+    assert "no --overlap-grad-reduce" in notes and "no --overlap-param-gather" in notes
+    assert "--no-overlap-p2p-communication: the interleaved schedule waits on every pipeline send" in notes
+    doc, _ = _check_json(cli, str(_write(tmp_path, "group.sh", base + "--overlap-grad-reduce --overlap-param-gather "
+                                         "--microbatch-group-size-per-virtual-pipeline-stage 8\n")), *args)
+    assert any("costed as Megatron's default group of pp 4" in n for n in doc["check"]["notes"])
+    for name, extra, message in (
+            ("small.sh", "--microbatch-group-size-per-virtual-pipeline-stage 2", "at least pp (4)"),
+            ("flush.sh", "--no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush",
+             "megatron-core refuses it")):
+        with pytest.raises(SpecError, match=re.escape(message)):
+            cli("check", str(_write(tmp_path, name, base + extra + "\n")), *args)

@@ -257,3 +257,13 @@ def test_a_trainer_that_runs_another_bucket_or_reduction_does_not_run_the_plan()
     assert not any("reduced" in w for w in runs_otherwise(TRAINER_CAPS["colossalai"], alone, JOB))
     assert "torchtitan" not in runners(plan, MODEL, JOB) and "deepspeed" not in runners(plan, MODEL, JOB)
 
+
+
+def test_a_trainer_that_gathers_weights_in_its_step_does_not_run_a_plan_that_hides_the_gather():
+    """Found in a user test: DeepSpeed's ZeRO-1/2 gather the updated weights in the optimizer step, where Megatron
+    gathers them behind the next forward, so DeepSpeed does not run Megatron's ZeRO-2 plan as planned."""
+    plan = Plan(tp=1, pp=1, dp=16, mbs=1, num_microbatches=4, zero=2, layers_per_stage=(32,))
+    said = runs_otherwise(TRAINER_CAPS["deepspeed"], plan, JOB)
+    assert "weights gathered behind the next forward: deepspeed gathers them in its optimizer step with zero 2" in said
+    assert runs_otherwise(TRAINER_CAPS["megatron"], plan, JOB) == []
+    assert "deepspeed" not in runners(plan, MODEL, JOB)
