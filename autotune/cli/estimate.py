@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated
 
 import typer
 
 from autotune.catalog import load_model
 from autotune.cli.inputs import (coverage_warnings, job_from_plan_document, load_cost_profile, plan_source,
-                                 read_plan, settle_job_settings, single_plan)
+                                 read_plan, recorded_overlaps, settle_job_settings, single_plan)
 from autotune.cli.options import (AttentionOpt, BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt,
                                   EpOpt, EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt, GpusPerNodeOpt, GradOpt,
                                   JsonOpt, KernelsOpt, LayersOpt, MbsOpt, MicroOpt, ModelOrPlanOpt, MoeCapacityOpt,
@@ -87,6 +88,7 @@ def estimate(
         if not where:
             raise
         raise SpecError(f"{where}: job: {exc}") from None
+    job = replace(job, **recorded_overlaps(recorded, where))
     if plan is None:
         plan = single_plan(pins, spec, job, gpus)
         if spec.is_moe and etp is None and plan.tp > 1:

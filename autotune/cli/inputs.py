@@ -15,8 +15,8 @@ from autotune.emit.document import document_trainer
 from autotune.errors import SpecError
 from autotune.fileio import slug
 from autotune.specs.hardware import HardwareSpec
-from autotune.specs.job import (ATTENTION_BACKENDS, DTYPES, GRAD_REDUCES, MOE_DISPATCHERS, OPTIMIZER_STATES, TRAINERS,
-                               JobSpec)
+from autotune.specs.job import (ATTENTION_BACKENDS, DTYPES, GRAD_REDUCES, MOE_DISPATCHERS, OPTIMIZER_STATES,
+                               OVERLAP_KEYS, TRAINERS, JobSpec)
 from autotune.specs.limits import MAX_JSON_BYTES
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import (DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, even_split, is_even_split,
@@ -108,6 +108,19 @@ JOB_CHOICES = {"dtype": DTYPES, "grad_reduce": GRAD_REDUCES, "optimizer_states":
 #: What the document's job block must share with the command line: (key, the value's flag)
 JOB_FIXED = (("model", "--model"), ("gpu", "--gpu"), ("gpus", "--gpus"), ("gpus_per_node", "--gpus-per-node"),
              ("global_batch", "--global-batch"), ("seq_len", "--seq-len"))
+
+
+def recorded_overlaps(recorded: dict[str, Any], where: str) -> dict[str, bool]:
+    """The overlaps a document's job block records as off (`check --json` of a config that leaves one off), so
+    estimate re-costs the plan as that config runs it."""
+    out = {}
+    for key in OVERLAP_KEYS:
+        if key in recorded:
+            if not isinstance(recorded[key], bool):
+                raise SpecError(f"{where}: job.{key} {recorded[key]!r} must be true or false, as `autotune check "
+                                "--json` writes it")
+            out[key] = recorded[key]
+    return out
 
 
 def job_from_plan_document(given: dict[str, Any], recorded: dict[str, Any], where: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from autotune.costmodel.stages import StageCost
 from autotune.render.common import plan_line, precision_words, rounded
 from autotune.render.timeline import schedule_chart, stage_bars, stage_label
 from autotune.specs.hardware import HardwareSpec
-from autotune.specs.job import JobSpec
+from autotune.specs.job import OVERLAP_KEYS, JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.trainer_jobs import runs_mtp
 from autotune.units import gib
@@ -54,6 +54,7 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
                 "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
                 "grad_reduce": job.grad_reduce, "optimizer_states": job.optimizer_states, "kernels": job.trainer}
         | ({"attention_backend": job.runs_attention} if job.trainer != "megatron" and job.flash_attention else {})
+        | {key: False for key in OVERLAP_KEYS if not getattr(job, key)}  # a checked config's, where it leaves one off
         | ({"moe_dispatcher": job.moe_dispatcher, "moe_imbalance": job.moe_imbalance} if model.is_moe else {})
         | ({"moe_capacity_factor": job.moe_capacity_factor, "moe_pad_to_capacity": job.moe_pad_to_capacity}
            if model.is_moe and job.moe_capacity_factor else {}),

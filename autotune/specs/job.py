@@ -37,6 +37,8 @@ def state_zero_stages(trainer: str, optimizer_states: str) -> tuple[int, ...]:
     return (1,)
 
 
+#: The JobSpec switches of what a trainer's config overlaps (specs/overlap.py); autotune's own configs turn every one on
+OVERLAP_KEYS = ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p")
 #: Trainers whose kernels and overlap the cost model knows (their differences: costmodel/layer.py, ops.py)
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 

@@ -481,3 +481,23 @@ python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-
              "megatron-core refuses it")):
         with pytest.raises(SpecError, match=re.escape(message)):
             cli("check", str(_write(tmp_path, name, base + extra + "\n")), *args)
+
+
+def test_check_json_of_a_config_with_an_overlap_off_re_estimates_as_it_runs(cli, tmp_path: Path) -> None:
+    """Found in a user test: `check --json` records the overlaps a config leaves off in its job block, and
+    `estimate --plan` of that document re-costs it as the config runs, to the byte."""
+    script = _write(tmp_path, "off.sh", """#!/bin/bash
+python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer \\
+  --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2 \\
+  --sequence-parallel --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
+  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
+  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
+  --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 --no-overlap-p2p-communication
+""")
+    checked = cli("check", str(script), "--gpu", "h100-sxm", "--gpus", "32", "--model", "llama3-8b", "--json")
+    doc = json.loads(checked.stdout)
+    assert {k: doc["job"][k] for k in ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p")} == dict.fromkeys(
+        ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p"), False)
+    saved = _write(tmp_path, "checked.json", checked.stdout)
+    again = json.loads(cli("estimate", "--plan", str(saved), "--json").stdout)
+    assert again["step_time_s"] == doc["step_time_s"] and again["breakdown"] == doc["breakdown"]
