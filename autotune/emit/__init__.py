@@ -15,7 +15,8 @@ from autotune.errors import SpecError
 from autotune.specs.job import ATTENTION_NAMES, JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import DEFAULT_BUCKET, Plan
-from autotune.specs.trainers import TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps, runs_default_bucket
+from autotune.specs.trainers import (TORCHTITAN_MOE_MODELS, TRAINER_CAPS, TrainerCaps, runs_default_bucket,
+                                     runs_otherwise)
 
 TRAINERS = ("megatron", "torchtitan", "deepspeed", "colossalai")
 
@@ -77,7 +78,7 @@ def emit(trainer: str, inp: EmitInput, *, torchtitan_format: str = "cli") -> Emi
     # Megatron's emitter says it itself, and torchtitan's lists it among what its llama3 lacks
     softcap = softcap_warning(trainer, inp.model) if trainer not in ("megatron", "torchtitan") else None
     extra = tuple(w for w in (full_attention_warning(trainer, inp), softcap, dispatcher_warning(caps, inp),
-                              bucket_warning(caps, inp),
+                              bucket_warning(caps, inp), *communication_warnings(caps, inp),
                               capacity_warning(trainer, inp), mtp_warning(trainer, inp),
                               rope_scaling_warning(trainer, inp),
                               state_precision_warning(trainer, inp, torchtitan_format),
@@ -104,6 +105,15 @@ def bucket_warning(caps: TrainerCaps | None, inp: EmitInput) -> str | None:
         return None
     return (f"bucket {inp.plan.bucket_size:,} parameters: {caps.name}'s config sets no gradient bucket, so it is "
             f"costed at the default {DEFAULT_BUCKET:,}; the header's figures are re-estimated for what it runs")
+
+
+def communication_warnings(caps: TrainerCaps | None, inp: EmitInput) -> list[str]:
+    """The plan was costed with a data-parallel overlap the trainer does not run (a reduction after the backward, a
+    weights' gather in the optimizer step: trainers.runs_otherwise); the header re-estimates it as the trainer runs."""
+    if caps is None:
+        return []
+    return [f"{line}; the header's figures are re-estimated for what it runs"
+            for line in runs_otherwise(caps, inp.plan, inp.job) if not line.startswith("bucket ")]
 
 
 def capacity_warning(trainer: str, inp: EmitInput) -> str | None:

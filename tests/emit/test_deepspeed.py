@@ -71,10 +71,16 @@ def test_deepspeed_accepts_every_planner_plan(tmp_path):
 def test_dispatcher_and_format():
     inp = GOLDEN["even"]
     result = emit("deepspeed", inp)
-    # the dispatcher adds what the trainer keeps otherwise (this Megatron plan's fp32 gradients: DeepSpeed's are bf16)
+    # the dispatcher adds what the trainer runs otherwise (this Megatron plan's overlapped reduction and gather,
+    # which DeepSpeed's pipeline engine and ZeRO-1 run after the backward and in the step; its fp32 gradients:
+    # DeepSpeed's are bf16)
     assert result.files == emit_deepspeed(inp).files
-    assert result.warnings == (*emit_deepspeed(inp).warnings, "--grad-reduce fp32 (deepspeed's config keeps bf16): "
-                               "the header's figures are re-estimated for what it runs (less memory than planned)")
+    again = "the header's figures are re-estimated for what it runs"
+    assert result.warnings == (
+        *emit_deepspeed(inp).warnings,
+        f"gradients reduced during the backward: deepspeed reduces them after it with pp 2, zero 1; {again}",
+        f"weights gathered behind the next forward: deepspeed gathers them in its optimizer step with zero 1; {again}",
+        f"--grad-reduce fp32 (deepspeed's config keeps bf16): {again} (less memory than planned)")
     assert [name for name, _ in result.files] == sorted([CONFIG_FILE, PIPELINE_FILE, "launch_deepspeed.sh",
                                                          "sbatch_deepspeed.sh"])
     for _, content in [f for f in result.files if f[0].endswith(".json")]:  # sorted keys, 2-space indent
