@@ -84,10 +84,6 @@ def _overlap_comm(zero_cfg: dict[str, Any], zero: int, where: str, notes: list[s
     value = zero_cfg.get("overlap_comm", zero == 3)
     if not isinstance(value, bool):
         raise SpecError(f"{where}: zero_optimization.overlap_comm must be true or false, got {value!r}")
-    if not value and zero in (1, 2):
-        notes.append(f"zero_optimization.overlap_comm false: ZeRO-{zero} "
-                     + ("reduces after the backward" if zero == 1 else "stalls its backward on each reduce-scatter")
-                     + " (the best plan turns it on)")
     if not value and zero == 3:
         notes.append("zero_optimization.overlap_comm false: ZeRO-3 reduce-scatters on the compute stream (stage3.py); "
                      "costed as overlapped, faster than the run")

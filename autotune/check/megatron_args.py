@@ -20,9 +20,9 @@ from autotune.check.megatron_layout import check_layout, parse_layout
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, dispatcher, mla_model_fields, moe_model_fields,
                                               routing_imbalance)
-from autotune.check.megatron_overlap import overlap_settings
 from autotune.check.megatron_precision import PRECISION_SWITCH, PRECISION_VALUE, grad_reduce, optimizer_states
 from autotune.check.megatron_recompute import recompute_setting
+from autotune.check.overlaps import overlap_settings
 from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.check.script import launch_words
 from autotune.errors import SpecError
@@ -233,7 +233,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
         grad_reduce=grad_reduce(args), optimizer_states=optimizer_states(args, notes),
         moe_dispatcher=dispatcher(args, notes),
-        **overlap_settings(args, zero, pp or 1, vpp, notes),
+        **overlap_settings(args, zero, vpp),
         moe_imbalance=routing_imbalance(args), moe_capacity=capacity(args, _float), model_fields=model,
         model_soft=_soft(args),
         notes=tuple(notes))

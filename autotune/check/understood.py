@@ -15,6 +15,7 @@ from typing import Any
 from autotune.catalog import load_model, model_names
 from autotune.check.deepspeed_json import is_pipeline_file, parse, read_deepspeed
 from autotune.check.megatron_args import read_megatron, vocab_padded
+from autotune.check.overlaps import overlap_notes
 from autotune.check.reading import Reading
 from autotune.check.torchtitan_toml import per_rank, read_overrides, read_toml, torchtitan_split
 from autotune.emit.deepspeed import CONFIG_FILE, PIPELINE_FILE, deepspeed_split
@@ -298,12 +299,13 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
                      f"windowed layers run full attention over {seq_len} tokens; costed so")
         model = run
     plan = build_plan(r, model, gpus)
+    said, overlaps = overlap_notes(r, plan)
+    notes += said
     job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=seq_len,
                   dtype=r.dtype, flash_attention=r.flash_attention,  # type: ignore[arg-type]
                   fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, optimizer_states=r.optimizer_states,
                   trainer=trainer,  # type: ignore[arg-type]
-                  moe_dispatcher=r.moe_dispatcher, overlap_grad_reduce=r.overlap_grad_reduce,  # type: ignore[arg-type]
-                  overlap_param_gather=r.overlap_param_gather, overlap_p2p=r.overlap_p2p)
+                  moe_dispatcher=r.moe_dispatcher, **overlaps)  # type: ignore[arg-type]
     if r.moe_imbalance is not None:
         job = replace(job, moe_imbalance=r.moe_imbalance)
     if r.moe_capacity[0] and model.is_moe:

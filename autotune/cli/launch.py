@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from autotune.catalog import load_hardware
-from autotune.cli.inputs import load_cost_profile
+from autotune.cli.inputs import load_cost_profile, recorded_overlaps
 from autotune.cli.options import TORCHTITAN_FORMATS, show_warnings
 from autotune.cli.searching import without_timings
 from autotune.costmodel.estimate import CostModel
@@ -43,12 +43,18 @@ def document_reestimator(inp: EmitInput, doc: dict[str, Any] | None = None) -> t
         show_warnings(hw.dtype_warnings(inp.job.dtype))
     figures = reestimator(cm)
     if doc is not None and doc.get("op_costs") == cm.op_coverage(inp.plan).as_dict():
-        now = tuple(rounded(x) for x in figures(inp.plan, inp.job))
+        # a checked config's document records the overlaps it leaves off, which its stored figures include
+        off = recorded_overlaps(doc["job"] if isinstance(doc.get("job"), dict) else {}, "--plan")
+        now = tuple(rounded(x) for x in figures(inp.plan, replace(inp.job, **off)))
         if now != (inp.step_time_s, inp.peak_memory_gib, inp.mfu):
             show_warnings([f"the plan's stored predictions (step {inp.step_time_s:.3f} s, {inp.peak_memory_gib:.1f} "
                            f"GiB) are not those of its plan (edited since?): the files state its estimate, step "
                            f"{now[0]:.3f} s, {now[1]:.1f} GiB"])
-            inp = replace(inp, step_time_s=now[0], peak_memory_gib=now[1], mfu=now[2])
+        if any(not on for on in off.values()):
+            now = tuple(rounded(x) for x in figures(inp.plan, inp.job))
+            show_warnings([f"the checked config left {', '.join(k for k, on in off.items() if not on)} off; the files "
+                           f"turn it on, and state that estimate, step {now[0]:.3f} s"])
+        inp = replace(inp, step_time_s=now[0], peak_memory_gib=now[1], mfu=now[2])
     return figures, inp
 
 

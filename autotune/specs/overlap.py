@@ -28,11 +28,11 @@ def gathers_params_in_step(job: JobSpec, zero: int) -> bool:
     """Whether ZeRO-1/2's all-gather of the updated 16-bit weights runs inside the optimizer step, where nothing
     hides it, rather than bucket by bucket behind the next forward: DeepSpeed's (0.19 runtime/zero/
     stage_1_and_2.py step: all_gather_dp_groups after the update), Colossal-AI's (0.3.6 zero/low_level/
-    low_level_optim.py step: dist.all_gather) and Megatron's without --overlap-param-gather (megatron-core 0.16
-    optimizer/distrib_optimizer.py)."""
+    low_level_optim.py step: dist.all_gather) and Megatron's distributed optimizer without --overlap-param-gather
+    (megatron-core 0.16 optimizer/distrib_optimizer.py; its ZeRO-2, Megatron-FSDP, prefetches its own gathers)."""
     if zero not in (1, 2):
         return False
-    return job.trainer in ("deepspeed", "colossalai") or not job.overlap_param_gather
+    return job.trainer in ("deepspeed", "colossalai") or (zero == 1 and not job.overlap_param_gather)
 
 
 def reduces_inline(job: JobSpec, pp: int, zero: int) -> bool:

@@ -501,3 +501,53 @@ python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-
     saved = _write(tmp_path, "checked.json", checked.stdout)
     again = json.loads(cli("estimate", "--plan", str(saved), "--json").stdout)
     assert again["step_time_s"] == doc["step_time_s"] and again["breakdown"] == doc["breakdown"]
+    # emit writes the config with every overlap on, says so, and states that estimate (not "edited since?")
+    emitted = cli("emit", "--plan", str(saved), "--trainer", "megatron", "--out", str(tmp_path / "emitted"))
+    assert "edited since" not in emitted.output
+    assert "the checked config left overlap_grad_reduce, overlap_param_gather, overlap_p2p off" in emitted.output
+    header = (tmp_path / "emitted" / "launch_megatron.sh").read_text()
+    assert f"{doc['step_time_s']:.3f} s" not in header
+
+
+def test_overlap_notes_and_group_checks_follow_the_plan(cli, tmp_path: Path) -> None:
+    """Found in review: a micro-batch group megatron-core refuses for the plan (more than its micro-batches, or a
+    remainder short of pp) is refused, one it ignores (no interleaving) is not; warmup-flush without interleaving
+    is refused; and without data parallelism no reduction or gather note is made or recorded."""
+    layers = """--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
+  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
+  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
+  --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 --sequence-parallel \\
+  --use-distributed-optimizer --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 """
+    args = ("--gpu", "h100-sxm", "--gpus", "32", "--model", "llama3-8b")
+    interleaved = "--num-layers-per-virtual-pipeline-stage 2 --micro-batch-size 1 --global-batch-size 64 "
+    for group, message in (("64", "at most the micro-batches (16)"), ("7", "no remainder")):
+        path = _write(tmp_path, f"g{group}.sh", f"python pretrain_gpt.py --bf16 {layers}{interleaved}"
+                      f"--microbatch-group-size-per-virtual-pipeline-stage {group}\n")
+        with pytest.raises(SpecError, match=re.escape(message)):
+            cli("check", str(path), *args)
+    flat = f"python pretrain_gpt.py --bf16 {layers}--micro-batch-size 1 --global-batch-size 64 "
+    doc, code = _check_json(cli, str(_write(tmp_path, "flat.sh", flat + "--overlap-grad-reduce --overlap-param-gather "
+                                            "--microbatch-group-size-per-virtual-pipeline-stage 2\n")), *args)
+    assert code in (0, 4) and not any("microbatch-group" in n for n in doc["check"]["notes"])
+    with pytest.raises(SpecError, match="turns off without interleaving"):
+        cli("check", str(_write(tmp_path, "flush.sh", flat + "--overlap-p2p-communication-warmup-flush\n")), *args)
+    alone = ("--gpu", "h100-sxm", "--gpus", "8", "--model", "llama3-8b")  # tp 2 x pp 4: dp 1
+    doc, _ = _check_json(cli, str(_write(tmp_path, "alone.sh", flat + "\n")), *alone)
+    assert not any("overlap" in n for n in doc["check"]["notes"])
+    assert not {"overlap_grad_reduce", "overlap_param_gather", "overlap_p2p"} & set(doc["job"])
+
+
+def test_deepspeed_pipeline_without_overlap_comm_is_not_noted(cli, tmp_path: Path) -> None:
+    """Found in review: with a pipeline DeepSpeed reduces after the backward whatever overlap_comm says, so a
+    ZeRO-1 pipeline config without it is costed and said alike."""
+    out = tmp_path / "run"
+    planned = cli("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64",
+                  "--seq-len", "2048", "--trainer", "deepspeed", "--pp", "2", "--zero", "1", "--out", str(out),
+                  "--json", "--top", "0")
+    assert planned.exit_code == 0, planned.output
+    config = json.loads((out / "ds_config.json").read_text())
+    del config["zero_optimization"]["overlap_comm"]
+    (out / "ds_config.json").write_text(json.dumps(config))
+    doc, _ = _check_json(cli, str(out / "ds_config.json"), "--gpu", "h100-sxm", "--gpus", "16")
+    assert not any("overlap_comm" in n for n in doc["check"]["notes"])
+    assert doc["step_time_s"] == json.loads(planned.stdout)["step_time_s"]
