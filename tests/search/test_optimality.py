@@ -248,6 +248,19 @@ def test_reduction_after_the_backward_matches_brute_force(inst: Instance, pp: in
 
 
 @settings(RANDOM, max_examples=20)
+@given(inst=instances(layers=st.integers(2, 8), gpus=st.sampled_from((2, 4, 8))), pp=st.sampled_from((1, 2, 4)))
+def test_weights_gathered_in_the_step_match_brute_force(inst: Instance, pp: int) -> None:
+    """Megatron's distributed optimizer without --overlap-param-gather gathers each stage's whole buffer in the
+    step while its reduction stays bucketed behind the backward (a whole Sync beside bucketed ones): the planner
+    finds the brute-force optimum over free partitions and both bucket sizes."""
+    inst = replace(inst, job=replace(inst.job, overlap_param_gather=False))
+    space = SearchSpace(pp=(pp,), zero=(1,), tp_overlap=(False,))
+    assume(any(True for _ in inst.candidates(space)))
+    s = fitting_bucket(inst, space)
+    note(assert_planner_matches(inst, replace(space, buckets=_distinct(s // 2, s)), top_k=1))
+
+
+@settings(RANDOM, max_examples=20)
 @given(inst=instances(layers=st.integers(2, 8), gpus=st.sampled_from((2, 4, 8)), fractions=(0.6, 1.0, 4.0)),
        trainer=st.sampled_from(("deepspeed", "colossalai")))
 def test_trainer_reductions_match_brute_force(inst: Instance, trainer: str) -> None:
