@@ -30,6 +30,17 @@ PARALLEL
 """
 
 
+#: Llama-3-8B's shape as Megatron-LM flags (for --model llama3-8b), and a hand-written interleaved script of it (tp 2,
+#: pp 4, vpp 4, the distributed optimizer, 32 GPUs) that the overlap tests vary flag by flag
+LLAMA_8B_SHAPE = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 "
+                  "--group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 "
+                  "--normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear "
+                  "--position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 ")
+INTERLEAVED_8B = ("#!/bin/bash\npython pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 "
+                  "--use-distributed-optimizer --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
+                  "--num-layers-per-virtual-pipeline-stage 2 --sequence-parallel " + LLAMA_8B_SHAPE)
+
+
 def _write(tmp: Path, name: str, text: str) -> Path:
     path = tmp / name
     path.write_text(text)
@@ -416,13 +427,7 @@ def test_megatron_overlap_switches_are_read(cli, tmp_path: Path) -> None:
     finish_grad_sync once the backward ends, and the distributed optimizer gathers in its step) and its
     interleaved schedule overlaps pipeline sends unless --no-overlap-p2p-communication: `check` costs each
     script as it runs."""
-    base = """#!/bin/bash
-python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer \\
-  --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2 \\
-  --sequence-parallel --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
-  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
-  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
-  --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 """
+    base = INTERLEAVED_8B
     docs = {}
     for name, extra in (("plain", ""), ("overlap", "--overlap-grad-reduce"),
                         ("blocking", "--overlap-grad-reduce --no-overlap-p2p-communication"),
@@ -441,13 +446,9 @@ python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-
 def test_megatron_fsdp_overlaps_its_reduction_with_or_without_the_flag(cli, tmp_path: Path) -> None:
     """Found in review: Megatron-FSDP forces overlap_grad_reduce when it shards gradients (optim_grads,
     optim_grads_params), so a script without --overlap-grad-reduce runs, and is costed, as one with it."""
-    base = """#!/bin/bash
-python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-megatron-fsdp \\
-  --data-parallel-sharding-strategy optim_grads --tensor-model-parallel-size 2 --sequence-parallel \\
-  --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
-  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
-  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
-  --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 """
+    base = ("#!/bin/bash\npython pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 "
+            "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --tensor-model-parallel-size 2 "
+            "--sequence-parallel " + LLAMA_8B_SHAPE)
     steps = []
     for name, extra in (("plain", ""), ("flag", "--overlap-grad-reduce")):
         doc, code = _check_json(cli, str(_write(tmp_path, f"{name}.sh", base + extra + "\n")), "--gpu", "h100-sxm",
@@ -460,13 +461,7 @@ python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-
 def test_megatron_overlap_flags_left_off_are_noted_and_bad_groups_refused(cli, tmp_path: Path) -> None:
     """Found in a user test: a script that leaves an overlap off says so (the best plan turns it on, which is the
     whole gap), a micro-batch group megatron-core rejects is refused, and so is warmup-flush without p2p overlap."""
-    base = """#!/bin/bash
-python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer \\
-  --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2 \\
-  --sequence-parallel --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
-  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
-  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
-  --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 """
+    base = INTERLEAVED_8B
     args = ("--gpu", "h100-sxm", "--gpus", "32", "--model", "llama3-8b")
     doc, _ = _check_json(cli, str(_write(tmp_path, "off.sh", base + "--no-overlap-p2p-communication\n")), *args)
     notes = " ".join(doc["check"]["notes"])
@@ -486,14 +481,7 @@ python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-
 def test_check_json_of_a_config_with_an_overlap_off_re_estimates_as_it_runs(cli, tmp_path: Path) -> None:
     """Found in a user test: `check --json` records the overlaps a config leaves off in its job block, and
     `estimate --plan` of that document re-costs it as the config runs, to the byte."""
-    script = _write(tmp_path, "off.sh", """#!/bin/bash
-python pretrain_gpt.py --bf16 --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer \\
-  --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2 \\
-  --sequence-parallel --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
-  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
-  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
-  --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 --no-overlap-p2p-communication
-""")
+    script = _write(tmp_path, "off.sh", INTERLEAVED_8B + "--no-overlap-p2p-communication\n")
     checked = cli("check", str(script), "--gpu", "h100-sxm", "--gpus", "32", "--model", "llama3-8b", "--json")
     doc = json.loads(checked.stdout)
     assert {k: doc["job"][k] for k in ("overlap_grad_reduce", "overlap_param_gather", "overlap_p2p")} == dict.fromkeys(
@@ -513,11 +501,8 @@ def test_overlap_notes_and_group_checks_follow_the_plan(cli, tmp_path: Path) -> 
     """Found in review: a micro-batch group megatron-core refuses for the plan (more than its micro-batches, or a
     remainder short of pp) is refused, one it ignores (no interleaving) is not; warmup-flush without interleaving
     is refused; and without data parallelism no reduction or gather note is made or recorded."""
-    layers = """--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 \\
-  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
-  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights --disable-bias-linear \\
-  --position-embedding-type rope --attention-dropout 0.0 --hidden-dropout 0.0 --sequence-parallel \\
-  --use-distributed-optimizer --tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 """
+    layers = (LLAMA_8B_SHAPE + "--sequence-parallel --use-distributed-optimizer --tensor-model-parallel-size 2 "
+              "--pipeline-model-parallel-size 4 ")
     args = ("--gpu", "h100-sxm", "--gpus", "32", "--model", "llama3-8b")
     interleaved = "--num-layers-per-virtual-pipeline-stage 2 --micro-batch-size 1 --global-batch-size 64 "
     for group, message in (("64", "at most the micro-batches (16)"), ("7", "no remainder")):
