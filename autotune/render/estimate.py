@@ -46,6 +46,7 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
         "fits": est.fits,
         "bottleneck_stage": est.bottleneck,
         "breakdown": {k: rounded(v) for k, v in est.breakdown.as_dict().items()},
+        "overlap": {"grads_after_backward": est.grads_after_backward, "p2p_waited_share": rounded(est.p2p_exposed)},
         "stages": [_stage_json(s) for s in est.stages],
         "operators": {c: rounded(t) for c, t in est.op_seconds},
         "model_spec": asdict(model),

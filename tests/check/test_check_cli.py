@@ -439,6 +439,10 @@ def test_megatron_overlap_switches_are_read(cli, tmp_path: Path) -> None:
     assert terms["plain"]["dp_comm_exposed_s"] > terms["overlap"]["dp_comm_exposed_s"]
     assert terms["blocking"]["pp_comm_s"] > terms["overlap"]["pp_comm_s"] > 0
     assert terms["plain"]["pp_comm_s"] == terms["overlap"]["pp_comm_s"]
+    # the JSON says how much of it waits: pp 4, vpp 4, 16 micro-batches: rank 0 warms up 2*3 + 3*4 = 18 of 64
+    assert docs["blocking"]["overlap"]["p2p_waited_share"] == 1.0
+    assert docs["overlap"]["overlap"]["p2p_waited_share"] == pytest.approx(18 / 64, rel=1e-5)
+    assert docs["plain"]["overlap"]["grads_after_backward"] and not docs["overlap"]["overlap"]["grads_after_backward"]
     # without --overlap-param-gather the distributed optimizer gathers the updated weights in its step
     assert terms["overlap"]["dp_comm_exposed_s"] > terms["gathered"]["dp_comm_exposed_s"]
 
