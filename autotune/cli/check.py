@@ -29,7 +29,7 @@ from autotune.render.common import dump_json, plan_line, plan_tag, precision_wor
 from autotune.render.estimate import estimate_json
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.specs.hardware import HardwareSpec
-from autotune.specs.job import JobSpec
+from autotune.specs.job import OVERLAP_KEYS, JobSpec
 from autotune.specs.plan import check_plan
 from autotune.specs.trainer_jobs import runs_mtp
 from autotune.specs.trainers import TRAINER_CAPS, seq_len_issue
@@ -147,7 +147,7 @@ def as_emitted(job: JobSpec) -> JobSpec:
     """The job as autotune's own config runs it: the overlaps a config may leave off (Megatron's
     --overlap-grad-reduce, --overlap-param-gather and p2p overlap, DeepSpeed's overlap_comm) are written on by
     every emitter."""
-    return replace(job, overlap_grad_reduce=True, overlap_param_gather=True, overlap_p2p=True)
+    return replace(job, **dict.fromkeys(OVERLAP_KEYS, True))
 
 
 def _emit_better(out: str, u: Understood, best: Estimate, hw: HardwareSpec) -> list[Path]:

@@ -49,7 +49,7 @@ from autotune.catalog import PROFILES_DIR, load_hardware, load_model, read_json
 from autotune.errors import SpecError
 from autotune.fileio import decode_text, read_bounded
 from autotune.specs.hardware import HardwareSpec
-from autotune.specs.job import JobSpec
+from autotune.specs.job import OVERLAP_KEYS, JobSpec
 from autotune.specs.limits import MAX_RUNS_FILE_BYTES, int_maximum
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import RECOMPUTES, SCHEDULES, Plan, check_plan, even_split, is_even_split
@@ -155,12 +155,8 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
                       trainer=row.get("trainer") or "megatron",
                       attention_backend=row.get("attention_backend") or None,
                       grad_reduce=row.get("grad_reduce") or runs_grad_reduce(row.get("trainer"), row["dtype"]),
-                      async_tp_backward=_bool(where, "async_tp_backward", row.get("async_tp_backward") or "true"),
-                      overlap_grad_reduce=_bool(where, "overlap_grad_reduce",
-                                                row.get("overlap_grad_reduce") or "true"),
-                      overlap_param_gather=_bool(where, "overlap_param_gather",
-                                                 row.get("overlap_param_gather") or "true"),
-                      overlap_p2p=_bool(where, "overlap_p2p", row.get("overlap_p2p") or "true"))
+                      **{key: _bool(where, key, row.get(key) or "true")
+                         for key in ("async_tp_backward", *OVERLAP_KEYS)})
     except SpecError as exc:
         raise SpecError(f"{where}: {exc}") from None
     layers = _layers(where, row.get("layers_per_stage", ""), model, ints["pp"])
