@@ -267,3 +267,19 @@ def test_a_trainer_that_gathers_weights_in_its_step_does_not_run_a_plan_that_hid
     assert "weights gathered behind the next forward: deepspeed gathers them in its optimizer step with zero 2" in said
     assert runs_otherwise(TRAINER_CAPS["megatron"], plan, JOB) == []
     assert "deepspeed" not in runners(plan, MODEL, JOB)
+
+
+def test_a_bucket_that_changes_no_cost_is_the_default() -> None:
+    """Found re-reading this release's change: since sync_buckets offers one bucket wherever every collective a
+    bucket would split runs on whole buffers (2733538), ZeRO-3 plans, which reduce per block, carry the default
+    bucket (40M) where they carried an arbitrary one (10M) before; their cost is the same."""
+    from autotune.search.space import BUCKETS, enumerate_candidates
+    from autotune.search.tables import sync_buckets
+
+    model, job = load_model("llama3-70b"), JobSpec(global_batch=1024, seq_len=8192)
+    best = search(model, HW, job, 1024, SearchSpace(zero=(3,)), top_k=0).best
+    assert best.plan.zero == 3 and best.plan.bucket_size == DEFAULT_BUCKET
+    cm = CostModel(model, HW, job)
+    zero1 = next(c for c in enumerate_candidates(model, job, 1024, HW.gpus_per_node, SearchSpace(zero=(1,)))
+                 if c.dp > 1)
+    assert sync_buckets(cm, zero1, BUCKETS) == BUCKETS  # a bucketed reduction still chooses among them
