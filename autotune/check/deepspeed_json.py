@@ -16,9 +16,8 @@ from typing import Any
 from autotune.check.reading import Reading, check_sizes
 from autotune.errors import SpecError
 from autotune.specs.model import ACTIVATIONS, BIASES, NORMS, POSITIONS
+from autotune.specs.plan import DEEPSPEED_BUCKET
 
-#: DeepSpeed's default ZeRO reduce_bucket_size, in elements (runtime/zero/config.py).
-DS_DEFAULT_BUCKET = 500_000_000
 KNOWN = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
          "bf16", "fp16", "pipeline", "_autotune", "data_types", "communication_data_type"}
 NEUTRAL = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "optimizer", "scheduler",
@@ -201,7 +200,7 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     if zero not in (0, 1, 2, 3):
         raise SpecError(f"{where}: zero_optimization.stage must be 0, 1, 2 or 3, got {zero}")
     bucket = (_int(zero_cfg, "reduce_bucket_size", f"{where}: zero_optimization") if "reduce_bucket_size" in zero_cfg
-              else DS_DEFAULT_BUCKET)
+              else DEEPSPEED_BUCKET)
     overlap = _overlap_comm(zero_cfg, zero, where, notes)
     fp16 = config.get("fp16", {}).get("enabled", False) if isinstance(config.get("fp16"), dict) else False
     bf16 = config.get("bf16", {}).get("enabled", False) if isinstance(config.get("bf16"), dict) else False

@@ -23,7 +23,7 @@ from autotune.errors import SpecError
 from autotune.fileio import slug
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split, normalized
+from autotune.specs.plan import Plan, default_bucket, is_even_split, normalized
 from autotune.specs.trainer_jobs import as_run_model
 
 CHECK_TRAINERS = ("megatron", "torchtitan", "deepspeed")
@@ -298,7 +298,7 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
         notes.append(f"{model.name}: the config sets no attention window, so its {model.sliding_window_layers} "
                      f"windowed layers run full attention over {seq_len} tokens; costed so")
         model = run
-    plan = build_plan(r, model, gpus)
+    plan = build_plan(r, model, gpus, trainer)
     said, overlaps = overlap_notes(r, plan)
     notes += said
     job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=seq_len,
@@ -323,9 +323,9 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
     return Understood(trainer=trainer, plan=plan, model=model, job=job, notes=tuple(notes), torchtitan_format=fmt)
 
 
-def build_plan(r: Reading, model: ModelSpec, gpus: int) -> Plan:
+def build_plan(r: Reading, model: ModelSpec, gpus: int, trainer: str) -> Plan:
     """The reading's plan on `gpus` GPUs: dp from the GPU count (checked against a stated dp), micro-batches from
-    the global batch, the trainer's layer split where the config leaves it."""
+    the global batch, the trainer's layer split and gradient bucket where the config leaves them."""
     mp = r.tp * r.pp * r.cp
     if r.dp is not None and r.dp * mp != gpus:
         raise SpecError(f"the config's degrees tp {r.tp} x pp {r.pp} x cp {r.cp} x dp {r.dp} = {r.dp * mp} GPUs, but "
@@ -347,7 +347,7 @@ def build_plan(r: Reading, model: ModelSpec, gpus: int) -> Plan:
                 schedule=r.schedule, vpp=vpp, recompute=r.recompute,  # type: ignore[arg-type]
                 recompute_layers=recompute_layers, zero=r.zero, sequence_parallel=r.sequence_parallel,
                 vocab="parallel" if r.vocab_parallel else ("ends" if is_even_split(layers) else "balanced"),
-                layers_per_stage=layers, bucket_size=r.bucket_size or DEFAULT_BUCKET, tp_overlap=r.tp_overlap)
+                layers_per_stage=layers, bucket_size=r.bucket_size or default_bucket(trainer, dp), tp_overlap=r.tp_overlap)
     if getattr(model, "num_experts", 0):  # expert parallelism; Megatron's etp default is tp
         plan = replace(plan, ep=r.ep, etp=r.etp or r.tp)  # type: ignore[call-arg]
     return normalized(plan)

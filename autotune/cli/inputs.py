@@ -19,7 +19,7 @@ from autotune.specs.job import (ATTENTION_BACKENDS, DTYPES, GRAD_REDUCES, MOE_DI
                                OVERLAP_KEYS, TRAINERS, JobSpec)
 from autotune.specs.limits import MAX_JSON_BYTES
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import (DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan, even_split, is_even_split,
+from autotune.specs.plan import (RECOMPUTES, SCHEDULES, VOCABS, Plan, default_bucket, even_split, is_even_split,
                                  plan_from_dict)
 from autotune.specs.profile import Profile, load_profile
 from autotune.specs.tpgrid import MODES
@@ -70,7 +70,7 @@ def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
         sequence_parallel=(tp > 1 and tp_mode == "1d") if pins.sequence_parallel is None else pins.sequence_parallel,
         vocab=_one_choice(pins.vocab, "--vocab", VOCABS, "ends" if is_even_split(layers) else "balanced"),
         layers_per_stage=layers,
-        bucket_size=DEFAULT_BUCKET if pins.bucket_size is None else pins.bucket_size, tp_mode=tp_mode,
+        bucket_size=default_bucket(job.trainer, dp) if pins.bucket_size is None else pins.bucket_size, tp_mode=tp_mode,
         tp_overlap=bool(pins.tp_overlap), ep=_one_int(pins.ep, "--ep", 1), etp=_one_int(pins.etp, "--etp", 1))
 
 

@@ -84,8 +84,9 @@ MicroOpt = Annotated[int | None, typer.Option("--num-microbatches",
 RecomputeLayersOpt = Annotated[int | None, typer.Option("--recompute-layers", help="With full recompute: "
                                                         "layers recomputed in each model chunk (virtual stage), "
                                                         "as Megatron's block method (default: all).")]
-BucketOpt = Annotated[int | None, typer.Option("--bucket-size", help=f"DP gradient bucket in parameters "
-                                               f"(default: {DEFAULT_BUCKET}).")]
+BucketOpt = Annotated[int | None, typer.Option("--bucket-size", help="DP gradient bucket in parameters (default: "
+                                               "the trainer's own: Megatron max(40M, 1M x dp), DeepSpeed 500M, "
+                                               f"else {DEFAULT_BUCKET:,}).")]
 SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel",
                                             help="Megatron sequence parallelism (default: on when tp > 1).")]
 OverlapOpt = Annotated[bool | None, typer.Option("--tp-overlap/--no-tp-overlap",

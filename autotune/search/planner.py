@@ -46,7 +46,7 @@ from autotune.search.joint import pipe_sync_floor
 from autotune.search.pivots import pivot_path_floor
 from autotune.search.losers import RunnerUp, empty_space_message, infeasible_message, memory_losers
 from autotune.search.partition import FirstSolve, Hint, solve_partition
-from autotune.search.space import Candidate, SearchSpace, enumerate_candidates, pinned_layers
+from autotune.search.space import Candidate, SearchSpace, bucket_menu, enumerate_candidates, pinned_layers
 from autotune.search.tables import CandidateCosts, candidate_costs, to_plan
 from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
@@ -196,6 +196,9 @@ class _Search:
             heapq.heappush(self.heap, (lb, idx, COARSE, None))
         self.unbounded = i + len(block)
 
+    def _buckets(self, c: Candidate) -> tuple[int, ...]:
+        return bucket_menu(self.space, self.cm.job.trainer, c.dp)
+
     def threshold(self) -> float:
         """Step time a candidate must beat to matter: the best plan known."""
         return math.inf if self.best is None else self.best.step_time_s
@@ -238,16 +241,16 @@ class _Search:
         if not self.may_fit[idx]:
             self.too_big.append((lb, idx))
             return
-        bound = quick_bound(self.cm, self.cands[idx], self.space.buckets, memo=self.memo)
+        bound = quick_bound(self.cm, self.cands[idx], self._buckets(self.cands[idx]), memo=self.memo)
         heapq.heappush(self.heap, (max(lb, bound), idx, QUICK, None))
 
     def _refine(self, lb: float, idx: int) -> None:
         """Second visit: per-stage terms, memory check of the stage ranges, refined bound."""
-        cc = candidate_costs(self.cm, self.cands[idx], self.space.buckets)
+        cc = candidate_costs(self.cm, self.cands[idx], self._buckets(self.cands[idx]))
         if not memory_possible(cc, self.L):
             self.too_big.append((lb, idx))
             return
-        terms = (self.cm, cc.cand, self.space.buckets, forced_recompute_s(cc, self.L), stage_time_floor(cc, self.L))
+        terms = (self.cm, cc.cand, self._buckets(cc.cand), forced_recompute_s(cc, self.L), stage_time_floor(cc, self.L))
         # The pivot paths (a tenth of a millisecond) only sharpen the bound. A candidate whose bound reaches the best
         # plan without them is never visited again by prove (its bound stays above the threshold, which only falls):
         # it needs them only if runners-up are wanted, whose search visits the rest in the order of their bounds.
@@ -316,7 +319,7 @@ class _Search:
             if candidate_key(c) in self.found:
                 continue
             if cc is None:
-                cc = candidate_costs(self.cm, c, self.space.buckets)
+                cc = candidate_costs(self.cm, c, self._buckets(c))
                 if not (self.may_fit[idx] and memory_possible(cc, self.L)):
                     self.too_big.append((lb, idx))
                     continue

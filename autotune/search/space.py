@@ -15,11 +15,12 @@ from autotune.errors import InvalidPlanError, SpecError
 from autotune.search.experts import expert_options, moe_sequence_parallel
 from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import DEFAULT_BUCKET, deepep_group_issue
+from autotune.specs.plan import DEFAULT_BUCKET, deepep_group_issue, default_bucket
 from autotune.specs.trainers import TrainerCaps, deepspeed_split, expert_layout_issue
 from autotune.specs.tpgrid import check_tp_shapes, tp_mode_degrees
 
-#: Gradient bucket sizes the planner chooses from, in parameters (Megatron's default is 40M).
+#: Gradient bucket sizes the planner chooses from, in parameters, beside the trainer's own default at the candidate's
+#: dp (bucket_menu).
 BUCKETS = (10_000_000, 20_000_000, 40_000_000, 80_000_000, 160_000_000, 320_000_000)
 MAX_VPP = 8
 MAX_CP = 16
@@ -51,7 +52,8 @@ class SearchSpace:
     tp_mode: tuple[str, ...] | None = None
     tp_overlap: tuple[bool, ...] | None = None
     """Tensor-parallel modes to consider; None means 1-D only (the mode every trainer but Colossal-AI runs)."""
-    buckets: tuple[int, ...] = BUCKETS
+    buckets: tuple[int, ...] | None = None
+    """Gradient bucket sizes; None: BUCKETS and the trainer's own default at each candidate's dp (bucket_menu)."""
     allow_idle: bool = False
     """Let a plan leave GPUs unused (tp*pp*dp*cp < GPUs)."""
     allow_cross_node_tp: bool = False
@@ -70,6 +72,18 @@ def for_trainer(space: SearchSpace, caps: TrainerCaps | None) -> SearchSpace:
     if caps is not None and not caps.gradient_buckets:
         return replace(space, trainer=caps, buckets=(DEFAULT_BUCKET,))
     return replace(space, trainer=caps)
+
+
+def bucket_menu(space: SearchSpace, trainer: str, dp: int) -> tuple[int, ...]:
+    """The gradient buckets a candidate of data-parallel degree dp chooses from: the space's, or BUCKETS and, past
+    the largest of them, the bucket the trainer runs by default at that dp (Megatron's grows with dp so that at
+    thousands of ranks the latency of its collectives stays bounded: specs/plan.default_bucket). A default inside
+    BUCKETS' range is left to them: one more size costs the solver a choice on every candidate (scale took 40% longer)
+    for a step within the grid's spacing."""
+    if space.buckets is not None:
+        return space.buckets
+    own = default_bucket(trainer, dp)
+    return BUCKETS if own <= BUCKETS[-1] else (*BUCKETS, own)
 
 
 class Candidate(NamedTuple):

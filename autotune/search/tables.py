@@ -24,7 +24,7 @@ from autotune.costmodel.state import dense_first_credit, fixed_state_bytes, laye
 from autotune.search.space import Candidate
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import WEIGHT_BYTES
-from autotune.specs.plan import DEFAULT_BUCKET, Plan, is_even_split
+from autotune.specs.plan import DEFAULT_BUCKET, Plan, default_bucket, is_even_split
 from autotune.specs.overlap import gathers_params_in_step, overlaps_grad_reduce, reduces_inline
 
 
@@ -164,12 +164,12 @@ def _whole_syncs(cm: CostModel, c: Candidate) -> tuple[bool, bool]:
 
 
 def sync_buckets(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> tuple[int, ...]:
-    """The bucket sizes the solver picks from: one (the default where allowed) when every collective the bucket
-    would split runs on whole buffers, where the size changes nothing the cost model sees."""
+    """The bucket sizes the solver picks from: one (the trainer's default where allowed) when every collective the
+    bucket would split runs on whole buffers, where the size changes nothing the cost model sees."""
     whole_reduce, whole_gather = _whole_syncs(cm, c)
     if (c.zero < 2 and not whole_reduce) or (c.zero in (1, 2) and not whole_gather):
         return buckets
-    return (DEFAULT_BUCKET if DEFAULT_BUCKET in buckets else buckets[0],)
+    return (next((b for b in (default_bucket(cm.job.trainer, c.dp), DEFAULT_BUCKET) if b in buckets), buckets[0]),)
 
 
 @lru_cache(maxsize=4096)

@@ -70,6 +70,9 @@ INT_MAXIMA = {
     "gpus": MAX_GPUS,
 }
 MAX_INT_FIELD = 1 << 31
+#: The largest gradient bucket, in parameters: Megatron-Core's default, 1M x dp, at the largest dp autotune takes
+#: (specs/plan.default_bucket); beyond it a bucket is a typo (one holding a whole stage already acts as one)
+MAX_BUCKET = 1_000_000 * MAX_GPUS
 #: The range of each number of a hardware file (units in the key): from a thousandth of the slowest GPU autotune
 #: knows (V100) to about a thousand times the fastest, so a typo is caught and no time or size overflows; any other
 #: number (a profile's FLOPs and seconds) is finite and at most MAX_FLOAT_FIELD.

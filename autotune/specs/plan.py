@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from autotune.errors import InvalidPlanError
 from autotune.specs._strict import check_keys
-from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_INT_FIELD, MAX_LAYERS, check_max
+from autotune.specs.limits import MAX_BUCKET, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, check_max
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.tpgrid import MODES, check_tp_shapes, tp_mode_degrees
@@ -19,8 +19,23 @@ Vocab = Literal["ends", "balanced", "parallel"]
 SCHEDULES = ("1f1b", "interleaved", "zb-h1", "v-half")
 RECOMPUTES = ("none", "selective", "full")
 VOCABS = ("ends", "balanced", "parallel")
-#: Megatron-LM's default DDP bucket: 40M parameters (distributed/distributed_data_parallel_config.py)
+#: The smallest default DDP bucket of Megatron-Core, 40M parameters, and the bucket autotune costs for trainers that
+#: set none (torchtitan, Colossal-AI)
 DEFAULT_BUCKET = 40_000_000
+#: DeepSpeed's default reduce_bucket_size and allgather_bucket_size, in elements (deepspeed 0.19.8,
+#: runtime/zero/config.py: pp_int(5e8))
+DEEPSPEED_BUCKET = 500_000_000
+
+
+def default_bucket(trainer: str, dp: int) -> int:
+    """The gradient bucket, in parameters, a trainer runs when its config sets none, at data-parallel degree dp.
+    Megatron-Core grows it with dp, max(40M, 1M x dp) over the data-parallel group without context parallelism
+    (megatron-core 0.16.1 distributed/distributed_data_parallel.py: "make buckets larger to ensure that chunks used
+    in NCCL ring-reduce implementations are large enough to remain bandwidth-bound rather than latency-bound"), so
+    the number of collectives a step pays latency on stops growing with dp."""
+    if trainer == "megatron":
+        return max(DEFAULT_BUCKET, 1_000_000 * dp)
+    return DEEPSPEED_BUCKET if trainer == "deepspeed" else DEFAULT_BUCKET
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,8 +207,8 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
     for key in ("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "bucket_size", "ep", "etp"):
         if getattr(plan, key) < 1:
             raise InvalidPlanError(f"{key} must be >= 1, got {getattr(plan, key)}")
-    if plan.bucket_size > MAX_INT_FIELD:  # the largest a plan file holds: a typo, not a bucket
-        raise InvalidPlanError(f"bucket_size {plan.bucket_size} exceeds {MAX_INT_FIELD:,} parameters; give a bucket "
+    if plan.bucket_size > MAX_BUCKET:  # a typo, not a bucket
+        raise InvalidPlanError(f"bucket_size {plan.bucket_size} exceeds {MAX_BUCKET:,} parameters; give a bucket "
                                "of at most a model's size")
     used = plan.num_gpus
     if used != num_gpus and not (allow_idle and used < num_gpus):

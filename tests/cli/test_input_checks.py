@@ -46,7 +46,7 @@ def test_a_nan_price_is_refused(cli):
 
 
 def test_a_bucket_beyond_any_model_is_refused(cli):
-    with pytest.raises(SpecError, match="bucket_size 99999999999999999999 exceeds 2,147,483,648 parameters"):
+    with pytest.raises(SpecError, match="bucket_size 99999999999999999999 exceeds 1,048,576,000,000 parameters"):
         cli("estimate", *DENSE, "--tp", "1", "--pp", "1", "--bucket-size", "99999999999999999999")
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.costmodel.stages import stage_params
 from autotune.errors import InvalidPlanError
-from autotune.search.space import Candidate, SearchSpace, enumerate_candidates
+from autotune.search.space import Candidate, SearchSpace, bucket_menu, enumerate_candidates
 from autotune.search.tables import to_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -107,7 +107,7 @@ def candidate_optimum(cm: CostModel, c: Candidate, space: SearchSpace, gpus: int
             continue
         seen = set()
         for r in range(c.full_min, c.full_max + 1):
-            for bucket in allowed_buckets(cm, c, space.buckets):
+            for bucket in allowed_buckets(cm, c, bucket_menu(space, cm.job.trainer, c.dp)):
                 plan = to_plan(c, layers, bucket, r)
                 if plan in seen:
                     continue

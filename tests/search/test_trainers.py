@@ -23,7 +23,7 @@ from autotune.emit.deepspeed import deepspeed_split as emitter_split
 from autotune.errors import InfeasibleError, InvalidPlanError, SpecError
 from autotune.search.pins import check_space
 from autotune.search.planner import search
-from autotune.search.space import SearchSpace, for_trainer
+from autotune.search.space import SearchSpace, bucket_menu, for_trainer
 from autotune.search.tables import to_plan
 from autotune.search.trainers import best_per_trainer, reestimator
 from autotune.specs.job import JobSpec
@@ -47,7 +47,7 @@ def brute_force_for(inst: Instance, space: SearchSpace, caps) -> Plan | None:
     for c in inst.candidates(space):
         for layers in partitions(inst.model.num_layers, c.pp, c.vpp, even_only=c.even_only):
             for r in range(c.full_min, c.full_max + 1):
-                for bucket in allowed_buckets(cm, c, space.buckets):
+                for bucket in allowed_buckets(cm, c, bucket_menu(space, cm.job.trainer, c.dp)):
                     plan = to_plan(c, layers, bucket, r)
                     if unsupported(caps, plan, inst.model, inst.job):
                         continue
@@ -235,8 +235,10 @@ def test_a_trainer_without_a_bucket_setting_keeps_the_default_bucket() -> None:
 
     for name in ("torchtitan", "colossalai"):
         assert for_trainer(SearchSpace(), TRAINER_CAPS[name]).buckets == (DEFAULT_BUCKET,)
-    for name in ("megatron", "deepspeed"):
-        assert for_trainer(SearchSpace(), TRAINER_CAPS[name]).buckets == BUCKETS
+    for name, own in (("megatron", 2_000_000_000), ("deepspeed", 500_000_000)):  # at dp 2000
+        space = for_trainer(SearchSpace(), TRAINER_CAPS[name])
+        assert bucket_menu(space, name, 2000) == (*BUCKETS, own)
+    assert bucket_menu(SearchSpace(), "megatron", 200) == BUCKETS  # 200M: inside the grid's range
     assert for_trainer(SearchSpace(), None) == SearchSpace()
 
 
@@ -271,14 +273,15 @@ def test_a_trainer_that_gathers_weights_in_its_step_does_not_run_a_plan_that_hid
 
 def test_a_bucket_that_changes_no_cost_is_the_default() -> None:
     """Found re-reading this release's change: since sync_buckets offers one bucket wherever every collective a
-    bucket would split runs on whole buffers (2733538), ZeRO-3 plans, which reduce per block, carry the default
-    bucket (40M) where they carried an arbitrary one (10M) before; their cost is the same."""
+    bucket would split runs on whole buffers (2733538), ZeRO-3 plans, which reduce per block, carry the trainer's
+    default bucket (Megatron's max(40M, 1M x dp)) where they carried an arbitrary one (10M) before; their cost is
+    the same."""
     from autotune.search.space import BUCKETS, enumerate_candidates
     from autotune.search.tables import sync_buckets
 
     model, job = load_model("llama3-70b"), JobSpec(global_batch=1024, seq_len=8192)
     best = search(model, HW, job, 1024, SearchSpace(zero=(3,)), top_k=0).best
-    assert best.plan.zero == 3 and best.plan.bucket_size == DEFAULT_BUCKET
+    assert best.plan.zero == 3 and best.plan.bucket_size == max(DEFAULT_BUCKET, 1_000_000 * best.plan.dp)
     cm = CostModel(model, HW, job)
     zero1 = next(c for c in enumerate_candidates(model, job, 1024, HW.gpus_per_node, SearchSpace(zero=(1,)))
                  if c.dp > 1)

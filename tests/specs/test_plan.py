@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 
 import pytest
@@ -9,7 +10,9 @@ import pytest
 from autotune.catalog import load_model
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.specs.job import JobSpec
-from autotune.specs.plan import Plan, check_plan, chunk_layers, even_split, normalized, plan_from_dict
+from autotune.specs.limits import MAX_BUCKET, MAX_GPUS
+from autotune.specs.plan import (Plan, check_plan, chunk_layers, default_bucket, even_split, normalized,
+                                 plan_from_dict)
 
 MODEL = load_model("llama3-8b")  # 32 layers, 32 heads, 8 KV heads
 JOB = JobSpec(global_batch=64, seq_len=4096)
@@ -168,3 +171,28 @@ def test_a_sequence_past_the_learned_positions_is_refused():
     assert positions_issue(gpt3, 2048) is None and positions_issue(load_model("llama3-8b"), 10**6) is None  # rope
     assert positions_issue(gpt3, 2049) == ("--seq-len 2049 exceeds the 2048 learned positions of gpt3-175b "
                                            "(max_position_embeddings); use --seq-len <= 2048")
+
+
+def test_the_default_bucket_is_each_trainers_own():
+    """Megatron-Core grows its bucket with the data-parallel group, max(40M, 1M x dp); DeepSpeed's is 5e8
+    elements; torchtitan and Colossal-AI set none (costed at 40M). Pinned to the trainers' own sources where
+    they are installed (`make trainers`)."""
+    assert [default_bucket("megatron", dp) for dp in (1, 40, 41, 512, 4096)] == [
+        40_000_000, 40_000_000, 41_000_000, 512_000_000, 4_096_000_000]
+    assert default_bucket("deepspeed", 4096) == 500_000_000
+    assert default_bucket("torchtitan", 4096) == default_bucket("colossalai", 4096) == 40_000_000
+    ddp = pytest.importorskip("megatron.core.distributed.distributed_data_parallel",
+                              reason="megatron-core is installed by `make trainers`")
+    assert "bucket_size = max(40000000, 1000000 * dp_group.size())" in inspect.getsource(ddp)
+    zero = pytest.importorskip("deepspeed.runtime.zero.config", reason="deepspeed is installed by `make trainers`")
+    assert zero.DeepSpeedZeroConfig.model_fields["reduce_bucket_size"].default == 500_000_000
+
+
+def test_megatrons_default_bucket_past_two_billion_is_a_valid_plan():
+    """At dp 4096 Megatron's default bucket is 4.1B parameters, past the 2^31 of other integer fields."""
+    plan = replace(GOOD, tp=1, pp=1, dp=4096, num_microbatches=1, layers_per_stage=(32,),
+                   bucket_size=default_bucket("megatron", 4096))
+    check_plan(plan, MODEL, JobSpec(global_batch=4096, seq_len=4096), 4096, 8)
+    assert default_bucket("megatron", MAX_GPUS) <= MAX_BUCKET
+    with pytest.raises(InvalidPlanError, match="bucket_size 1048576000001 exceeds 1,048,576,000,000 parameters"):
+        check_plan(replace(plan, bucket_size=MAX_BUCKET + 1), MODEL, JobSpec(global_batch=4096, seq_len=4096), 4096, 8)

@@ -14,7 +14,7 @@ from autotune.reports.accuracy.row_models import RowSkipped, column_int
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import Plan, check_plan, even_split, is_even_split
+from autotune.specs.plan import Plan, check_plan, default_bucket, even_split, is_even_split
 from autotune.specs.trainer_jobs import runs_grad_reduce
 from autotune.units import from_gib
 
@@ -109,6 +109,11 @@ RULES: tuple[tuple[str, str], ...] = (
                   "published layout, the nearest valid one (for an interleaved split: the vpp <= published "
                   "and per-rank layer counts with the shortest ideal pipeline time, vocab 'balanced' when "
                   "uneven) is evaluated and the row's note says what changed"),
+    ("bucket", "the trainer's default gradient bucket at the row's dp (specs/plan.default_bucket): "
+               "NeMo/Megatron max(40M, 1M x dp) parameters (megatron-core's DistributedDataParallel when "
+               "ddp bucket_size is unset, as NeMo 2.0's recipes and Megatron-LM's --ddp-bucket-size leave it; "
+               "NeMo 1.0's distributed_fused_adam buckets of the 24.x rows are assumed alike, not read), "
+               "DeepSpeed 500M, torchtitan and Colossal-AI 40M (they set none; FSDP reduces per layer)"),
     ("grad_reduce", "dgxc (NeMo) rows -> bf16: NeMo's performance scripts (scripts/performance, "
                     "set_primary_perf_configs) set grad_reduce_in_fp32 = False; Megatron-LM example rows -> fp32 "
                     "(Megatron-LM's default); torchtitan rows -> fp32 (FSDP2 reduces in fp32: torchtitan's "
@@ -286,7 +291,7 @@ def published_plan(row: dict[str, str], model: ModelSpec, job: JobSpec, trainer:
                 schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp,
                 recompute=row_recompute(row, trainer, model), zero=zero,  # type: ignore[arg-type]
                 sequence_parallel=sp, tp_overlap=overlap, vocab="ends" if is_even_split(layers) else "balanced",
-                layers_per_stage=layers)
+                layers_per_stage=layers, bucket_size=default_bucket(trainer, dp))
 
 
 def recipe_layout(row: dict[str, str], model: ModelSpec, pp: int, vpp: int) -> tuple[int, ...] | None:
