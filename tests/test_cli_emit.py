@@ -455,3 +455,17 @@ def test_emit_warns_once_that_the_config_drops_gemma2s_logit_soft_caps(trainer, 
     assert lines == [
         f"warning: gemma2-9b: its logit soft-capping (attention scores 50, final logits 30) is not in the {trainer} "
         f"config ({why}), so the run trains without it: same cost as predicted, but not the published model's logits"]
+
+
+def test_emit_from_a_document_of_an_unknown_gpu_says_its_figures_are_unchecked(capsys, tmp_path):
+    """A plan document whose job.gpu autotune cannot load (a hardware file that moved, a hand edit) is emitted with
+    its stored predictions, and stderr says they were not re-checked (user-tester, 2026-11-25)."""
+    _emitters_present()
+    _ok(capsys, "plan", *PIPE, "--trainer", "megatron", "--out", str(tmp_path / "a"))
+    doc = json.loads((tmp_path / "a" / "plan.json").read_text())
+    doc["job"]["gpu"] = "nosuchgpu"
+    (tmp_path / "edited.json").write_text(json.dumps(doc))
+    _, err = _ok(capsys, "emit", "--plan", str(tmp_path / "edited.json"), "--trainer", "megatron", "--out",
+                 str(tmp_path / "b"))
+    assert "warning: --plan: its job.gpu 'nosuchgpu' cannot be costed" in err
+    assert "the files state the document's stored predictions, unchecked" in err

@@ -163,6 +163,28 @@ def test_compare_a_plan_that_breaks_a_rule_is_exit_1(capsys, tmp_path):
     assert err.startswith("error: --compare") and "--gpus is 8" in err
 
 
+def test_compare_a_document_of_another_job_is_refused(capsys, tmp_path):
+    """A `plan --json` document records the job it was planned for: one of another sequence length (or model, GPU,
+    batch) is refused, not costed for a job it was not made for (user-tester, 2026-11-25)."""
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"plan": WORSE_PLAN, "job": {"model": "llama3-8b", "gpu": "h100-sxm", "gpus": 8,
+                                                            "seq_len": 8192}}))
+    code, out, err = _main(capsys, *SMALL, "--compare", str(path))
+    assert code == 1 and out == ""
+    assert err.strip() == (f"error: {path} was planned with seq_len 8192, the command line gives --seq-len 4096; "
+                           "compare a plan of the same job, or plan again")
+
+
+def test_compare_a_document_of_other_kernels_says_how_it_is_costed(capsys, tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"plan": WORSE_PLAN, "job": {"model": "llama3-8b", "kernels": "deepspeed",
+                                                            "grad_reduce": "bf16"}}))
+    code, _, err = _main(capsys, *SMALL, "--compare", str(path))
+    assert code == 0
+    assert (f"warning: {path} was planned with kernels deepspeed, grad_reduce bf16; it is costed with this run's "
+            "(dtype bf16, kernels megatron, grad_reduce fp32, optimizer_states fp32)") in err
+
+
 # ------------------------------------------------------------------------------------------------ exit codes
 ERROR_CASES = {
     "tp across nodes": (("--model", "gpt-7.5b", "--seq-len", "2048", "--tp", "16"), "pass --allow-cross-node-tp"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from typing import Any
 
 from autotune.check.bash import tokenize
@@ -20,8 +19,10 @@ from autotune.check.megatron_layout import check_layout, parse_layout
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, dispatcher, mla_model_fields, moe_model_fields,
                                               routing_imbalance)
-from autotune.check.megatron_precision import PRECISION_SWITCH, PRECISION_VALUE, grad_reduce, optimizer_states
+from autotune.check.megatron_precision import (PRECISION_SWITCH, PRECISION_VALUE, cross_entropy, grad_reduce,
+                                               optimizer_states)
 from autotune.check.megatron_recompute import recompute_setting
+from autotune.check.megatron_values import float_arg as _float, int_arg as _int
 from autotune.check.overlaps import overlap_settings
 from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.check.script import launch_words
@@ -166,22 +167,6 @@ def parse_args(argv: list[str], notes: list[str]) -> dict[str, Any]:
     return args
 
 
-def _int(args: dict[str, Any], flag: str, default: int | None = None) -> int | None:
-    if flag not in args:
-        return default
-    value = args[flag]
-    if not isinstance(value, str) or not re.fullmatch(r"\d+", value):
-        raise SpecError(f"{flag} {value!r}: expected a whole number")
-    return int(value)
-
-
-def _float(args: dict[str, Any], flag: str, default: float) -> float:
-    try:
-        return float(args[flag]) if flag in args else default
-    except ValueError:
-        raise SpecError(f"{flag} {args[flag]!r}: expected a number") from None
-
-
 def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
     args = parse_args(argv, notes)
     if "--rampup-batch-size" in args:
@@ -232,11 +217,10 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         dtype=dtype, flash_attention=backend != "unfused",
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
         grad_reduce=grad_reduce(args), optimizer_states=optimizer_states(args, notes),
-        moe_dispatcher=dispatcher(args, notes),
+        moe_dispatcher=dispatcher(args, notes), cross_entropy=cross_entropy(args, notes),
         **overlap_settings(args, zero, vpp),
         moe_imbalance=routing_imbalance(args), moe_capacity=capacity(args, _float), model_fields=model,
-        model_soft=_soft(args),
-        notes=tuple(notes))
+        model_soft=_soft(args), notes=tuple(notes))
 
 
 def _overlap_rules(args: dict[str, Any], tp: int) -> None:

@@ -142,6 +142,9 @@ def capacity(args: dict[str, Any], as_float) -> tuple[float, bool]:
     """(capacity factor, padded): Megatron's --moe-expert-capacity-factor (a negative one means none, as
     TransformerConfig reads it) and --moe-pad-expert-input-to-capacity; (0.0, False) for dropless routing."""
     factor = as_float(args, "--moe-expert-capacity-factor", 0.0) if "--num-experts" in args else 0.0
+    if factor == 0 and "--moe-expert-capacity-factor" in args and "--num-experts" in args:
+        raise SpecError("--moe-expert-capacity-factor 0: every expert would drop every token; give a factor > 0, "
+                        "or a negative one (or none) for dropless routing")
     factor = max(0.0, factor)
     return factor, bool(args.get("--moe-pad-expert-input-to-capacity")) and factor > 0
 

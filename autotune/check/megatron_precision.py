@@ -1,5 +1,5 @@
-"""Megatron-LM's gradient and optimizer-state precision flags read back (the inverse of emit/megatron.py's
-precision group), kept apart from megatron_args.py.
+"""Megatron-LM's gradient and optimizer-state precision flags, and its loss fusion, read back (the inverse of
+emit/megatron.py's precision group), kept apart from megatron_args.py.
 
 The names are megatron-core 0.16's OptimizerConfig fields as Megatron-LM spells its flags
 (use_precision_aware_optimizer, main_grads_dtype, main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype); its
@@ -18,10 +18,13 @@ from typing import Any
 from autotune.errors import SpecError
 
 #: Flags that take one value and that this reader uses.
-PRECISION_VALUE = frozenset("--exp-avg-dtype --exp-avg-sq-dtype --main-grads-dtype --main-params-dtype".split())
+PRECISION_VALUE = frozenset("--exp-avg-dtype --exp-avg-sq-dtype --main-grads-dtype --main-params-dtype "
+                            "--cross-entropy-fusion-impl".split())
 #: Switches this reader uses.
 PRECISION_SWITCH = frozenset("--use-precision-aware-optimizer --grad-reduce-in-bf16 "
-                             "--accumulate-allreduce-grads-in-fp32".split())
+                             "--accumulate-allreduce-grads-in-fp32 --cross-entropy-loss-fusion".split())
+#: --cross-entropy-fusion-impl's choices (megatron-core ModelParallelConfig.cross_entropy_fusion_impl)
+CROSS_ENTROPY_IMPLS = ("native", "te")
 #: Each dtype flag's choices (Megatron-LM's argparse) and default.
 DTYPE_CHOICES = {"--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"),
                  "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8"),
@@ -84,3 +87,17 @@ def grad_reduce(args: dict[str, Any]) -> str:
         return "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") else "fp16"
     bf16_main = args.get("--use-precision-aware-optimizer") and args.get("--main-grads-dtype") == "bf16"
     return "bf16" if args.get("--grad-reduce-in-bf16") or bf16_main else "fp32"
+
+
+def cross_entropy(args: dict[str, Any], notes: list[str]) -> str:
+    """JobSpec.cross_entropy of the flags: Megatron-LM runs the loss unfused unless --cross-entropy-loss-fusion
+    (megatron-core's cross_entropy_loss_fusion defaults to False), then with --cross-entropy-fusion-impl's kernel
+    (default native)."""
+    impl = args.get("--cross-entropy-fusion-impl", "native")
+    if impl not in CROSS_ENTROPY_IMPLS:
+        raise SpecError(f"--cross-entropy-fusion-impl {impl}: Megatron-LM takes {' or '.join(CROSS_ENTROPY_IMPLS)}")
+    if not args.get("--cross-entropy-loss-fusion"):
+        notes.append("no --cross-entropy-loss-fusion: the loss runs as separate fp32 passes over the logits "
+                     "(Megatron-LM's default; the best plan turns the fusion on)")
+        return "unfused"
+    return impl

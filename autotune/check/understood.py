@@ -196,12 +196,16 @@ def resolve_model(reading: Reading, model_arg: str | None, fallback: str, seq_le
         found = {k: v for k, v in found.items() if k not in TRAINING_FIELDS}
     model, notes = _resolve_shape(reading, found, model_arg, fallback, seq_len)
     if trained and any(getattr(model, k) != v for k, v in trained.items()):
+        if trained.get("dropout", model.dropout) != model.dropout:
+            notes.append(f"dropout {'on' if trained['dropout'] else 'off'} as the config runs it ({model.name} is "
+                         f"catalogued with it {'on' if model.dropout else 'off'}); costed as the config runs it")
         model = replace(model, **trained)
     return model, notes
 
 
-#: Model fields a config sets as training choices (its readers give all of them, 0 where a flag is absent)
-TRAINING_FIELDS = ("mtp_layers", "moe_router_groups", "moe_router_group_topk", "router_bias")
+#: Model fields a config sets as training choices, not shape (its readers give all of them but dropout, 0 where a
+#: flag is absent; Megatron's dropout is on unless both dropout flags are 0)
+TRAINING_FIELDS = ("mtp_layers", "moe_router_groups", "moe_router_group_topk", "router_bias", "dropout")
 
 
 def _resolve_shape(reading: Reading, found: dict[str, Any] | None, model_arg: str | None, fallback: str,
@@ -273,12 +277,24 @@ def _layers(r: Reading, model: ModelSpec) -> tuple[tuple[int, ...], int]:
     return tuple(layers), r.vpp
 
 
+#: The Reading's sizes, degrees and counts, each at least 1 where the config gives it, and how messages name them
+READING_COUNTS = (("tp", "tensor-parallel degree"), ("pp", "pipeline-parallel degree"),
+                  ("cp", "context-parallel degree"), ("ep", "expert-parallel degree"),
+                  ("etp", "expert-tensor-parallel degree"), ("dp", "data-parallel degree"), ("mbs", "micro-batch size"),
+                  ("global_batch", "global batch size"), ("num_microbatches", "gradient accumulation steps"),
+                  ("vpp", "model chunks per pipeline rank"), ("bucket_size", "gradient bucket size"),
+                  ("recompute_layers", "number of recomputed layers"), ("recompute_every", "checkpointing interval"))
+
+
 def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, gpus: int,
                model_arg: str | None, seq_len_arg: int | None) -> Understood:
     """The Plan, ModelSpec and JobSpec of a reading on --gpus GPUs (rule checks are the caller's check_plan)."""
     r = reading
     if r.seq_len is not None and r.seq_len < 1:
         raise SpecError(f"the {trainer} config trains {r.seq_len}-token sequences; fix its sequence length (>= 1)")
+    for field, label in READING_COUNTS:  # a 0 would divide by zero, or read as unset and be replaced by a default
+        if (value := getattr(r, field)) is not None and value < 1:
+            raise SpecError(f"the {trainer} config's {label} is {value}; fix it in the config (at least 1)")
     if r.seq_len and seq_len_arg and seq_len_arg != r.seq_len:
         raise SpecError(f"--seq-len {seq_len_arg}: the {trainer} config trains {r.seq_len}-token sequences; drop "
                         "--seq-len or give the same")
@@ -305,7 +321,8 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
                   dtype=r.dtype, flash_attention=r.flash_attention,  # type: ignore[arg-type]
                   fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, optimizer_states=r.optimizer_states,
                   trainer=trainer,  # type: ignore[arg-type]
-                  moe_dispatcher=r.moe_dispatcher, **overlaps)  # type: ignore[arg-type]
+                  moe_dispatcher=r.moe_dispatcher, cross_entropy=r.cross_entropy,  # type: ignore[arg-type]
+                  **overlaps)
     if r.moe_imbalance is not None:
         job = replace(job, moe_imbalance=r.moe_imbalance)
     if r.moe_capacity[0] and model.is_moe:

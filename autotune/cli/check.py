@@ -146,8 +146,10 @@ def _findings(est: Estimate, best: Estimate | None, max_gap: float | None, notes
 def as_emitted(job: JobSpec) -> JobSpec:
     """The job as autotune's own config runs it: the overlaps a config may leave off (Megatron's
     --overlap-grad-reduce, --overlap-param-gather and p2p overlap, DeepSpeed's overlap_comm) are written on by
-    every emitter."""
-    return replace(job, **dict.fromkeys(OVERLAP_KEYS, True))
+    every emitter, and so is Megatron's --cross-entropy-loss-fusion (the config's fused kernel, else the trainer's
+    own)."""
+    fused = job.cross_entropy if job.cross_entropy != "unfused" else None
+    return replace(job, cross_entropy=fused, **dict.fromkeys(OVERLAP_KEYS, True))
 
 
 def _emit_better(out: str, u: Understood, best: Estimate, hw: HardwareSpec) -> list[Path]:

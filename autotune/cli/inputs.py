@@ -15,8 +15,8 @@ from autotune.emit.document import document_trainer
 from autotune.errors import SpecError
 from autotune.fileio import slug
 from autotune.specs.hardware import HardwareSpec
-from autotune.specs.job import (ATTENTION_BACKENDS, DTYPES, GRAD_REDUCES, MOE_DISPATCHERS, OPTIMIZER_STATES,
-                               OVERLAP_KEYS, TRAINERS, JobSpec)
+from autotune.specs.job import (ATTENTION_BACKENDS, CROSS_ENTROPIES, DTYPES, GRAD_REDUCES, MOE_DISPATCHERS,
+                               OPTIMIZER_STATES, OVERLAP_KEYS, TRAINERS, JobSpec)
 from autotune.specs.limits import MAX_JSON_BYTES
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import (RECOMPUTES, SCHEDULES, VOCABS, Plan, default_bucket, even_split, is_even_split,
@@ -110,16 +110,21 @@ JOB_FIXED = (("model", "--model"), ("gpu", "--gpu"), ("gpus", "--gpus"), ("gpus_
              ("global_batch", "--global-batch"), ("seq_len", "--seq-len"))
 
 
-def recorded_overlaps(recorded: dict[str, Any], where: str) -> dict[str, bool]:
-    """The overlaps a document's job block records as off (`check --json` of a config that leaves one off), so
-    estimate re-costs the plan as that config runs it."""
-    out = {}
+def recorded_overlaps(recorded: dict[str, Any], where: str) -> dict[str, Any]:
+    """The overlaps a document's job block records as off (`check --json` of a config that leaves one off) and
+    the loss kernel it records, so estimate re-costs the plan as that config runs it."""
+    out: dict[str, Any] = {}
     for key in OVERLAP_KEYS:
         if key in recorded:
             if not isinstance(recorded[key], bool):
                 raise SpecError(f"{where}: job.{key} {recorded[key]!r} must be true or false, as `autotune check "
                                 "--json` writes it")
             out[key] = recorded[key]
+    if "cross_entropy" in recorded:
+        if recorded["cross_entropy"] not in CROSS_ENTROPIES:
+            raise SpecError(f"{where}: job.cross_entropy {recorded['cross_entropy']!r} must be one of "
+                            f"{', '.join(CROSS_ENTROPIES)}, as `autotune check --json` writes it")
+        out["cross_entropy"] = recorded["cross_entropy"]
     return out
 
 
@@ -175,11 +180,6 @@ def settle_job_settings(recorded: dict[str, Any], where: str, values: dict[str, 
                             "re-cost the plan as planned, or plan again")
         out[param] = value
     return out
-
-
-def load_plan_file(path: str, flag: str) -> Plan:
-    """A plan object (or a whole `plan --json` document) from a file, or stdin for '-'."""
-    return plan_from_dict(read_document(path, flag), plan_source(path, flag))
 
 
 def plan_source(path: str, flag: str) -> str:
@@ -243,9 +243,10 @@ def coverage_warnings(coverage: OpCoverage, plan: Plan, profile: Profile | None 
     if untimed.issuperset(coverage.fallback):
         return [f"--profile {coverage.source} left {', '.join(coverage.fallback)} untimed (too large for the "
                 f"memory of the device that measured it): {ops}"]
+    cp = f" --cp {plan.cp}" if plan.cp > 1 else ""
     if profile is not None and profile.seq_len and seq_len is not None and seq_len != profile.seq_len:
         return [f"--profile {coverage.source} was measured at --seq-len {profile.seq_len}, the job runs {seq_len}: "
-                f"{ops}; measure them with `autotune profile --seq-len {seq_len} --tp {plan.tp} --mbs {plan.mbs}`"]
+                f"{ops}; measure them with `autotune profile --seq-len {seq_len} --tp {plan.tp} --mbs {plan.mbs}{cp}`"]
     return [f"the plan's shapes (tp {plan.tp}, mbs {plan.mbs}, cp {plan.cp}) are outside --profile {coverage.source}: "
-            f"{ops}; measure them with `autotune profile --tp {plan.tp} --mbs {plan.mbs}`"]
+            f"{ops}; measure them with `autotune profile --tp {plan.tp} --mbs {plan.mbs}{cp}`"]
 

@@ -37,7 +37,10 @@ def document_reestimator(inp: EmitInput, doc: dict[str, Any] | None = None) -> t
     try:
         hw = replace(load_hardware(inp.gpu), gpus_per_node=inp.gpus_per_node)
         cm = CostModel(inp.model, hw, inp.job, load_cost_profile(None, inp.gpu, inp.model, hw, inp.job))
-    except AutotuneError:
+    except AutotuneError as exc:
+        if doc is not None:
+            show_warnings([f"--plan: its job.gpu {inp.gpu!r} cannot be costed ({exc}); the files state the "
+                           "document's stored predictions, unchecked"])
         return None, inp
     if doc is not None:
         show_warnings(hw.dtype_warnings(inp.job.dtype))
@@ -50,10 +53,11 @@ def document_reestimator(inp: EmitInput, doc: dict[str, Any] | None = None) -> t
             show_warnings([f"the plan's stored predictions (step {inp.step_time_s:.3f} s, {inp.peak_memory_gib:.1f} "
                            f"GiB) are not those of its plan (edited since?): the files state its estimate, step "
                            f"{now[0]:.3f} s, {now[1]:.1f} GiB"])
-        if any(not on for on in off.values()):
+        left = [k for k, on in off.items() if on is False or on == "unfused"]
+        if left:
             now = tuple(rounded(x) for x in figures(inp.plan, inp.job))
-            show_warnings([f"the checked config left {', '.join(k for k, on in off.items() if not on)} off; the files "
-                           f"turn it on, and state that estimate, step {now[0]:.3f} s"])
+            show_warnings([f"the checked config left {', '.join(left)} off; the files turn it on, and state that "
+                           f"estimate, step {now[0]:.3f} s"])
         inp = replace(inp, step_time_s=now[0], peak_memory_gib=now[1], mfu=now[2])
     return figures, inp
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from autotune.cli.inputs import load_plan_file
-from autotune.cli.options import Pins, check_simulation_size, parse_choice_list, parse_int_list
+from autotune.cli.inputs import JOB_FIXED, plan_source, read_document
+from autotune.cli.options import Pins, check_simulation_size, parse_choice_list, parse_int_list, show_warnings
 from autotune.costmodel.estimate import CostModel
 from autotune.errors import InvalidPlanError, SolverLimitError, SpecError
 from autotune.render.common import plan_brief
@@ -20,7 +20,7 @@ from autotune.search.validate import validate_plan
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import DEEPEP_GROUP_RULE, RECOMPUTES, SCHEDULES, VOCABS, check_plan
+from autotune.specs.plan import DEEPEP_GROUP_RULE, RECOMPUTES, SCHEDULES, VOCABS, check_plan, plan_from_dict
 from autotune.specs.profile import Profile
 from autotune.specs.tpgrid import MODES
 from autotune.specs.trainers import TrainerCaps
@@ -69,8 +69,24 @@ def pins_space(pins: Pins, *, allow_idle: bool, allow_cross_node_tp: bool) -> Se
 
 def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
                  space: SearchSpace, profile: Profile | None = None) -> Comparison:
-    """The user's plan, checked by the independent validator: rule breaks are errors, not fitting is reported."""
-    plan = load_plan_file(path, "--compare")
+    """The user's plan, checked by the independent validator: rule breaks are errors, not fitting is reported. A
+    `plan --json` document of another model, cluster or batch is refused (its plan would be costed for a job it
+    was not made for); one planned with other kernels or precision is costed with this run's, with a warning."""
+    doc, where = read_document(path, "--compare"), plan_source(path, "--compare")
+    plan = plan_from_dict(doc, where)
+    recorded = doc.get("job") if isinstance(doc, dict) and isinstance(doc.get("job"), dict) else {}
+    fixed = {"model": model.name, "gpu": hw.name, "gpus": gpus, "gpus_per_node": hw.gpus_per_node,
+             "global_batch": job.global_batch, "seq_len": job.seq_len}
+    for key, flag in JOB_FIXED:
+        if key in recorded and recorded[key] != fixed[key]:
+            raise SpecError(f"{where} was planned with {key} {recorded[key]!r}, the command line gives {flag} "
+                            f"{fixed[key]!r}; compare a plan of the same job, or plan again")
+    now = {"dtype": job.dtype, "kernels": job.trainer, "grad_reduce": job.grad_reduce,
+           "optimizer_states": job.optimizer_states}
+    other = [f"{key} {recorded[key]}" for key in now if key in recorded and recorded[key] != now[key]]
+    if other:
+        show_warnings([f"{where} was planned with {', '.join(other)}; it is costed with this run's "
+                       f"({', '.join(f'{k} {now[k]}' for k in now)}): give the same settings to compare it as planned"])
     check_simulation_size(plan, f"--compare {path}")
     cm = CostModel(model, hw, job, profile)
     # a saved plan states its own tensor-parallel layout, as a launch script does for `check`

@@ -152,7 +152,8 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
                       elem=ACTIVATION_BYTES, flash=job.flash_attention, fused=job.fused_kernels,
                       fp8=job.dtype == "fp8", ep=ep, etp=etp,
                       imbalance=rank_load(job, ep) if model.is_moe else 1.0,
-                      dispatcher=job.moe_dispatcher if model.is_moe else "alltoall")
+                      dispatcher=job.moe_dispatcher if model.is_moe else "alltoall",
+                      cross_entropy=job.runs_cross_entropy)
 
 
 def rank_load(job: JobSpec, ep: int) -> float:

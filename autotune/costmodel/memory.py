@@ -208,14 +208,19 @@ def embedding_activations(model: ModelSpec, shape: LayerShape) -> int:
 
 def head_activations(model: ModelSpec, shape: LayerShape) -> int:
     """Final-norm and LM-head inputs plus the fp32 softmax of s*b*V/tp logits kept for the cross-entropy
-    backward (Korthikanti et al. 2022, Section 4.3: 4*s*b*v/t bytes), which dominates for large vocabularies."""
+    backward (Korthikanti et al. 2022, Section 4.3: 4*s*b*v/t bytes), which dominates for large vocabularies;
+    Transformer Engine's loss keeps the gradient it wrote over the 16-bit logits instead (ops.cross_entropy_bytes)."""
     t, e, h = shape.tokens, shape.elem, model.hidden_size
     shard = shape.tp if shape.sp else 1
-    return whole_bytes(2 * e * t * h / shard + FP32_BYTES * t * model.vocab_size / shape.tp)
+    kept = e if shape.cross_entropy == "te" else FP32_BYTES
+    return whole_bytes(2 * e * t * h / shard + kept * t * model.vocab_size / shape.tp)
 
 
 def head_transient(model: ModelSpec, shape: LayerShape) -> int:
-    """Peak scratch of the loss: the 16-bit logits live beside their fp32 copy for one micro-batch."""
+    """Peak scratch of the loss: the 16-bit logits live beside their fp32 copy for one micro-batch (none where
+    Transformer Engine's loss works on the logits in place)."""
+    if shape.cross_entropy == "te":
+        return 0
     return whole_bytes(shape.elem * shape.tokens * model.vocab_size / shape.tp)
 
 

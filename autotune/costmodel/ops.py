@@ -64,6 +64,8 @@ class LayerShape:
     """Tokens of the busiest expert over the mean (MoE layers only; costmodel/moe.py)."""
     dispatcher: str = "alltoall"
     """MoE token dispatcher (JobSpec.moe_dispatcher): 'alltoall' (NCCL) or 'deepep' (DeepEP's fused kernels)."""
+    cross_entropy: str = "unfused"
+    """The loss kernel over the logits (JobSpec.runs_cross_entropy): 'unfused', 'native' or 'te'."""
 
     @property
     def norm_tokens(self) -> float:
@@ -352,19 +354,33 @@ def head_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
     return (
         _norm("final_norm", model, shape.norm_tokens, h, e, shape.fused),
         _gemm("lm_head", t, h, v, e, category="vocab"),
-        # Megatron's vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py) runs as separate fp32
-        # passes over the logits: cast (read 16-bit, write fp32), max (read), subtract the max (read, write),
-        # exp (read, write), sum (read), divide (read, write the softmax kept for the backward).
-        _memory_op("cross_entropy", "vocab", 5.0 * logits, logits * (e + 4 + 4 + 8 + 8 + 4 + 8)),
+        _memory_op("cross_entropy", "vocab", 5.0 * logits, logits * cross_entropy_bytes(shape)[0]),
     )
 
 
+def cross_entropy_bytes(shape: LayerShape) -> tuple[int, int]:
+    """Bytes moved per logit by the loss's forward and backward, as each implementation runs them (e = 16-bit).
+    'unfused', Megatron's vocab_parallel_cross_entropy (tensor_parallel/cross_entropy.py) as separate fp32 passes:
+    cast (read e, write 4), max (read 4), subtract the max (read, write), exp (read, write), sum (read), divide (read,
+    write the softmax kept for the backward) = e + 36; backward: softmax - one_hot in place (read, write), times the
+    loss gradient (read, write), cast to the 16-bit gradient (read 4, write e) = 20 + e. PyTorch's F.cross_entropy
+    on upcast logits moves about as much. 'native', megatron-core's fused_cross_entropy.py, one kernel per jit-fused
+    function: the fp32 copy and its max (read e, write 4), subtract, exp and sum (read 4, write 4), divide (read 4,
+    write 4) = e + 20; backward: gradient, scale and cast in one (read 4, write e). 'te', Transformer Engine 2.8's
+    triton/cross_entropy.py: online_softmax_kernel reads the logits (e), cross_entropy_kernel reads them again and
+    writes the gradient over them (2e); backward: element_mul_kernel scales it by the per-token loss gradient (read
+    e, write e), which Megatron's masked loss always passes (not the scalar 1.0 it skips for)."""
+    e = shape.elem
+    if shape.cross_entropy == "native":
+        return e + 20, 4 + e
+    if shape.cross_entropy == "te":
+        return 3 * e, 2 * e
+    return e + 36, 20 + e
+
+
 def head_backward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
-    """Cross-entropy gradient (softmax - one_hot, read fp32 and write 16-bit), LM head GEMMs, final norm."""
-    t, e = shape.tokens, shape.elem
-    logits = t * model.vocab_size / shape.tp
+    """Cross-entropy gradient (cross_entropy_bytes), LM head GEMMs, final norm."""
+    logits = shape.tokens * model.vocab_size / shape.tp
     forward = head_forward_ops(model, shape)
-    # softmax - one_hot in place on the fp32 softmax (read, write), times the loss gradient (read, write),
-    # cast to the 16-bit logits gradient (read fp32, write 16-bit)
-    ce_grad = _memory_op("cross_entropy_bwd", "vocab", 2.0 * logits, logits * (8 + 8 + 4 + e))
+    ce_grad = _memory_op("cross_entropy_bwd", "vocab", 2.0 * logits, logits * cross_entropy_bytes(shape)[1])
     return (ce_grad,) + backward_ops((forward[1], forward[0]), model, shape)

@@ -250,6 +250,10 @@ def _kernel_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
         flags.append(("--no-bias-swiglu-fusion", None))
     if not m.gated and (not job.fused_kernels or m.bias != "all"):  # the fused bias-GeLU needs a bias
         flags.append(("--no-bias-gelu-fusion", None))
+    if job.runs_cross_entropy != "unfused":  # the loss kernel costed (ops.cross_entropy_bytes)
+        flags.append(("--cross-entropy-loss-fusion", None))
+        if job.runs_cross_entropy == "te":
+            flags.append(("--cross-entropy-fusion-impl", "te"))
     return flags
 
 

@@ -3,7 +3,7 @@ document, which `plan --json` extends."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -56,10 +56,16 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
                 "grad_reduce": job.grad_reduce, "optimizer_states": job.optimizer_states, "kernels": job.trainer}
         | ({"attention_backend": job.runs_attention} if job.trainer != "megatron" and job.flash_attention else {})
         | {key: False for key in OVERLAP_KEYS if not getattr(job, key)}  # a checked config's, where it leaves one off
+        | ({"cross_entropy": job.cross_entropy} if job.runs_cross_entropy != _own_loss(job) else {})  # a checked
+        # config's, where it runs another loss kernel than the trainer's own
         | ({"moe_dispatcher": job.moe_dispatcher, "moe_imbalance": job.moe_imbalance} if model.is_moe else {})
         | ({"moe_capacity_factor": job.moe_capacity_factor, "moe_pad_to_capacity": job.moe_pad_to_capacity}
            if model.is_moe and job.moe_capacity_factor else {}),
     }
+
+
+def _own_loss(job: JobSpec) -> str:
+    return replace(job, cross_entropy=None).runs_cross_entropy
 
 
 def _stage_json(s: StageCost) -> dict[str, Any]:

@@ -22,6 +22,8 @@ ATTENTION_NAMES = {"cudnn": "cuDNN", "flash": "FlashAttention-2"}
 OWN_ATTENTION = {"megatron": "cudnn", "torchtitan": "cudnn", "colossalai": "flash"}
 #: Adam state layouts the cost model prices (JobSpec.optimizer_states)
 OPTIMIZER_STATES = ("fp32", "bf16", "bf16-moments")
+#: Cross-entropy implementations the cost model prices (JobSpec.cross_entropy, costmodel/ops.py head ops)
+CROSS_ENTROPIES = ("unfused", "native", "te")
 
 
 def state_zero_stages(trainer: str, optimizer_states: str) -> tuple[int, ...]:
@@ -117,6 +119,13 @@ class JobSpec:
     its speed on an H100 (profiles/measured/h100-sxm-microbench-attention.json). None = the trainer's own
     (runs_attention); Megatron's is cuDNN only."""
 
+    cross_entropy: Literal["unfused", "native", "te"] | None = None
+    """How the loss over the logits runs. 'unfused': separate fp32 passes (Megatron-LM without
+    --cross-entropy-loss-fusion, PyTorch's F.cross_entropy on upcast logits in torchtitan and DeepSpeed); 'native':
+    megatron-core's jit-fused passes (--cross-entropy-loss-fusion; NeMo 2.0's GPTConfig and Megatron-Bridge's
+    providers turn it on); 'te': Transformer Engine's Triton kernel (--cross-entropy-fusion-impl te), which writes
+    the gradient into the 16-bit logits. None = the trainer's own (runs_cross_entropy)."""
+
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
             raise SpecError(f"--global-batch must be > 0, got {self.global_batch}")
@@ -160,6 +169,11 @@ class JobSpec:
         if self.attention_backend is not None and not self.flash_attention:
             raise SpecError(f"--attention-backend {self.attention_backend} chooses a fused attention kernel, but "
                             "--no-flash-attention costs unfused attention; drop one of them")
+        if self.cross_entropy not in (None, *CROSS_ENTROPIES):
+            raise SpecError(f"cross_entropy must be one of {', '.join(CROSS_ENTROPIES)}, got {self.cross_entropy!r}")
+        if self.cross_entropy not in (None, "unfused") and self.trainer != "megatron":
+            raise SpecError(f"cross_entropy {self.cross_entropy} is Megatron's fused loss; {self.trainer} runs "
+                            "PyTorch's (unfused)")
         if self.trainer == "megatron" and self.attention_backend == "flash":
             raise SpecError("--attention-backend flash: Megatron's attention is costed as Transformer Engine's fused "
                             "(cuDNN) kernel; the flag chooses the PyTorch trainers' kernel (--kernels torchtitan, "
@@ -177,6 +191,15 @@ class JobSpec:
         if self.attention_backend is not None:
             return self.attention_backend
         return OWN_ATTENTION.get(self.trainer, "cudnn")
+
+    @property
+    def runs_cross_entropy(self) -> str:
+        """The loss kernel the step runs: cross_entropy where given, else the trainer's own. Megatron: the native
+        fusion, which autotune's Megatron configs turn on (--cross-entropy-loss-fusion); the PyTorch trainers:
+        F.cross_entropy on fp32 logits, unfused."""
+        if self.cross_entropy is not None:
+            return self.cross_entropy
+        return "native" if self.trainer == "megatron" else "unfused"
 
     @property
     def moe_load(self) -> float:

@@ -226,9 +226,20 @@ BAD = {
                      "tensor_parallel_degree = 2\n", [], "but --gpus is 16"),
     "args.txt": (ARGS.replace("PARALLEL", "--tensor-model-parallel-size 3"), [], "does not divide --gpus 16"),
     "seq0.txt": (ARGS.replace("--seq-length 8192", "--seq-length 0").replace("PARALLEL", ""), [],
-                 "trains 0-token sequences; fix its sequence length"),
+                 "--seq-length 0: Megatron needs at least 1"),
     "mbs0.json": ('{"train_batch_size": 256, "train_micro_batch_size_per_gpu": 0, "gradient_accumulation_steps": 4}',
                   ["--model", "llama3-8b", "--seq-len", "4096"], "train_micro_batch_size_per_gpu must be >= 1, got 0"),
+    # a zero read as "not given" became tp 1 or mbs 1; a zero head count divided by zero (user-tester, 2026-11-25)
+    "tp0.txt": (ARGS.replace("PARALLEL", "--tensor-model-parallel-size 0"), [],
+                "--tensor-model-parallel-size 0: Megatron needs at least 1"),
+    "heads0.txt": (ARGS.replace("--num-attention-heads 32", "--num-attention-heads 0").replace("PARALLEL", ""), [],
+                   "--num-attention-heads 0: Megatron needs at least 1"),
+    "lbs0.toml": ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 0\nseq_len = 8192\n'
+                  '[parallelism]\ndata_parallel_shard_degree = 16\n', [],
+                  "the torchtitan config's micro-batch size is 0; fix it in the config (at least 1)"),
+    "gbs0.toml": ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
+                  'global_batch_size = 0\n[parallelism]\ndata_parallel_shard_degree = 16\n', [],
+                  "the torchtitan config's global batch size is 0; fix it in the config (at least 1)"),
     "broken.json": ('{"train_batch_size": "', ["--model", "llama3-8b", "--seq-len", "4096"],
                     "not valid JSON at line 1, column 22: Unterminated string starting at"),
     # a model the catalog lacks, whose --vocab-size Megatron ignores without the NullTokenizer
@@ -496,7 +507,8 @@ def test_check_json_of_a_config_with_an_overlap_off_re_estimates_as_it_runs(cli,
     # emit writes the config with every overlap on, says so, and states that estimate (not "edited since?")
     emitted = cli("emit", "--plan", str(saved), "--trainer", "megatron", "--out", str(tmp_path / "emitted"))
     assert "edited since" not in emitted.output
-    assert "the checked config left overlap_grad_reduce, overlap_param_gather, overlap_p2p off" in emitted.output
+    assert ("the checked config left overlap_grad_reduce, overlap_param_gather, overlap_p2p, cross_entropy off"
+            in emitted.output)
     header = (tmp_path / "emitted" / "launch_megatron.sh").read_text()
     assert f"{doc['step_time_s']:.3f} s" not in header
 
@@ -540,3 +552,26 @@ def test_deepspeed_pipeline_without_overlap_comm_is_not_noted(cli, tmp_path: Pat
     doc, _ = _check_json(cli, str(out / "ds_config.json"), "--gpu", "h100-sxm", "--gpus", "16")
     assert not any("overlap_comm" in n for n in doc["check"]["notes"])
     assert doc["step_time_s"] == json.loads(planned.stdout)["step_time_s"]
+
+
+MIXTRAL_SCRIPT = """#!/bin/bash
+torchrun --nproc-per-node 8 pretrain_gpt.py \\
+  --num-layers 56 --hidden-size 6144 --ffn-hidden-size 16384 --num-attention-heads 48 \\
+  --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 65536 \\
+  --position-embedding-type rope --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights \\
+  --disable-bias-linear --tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mixtral-8x22B-v0.1 \\
+  --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --moe-token-dispatcher-type alltoall \\
+  --expert-model-parallel-size 8 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 4 \\
+  --sequence-parallel --micro-batch-size 1 --global-batch-size 1024 --bf16 --use-distributed-optimizer
+"""
+
+
+@pytest.mark.parametrize("model", [(), ("--model", "mixtral-8x22b")])
+def test_dropout_left_at_megatrons_default_is_a_training_choice_not_a_shape(cli, tmp_path: Path, model) -> None:
+    """A Mixtral script that leaves dropout at Megatron's 0.1 and takes its vocabulary from a Hugging Face
+    tokenizer is the catalog's mixtral-8x22b (catalogued without dropout), with and without --model, costed with
+    the dropout it runs; each error used to point at the other (user-tester, 2026-11-25)."""
+    path = _write(tmp_path, "mixtral.sh", MIXTRAL_SCRIPT)
+    doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "256", *model)
+    assert doc["model_spec"]["name"] == "mixtral-8x22b" and doc["model_spec"]["dropout"] is True
+    assert any("dropout on as the config runs it" in n for n in doc["check"]["notes"])

@@ -432,3 +432,21 @@ def test_torchtitan_optimizer_and_reduce_dtypes(tree: dict, fmt: str, expected: 
         return
     with pytest.raises(SpecError, match=expected):
         _optimizer_states(tree, fmt)
+
+
+@pytest.mark.parametrize(("flags", "kernel", "noted"), [
+    ("", "unfused", True),  # Megatron-LM's default: no fusion
+    ("--cross-entropy-loss-fusion", "native", False),
+    ("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", "te", False),
+    ("--cross-entropy-fusion-impl te", "unfused", True),  # the impl alone fuses nothing
+])
+def test_megatron_loss_fusion_is_read_back(flags: str, kernel: str, noted: bool) -> None:
+    r = read_megatron(f"--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 128 {flags}\n")
+    assert r.cross_entropy == kernel
+    assert any("--cross-entropy-loss-fusion" in n for n in r.notes) == noted, r.notes
+
+
+def test_an_unknown_loss_fusion_impl_is_refused() -> None:
+    with pytest.raises(SpecError, match="--cross-entropy-fusion-impl triton: Megatron-LM takes native or te"):
+        read_megatron("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --cross-entropy-loss-fusion "
+                      "--cross-entropy-fusion-impl triton\n")

@@ -77,3 +77,12 @@ def test_a_plan_across_nodes_re_costs_from_its_own_document(cli, tmp_path: Path)
     assert json.loads(again.output)["step_time_s"] == json.loads(planned.output)["step_time_s"]
     compared = cli("plan", *job, "--compare", str(path), "--brief", "--top", "0")
     assert compared.exit_code == 0, compared.output
+
+
+def test_a_profile_without_the_plans_cp_says_to_measure_that_cp(cli):
+    """cp 2 halves every op's tokens, below a cp-1 profile's range: the warning's command measures at cp 2
+    (user-tester, 2026-11-25: it left --cp out)."""
+    result = cli("estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64",
+                 "--seq-len", "8192", "--tp", "1", "--pp", "1", "--cp", "2", "--profile",
+                 "profiles/measured/h100-sxm-llama3-8b.torch-eager.json", "--brief")
+    assert "measure them with `autotune profile --tp 1 --mbs 1 --cp 2`" in result.output, result.output

@@ -136,3 +136,31 @@ def test_unfused_attention_computes_every_score_of_a_windowed_layer():
     shape = _shape(flash=False, b=2, s=1024)
     plain = gpt_model(hidden=512, heads=8, layers=4)
     assert ops.layer_forward_ops(_windowed(), shape) == ops.layer_forward_ops(plain, shape)
+
+
+@pytest.mark.parametrize(("kernel", "forward", "backward"), [("unfused", 38, 22), ("native", 22, 6), ("te", 6, 4)])
+def test_cross_entropy_bytes_per_logit_by_hand(kernel, forward, backward):
+    """Bytes per 16-bit logit, counted pass by pass in each implementation's source (ops.cross_entropy_bytes):
+    Megatron's unfused vocab_parallel_cross_entropy, megatron-core's jit-fused fused_cross_entropy.py (three
+    kernels forward, one backward) and Transformer Engine's two Triton kernels plus the backward's scale."""
+    shape = ops.LayerShape(tokens=2048, kv_tokens=2048, mbs=1, tp=2, sp=False, elem=2, flash=True, fused=True,
+                           cross_entropy=kernel)
+    model = gpt_model(vocab=32000)
+    fwd = {op.name: op for op in ops.head_forward_ops(model, shape)}["cross_entropy"]
+    bwd = {op.name: op for op in ops.head_backward_ops(model, shape)}["cross_entropy_bwd"]
+    logits = 2048 * 32000 / 2
+    assert (fwd.bytes / logits, bwd.bytes / logits) == (forward, backward)
+
+
+def test_the_fused_loss_kernels_exist_as_costed():
+    """The kernels costed are the installed trainers' own (`make trainers`): megatron-core's jit-fused functions
+    and its Transformer Engine switch."""
+    fused = pytest.importorskip("megatron.core.fusions.fused_cross_entropy",
+                                reason="megatron-core is installed by `make trainers`")
+    for name in ("calculate_logits_max", "calculate_predicted_logits", "calculate_cross_entropy_loss",
+                 "calculate_gradients"):
+        assert hasattr(fused, name)
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    fields = ModelParallelConfig.__dataclass_fields__
+    assert fields["cross_entropy_loss_fusion"].default is False  # Megatron-LM runs it unfused unless asked
+    assert fields["cross_entropy_fusion_impl"].default == "native"

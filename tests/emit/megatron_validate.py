@@ -102,6 +102,8 @@ _FLAGS: tuple[tuple[str, str, dict], ...] = (
     ("--no-rope-fusion", "false", {"dest": "apply_rope_fusion"}),
     ("--no-bias-swiglu-fusion", "false", {"dest": "bias_swiglu_fusion"}),
     ("--no-bias-gelu-fusion", "false", {"dest": "bias_gelu_fusion"}),
+    ("--cross-entropy-loss-fusion", "true", {}),
+    ("--cross-entropy-fusion-impl", "str", {"choices": ["native", "te"], "default": "native"}),
     # training
     ("--clip-grad", "float", {}), ("--eval-interval", "int", {}), ("--eval-iters", "int", {}),
     ("--log-interval", "int", {}), ("--lr", "float", {}), ("--min-lr", "float", {}), ("--train-iters", "int", {}),
@@ -377,6 +379,7 @@ def _transformer_config(a: argparse.Namespace):
         recompute_num_layers=a.recompute_num_layers, attention_backend=AttnBackend[a.attention_backend],
         bias_activation_fusion=a.bias_swiglu_fusion if a.swiglu else a.bias_gelu_fusion,
         masked_softmax_fusion=a.masked_softmax_fusion, bias_dropout_fusion=a.bias_dropout_fusion,
+        cross_entropy_loss_fusion=a.cross_entropy_loss_fusion, cross_entropy_fusion_impl=a.cross_entropy_fusion_impl,
         # RoPE fusion is checked against the installed Transformer Engine, which a CPU machine lacks.
         apply_rope_fusion=False,
         overlap_p2p_comm=a.overlap_p2p_comm, batch_p2p_comm=not a.overlap_p2p_comm,

@@ -550,3 +550,20 @@ def test_short_runs_pass_megatrons_scheduler(steps: int) -> None:
     _validate(inp)
     script = dict(emit_megatron(inp).files)["launch_megatron.sh"]
     assert f"--train-iters {steps}" in script and f"--lr-warmup-iters {min(max(1, steps // 10), steps - 1)}" in script
+
+
+@pytest.mark.parametrize(("kernel", "flags"), [
+    (None, ["--cross-entropy-loss-fusion"]),
+    ("te", ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]), ("unfused", [])])
+def test_the_loss_kernel_costed_is_the_one_written(kernel, flags) -> None:
+    """The script turns on the loss fusion the job was costed with (the native one unless it says otherwise), and
+    megatron-core's TransformerConfig takes it."""
+    inp = _inp("llama3-8b", "h100-sxm", JobSpec(global_batch=16, seq_len=4096, cross_entropy=kernel),
+               Plan(tp=1, pp=1, dp=8, mbs=1, num_microbatches=2, zero=1, layers_per_stage=(32,)))
+    argv = megatron_argv(inp)
+    written = [a for i, a in enumerate(argv) if a.startswith("--cross-entropy")
+               or (i and argv[i - 1] == "--cross-entropy-fusion-impl")]
+    assert sorted(written) == sorted(flags)
+    v = validate_args(argv, 8)
+    assert v.config.cross_entropy_loss_fusion == bool(flags)
+    assert v.config.cross_entropy_fusion_impl == (kernel if kernel == "te" else "native")

@@ -36,3 +36,28 @@ RECIPE_LAYOUTS: dict[str, dict[tuple[int, int], tuple[int, ...]]] = {"deepseek-v
     (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}}
 #: recipes/kimi/kimi_k2.py _get_kimi_k2_pipeline_layout: the same stages, the loss without an MTP module
 RECIPE_LAYOUTS["kimi-k2"] = {**RECIPE_LAYOUTS["deepseek-v3"], (2, 8): (4,) * 15 + (1,)}
+
+#: RULES 'cross_entropy' (rules.row_job)
+CROSS_ENTROPY_RULE = (
+    "megatron rows: Megatron-Bridge's, the fusion their model's pretrain recipe sets (megatron-bridge 0.3.1: "
+    "cross_entropy_loss_fusion = True everywhere, cross_entropy_fusion_impl 'te' in the llama3, qwen3, qwen3_moe, "
+    "deepseek, kimi and moonlight pretrain recipes, 'native' in the others: gpt_oss, qwen2, llama2, gemma, glm, "
+    "nemotronh, olmoe, gpt3; a model without a recipe takes GPTModelProvider's fusion, native); NeMo 2.0's and the "
+    "Megatron-LM examples' (which follow NeMo's performance scripts) native (NeMo 2.0 GPTConfig "
+    "cross_entropy_loss_fusion = True, nemo_toolkit 2.0.0 and 2.3.0; megatron-core's default impl); NeMo 1.0 "
+    "launcher rows unfused (NeMo 1.0 copies it from the Hydra model config, megatron_base_model.py "
+    "build_transformer_config; that the launcher's Llama configs leave it unset is assumed, not read); other "
+    "Megatron-LM rows unfused (no --cross-entropy-loss-fusion); torchtitan unfused (F.cross_entropy on fp32 logits)")
+#: Model-name prefixes (letters and digits) whose Megatron-Bridge pretrain recipe runs Transformer Engine's loss
+TE_LOSS_RECIPES = ("llama3", "qwen3", "deepseek", "kimi", "moonlight")
+
+
+def row_cross_entropy(source_id: str, framework: str, model_name: str) -> str:
+    """RULES 'cross_entropy': the loss kernel a megatron row ran (JobSpec.cross_entropy)."""
+    name = "".join(ch for ch in model_name.lower() if ch.isalnum())
+    if source_id in MOE_RECIPE_SOURCES:
+        te = name.startswith(TE_LOSS_RECIPES) and not name.startswith("qwen3next")
+        return "te" if te else "native"
+    if "nemo 2" in framework.lower() or source_id == "megatron_lm_examples_llama":
+        return "native"
+    return "unfused"

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 from autotune.catalog import PROFILES_DIR, load_hardware
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.reports.accuracy import row_models
-from autotune.reports.accuracy.recipes import MOE_RECIPE_SOURCES, MOE_RECIPES, RECIPE_LAYOUTS, MoeRecipe
+from autotune.reports.accuracy.recipes import (CROSS_ENTROPY_RULE, MOE_RECIPE_SOURCES, MOE_RECIPES, RECIPE_LAYOUTS,
+                                               MoeRecipe, row_cross_entropy)
 from autotune.reports.accuracy.row_models import RowSkipped, column_int
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -114,6 +115,7 @@ RULES: tuple[tuple[str, str], ...] = (
                "ddp bucket_size is unset, as NeMo 2.0's recipes and Megatron-LM's --ddp-bucket-size leave it; "
                "NeMo 1.0's distributed_fused_adam buckets of the 24.x rows are assumed alike, not read), "
                "DeepSpeed 500M, torchtitan and Colossal-AI 40M (they set none; FSDP reduces per layer)"),
+    ("cross_entropy", CROSS_ENTROPY_RULE),
     ("grad_reduce", "dgxc (NeMo) rows -> bf16: NeMo's performance scripts (scripts/performance, "
                     "set_primary_perf_configs) set grad_reduce_in_fp32 = False; Megatron-LM example rows -> fp32 "
                     "(Megatron-LM's default); torchtitan rows -> fp32 (FSDP2 reduces in fp32: torchtitan's "
@@ -214,7 +216,7 @@ def row_hardware(row: dict[str, str]) -> HardwareSpec:
 
 
 def row_job(row: dict[str, str], trainer: str) -> JobSpec:
-    """RULES 'dtype', 'fused_kernels', 'attention' and 'grad_reduce'."""
+    """RULES 'dtype', 'fused_kernels', 'attention', 'cross_entropy' and 'grad_reduce'."""
     settings = row["other_settings"].lower()
     fused = trainer == "megatron" or "compile" in settings
     precision = row["precision"].strip().lower()
@@ -228,7 +230,9 @@ def row_job(row: dict[str, str], trainer: str) -> JobSpec:
     return JobSpec(global_batch=column_int(row, "global_batch_size"), seq_len=column_int(row, "seq_len"), dtype=dtype,
                    flash_attention=True, fused_kernels=fused, grad_reduce=grad_reduce,  # type: ignore[arg-type]
                    trainer=trainer, moe_imbalance=1.0,  # type: ignore[arg-type]
-                   attention_backend="flash" if trainer == "torchtitan" else None)
+                   attention_backend="flash" if trainer == "torchtitan" else None,
+                   cross_entropy=row_cross_entropy(row["source_id"].strip(), row["framework"], row["model"])
+                   if trainer == "megatron" else None)  # type: ignore[arg-type]
 
 
 def row_recompute(row: dict[str, str], trainer: str, model: ModelSpec) -> str:

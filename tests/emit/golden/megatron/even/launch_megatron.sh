@@ -99,6 +99,7 @@ DDP_ARGS=(
 
 KERNEL_ARGS=(
     --attention-backend fused
+    --cross-entropy-loss-fusion
     --transformer-impl transformer_engine
 )
 

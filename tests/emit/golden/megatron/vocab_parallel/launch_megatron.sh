@@ -94,6 +94,7 @@ DDP_ARGS=(
 )
 
 KERNEL_ARGS=(
+    --cross-entropy-loss-fusion
     --transformer-impl transformer_engine
 )
 
