@@ -161,6 +161,7 @@ def test_error_paths_exit_1_with_one_line(case, tmp_path, capsys):
     assert out == ""
     assert err.count("\n") == 1 and err.startswith("error: ")
     assert str(path) in err and expected in err, err
+    assert err.count(str(path)) == 1, err  # named once (a bad bool named it twice, user-tester 2026-11-25)
     assert "Traceback" not in err
     assert not (tmp_path / "cal.json").exists()
 

@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any
 
-from autotune.check.reading import Reading, check_sizes
+from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.errors import SpecError
 from autotune.specs.model import ACTIVATIONS, BIASES, NORMS, POSITIONS
 from autotune.specs.plan import DEEPSPEED_BUCKET
@@ -47,12 +47,19 @@ _SHAPE_KEYS = {"num_layers": "num_layers", "hidden_size": "hidden_size", "num_at
 _CHOICE_KEYS = {"activation": ACTIVATIONS, "norm": NORMS, "bias": BIASES, "position_embedding": POSITIONS}
 #: And what does not change the cost (Reading.model_soft: it picks between catalog models of the same shape)
 _SOFT_KEYS = ("norm_eps", "rope_theta", "rope_scaling_factor", "init_std")
+#: Every key of the block (emit/deepspeed.py _model)
+_MODEL_KEYS = {*_SHAPE_KEYS, *_CHOICE_KEYS, *_SOFT_KEYS, "tied_embeddings", "rope_scaling", "seq_len"}
 
 
 def _model_fields(shape: Any) -> dict[str, Any] | None:
     """The model's shape from ds_pipeline.json's "model" block (None without one, or one that lacks a size or the
     activation and norm): its sizes, each >= 1, and its choices, each checked."""
     where = "ds_pipeline.json: model"
+    if isinstance(shape, dict):  # the block emit/deepspeed.py writes: a key it never writes is a slip, not a setting
+        for key in sorted(set(shape) - _MODEL_KEYS):
+            meant = misspelling_of(key, _MODEL_KEYS) or next((k for k, f in _SHAPE_KEYS.items() if f == key), None)
+            raise SpecError(f"{where}: {key} is not a key of the model block"
+                            + (f"; did you mean {meant}?" if meant else f" ({', '.join(sorted(_MODEL_KEYS))})"))
     if not isinstance(shape, dict) or not {*_SHAPE_KEYS, "activation", "norm"} <= set(shape):
         return None
     out: dict[str, Any] = {field: _size(shape, key, where) for key, field in _SHAPE_KEYS.items()}

@@ -275,6 +275,9 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
                       moe_ffn_hidden_size=_int(args, "--moe-ffn-hidden-size", ffn),
                       router=args.get("--moe-router-score-function", "softmax"),
                       **moe_model_fields(args, fields["num_layers"], experts, notes, _int))
+        if fields["moe_top_k"] > experts:
+            raise SpecError(f"--moe-router-topk {fields['moe_top_k']} exceeds --num-experts {experts}: a token is "
+                            "routed to at most every expert; lower it")
         if fields["router_bias"] and fields["router"] != "sigmoid":
             raise SpecError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (megatron-core "
                             "refuses it with softmax); add it, or drop the bias")

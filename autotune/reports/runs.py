@@ -12,7 +12,7 @@ first other line is the header. Columns (all required unless marked optional; no
   tp, pp, dp, cp     parallel degrees
   mbs                micro-batch size, sequences
   num_microbatches   micro-batches per step on each data-parallel rank
-  schedule           1f1b or interleaved
+  schedule           1f1b, interleaved, zb-h1 or v-half
   vpp                virtual stages per pipeline rank (1 for 1f1b)
   recompute          none, selective or full
   zero               ZeRO stage 0-3
@@ -148,15 +148,15 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
         model = load_model(row["model"])
     except SpecError as exc:
         raise SpecError(f"{where}: model: {exc}") from None
-    try:
+    switches = {"flash_attention": _bool(where, "flash_attention", row["flash_attention"]),
+                "fused_kernels": _bool(where, "fused_kernels", row.get("fused_kernels") or "true"),
+                **{key: _bool(where, key, row.get(key) or "true") for key in ("async_tp_backward", *OVERLAP_KEYS)}}
+    try:  # JobSpec's own errors get the line; _bool's name it already
         job = JobSpec(global_batch=ints["global_batch"], seq_len=ints["seq_len"], dtype=row["dtype"],
-                      flash_attention=_bool(where, "flash_attention", row["flash_attention"]),
-                      fused_kernels=_bool(where, "fused_kernels", row.get("fused_kernels") or "true"),
                       trainer=row.get("trainer") or "megatron",
                       attention_backend=row.get("attention_backend") or None,
                       grad_reduce=row.get("grad_reduce") or runs_grad_reduce(row.get("trainer"), row["dtype"]),
-                      **{key: _bool(where, key, row.get(key) or "true")
-                         for key in ("async_tp_backward", *OVERLAP_KEYS)})
+                      **switches)
     except SpecError as exc:
         raise SpecError(f"{where}: {exc}") from None
     layers = _layers(where, row.get("layers_per_stage", ""), model, ints["pp"])

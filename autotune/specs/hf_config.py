@@ -65,7 +65,7 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         spec["qk_norm"] = True
     spec.update(_hf_training_keys(data, where))
     spec.update(moe)
-    spec.update(_hf_window_and_clamp(data, model_type))
+    spec.update(_hf_window_and_clamp(data, model_type, where))
     if model_type == "bert":
         spec.update(causal=False, dropout=True, bias="all", position_embedding="learned",
                     max_position_embeddings=data.get("max_position_embeddings", 512))
@@ -93,6 +93,9 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
         raise SpecError(f"{where}: num_experts_per_tok {data['num_experts_per_tok']} exceeds {key} 1; give the "
                         "expert count, or drop both for a dense model")
     out: dict[str, Any] = {}
+    if data.get("q_lora_rank") and not data.get("kv_lora_rank"):  # a query LoRA belongs to latent attention
+        raise SpecError(f"{where}: q_lora_rank {data['q_lora_rank']!r} without kv_lora_rank: multi-head latent "
+                        "attention needs kv_lora_rank (DeepSeek-V3: 512); add it, or drop q_lora_rank")
     if data.get("kv_lora_rank"):  # DeepSeek-V2/V3 multi-head latent attention
         for key in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
             if not data.get(key):
@@ -134,8 +137,12 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
         out.update(moe_router_groups=data["n_group"], moe_router_group_topk=data["topk_group"])
     if data.get("routed_scaling_factor") not in (None, 1, 1.0):
         out["moe_router_scaling"] = data["routed_scaling_factor"]
-    step = data.get("interleave_moe_layer_step") or data.get("decoder_sparse_step") or data.get("moe_layer_freq")
-    if isinstance(step, int) and step > 1:
+    step = next((data[k] for k in ("interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq")
+                 if data.get(k) is not None), None)
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 1):
+        raise SpecError(f"{where}: an MoE layer step of {step!r} (interleave_moe_layer_step, decoder_sparse_step or "
+                        "moe_layer_freq) must be a whole number >= 1 (1: every layer MoE)")
+    if step is not None and step > 1:
         out["moe_layer_freq"] = step
     dense = data.get("mlp_only_layers")
     if dense and isinstance(dense, list) and sorted(dense) == list(range(len(dense))):  # the first k: dense-first
@@ -157,7 +164,7 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
 _GEMMA3_PATTERN = 6
 
 
-def _hf_window_and_clamp(data: dict[str, Any], model_type: str) -> dict[str, Any]:
+def _hf_window_and_clamp(data: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
     """sliding_window, sliding_window_layers, glu_clamp and the logit soft caps from a config.json, where given.
     The windowed layers are counted from `layer_types` ("sliding_attention" entries: GPT-OSS, recent Gemma/Qwen
     configs); without it, from Gemma 3's sliding_window_pattern (every p-th layer full), Gemma 2's alternation
@@ -174,9 +181,15 @@ def _hf_window_and_clamp(data: dict[str, Any], model_type: str) -> dict[str, Any
         if isinstance(cap, (int, float)) and not isinstance(cap, bool):
             out[key] = cap  # model_from_dict checks it
     window, layers = data.get("sliding_window"), data.get("num_hidden_layers")
+    if window is not None and data.get("use_sliding_window") is not False and (
+            not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise SpecError(f"{where}: sliding_window {window!r} must be a whole number of tokens >= 1, or null for none")
     if data.get("use_sliding_window") is False or not window or not isinstance(layers, int):
         return out
     types = data.get("layer_types")
+    if isinstance(types, list) and len(types) != layers:
+        raise SpecError(f"{where}: layer_types has {len(types)} entries for num_hidden_layers {layers}; give one per "
+                        "layer")
     pattern = data.get("sliding_window_pattern")
     if isinstance(types, list):
         count = sum(1 for t in types if t == "sliding_attention")

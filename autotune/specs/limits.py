@@ -24,7 +24,7 @@ MAX_NAME_LENGTH = 200
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._+/][A-Za-z0-9._+/-]{0,%d}" % (MAX_NAME_LENGTH - 1))
 
 #: A GPU architecture name in a hardware file: NVIDIA's compute capability ("9.0") or a vendor's target ("gfx942").
-ARCHITECTURE_PATTERN = re.compile(r"[A-Za-z0-9.]{1,32}")
+ARCHITECTURE_PATTERN = re.compile(r"[0-9]{1,2}\.[0-9]{1,2}|gfx[0-9a-f]{3,4}")
 
 #: GPUs in a job: about ten times the largest clusters trained on (about 100k GPUs in 2024).
 MAX_GPUS = 1 << 20

@@ -234,6 +234,8 @@ BAD = {
                 "--tensor-model-parallel-size 0: Megatron needs at least 1"),
     "heads0.txt": (ARGS.replace("--num-attention-heads 32", "--num-attention-heads 0").replace("PARALLEL", ""), [],
                    "--num-attention-heads 0: Megatron needs at least 1"),
+    "topk.txt": (ARGS.replace("PARALLEL", "--num-experts 8 --moe-router-topk 9 --expert-model-parallel-size 2"), [],
+                 "--moe-router-topk 9 exceeds --num-experts 8"),
     "lbs0.toml": ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 0\nseq_len = 8192\n'
                   '[parallelism]\ndata_parallel_shard_degree = 16\n', [],
                   "the torchtitan config's micro-batch size is 0; fix it in the config (at least 1)"),

@@ -450,3 +450,19 @@ def test_an_unknown_loss_fusion_impl_is_refused() -> None:
     with pytest.raises(SpecError, match="--cross-entropy-fusion-impl triton: Megatron-LM takes native or te"):
         read_megatron("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --cross-entropy-loss-fusion "
                       "--cross-entropy-fusion-impl triton\n")
+
+
+def test_a_ds_pipeline_model_key_autotune_never_writes_is_refused() -> None:
+    """ds_pipeline.json's model block is autotune's own: num_kv_heads beside num_key_value_heads was ignored and the
+    file checked as the shape it did not say (user-tester, 2026-11-25)."""
+    from autotune.check.deepspeed_json import _model_fields
+
+    block = {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "head_dim": 128, "ffn_hidden_size": 14336, "vocab_size": 128256, "activation": "swiglu",
+             "norm": "rmsnorm"}
+    assert _model_fields(block)["num_kv_heads"] == 8
+    with pytest.raises(SpecError, match="model: num_kv_heads is not a key of the model block; did you mean "
+                                        "num_key_value_heads"):
+        _model_fields({**block, "num_kv_heads": 3})
+    with pytest.raises(SpecError, match="model: colour is not a key of the model block \\(activation, bias"):
+        _model_fields({**block, "colour": "red"})

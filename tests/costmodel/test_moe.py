@@ -144,7 +144,10 @@ def test_a_hub_config_of_a_catalog_model_takes_its_name(tmp_path, family, catalo
     assert (parsed.name, parsed.catalog_name, parsed.known_as) == (str(path), catalog, catalog)
     assert replace(parsed, name=catalog, source="", catalog_name="") == replace(load_model(catalog), source="")
     assert parsed.rope_scaling == ("none" if family == "qwen3_moe" else "yarn")
-    path.write_text(json.dumps({**HF[family], **HUB_SETTINGS[family], "num_hidden_layers": 40}))
+    deeper = {**HF[family], **HUB_SETTINGS[family], "num_hidden_layers": 40}
+    if "layer_types" in deeper:  # one entry per layer
+        deeper["layer_types"] = ["sliding_attention", "full_attention"] * 20
+    path.write_text(json.dumps(deeper))
     assert load_model(str(path)).known_as == str(path)
 
 

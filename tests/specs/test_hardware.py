@@ -97,7 +97,7 @@ def test_every_catalog_gpu_names_its_architecture():
     assert all("compute_capability" in load_raw("hardware", name)["sources"] for name in want)
 
 
-@pytest.mark.parametrize("value", [9.0, "9.0; rm -rf", "x" * 40, "\uff19.0"])
+@pytest.mark.parametrize("value", [9.0, "9.0; rm -rf", "x" * 40, "\uff19.0", "abc", "9", "sm90"])
 def test_compute_capability_must_be_a_short_name(value):
     with pytest.raises(SpecError, match="compute_capability must be text such as"):
         hardware_from_dict(_raw(compute_capability=value), "a100.json")

@@ -223,3 +223,22 @@ def test_hf_switches_must_be_json_booleans(key, value):
         model_from_hf_config({**LLAMA3_8B_CONFIG, key: value}, "config.json")
     assert not model_from_hf_config({**LLAMA3_8B_CONFIG, "tie_word_embeddings": False}, "x").tied_embeddings
     assert model_from_hf_config({**LLAMA3_8B_CONFIG, "tie_word_embeddings": None}, "x").tied_embeddings is False
+
+
+_MOE_SMALL = {**_HF_SMALL, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 64}
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"model_type": "gpt_oss", "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]},
+     "layer_types has 2 entries for num_hidden_layers 6; give one per layer"),
+    ({"model_type": "mistral", "sliding_window": 0}, "sliding_window 0 must be a whole number of tokens >= 1"),
+    ({**_MOE_SMALL, "decoder_sparse_step": 0}, "an MoE layer step of 0"),
+    ({"q_lora_rank": 1536, "kv_lora_rank": None}, "q_lora_rank 1536 without kv_lora_rank"),
+])
+def test_hf_config_inconsistencies_are_named(extra, message):
+    """What a user-tester's broken config.json files slipped through (2026-11-25): a layer_types list that does not
+    cover every layer, a zero window, a zero MoE step (Hugging Face divides by it), latent attention's query rank
+    without its key-value rank (which silently dropped MLA)."""
+    with pytest.raises(SpecError, match=re.escape(message)):
+        model_from_hf_config({**_HF_SMALL, **extra}, "config.json")
