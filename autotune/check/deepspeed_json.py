@@ -63,6 +63,7 @@ def _model_fields(shape: Any) -> dict[str, Any] | None:
     if not isinstance(shape, dict) or not {*_SHAPE_KEYS, "activation", "norm"} <= set(shape):
         return None
     out: dict[str, Any] = {field: _size(shape, key, where) for key, field in _SHAPE_KEYS.items()}
+    out["num_experts"] = 0  # the block describes a dense model (emit/deepspeed.py writes no experts)
     for key, values in _CHOICE_KEYS.items():
         if key in shape:
             if shape[key] not in values:
@@ -112,6 +113,9 @@ def _int(doc: dict[str, Any], key: str, where: str) -> int:
     value = doc[key]
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    if value == "auto":  # the Hugging Face Trainer's placeholder, filled in from its own arguments at run time
+        raise SpecError(f"{where}: {key} 'auto' is filled in by the Hugging Face Trainer when it runs; write the "
+                        "number it runs (its TrainingArguments say which) to check the config")
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise SpecError(f"{where}: {key} must be a whole number, got {value!r}")
     return value
@@ -214,13 +218,17 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     if fp16 is True and bf16 is True:
         raise SpecError(f"{where}: bf16.enabled and fp16.enabled are both true; DeepSpeed refuses both "
                         "(runtime/config.py: 'bfloat16 and fp16 modes cannot be simultaneously enabled'); drop one")
-    if fp16 is not True and bf16 is not True:
+    if "auto" in (fp16, bf16):
+        notes.append("fp16/bf16 enabled 'auto': the Hugging Face Trainer decides from its own arguments; costed as "
+                     f"{'fp16' if fp16 is True else 'bf16'}")
+    elif fp16 is not True and bf16 is not True:
         notes.append("neither bf16 nor fp16 enabled: DeepSpeed trains in fp32; costed as bf16")
     for offload in ("offload_optimizer", "offload_param"):
         device = zero_cfg.get(offload, {}).get("device", "none") if isinstance(zero_cfg.get(offload), dict) else "none"
         if device not in ("none", None):
             notes.append(f"zero_optimization.{offload}.device {device}: ZeRO-Offload/Infinity is not modelled; "
-                         "costed with the state on the GPU (faster and with more GPU memory than the run)")
+                         "costed with the state on the GPU (faster and with more GPU memory than the run: an out-of-"
+                         "memory verdict on its optimizer states or weights is the model's, not the run's)")
     pipe_cfg = config.get("pipeline", {}) if isinstance(config.get("pipeline"), dict) else {}
     interval = pipe_cfg.get("activation_checkpoint_interval", 0)
     tp, pp, cp, sp, layers = 1, 1, 1, False, None

@@ -84,6 +84,7 @@ VALUE = frozenset("""
 SWITCH = frozenset("""
 --group-query-attention --swiglu --untie-embeddings-and-output-weights --disable-bias-linear --add-qkv-bias
 --sequence-parallel --tp-comm-overlap --bf16 --fp16 --fp8-hybrid --use-distributed-optimizer --use-megatron-fsdp
+--use-custom-fsdp --fp8-param-gather
 --use-torch-fsdp2 --recompute-activations --checkpoint-activations
 --no-masked-softmax-fusion --no-bias-dropout-fusion --enable-vocab-parallel --account-for-embedding-in-pipeline-split
 --account-for-loss-in-pipeline-split --squared-relu --distribute-saved-activations --qk-layernorm
@@ -102,6 +103,7 @@ DEPRECATED = {
     "--use-flash-attn": "--attention-backend flash",
     "--use-rotary-position-embeddings": "--position-embedding-type rope",
     "--moe-enable-deepep": "--moe-flex-dispatcher-backend deepep",
+    "--use-custom-fsdp": "--use-megatron-fsdp",
 }
 #: Every flag the reader knows, for telling a slip of one from a flag it does not (reading.misspelling_of).
 KNOWN_FLAGS = frozenset(VALUE | SWITCH | LIST_VALUE | NEUTRAL_VALUE | NEUTRAL_SWITCH | set(DEPRECATED))
@@ -167,6 +169,10 @@ def parse_args(argv: list[str], notes: list[str]) -> dict[str, Any]:
     return args
 
 
+def _refuse(flag: str, value: Any, choices: str) -> Any:
+    raise SpecError(f"{flag} {value}: Megatron-LM takes {choices}")
+
+
 def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
     args = parse_args(argv, notes)
     if "--rampup-batch-size" in args:
@@ -187,12 +193,14 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
     zero = 0
     if args.get("--use-distributed-optimizer"):
         zero = 1
-    if args.get("--use-megatron-fsdp"):
+    if args.get("--use-megatron-fsdp") or args.get("--use-custom-fsdp"):  # the second its name before 0.14
         strategy = args.get("--data-parallel-sharding-strategy", "optim_grads_params")
         zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(strategy, 3)
     if args.get("--use-torch-fsdp2"):
         zero = 3
     _overlap_rules(args, tp or 1)
+    if args.get("--fp8-param-gather"):
+        notes.append("--fp8-param-gather: the distributed optimizer gathers FP8 weights; costed with 16-bit ones")
     if args.get("--fp16") and args.get("--bf16"):
         raise SpecError("--fp16 and --bf16: Megatron trains in one of them (validate_args); drop one")
     dtype = "fp16" if args.get("--fp16") else "bf16"
@@ -226,7 +234,8 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
 def _overlap_rules(args: dict[str, Any], tp: int) -> None:
     """validate_args' refusals of overlap and activation-distribution switches (TRAINERS.md 1.2)."""
     if args.get("--overlap-param-gather"):
-        if not (args.get("--use-distributed-optimizer") or args.get("--use-megatron-fsdp")):
+        if not (args.get("--use-distributed-optimizer") or args.get("--use-megatron-fsdp") or
+                args.get("--use-custom-fsdp")):
             raise SpecError("--overlap-param-gather without --use-distributed-optimizer: Megatron refuses it "
                             "(validate_args); add --use-distributed-optimizer or drop --overlap-param-gather")
         if not args.get("--overlap-grad-reduce"):
@@ -260,7 +269,8 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         "num_layers": _int(args, "--num-layers"), "hidden_size": h, "num_heads": heads, "num_kv_heads": kv,
         "head_dim": _int(args, "--kv-channels", h // heads), "ffn_hidden_size": ffn,
         "activation": "swiglu" if gated else "gelu",
-        "norm": "rmsnorm" if args.get("--normalization", "LayerNorm") == "RMSNorm" else "layernorm",
+        "norm": {"RMSNorm": "rmsnorm", "LayerNorm": "layernorm"}.get(args.get("--normalization", "LayerNorm"))
+        or _refuse("--normalization", args["--normalization"], "LayerNorm or RMSNorm (argparse choices)"),
         "tied_embeddings": not args.get("--untie-embeddings-and-output-weights"),
         "bias": ("qkv" if args.get("--add-qkv-bias") else "none") if args.get("--disable-bias-linear") else "all",
         "dropout": _float(args, "--attention-dropout", 0.1) > 0 or _float(args, "--hidden-dropout", 0.1) > 0,
@@ -270,6 +280,7 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         if position == "learned_absolute" else 0,
     }
     experts = _int(args, "--num-experts", 0) or 0
+    fields["num_experts"] = experts  # 0: dense, which no MoE catalog model matches
     if experts:  # mixture of experts (Megatron's --moe-* flags; megatron_moe_args.py)
         fields.update(num_experts=experts, moe_top_k=_int(args, "--moe-router-topk", 2),
                       moe_ffn_hidden_size=_int(args, "--moe-ffn-hidden-size", ffn),
@@ -342,7 +353,8 @@ def _partition(args: dict[str, Any], pp: int | None, num_layers: int | None,
     if per_chunk and num_layers:
         per_rank = (num_layers + emb + loss) // pp
         if (num_layers + emb + loss) % pp:
-            raise SpecError(f"--num-layers {num_layers} does not split over --pipeline-model-parallel-size {pp} "
+            extra = f" + {emb + loss} (embedding/loss)" if emb + loss else ""
+            raise SpecError(f"--num-layers {num_layers}{extra} does not split over --pipeline-model-parallel-size {pp} "
                             "(TransformerConfig); give a pp that divides it, or uneven first/last stages")
         if per_rank % per_chunk:
             raise SpecError(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: the {per_rank} layers of a "

@@ -125,16 +125,16 @@ def moe_model_fields(args: dict[str, Any], num_layers: int, experts: int, notes:
 
 def mla_model_fields(args: dict[str, Any], as_int) -> dict[str, Any]:
     """Multi-head latent attention sizes (zeros without --multi-latent-attention, so a config with ordinary
-    attention never matches a latent-attention catalog model), and the head width they imply where
-    --kv-channels is absent (queries and keys of qk-head-dim + qk-pos-emb-head-dim, as Megatron builds them)."""
+    attention never matches a latent-attention catalog model), and the head width they imply, whatever
+    --kv-channels says: queries and keys of qk-head-dim + qk-pos-emb-head-dim, as megatron-core's
+    multi_latent_attention.py builds them (its q_head_dim; kv_channels is not read there)."""
     if not args.get("--multi-latent-attention"):
         return {"q_lora_rank": 0, "kv_lora_rank": 0, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0, "v_head_dim": 0}
     size = {flag: as_int(args, flag, default) for flag, default in MLA_DEFAULTS.items()}
     out = {"q_lora_rank": as_int(args, "--q-lora-rank", 0) or 0, "kv_lora_rank": size["--kv-lora-rank"],
            "qk_nope_head_dim": size["--qk-head-dim"], "qk_rope_head_dim": size["--qk-pos-emb-head-dim"],
            "v_head_dim": size["--v-head-dim"]}
-    if "--kv-channels" not in args:
-        out["head_dim"] = size["--qk-head-dim"] + size["--qk-pos-emb-head-dim"]
+    out["head_dim"] = size["--qk-head-dim"] + size["--qk-pos-emb-head-dim"]
     return out
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from autotune.errors import SpecError
 
 #: Whole-number flags where 0 means none (every other one is a size or count of at least 1).
-ZERO_MEANS_NONE = {"--mtp-num-layers", "--moe-shared-expert-intermediate-size", "--q-lora-rank"}
+ZERO_MEANS_NONE = {"--mtp-num-layers", "--q-lora-rank"}
 
 
 def int_arg(args: dict[str, Any], flag: str, default: int | None = None) -> int | None:

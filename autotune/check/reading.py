@@ -57,9 +57,9 @@ class Reading:
     optimizer_states: str = "fp32"
     """Adam moments' dtype (JobSpec.optimizer_states)."""
     moe_dispatcher: str = "alltoall"
+    """MoE token dispatcher (JobSpec.moe_dispatcher)."""
     cross_entropy: str | None = None
     """The loss kernel the config runs (JobSpec.cross_entropy); None: the trainer's own."""
-    """MoE token dispatcher (JobSpec.moe_dispatcher)."""
     overlap_grad_reduce: bool = True
     """The config overlaps the data-parallel reduction with the backward where the trainer can (JobSpec's)."""
     overlap_param_gather: bool = True

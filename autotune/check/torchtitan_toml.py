@@ -122,6 +122,14 @@ def read_overrides(text: str) -> Reading:
         elif word:
             notes.append(f"argument {words[i]!r} ignored")
         i = j
+    job = tree.get("job")
+    if isinstance(job, dict) and job.get("config_file"):  # torchtitan 0.2.x: the TOML holds the run's settings
+        others = sorted(f"--{sec}.{key}" for sec, body in tree.items() if isinstance(body, dict) for key in body
+                        if (sec, key) != ("job", "config_file"))
+        toml = str(job["config_file"]).strip("'\"")
+        raise SpecError(f"--job.config_file {toml}: the run takes its settings from that TOML, which autotune does "
+                        f"not follow from a script; check it: autotune check {toml}"
+                        + (f" (with the script's overrides {', '.join(others)} written into it)" if others else ""))
     return reading_from_tree(with_overrides(config_defaults(config), tree), "cli", model, notes)
 
 
@@ -226,6 +234,11 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
         raise SpecError(f"parallelism.fsdp_reshard_after_forward {reshard!r}: use default, always or never")
     zero = 0 if shard == 1 else (3 if reshard == "always" or (reshard == "default" and pp == 1) else
                                  2 if pp == 1 else 1)
+    if replicate > 1 and shard != 1 and zero:
+        notes.append(f"HSDP (data_parallel_replicate_degree {replicate} x shard degree "
+                     f"{'the rest' if shard == -1 else shard}): costed as FSDP over all the data-parallel ranks, but "
+                     "the run shards weights, gradients and optimizer state over the shard degree only: its memory "
+                     "is under-predicted (and replicas all-reduce gradients on top)")
     if zero in (1, 2):
         notes.append(f"FSDP2 without resharding after forward: read as ZeRO-{zero} (torchtitan has no ZeRO-1/2; "
                      "weights are sharded between steps too)" + (", the closest stage a pipeline allows" if zero == 1

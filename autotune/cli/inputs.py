@@ -86,7 +86,8 @@ def read_plan(path: str, pins: Pins) -> tuple[Plan, dict[str, Any], Any]:
     if job is not None and not isinstance(job, dict):
         raise SpecError(f"{where}: 'job' must be an object, as `autotune plan --json` writes it")
     document_trainer(doc, where)  # a document names the trainer it was searched for as emit reads it, or none
-    return plan_from_dict(doc, where), job or {}, doc
+    kernels = (job or {}).get("kernels")
+    return plan_from_dict(doc, where, kernels if kernels in TRAINERS else "megatron"), job or {}, doc
 
 
 #: A plan document's job settings estimate re-costs it with: (key of its "job" block, the value's JSON type,

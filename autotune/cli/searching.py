@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from autotune.cli.inputs import JOB_FIXED, plan_source, read_document
+from autotune.cli.inputs import JOB_FIXED, plan_source, read_document, recorded_overlaps
 from autotune.cli.options import Pins, check_simulation_size, parse_choice_list, parse_int_list, show_warnings
 from autotune.costmodel.estimate import CostModel
 from autotune.errors import InvalidPlanError, SolverLimitError, SpecError
@@ -39,6 +39,8 @@ def search_space(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int, gpus_per
         if model.is_moe and job.moe_dispatcher == "deepep" and next(enumerate_candidates(
                 model, replace(job, moe_dispatcher="alltoall"), gpus, gpus_per_node, space), None) is not None:
             deepep = f", and the deepep dispatcher needs {DEEPEP_GROUP_RULE}"  # what emptied the space
+        if space.etp is not None and set(space.etp) - {1}:
+            deepep += ", etp is 1 or tp (which must divide the attention heads)"
         raise SpecError(f"no valid plan for {gpus} GPUs meets {pins.typed()} together (tp x pp x dp x cp must be "
                         f"{gpus}, dp x mbs must divide --global-batch {job.global_batch}, interleaved needs "
                         f"micro-batches divisible by pp{deepep}); relax a pin")
@@ -73,7 +75,7 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     `plan --json` document of another model, cluster or batch is refused (its plan would be costed for a job it
     was not made for); one planned with other kernels or precision is costed with this run's, with a warning."""
     doc, where = read_document(path, "--compare"), plan_source(path, "--compare")
-    plan = plan_from_dict(doc, where)
+    plan = plan_from_dict(doc, where, job.trainer)
     recorded = doc.get("job") if isinstance(doc, dict) and isinstance(doc.get("job"), dict) else {}
     fixed = {"model": model.name, "gpu": hw.name, "gpus": gpus, "gpus_per_node": hw.gpus_per_node,
              "global_batch": job.global_batch, "seq_len": job.seq_len}
@@ -87,6 +89,11 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     if other:
         show_warnings([f"{where} was planned with {', '.join(other)}; it is costed with this run's "
                        f"({', '.join(f'{k} {now[k]}' for k in now)}): give the same settings to compare it as planned"])
+    ran = recorded_overlaps(recorded, where)  # a checked config's overlaps left off and its loss kernel
+    if ran:
+        job = replace(job, **ran)
+        show_warnings([f"{where} records how its config ran ({', '.join(f'{k} {v}' for k, v in sorted(ran.items()))}"
+                       "): it is costed so"])
     check_simulation_size(plan, f"--compare {path}")
     cm = CostModel(model, hw, job, profile)
     # a saved plan states its own tensor-parallel layout, as a launch script does for `check`

@@ -360,22 +360,24 @@ def head_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:
 
 def cross_entropy_bytes(shape: LayerShape) -> tuple[int, int]:
     """Bytes moved per logit by the loss's forward and backward, as each implementation runs them (e = 16-bit).
-    'unfused', Megatron's vocab_parallel_cross_entropy (tensor_parallel/cross_entropy.py) as separate fp32 passes:
-    cast (read e, write 4), max (read 4), subtract the max (read, write), exp (read, write), sum (read), divide (read,
-    write the softmax kept for the backward) = e + 36; backward: softmax - one_hot in place (read, write), times the
-    loss gradient (read, write), cast to the 16-bit gradient (read 4, write e) = 20 + e. PyTorch's F.cross_entropy
-    on upcast logits moves about as much. 'native', megatron-core's fused_cross_entropy.py, one kernel per jit-fused
-    function: the fp32 copy and its max (read e, write 4), subtract, exp and sum (read 4, write 4), divide (read 4,
-    write 4) = e + 20; backward: gradient, scale and cast in one (read 4, write e). 'te', Transformer Engine 2.8's
-    triton/cross_entropy.py: online_softmax_kernel reads the logits (e), cross_entropy_kernel reads them again and
-    writes the gradient over them (2e); backward: element_mul_kernel scales it by the per-token loss gradient (read
-    e, write e), which Megatron's masked loss always passes (not the scalar 1.0 it skips for)."""
+    'unfused', megatron-core's vocab_parallel_cross_entropy (tensor_parallel/cross_entropy.py) as separate fp32
+    passes: cast (read e, write 4), max (read 4), subtract the max (read, write), exp (read, write), sum (read),
+    divide (read, write the softmax kept for the backward) = e + 36; backward: the one-hot update touches one logit
+    per token, then the gradient is scaled in place (read 4, write 4) and cast by autograd to the 16-bit logits'
+    dtype (read 4, write e) = 12 + e. PyTorch's F.cross_entropy on upcast logits (torchtitan, DeepSpeed) moves about
+    as much over both passes. 'native', megatron-core's fused_cross_entropy.py under torch.compile (core/jit.py), one
+    kernel per fused function: the fp32 copy and its max (read e, write 4), subtract, exp and sum (read 4, write 4),
+    divide (read 4, write 4) = e + 20; backward: update, scale and cast in one kernel that also writes back the
+    softmax it mutates, a graph input (read 4, write 4 + e). 'te', Transformer Engine 2.8's triton/cross_entropy.py:
+    online_softmax_kernel reads the logits (e), cross_entropy_kernel reads them again and writes the gradient over
+    them (2e); backward: element_mul_kernel scales it by the per-token loss gradient (read e, write e), which
+    Megatron's masked loss always passes (not the scalar 1.0 it skips for)."""
     e = shape.elem
     if shape.cross_entropy == "native":
-        return e + 20, 4 + e
+        return e + 20, 8 + e
     if shape.cross_entropy == "te":
         return 3 * e, 2 * e
-    return e + 36, 20 + e
+    return e + 36, 12 + e
 
 
 def head_backward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:

@@ -12,7 +12,8 @@ from autotune.catalog import catalog_twin, load_model
 from autotune.emit import EmitInput
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.specs._strict import boolean, choice, nonneg_float, positive_float, positive_int, text
-from autotune.specs.job import ATTENTION_BACKENDS, DTYPES, GRAD_REDUCES, MOE_DISPATCHERS, OPTIMIZER_STATES, JobSpec
+from autotune.specs.job import (ATTENTION_BACKENDS, CROSS_ENTROPIES, DTYPES, GRAD_REDUCES, MOE_DISPATCHERS,
+                               OPTIMIZER_STATES, JobSpec)
 from autotune.specs.job import TRAINERS as JOB_TRAINERS
 from autotune.specs.limits import check_name
 from autotune.specs.model import ModelSpec, model_from_dict
@@ -41,7 +42,7 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
     if model is not None:
         _check_same_model(spec, model, where)
     job_spec = _document_job(job, where)
-    plan = plan_from_dict(doc["plan"], f"{where}: plan")
+    plan = plan_from_dict(doc["plan"], f"{where}: plan", job_spec.trainer)
     if "gpus" in job and positive_int(job, "gpus", f"{where}: job") != plan.num_gpus:
         raise SpecError(f"{where}: job.gpus {job['gpus']} but the plan's tp*pp*dp*cp = {plan.num_gpus}; the "
                         "document was edited by hand: plan again, or make them agree")
@@ -83,11 +84,21 @@ def _document_job(job: dict, where: str) -> JobSpec:
                        trainer=choice(job, "kernels", JOB_TRAINERS, f"{where}: job") if "kernels" in job
                        else "megatron",  # type: ignore[arg-type]
                        attention_backend=choice(job, "attention_backend", ATTENTION_BACKENDS, f"{where}: job")
-                       if "attention_backend" in job else None)  # type: ignore[arg-type]
+                       if "attention_backend" in job else None,  # type: ignore[arg-type]
+                       # a checked config's fused loss kernel is kept; its unfused loss autotune's files fuse
+                       cross_entropy=_fused_loss(job, where))  # type: ignore[arg-type]
     except SpecError as exc:
         if str(exc).startswith(where):
             raise
         raise SpecError(f"{where}: job: {exc}") from None
+
+
+def _fused_loss(job: dict, where: str) -> str | None:
+    """The fused loss kernel a document's job block records (`check --json` of a Megatron config), else None."""
+    if "cross_entropy" not in job:
+        return None
+    kernel = choice(job, "cross_entropy", CROSS_ENTROPIES, f"{where}: job")
+    return None if kernel == "unfused" else kernel
 
 
 def document_trainer(doc: Any, where: str) -> str | None:

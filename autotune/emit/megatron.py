@@ -69,7 +69,7 @@ OPTIMIZER = (("--adam-beta1", "0.9"), ("--adam-beta2", "0.95"), ("--clip-grad", 
 MASTER_PORT = 6000
 #: Flags newer than the sail-sg/VocabularyParallelism fork's core 0.9 arguments.py: the launch script passes them
 #: only when VOCAB_PARALLEL=0 (mainline), as MAINLINE_ARGS.
-MAINLINE_ONLY = ("--attention-backend", "--cp-comm-type")
+MAINLINE_ONLY = ("--attention-backend", "--cp-comm-type", "--cross-entropy-fusion-impl")
 
 
 class Env(str):

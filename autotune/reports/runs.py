@@ -26,6 +26,10 @@ first other line is the header. Columns (all required unless marked optional; no
                      DeepSpeed's, the model dtype)
   attention_backend  optional: cudnn or flash, the attention kernel (not flash with megatron); default the trainer's
                      own (cuDNN; FlashAttention-2 for Colossal-AI)
+  cross_entropy      optional: unfused, native or te, Megatron's loss kernel (--cross-entropy-loss-fusion and
+                     --cross-entropy-fusion-impl); default native, what autotune's Megatron configs run
+  bucket_size        optional: the gradient bucket in parameters; default the trainer's own (Megatron max(40M,
+                     1M x dp), DeepSpeed 500M, else 40M)
   tp_overlap         optional: false (default) or true (TP communication overlapped with the GEMMs)
   async_tp_backward  optional: true (default) or false (Megatron before late 2021: synchronous TP backward)
   overlap_grad_reduce optional: true (default) or false (Megatron-LM's LocalDDP of 2021: gradients reduced after
@@ -52,14 +56,15 @@ from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import OVERLAP_KEYS, JobSpec
 from autotune.specs.limits import MAX_RUNS_FILE_BYTES, int_maximum
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import RECOMPUTES, SCHEDULES, Plan, check_plan, even_split, is_even_split
+from autotune.specs.plan import RECOMPUTES, SCHEDULES, Plan, check_plan, default_bucket, even_split, is_even_split
 from autotune.specs.trainer_jobs import runs_grad_reduce
 
 REQUIRED = ("model", "gpu", "gpus", "global_batch", "seq_len", "dtype", "tp", "pp", "dp", "cp", "mbs",
             "num_microbatches", "schedule", "vpp", "recompute", "zero", "sequence_parallel", "flash_attention",
             "step_time_s")
 OPTIONAL = ("layers_per_stage", "fused_kernels", "trainer", "grad_reduce", "tp_overlap", "async_tp_backward",
-            "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p", "attention_backend")
+            "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p", "attention_backend", "cross_entropy",
+            "bucket_size")
 _INTS = ("gpus", "global_batch", "seq_len", "tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp")
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
@@ -156,7 +161,7 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
                       trainer=row.get("trainer") or "megatron",
                       attention_backend=row.get("attention_backend") or None,
                       grad_reduce=row.get("grad_reduce") or runs_grad_reduce(row.get("trainer"), row["dtype"]),
-                      **switches)
+                      cross_entropy=row.get("cross_entropy") or None, **switches)
     except SpecError as exc:
         raise SpecError(f"{where}: {exc}") from None
     layers = _layers(where, row.get("layers_per_stage", ""), model, ints["pp"])
@@ -165,7 +170,9 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
                 recompute=row["recompute"], zero=ints["zero"],
                 sequence_parallel=_bool(where, "sequence_parallel", row["sequence_parallel"]),
                 vocab="ends" if is_even_split(layers) else "balanced", layers_per_stage=layers,
-                tp_overlap=_bool(where, "tp_overlap", row.get("tp_overlap") or "false"))
+                tp_overlap=_bool(where, "tp_overlap", row.get("tp_overlap") or "false"),
+                bucket_size=_int(where, "bucket_size", row["bucket_size"], minimum=1) if row.get("bucket_size")
+                else default_bucket(job.trainer, ints["dp"]))
     try:
         check_plan(plan, model, job, ints["gpus"], hw.gpus_per_node)
     except SpecError as exc:  # check_plan names the command line's flag where a runs file has its column

@@ -104,6 +104,12 @@ def _check_experts(space: SearchSpace, model: ModelSpec) -> None:
             raise SpecError(f"{flag} {','.join(map(str, values))}: {model.name} is dense (no experts); drop {flag}")
     if not model.is_moe:
         return
+    tps = set(space.tp) if space.tp is not None else None
+    for etp in space.etp or ():  # the search's two layouts (search/experts.py): experts whole, or split like attention
+        if etp != 1 and tps is not None and etp not in tps:
+            raise SpecError(f"--etp {etp}: the search splits experts 1 or tp ways (here --tp "
+                            f"{','.join(map(str, sorted(tps)))}); pin --tp {etp} too, or cost etp {etp} with "
+                            "`autotune estimate`")
     for ep in space.ep or ():
         if model.num_experts % ep:
             ok = [d for d in range(1, model.num_experts + 1) if model.num_experts % d == 0]

@@ -25,7 +25,10 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{where}: expected a JSON object")
     if isinstance(data.get("text_config"), dict) and "num_hidden_layers" not in data:
-        data = data["text_config"]  # Llama 4 and other multimodal configs: the language model's shape
+        # Llama 4 and other multimodal configs: the language model's shape; Llama 4 keeps tie_word_embeddings (false)
+        # at the top level, beside text_config
+        tied = {"tie_word_embeddings": data["tie_word_embeddings"]} if "tie_word_embeddings" in data else {}
+        data = {**tied, **data["text_config"]}
     if "n_layer" in data:
         return _model_from_gpt2_config(data, where)
     need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")

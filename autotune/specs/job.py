@@ -120,11 +120,11 @@ class JobSpec:
     (runs_attention); Megatron's is cuDNN only."""
 
     cross_entropy: Literal["unfused", "native", "te"] | None = None
-    """How the loss over the logits runs. 'unfused': separate fp32 passes (Megatron-LM without
-    --cross-entropy-loss-fusion, PyTorch's F.cross_entropy on upcast logits in torchtitan and DeepSpeed); 'native':
-    megatron-core's jit-fused passes (--cross-entropy-loss-fusion; NeMo 2.0's GPTConfig and Megatron-Bridge's
-    providers turn it on); 'te': Transformer Engine's Triton kernel (--cross-entropy-fusion-impl te), which writes
-    the gradient into the 16-bit logits. None = the trainer's own (runs_cross_entropy)."""
+    """How Megatron's loss over the logits runs. 'unfused': separate fp32 passes (Megatron-LM without
+    --cross-entropy-loss-fusion); 'native': megatron-core's jit-fused passes (--cross-entropy-loss-fusion; NeMo 2.0's
+    GPTConfig and Megatron-Bridge's providers turn it on); 'te': Transformer Engine's Triton kernel
+    (--cross-entropy-fusion-impl te), which writes the gradient into the 16-bit logits. None = the trainer's own;
+    the PyTorch trainers run F.cross_entropy on upcast logits whatever it says (runs_cross_entropy)."""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -171,9 +171,6 @@ class JobSpec:
                             "--no-flash-attention costs unfused attention; drop one of them")
         if self.cross_entropy not in (None, *CROSS_ENTROPIES):
             raise SpecError(f"cross_entropy must be one of {', '.join(CROSS_ENTROPIES)}, got {self.cross_entropy!r}")
-        if self.cross_entropy not in (None, "unfused") and self.trainer != "megatron":
-            raise SpecError(f"cross_entropy {self.cross_entropy} is Megatron's fused loss; {self.trainer} runs "
-                            "PyTorch's (unfused)")
         if self.trainer == "megatron" and self.attention_backend == "flash":
             raise SpecError("--attention-backend flash: Megatron's attention is costed as Transformer Engine's fused "
                             "(cuDNN) kernel; the flag chooses the PyTorch trainers' kernel (--kernels torchtitan, "
@@ -194,12 +191,13 @@ class JobSpec:
 
     @property
     def runs_cross_entropy(self) -> str:
-        """The loss kernel the step runs: cross_entropy where given, else the trainer's own. Megatron: the native
-        fusion, which autotune's Megatron configs turn on (--cross-entropy-loss-fusion); the PyTorch trainers:
-        F.cross_entropy on fp32 logits, unfused."""
-        if self.cross_entropy is not None:
-            return self.cross_entropy
-        return "native" if self.trainer == "megatron" else "unfused"
+        """The loss kernel the step runs. Megatron: cross_entropy where given, else the native fusion, which
+        autotune's Megatron configs turn on (--cross-entropy-loss-fusion); the PyTorch trainers: F.cross_entropy on
+        fp32 logits, unfused, whatever a Megatron config this job was read from said (the fused kernels are
+        Megatron's, so a job re-costed for another trainer keeps no Megatron choice)."""
+        if self.trainer != "megatron":
+            return "unfused"
+        return "native" if self.cross_entropy is None else self.cross_entropy
 
     @property
     def moe_load(self) -> float:

@@ -119,8 +119,9 @@ _OPTIONAL = ("cp", "vpp", "schedule", "recompute", "recompute_layers", "zero", "
              "bucket_size", "tp_mode", "tp_overlap", "ep", "etp")
 
 
-def plan_from_dict(data: Any, where: str) -> Plan:
-    """Read a plan object (or a whole `plan --json` document holding one under "plan")."""
+def plan_from_dict(data: Any, where: str, trainer: str = "megatron") -> Plan:
+    """Read a plan object (or a whole `plan --json` document holding one under "plan"); without a bucket_size, the
+    gradient bucket `trainer` runs by default at its dp (default_bucket)."""
     if isinstance(data, dict) and isinstance(data.get("plan"), dict):
         data = data["plan"]
     check_keys(data, required=_REQUIRED, optional=_OPTIONAL, where=where)
@@ -150,6 +151,7 @@ def plan_from_dict(data: Any, where: str) -> Plan:
         if not isinstance(data["recompute_layers"], int) or isinstance(data["recompute_layers"], bool):
             raise InvalidPlanError(f"{where}: recompute_layers must be an integer or null")
         extra["recompute_layers"] = data["recompute_layers"]
+    ints.setdefault("bucket_size", default_bucket(trainer, ints["dp"]))
     return Plan(layers_per_stage=tuple(layers), **ints, **extra)
 
 

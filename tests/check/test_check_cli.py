@@ -236,12 +236,19 @@ BAD = {
                    "--num-attention-heads 0: Megatron needs at least 1"),
     "topk.txt": (ARGS.replace("PARALLEL", "--num-experts 8 --moe-router-topk 9 --expert-model-parallel-size 2"), [],
                  "--moe-router-topk 9 exceeds --num-experts 8"),
+    # torchtitan 0.2.x's launch: the settings live in the TOML, which a script check silently dropped
+    "tt_run.sh": ('CONFIG_FILE=${CONFIG_FILE:-"./train_configs/llama3_70b.toml"}\ntorchrun --nproc_per_node=8 -m '
+                  'torchtitan.train --job.config_file ${CONFIG_FILE} --training.steps 100\n', ["--model", "llama3-70b"],
+                  "--job.config_file ./train_configs/llama3_70b.toml: the run takes its settings from that TOML"),
     "lbs0.toml": ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 0\nseq_len = 8192\n'
                   '[parallelism]\ndata_parallel_shard_degree = 16\n', [],
                   "the torchtitan config's micro-batch size is 0; fix it in the config (at least 1)"),
     "gbs0.toml": ('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
                   'global_batch_size = 0\n[parallelism]\ndata_parallel_shard_degree = 16\n', [],
                   "the torchtitan config's global batch size is 0; fix it in the config (at least 1)"),
+    "auto.json": ('{"train_batch_size": 256, "train_micro_batch_size_per_gpu": "auto", "zero_optimization": '
+                  '{"stage": 3}}', ["--model", "llama3-8b", "--seq-len", "4096"],
+                  "train_micro_batch_size_per_gpu 'auto' is filled in by the Hugging Face Trainer when it runs"),
     "broken.json": ('{"train_batch_size": "', ["--model", "llama3-8b", "--seq-len", "4096"],
                     "not valid JSON at line 1, column 22: Unterminated string starting at"),
     # a model the catalog lacks, whose --vocab-size Megatron ignores without the NullTokenizer
@@ -577,3 +584,34 @@ def test_dropout_left_at_megatrons_default_is_a_training_choice_not_a_shape(cli,
     doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "256", *model)
     assert doc["model_spec"]["name"] == "mixtral-8x22b" and doc["model_spec"]["dropout"] is True
     assert any("dropout on as the config runs it" in n for n in doc["check"]["notes"])
+
+
+def test_a_dense_script_never_matches_a_mixture_of_experts(cli, tmp_path: Path) -> None:
+    """A Mistral-7B-shaped script without MoE flags has Mixtral-8x7B's attention and expert width: it is dense, not
+    the MoE model (it read as mixtral-8x7b and out of memory, user-tester 2026-11-25)."""
+    script = """torchrun --nproc_per_node 8 pretrain_gpt.py \\
+  --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 \\
+  --group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm \\
+  --position-embedding-type rope --rotary-base 1000000 --untie-embeddings-and-output-weights \\
+  --disable-bias-linear --attention-dropout 0.0 --hidden-dropout 0.0 --seq-length 4096 \\
+  --max-position-embeddings 32768 --tokenizer-type HuggingFaceTokenizer --tokenizer-model mistralai/Mistral-7B-v0.3 \\
+  --tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 1 --global-batch-size 64 --bf16
+"""
+    path = _write(tmp_path, "mistral.sh", script)
+    doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "8")
+    assert doc["model_spec"]["num_experts"] in (0, 1) and "mixtral" not in doc["model_spec"]["name"]
+
+
+def test_emit_of_a_checked_te_loss_config_writes_the_loss_its_header_predicts(cli, tmp_path: Path) -> None:
+    """A config running Transformer Engine's loss, checked to JSON and emitted: the files keep that loss, so the
+    header's prediction is of what they run (they wrote the native one under TE's figures, review 2026-11-25)."""
+    script = _write(tmp_path, "te.sh", INTERLEAVED_8B + "--overlap-grad-reduce --overlap-param-gather "
+                    "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te\n")
+    checked = cli("check", str(script), "--gpu", "h100-sxm", "--gpus", "32", "--model", "llama3-8b", "--json")
+    doc = json.loads(checked.stdout)
+    assert doc["job"]["cross_entropy"] == "te"
+    saved = _write(tmp_path, "checked.json", checked.stdout)
+    emitted = cli("emit", "--plan", str(saved), "--trainer", "megatron", "--out", str(tmp_path / "emitted"))
+    assert "edited since" not in emitted.output and "cross_entropy" not in emitted.output
+    launch = (tmp_path / "emitted" / "launch_megatron.sh").read_text()
+    assert "--cross-entropy-fusion-impl te" in launch and f"{doc['step_time_s']:.3f} s" in launch

@@ -90,7 +90,9 @@ def test_latent_attention_defaults_are_megatron_lms() -> None:
     assert (found["q_lora_rank"], found["kv_lora_rank"], found["qk_nope_head_dim"], found["qk_rope_head_dim"],
             found["v_head_dim"], found["head_dim"]) == (0, 32, 128, 64, 128, 128 + 64)
     found = read_megatron(base + " --kv-channels 96 --q-lora-rank 256 --kv-lora-rank 128").model_fields
-    assert found is not None and (found["head_dim"], found["q_lora_rank"], found["kv_lora_rank"]) == (96, 256, 128)
+    # megatron-core's MLA builds its heads of qk-head-dim + qk-pos-emb-head-dim and never reads kv_channels
+    # (transformer/multi_latent_attention.py q_head_dim): a recipe's --kv-channels changes nothing
+    assert found is not None and (found["head_dim"], found["q_lora_rank"], found["kv_lora_rank"]) == (192, 256, 128)
 
 
 MOE_CASES = {

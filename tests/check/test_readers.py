@@ -466,3 +466,30 @@ def test_a_ds_pipeline_model_key_autotune_never_writes_is_refused() -> None:
         _model_fields({**block, "num_kv_heads": 3})
     with pytest.raises(SpecError, match="model: colour is not a key of the model block \\(activation, bias"):
         _model_fields({**block, "colour": "red"})
+
+
+def test_hsdp_says_its_memory_is_under_predicted() -> None:
+    """torchtitan's HSDP (replicate x shard) shards the state over the shard degree only, which the cost model's
+    FSDP over every data-parallel rank does not express: the reading says so (user-tester, 2026-11-25)."""
+    r = read_toml('[model]\nname = "llama3"\nflavor = "70B"\n[training]\nlocal_batch_size = 8\nseq_len = 8192\n'
+                  "[parallelism]\ndata_parallel_replicate_degree = 4\ndata_parallel_shard_degree = 2\n"
+                  "tensor_parallel_degree = 8\n")
+    assert r.dp == 8 and r.zero == 3
+    assert any("HSDP (data_parallel_replicate_degree 4 x shard degree 2)" in n and "under-predicted" in n
+               for n in r.notes), r.notes
+
+
+def test_megatron_spellings_a_user_tester_met() -> None:
+    """--use-custom-fsdp (Megatron FSDP's name before 0.14) is read as --use-megatron-fsdp; --fp8-param-gather is
+    known, with a note; a lowercase --normalization is refused as Megatron-LM's argparse refuses it; the
+    account-for split error counts the embedding and loss (user-tester, 2026-11-25)."""
+    base = "--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 128 "
+    r = read_megatron(base + "--use-custom-fsdp --data-parallel-sharding-strategy optim_grads_params --fp8-param-gather\n")
+    assert r.zero == 3
+    assert any("deprecated spelling of --use-megatron-fsdp" in n for n in r.notes)
+    assert any("--fp8-param-gather" in n for n in r.notes)
+    with pytest.raises(SpecError, match="--normalization rmsnorm: Megatron-LM takes LayerNorm or RMSNorm"):
+        read_megatron(base + "--normalization rmsnorm\n")
+    with pytest.raises(SpecError, match=r"--num-layers 4 \+ 2 \(embedding/loss\) does not split over"):
+        read_megatron(base + "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1 "
+                      "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split\n")

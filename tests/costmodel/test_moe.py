@@ -740,3 +740,15 @@ def test_hf_errors_name_the_config_keys_and_a_dense_prefix_is_dense_first() -> N
     assert model_from_hf_config({**HF["qwen3_moe"], "mlp_only_layers": [1, 0]}, "c.json").first_dense_layers == 2
     with pytest.raises(SpecError, match=r"only dense layers before the first MoE layer are \(mlp_only_layers"):
         model_from_hf_config({**HF["qwen3_moe"], "mlp_only_layers": [1]}, "config.json")
+
+
+def test_llama4s_top_level_untied_embeddings_apply_to_its_text_config() -> None:
+    """The hub's Llama 4 config.json keeps tie_word_embeddings false beside text_config, not inside it: the
+    language model is untied (it parsed tied, about 1B parameters short, user-tester 2026-11-25)."""
+    text = {"model_type": "llama4_text", "num_hidden_layers": 48, "hidden_size": 5120, "num_attention_heads": 40,
+            "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+            "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+            "vocab_size": 202048, "hidden_act": "silu"}
+    m = model_from_hf_config({"tie_word_embeddings": False, "text_config": text}, "config.json")
+    assert not m.tied_embeddings
+    assert total_params(m) == total_params(load_model("llama4-scout"))

@@ -138,17 +138,28 @@ def test_unfused_attention_computes_every_score_of_a_windowed_layer():
     assert ops.layer_forward_ops(_windowed(), shape) == ops.layer_forward_ops(plain, shape)
 
 
-@pytest.mark.parametrize(("kernel", "forward", "backward"), [("unfused", 38, 22), ("native", 22, 6), ("te", 6, 4)])
-def test_cross_entropy_bytes_per_logit_by_hand(kernel, forward, backward):
-    """Bytes per 16-bit logit, counted pass by pass in each implementation's source (ops.cross_entropy_bytes):
-    Megatron's unfused vocab_parallel_cross_entropy, megatron-core's jit-fused fused_cross_entropy.py (three
-    kernels forward, one backward) and Transformer Engine's two Triton kernels plus the backward's scale."""
+# Bytes per 16-bit logit, pass by pass, each a (read, write) of a full logits tensor from the implementations'
+# source: megatron-core 0.16 tensor_parallel/cross_entropy.py unfused: .float(), max, -= max, exp, sum, div_;
+# backward mul_ and autograd's cast (the one-hot update is one logit per token). fusions/fused_cross_entropy.py under
+# torch.compile: 3 fused forward functions, 1 backward that writes back its mutated input. TE 2.8
+# triton/cross_entropy.py: online_softmax_kernel, cross_entropy_kernel (gradient in place), element_mul_kernel.
+PASSES = {
+    "unfused": ([(2, 4), (4, 0), (4, 4), (4, 4), (4, 0), (4, 4)], [(4, 4), (4, 2)]),
+    "native": ([(2, 4), (4, 4), (4, 4)], [(4, 4 + 2)]),
+    "te": ([(2, 0), (2, 2)], [(2, 2)]),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(PASSES))
+def test_cross_entropy_bytes_per_logit_by_hand(kernel):
+    """The head's loss ops move, per logit, the sum of their source's passes (PASSES above)."""
     shape = ops.LayerShape(tokens=2048, kv_tokens=2048, mbs=1, tp=2, sp=False, elem=2, flash=True, fused=True,
                            cross_entropy=kernel)
     model = gpt_model(vocab=32000)
     fwd = {op.name: op for op in ops.head_forward_ops(model, shape)}["cross_entropy"]
     bwd = {op.name: op for op in ops.head_backward_ops(model, shape)}["cross_entropy_bwd"]
     logits = 2048 * 32000 / 2
+    forward, backward = (sum(r + w for r, w in passes) for passes in PASSES[kernel])
     assert (fwd.bytes / logits, bwd.bytes / logits) == (forward, backward)
 
 

@@ -115,7 +115,7 @@ GOLDEN: dict[str, EmitInput] = {"even": EVEN, "uneven_vocab": UNEVEN_VOCAB, "int
 PLANNER_CASES: tuple[tuple[str, str, str, int, int, int, str, dict], ...] = (
     ("llama3-8b-8xh100", "llama3-8b", "h100-sxm", 8, 64, 8192, "bf16", {}),  # pp 1, ZeRO-3
     ("llama3-8b-16xh100-pp4-balanced", "llama3-8b", "h100-sxm", 16, 128, 8192, "bf16",
-     {"pp": (4,), "vocab": ("balanced",)}),  # uneven first/last, cp 4
+     {"pp": (4,), "vocab": ("balanced",), "layers_per_stage": (7, 9, 9, 7)}),  # uneven first/last, equal middle
     ("llama3-8b-16xh100-pinned-layout", "llama3-8b", "h100-sxm", 16, 128, 8192, "bf16",
      {"pp": (4,), "cp": (1,), "layers_per_stage": (7, 9, 8, 8)}),  # unequal middle ranks: a layout
     ("llama3-8b-32xh100-interleaved-balanced", "llama3-8b", "h100-sxm", 32, 256, 8192, "bf16",

@@ -100,10 +100,11 @@ def evaluate_row(row: dict[str, str], gpu: str = "a100-80gb") -> RowResult:
     # fp16 gradient buffers: Megatron-LM keeps fp16 training's gradients in fp16 unless given
     # --accumulate-allreduce-grads-in-fp32 (its validate_args forces fp32 for bf16 only), and the paper's scripts
     # (examples/pretrain_gpt3_175B.sh) do not give it; its LocalDDP reduced them after the backward, and its
-    # interleaved schedule waited on every send (overlap_p2p_comm came in 2023)
+    # interleaved schedule waited on every send (overlap_p2p_comm came in 2023), and its loss ran unfused (the fused
+    # cross-entropy came with megatron-core)
     job = JobSpec(global_batch=int(row["global_batch"]), seq_len=SEQ_LEN, dtype="fp16", flash_attention=False,
                   fused_kernels=True, async_tp_backward=False, grad_reduce="fp16", overlap_grad_reduce=False,
-                  overlap_p2p=False)
+                  overlap_p2p=False, cross_entropy="unfused")
     hw = load_hardware(gpu)
     cm = CostModel(model, hw, job)
     estimates = [cm.estimate(plan) for plan in candidate_plans(row, model, job, hw.gpus_per_node)]
