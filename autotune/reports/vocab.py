@@ -45,7 +45,9 @@ def paper4_model(vocab: int) -> ModelSpec:
 
 
 def paper4_job(seq_len: int) -> JobSpec:
-    return JobSpec(global_batch=MICROBATCHES, seq_len=seq_len)
+    """The paper's runs: the sail-sg fork (Megatron-LM core 0.9) without --cross-entropy-loss-fusion, so the loss
+    runs as separate fp32 passes, as in its baseline."""
+    return JobSpec(global_batch=MICROBATCHES, seq_len=seq_len, cross_entropy="unfused")
 
 
 @dataclass(frozen=True, slots=True)
