@@ -226,6 +226,11 @@ def _solve(model, objective, pipe, cc: CandidateCosts, chunks, r, choice, budget
     trial = model.Clone()
     found: PartitionResult | None = None
     for branching, conflicts in _ATTEMPTS:
+        if found is not None and conflicts is not None:
+            # the fixed and LP strategies are there to find a first plan where the automatic search stalls; with
+            # one in hand what is left is the proof, which they only delay (llama3-70b on 16384 H100s: 3.8 s of
+            # UNKNOWN attempts before the unbounded automatic search proved its winner in 0.9 s)
+            continue
         solver = _solver(branching, conflicts, budget, presolve=cc.cand.num_microbatches > 2 * cc.cand.pp)  # see there
         status = solver.StatusName(solver.Solve(trial))
         budget.spend(solver.deterministic_time)
