@@ -249,7 +249,8 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     schedule_name = _get(tree, "parallelism", "pipeline_parallel_schedule", str, "1F1B")
     schedule = _schedule(schedule_name) if pp > 1 else "1f1b"
     if schedule == "v-half":
-        notes.append("ZBVZeroBubble read as v-half (the same V placement of 2 stages per rank); it keeps about "
+        notes.append("ZBVZeroBubble read as v-half (the same V placement of 2 stages per rank, its layers evened "
+                     "to two equal chunks a rank where torchtitan's split gives a rank an odd count); it keeps about "
                      "1F1B's activation memory, above the v-half prediction")
     mbs = _get(tree, "parallelism", "pipeline_parallel_microbatch_size", int, 1) if pp > 1 else lbs
     if pp > 1 and lbs % mbs:
@@ -352,6 +353,11 @@ def per_rank(counts: list[int], pp: int, schedule: str) -> tuple[int, ...]:
     for v, n in enumerate(counts):
         rank = (v if v < pp else 2 * pp - 1 - v) if schedule == "v-half" else v % pp
         ranks[rank] += n
+    if schedule == "v-half":  # autotune's V-Half holds two equal chunks a rank: odd counts move a layer, in pairs,
+        odd = [i for i, n in enumerate(ranks) if n % 2]  # from the larger to the smaller
+        for a, b in zip(odd[0::2], odd[1::2]):
+            step = 1 if ranks[a] > ranks[b] else -1
+            ranks[a], ranks[b] = ranks[a] - step, ranks[b] + step
     return tuple(ranks)
 
 

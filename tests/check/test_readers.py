@@ -493,3 +493,17 @@ def test_megatron_spellings_a_user_tester_met() -> None:
     with pytest.raises(SpecError, match=r"--num-layers 4 \+ 2 \(embedding/loss\) does not split over"):
         read_megatron(base + "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1 "
                       "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split\n")
+
+
+def test_torchtitans_zbv_split_is_evened_to_two_chunks_a_rank() -> None:
+    """torchtitan splits Llama 3 8B over 8 V stages as [4, 4, 4, 4, 4, 4, 4, 4] plus the embedding and head,
+    which gives ranks 7, 9, 8, 8 layers; autotune's V-Half holds two equal chunks a rank, so the reading moves a
+    layer between the odd ranks, 8, 8, 8, 8, and says so (it refused the config, user-tester 2026-11-25)."""
+    from autotune.check.torchtitan_toml import per_rank
+
+    assert per_rank([3, 4, 4, 4, 4, 4, 5, 4], 4, "v-half") == (8, 8, 8, 8)  # the V gives ranks 7, 9, 8, 8
+    assert per_rank([3, 4, 4, 4, 4, 4, 5, 4], 4, "interleaved") == (7, 8, 9, 8)  # looped: as they come
+    r = read_toml('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 8\nseq_len = 8192\n'
+                  '[parallelism]\ndata_parallel_shard_degree = 8\npipeline_parallel_degree = 4\n'
+                  'pipeline_parallel_schedule = "ZBVZeroBubble"\n')
+    assert r.schedule == "v-half" and any("evened to two equal chunks" in n for n in r.notes)
