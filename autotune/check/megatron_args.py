@@ -103,7 +103,7 @@ DEPRECATED = {
     "--use-flash-attn": "--attention-backend flash",
     "--use-rotary-position-embeddings": "--position-embedding-type rope",
     "--moe-enable-deepep": "--moe-flex-dispatcher-backend deepep",
-    "--use-custom-fsdp": "--use-megatron-fsdp",
+    "--use-custom-fsdp": "--use-megatron-fsdp",  # its name before megatron-core 0.14
 }
 #: Every flag the reader knows, for telling a slip of one from a flag it does not (reading.misspelling_of).
 KNOWN_FLAGS = frozenset(VALUE | SWITCH | LIST_VALUE | NEUTRAL_VALUE | NEUTRAL_SWITCH | set(DEPRECATED))
@@ -138,6 +138,8 @@ def parse_args(argv: list[str], notes: list[str]) -> dict[str, Any]:
             notes.append(f"{flag} is a deprecated spelling of {DEPRECATED[flag]}; read as that")
         if flag in SWITCH:
             args[flag], i = True, i + 1
+            if DEPRECATED.get(flag) in SWITCH:  # a renamed switch: every reader sees the current name
+                args[DEPRECATED[flag]] = True
         elif flag in NEUTRAL_VALUE or flag in NEUTRAL_SWITCH:  # any values it has go with it
             args[flag], i = inline or True, i + 1
             while i < len(argv) and not argv[i].startswith("--"):
@@ -193,7 +195,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
     zero = 0
     if args.get("--use-distributed-optimizer"):
         zero = 1
-    if args.get("--use-megatron-fsdp") or args.get("--use-custom-fsdp"):  # the second its name before 0.14
+    if args.get("--use-megatron-fsdp"):
         strategy = args.get("--data-parallel-sharding-strategy", "optim_grads_params")
         zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(strategy, 3)
     if args.get("--use-torch-fsdp2"):
@@ -234,8 +236,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
 def _overlap_rules(args: dict[str, Any], tp: int) -> None:
     """validate_args' refusals of overlap and activation-distribution switches (TRAINERS.md 1.2)."""
     if args.get("--overlap-param-gather"):
-        if not (args.get("--use-distributed-optimizer") or args.get("--use-megatron-fsdp") or
-                args.get("--use-custom-fsdp")):
+        if not (args.get("--use-distributed-optimizer") or args.get("--use-megatron-fsdp")):
             raise SpecError("--overlap-param-gather without --use-distributed-optimizer: Megatron refuses it "
                             "(validate_args); add --use-distributed-optimizer or drop --overlap-param-gather")
         if not args.get("--overlap-grad-reduce"):

@@ -65,11 +65,11 @@ class Reading:
     overlap_param_gather: bool = True
     """The config gathers the distributed optimizer's weights behind the next forward (JobSpec's)."""
     overlap_p2p: bool = True
+    """The config lets Megatron's interleaved schedule overlap its pipeline sends (JobSpec's)."""
     warmup_flush: bool = False
     """Megatron's --overlap-p2p-communication-warmup-flush (costed without it)."""
     microbatch_group: int | None = None
     """Megatron's --microbatch-group-size-per-virtual-pipeline-stage (costed as its default, pp)."""
-    """The config lets Megatron's interleaved schedule overlap its pipeline sends (JobSpec's)."""
     moe_capacity: tuple[float, bool] = (0.0, False)
     """MoE capacity factor (0: dropless) and whether experts are padded to it (JobSpec.moe_capacity_factor)."""
     moe_imbalance: float | None = None

@@ -486,6 +486,7 @@ def test_megatron_spellings_a_user_tester_met() -> None:
     base = "--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 128 "
     r = read_megatron(base + "--use-custom-fsdp --data-parallel-sharding-strategy optim_grads_params --fp8-param-gather\n")
     assert r.zero == 3
+    assert r.overlap_grad_reduce  # Megatron-FSDP sharding gradients forces the overlap: the old name says so too
     assert any("deprecated spelling of --use-megatron-fsdp" in n for n in r.notes)
     assert any("--fp8-param-gather" in n for n in r.notes)
     with pytest.raises(SpecError, match="--normalization rmsnorm: Megatron-LM takes LayerNorm or RMSNorm"):
