@@ -149,6 +149,15 @@ def job_from_plan_document(given: dict[str, Any], recorded: dict[str, Any], wher
     return out
 
 
+def refuse_other_job(recorded: dict[str, Any], fixed: dict[str, Any], where: str, fix: str) -> None:
+    """A document's job block that names another model, cluster, batch or sequence length than `fixed` (by key of
+    JOB_FIXED) is a one-line error ending in `fix`."""
+    for key, flag in JOB_FIXED:
+        if key in recorded and recorded[key] != fixed[key]:
+            raise SpecError(f"{where} was planned with {key} {recorded[key]!r}, the command line gives {flag} "
+                            f"{fixed[key]!r}; {fix}")
+
+
 def settle_job_settings(recorded: dict[str, Any], where: str, values: dict[str, Any], given: set[str],
                         fixed: dict[str, Any]) -> dict[str, Any]:
     """estimate's job settings (`values`, by parameter) with what the plan document recorded filled in, so a
@@ -158,10 +167,7 @@ def settle_job_settings(recorded: dict[str, Any], where: str, values: dict[str, 
     out = dict(values)
     if "moe_dispatcher" in recorded:  # an MoE job block leaves out the capacity of dropless routing
         recorded = {"moe_capacity_factor": 0.0, "moe_pad_to_capacity": False, **recorded}
-    for key, flag in JOB_FIXED:
-        if key in recorded and recorded[key] != fixed[key]:
-            raise SpecError(f"{where} was planned with {key} {recorded[key]!r}, the command line gives "
-                            f"{flag} {fixed[key]!r}; give the same, or plan again")
+    refuse_other_job(recorded, fixed, where, "give the same, or plan again")
     for key, kind, param, flag, negated in JOB_SETTINGS:
         if key not in recorded:
             continue

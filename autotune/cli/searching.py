@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from autotune.cli.inputs import JOB_FIXED, plan_source, read_document, recorded_overlaps
+from autotune.cli.inputs import plan_source, read_document, recorded_overlaps, refuse_other_job
 from autotune.cli.options import Pins, check_simulation_size, parse_choice_list, parse_int_list, show_warnings
 from autotune.costmodel.estimate import CostModel
 from autotune.errors import InvalidPlanError, SolverLimitError, SpecError
@@ -79,10 +79,7 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     recorded = doc.get("job") if isinstance(doc, dict) and isinstance(doc.get("job"), dict) else {}
     fixed = {"model": model.name, "gpu": hw.name, "gpus": gpus, "gpus_per_node": hw.gpus_per_node,
              "global_batch": job.global_batch, "seq_len": job.seq_len}
-    for key, flag in JOB_FIXED:
-        if key in recorded and recorded[key] != fixed[key]:
-            raise SpecError(f"{where} was planned with {key} {recorded[key]!r}, the command line gives {flag} "
-                            f"{fixed[key]!r}; compare a plan of the same job, or plan again")
+    refuse_other_job(recorded, fixed, where, "compare a plan of the same job, or plan again")
     now = {"dtype": job.dtype, "kernels": job.trainer, "grad_reduce": job.grad_reduce,
            "optimizer_states": job.optimizer_states}
     other = [f"{key} {recorded[key]}" for key in now if key in recorded and recorded[key] != now[key]]
