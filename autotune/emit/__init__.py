@@ -182,20 +182,23 @@ def mtp_warning(trainer: str, inp: EmitInput) -> str | None:
 
 
 def rope_scaling_warning(trainer: str, inp: EmitInput) -> str | None:
-    """A model whose config.json carries YaRN rope scaling (a released DeepSeek-V3 or GPT-OSS checkpoint): only
-    torchtitan's own models of them build it. Megatron's config trains plain RoPE, which is what pretraining at
-    the original context does but not what continuing the released checkpoint needs; DeepSpeed's and
-    Colossal-AI's configs hand the model code its type and factor (the code must build it)."""
+    """A model whose config.json carries YaRN rope scaling (a released DeepSeek-V3 or GPT-OSS checkpoint) or
+    linear scaling (Gemma 3's global layers): only torchtitan's own models of the YaRN ones build it. Megatron's
+    config trains plain RoPE, which is what pretraining at the original context does but not what continuing the
+    released checkpoint needs; DeepSpeed's and Colossal-AI's configs hand the model code its type and factor (the
+    code must build it)."""
     m = inp.model
-    if m.rope_scaling != "yarn" or (trainer == "torchtitan" and m.known_as in TORCHTITAN_MOE_MODELS):
+    if m.rope_scaling not in ("yarn", "linear") or (
+            trainer == "torchtitan" and m.rope_scaling == "yarn" and m.known_as in TORCHTITAN_MOE_MODELS):
         return None
+    kind = {"yarn": "YaRN", "linear": "linear (position interpolation)"}[m.rope_scaling]
     if trainer in ("deepspeed", "colossalai"):
-        return (f"{m.name}: YaRN rope scaling (factor {m.rope_scaling_factor:g}) is written into the {trainer} "
-                "config's model hyperparameters by type and factor only (not its beta_fast/beta_slow or original "
-                "context): the model code must build it")
-    return (f"{m.name}: its YaRN rope scaling (factor {m.rope_scaling_factor:g}) is not in the {trainer} config, "
+        extra = " (not its beta_fast/beta_slow or original context)" if m.rope_scaling == "yarn" else ""
+        return (f"{m.name}: {kind} rope scaling (factor {m.rope_scaling_factor:g}) is written into the {trainer} "
+                f"config's model hyperparameters by type and factor only{extra}: the model code must build it")
+    return (f"{m.name}: its {kind} rope scaling (factor {m.rope_scaling_factor:g}) is not in the {trainer} config, "
             f"which trains plain RoPE (base {m.rope_theta:g}): right for pretraining, not for continuing a "
-            "checkpoint trained with YaRN (set the trainer's YaRN options for that)")
+            f"checkpoint trained with it (set the trainer's RoPE scaling options for that)")
 
 
 def full_attention_warning(trainer: str, inp: EmitInput) -> str | None:

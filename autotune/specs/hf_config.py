@@ -17,6 +17,16 @@ from autotune.specs.model import ModelSpec, model_from_dict
 _HF_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu": "gelu", "gelu_new": "gelu",
            "gelu_fast": "gelu", "relu": "gelu"}
 _UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+#: What transformers fills in for a text_config that leaves a key out, by its model_type. Gemma 3's multimodal
+#: config.json files (google/gemma-3-4b/12b/27b) give only the keys that differ from Gemma3TextConfig's
+#: defaults: no vocab_size, and no head_dim or sliding_window in some (transformers 4.50.0,
+#: models/gemma3/configuration_gemma3.py, Gemma3TextConfig.__init__).
+TEXT_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {"gemma3_text": {
+    "vocab_size": 262_208, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 1_000_000.0, "attention_bias": False,
+    "sliding_window": 4096, "sliding_window_pattern": 6, "initializer_range": 0.02}}
+#: Families whose attention normalizes every query and key head (transformers' q_norm and k_norm)
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text")
 _GATED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "mixtral", "phi3")
 
 
@@ -28,7 +38,8 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         # Llama 4 and other multimodal configs: the language model's shape; Llama 4 keeps tie_word_embeddings (false)
         # at the top level, beside text_config
         tied = {"tie_word_embeddings": data["tie_word_embeddings"]} if "tie_word_embeddings" in data else {}
-        data = {**tied, **data["text_config"]}
+        text = data["text_config"]
+        data = {**tied, **TEXT_CONFIG_DEFAULTS.get(str(text.get("model_type", "")), {}), **text}
     if "n_layer" in data:
         return _model_from_gpt2_config(data, where)
     need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -64,7 +75,7 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
     }
     if data.get("head_dim"):
         spec["head_dim"] = data["head_dim"]
-    if model_type in ("qwen3", "qwen3_moe"):  # transformers' Qwen3 attention always has q_norm and k_norm
+    if model_type in _QK_NORM_TYPES:
         spec["qk_norm"] = True
     spec.update(_hf_training_keys(data, where))
     spec.update(moe)
@@ -218,7 +229,7 @@ MAX_ROPE_SCALING_FACTOR = 1024.0
 def _hf_training_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
     """RoPE base and scaling, norm epsilon and init std of a Llama-style config.json, where given (Llama 3.1's
     rope_scaling is {"rope_type": "llama3", "factor": 8.0, ...}, DeepSeek-V3's {"type": "yarn", "factor": 40,
-    ...}; YaRN's other settings are not carried). A value that is there but unusable is a one-line error naming
+    ...}, Gemma 3's {"rope_type": "linear", "factor": 8.0}; YaRN's other settings are not carried). A value that is there but unusable is a one-line error naming
     the key, not a silent default: the emitters write these values into the launch configs."""
     out: dict[str, Any] = {}
     for key, ours in (("rope_theta", "rope_theta"), ("rms_norm_eps", "norm_eps"), ("layer_norm_eps", "norm_eps"),
@@ -238,9 +249,9 @@ def _hf_training_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
         return out
-    if kind not in ("llama3", "yarn"):
-        raise SpecError(f"{where}: rope_scaling type {kind!r} is not one autotune carries into launch configs "
-                        "(llama3, yarn); drop rope_scaling to plan the model without it")
+    if kind not in ("llama3", "yarn", "linear"):
+        raise SpecError(f"{where}: rope_scaling type {kind!r} is not one autotune knows (llama3, yarn, linear); "
+                        "drop rope_scaling to plan the model without it")
     factor = scaling.get("factor")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= MAX_ROPE_SCALING_FACTOR:
         raise SpecError(f"{where}: rope_scaling factor must be a number > 0 and <= {MAX_ROPE_SCALING_FACTOR:g}, got "

@@ -126,10 +126,11 @@ class ModelSpec:
     # the common RMSNorm/LayerNorm epsilon and GPT-2's init std, which Hugging Face configs also default to.
     rope_theta: float = 10000.0
     """RoPE base (Llama 3: 500000; Qwen2.5: 1000000)."""
-    rope_scaling: Literal["none", "llama3", "yarn"] = "none"
+    rope_scaling: Literal["none", "llama3", "yarn", "linear"] = "none"
     """RoPE frequency scaling: llama3 = Llama 3.1's (low 1, high 4, original context 8192); yarn = YaRN, the
-    context extension a released DeepSeek-V3 or GPT-OSS checkpoint carries (recorded so that a launch config
-    that does not write it says so: emit.rope_scaling_warning)."""
+    context extension a released DeepSeek-V3 or GPT-OSS checkpoint carries; linear = position interpolation
+    (positions divided by the factor: Gemma 3's global layers). yarn and linear are recorded so that a launch
+    config that does not write them says so (emit.rope_scaling_warning)."""
     rope_scaling_factor: float = 1.0
     """The scaling factor (Llama 3.1: 8)."""
     norm_eps: float = 1e-5
@@ -197,7 +198,7 @@ _REQUIRED = ("name", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size"
 _OPTIONAL = ("schema", "num_kv_heads", "head_dim", "bias", "dropout", "causal", "position_embedding",
              "max_position_embeddings", "source", "catalog_name", "published_params_B", "description", "rope_theta",
              "rope_scaling", "rope_scaling_factor", "norm_eps", "init_std")
-ROPE_SCALINGS = ("none", "llama3", "yarn")
+ROPE_SCALINGS = ("none", "llama3", "yarn", "linear")
 #: More multi-token prediction modules than any published model trains (DeepSeek-V3: 1)
 MAX_MTP_LAYERS = 16
 # Mixture-of-experts and MLA keys, kept apart from the list above

@@ -17,7 +17,10 @@ from ._helpers import gpt_model
 #   llama3-70b  70.6B   Hugging Face hub, meta-llama/Meta-Llama-3-70B (safetensors total)
 #   llama3-405b 405B    Llama Team 2024, "The Llama 3 Herd of Models", Table 3
 #   llama2-70b  69B     Hugging Face hub, meta-llama/Llama-2-70b-hf (safetensors total, 68.98B)
+#   gemma3-27b  27.02B  Gemma Team 2025, "Gemma 3 Technical Report", Table 1 (1,416M embedding + 25,600M
+#                       non-embedding; the vision encoder apart)
 PUBLISHED_PARAMS = {
+    "gemma3-27b": 27.016e9,
     "gpt3-175b": 175e9,
     "llama3-8b": 8.03e9,
     "llama3-70b": 70.6e9,

@@ -172,6 +172,15 @@ def test_yarn_models_warn_that_the_config_trains_plain_rope() -> None:
     assert "by type and factor only" in rope_scaling_warning("deepspeed", inp)  # its model dict carries them
     dense = Plan(tp=2, pp=1, dp=4, mbs=1, num_microbatches=1024, layers_per_stage=(32,))
     assert rope_scaling_warning("megatron", _inp("llama3.1-8b", "h100-sxm", JOB, dense)) is None
+    # Gemma 3's linear scaling (position interpolation, factor 8): said the same way, torchtitan included (it
+    # ships no Gemma 3)
+    gemma = _inp("gemma3-27b", "h100-sxm", JOB, Plan(tp=8, pp=1, dp=1, mbs=1, num_microbatches=4096,
+                                                    layers_per_stage=(62,)))
+    for trainer in ("megatron", "torchtitan"):
+        assert "linear (position interpolation) rope scaling (factor 8) is not in the" in rope_scaling_warning(
+            trainer, gemma)
+    said = rope_scaling_warning("deepspeed", gemma)
+    assert "by type and factor only: the model code" in said and "beta_fast" not in said
 
 
 def test_a_trainer_without_deepep_says_its_config_runs_alltoall() -> None:

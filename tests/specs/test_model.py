@@ -86,7 +86,7 @@ def test_hf_config_missing_keys_are_named():
     ({"rms_norm_eps": 0}, "rms_norm_eps must be a number > 0, got 0"),
     ({"initializer_range": -0.01}, "initializer_range must be a number > 0"),
     ({"rope_scaling": "llama3"}, "rope_scaling must be an object"),
-    ({"rope_scaling": {"type": "linear", "factor": 4}}, "rope_scaling type 'linear' is not one autotune carries"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 4}}, "rope_scaling type 'dynamic' is not one autotune knows"),
     ({"rope_scaling": {"rope_type": "llama3"}}, "rope_scaling factor must be a number > 0 and <= 1024, got None"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": -8}}, "rope_scaling factor must be"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 1e9}}, "rope_scaling factor must be"),
@@ -242,3 +242,44 @@ def test_hf_config_inconsistencies_are_named(extra, message):
     without its key-value rank (which silently dropped MLA)."""
     with pytest.raises(SpecError, match=re.escape(message)):
         model_from_hf_config({**_HF_SMALL, **extra}, "config.json")
+
+
+#: google/gemma-3-27b-pt's config.json on the Hugging Face hub, its language-model part: the multimodal wrapper
+#: (model_type gemma3) gives only the text_config keys that differ from transformers' Gemma3TextConfig defaults
+GEMMA3_27B = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+              "initializer_range": 0.02, "mm_tokens_per_image": 256,
+              "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504,
+                              "model_type": "gemma3_text", "num_attention_heads": 32, "num_hidden_layers": 62,
+                              "num_key_value_heads": 16, "query_pre_attn_scalar": 168,
+                              "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+              "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model", "num_hidden_layers": 27}}
+
+
+def test_gemma3_multimodal_config_takes_transformers_text_defaults_and_is_the_catalog_model():
+    """What the text_config leaves out is transformers 4.50.0's Gemma3TextConfig default (vocab 262208,
+    gelu_pytorch_tanh, tied, rope_theta 1e6, every 6th layer global), as transformers itself reads the file; the
+    result is the catalog's gemma3-27b field for field, whose parameters match the Gemma 3 report's Table 1
+    (tests/costmodel/test_memory.py)."""
+    from dataclasses import fields
+
+    m = model_from_hf_config(GEMMA3_27B, "config.json")
+    assert (m.vocab_size, m.activation, m.tied_embeddings, m.rope_theta, m.norm_eps) == (
+        262208, "geglu", True, 1e6, 1e-6)
+    assert (m.sliding_window, m.sliding_window_layers, m.qk_norm) == (1024, 62 - 62 // 6, True)
+    assert (m.rope_scaling, m.rope_scaling_factor) == ("linear", 8.0)
+    catalog = load_model("gemma3-27b")
+    assert [f.name for f in fields(m) if getattr(m, f.name) != getattr(catalog, f.name)] == ["name", "source"]
+    # a key the text_config gives wins over the default; the default never reaches a config without text_config
+    small = model_from_hf_config({"text_config": {**GEMMA3_27B["text_config"], "vocab_size": 1000}}, "c.json")
+    assert small.vocab_size == 1000
+    with pytest.raises(SpecError, match="missing vocab_size"):
+        model_from_hf_config({k: v for k, v in GEMMA3_27B["text_config"].items()}, "c.json")
+
+
+def test_an_unknown_rope_scaling_type_is_one_line_naming_the_ones_known():
+    bad = {**GEMMA3_27B, "text_config": {**GEMMA3_27B["text_config"], "rope_scaling": {"rope_type": "dynamic",
+                                                                                       "factor": 2.0}}}
+    with pytest.raises(SpecError, match=r"rope_scaling type 'dynamic' is not one autotune knows \(llama3, yarn, "
+                                        r"linear\)") as err:
+        model_from_hf_config(bad, "c.json")
+    assert "\n" not in str(err.value)
