@@ -77,6 +77,10 @@ def test_models_json(cli):
     assert "mtp_layers" not in models["qwen3-30b-a3b"]
     maverick = models["llama4-maverick"]  # every second layer MoE
     assert (maverick["moe_layer_freq"], maverick["published_params_B"]) == (2, 400)
+    # OpenAI's card counts 5.13B active without the input embedding (201088 x 2880 = 0.579B): both are given
+    oss = models["gpt-oss-120b"]
+    assert oss["active_params_B_without_input_embedding"] == pytest.approx(5.13, rel=0.01)
+    assert oss["active_params_B"] - oss["active_params_B_without_input_embedding"] == pytest.approx(0.579, abs=1e-3)
 
 
 def test_hardware_lists_the_catalog(cli):

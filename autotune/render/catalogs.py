@@ -26,6 +26,7 @@ def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[s
         **({"num_experts": m.num_experts, "moe_top_k": m.moe_top_k, "moe_ffn_hidden_size": m.moe_ffn_hidden_size,
             "num_shared_experts": m.num_shared_experts, "first_dense_layers": m.first_dense_layers,
             "moe_layer_freq": m.moe_layer_freq, "active_params_B": rounded(active_params(m) / 1e9),
+            "active_params_B_without_input_embedding": rounded(active_params(m, input_embedding=False) / 1e9),
             "published_active_params_B": raw.get("published_active_params_B")} if m.is_moe else {}),
         **({"mtp_layers": m.mtp_layers, "mtp_params_B": rounded(mtp_total_params(m) / 1e9)} if m.mtp_layers else {}),
         "description": raw.get("description", ""), "source": m.source,
@@ -33,7 +34,9 @@ def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[s
 
 
 def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> Table:
-    table = Table(title="Models (--model NAME, or a path to a config.json)", title_justify="left")
+    table = Table(title="Models (--model NAME, or a path to a config.json)", title_justify="left",
+                  caption="act: the parameters one token passes through, input embedding included (as Mistral and "
+                          "Qwen count; OpenAI's GPT-OSS card leaves it out: --json gives both)", caption_justify="left")
     for col in ("name", "layers", "hidden", "heads/kv", "ffn", "vocab", "act", "experts", "params B"):
         table.add_column(col, justify="left" if col in ("name", "act") else "right", no_wrap=True)
     table.add_column("source")  # the only column that shrinks to fit the width
