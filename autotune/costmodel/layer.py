@@ -19,7 +19,8 @@ from autotune.costmodel.memory import (LayerActivations, dense_layer_params, emb
 from autotune.costmodel.moe import moe_activation_bytes, moe_comm
 from autotune.costmodel.ops import (LayerShape, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
-from autotune.costmodel.tpcomm import recomputed_gathers_s, regathers_inputs, tp_layer_comm
+from autotune.costmodel.tpcomm import (recomputed_gathers_s, regathers_inputs, tp_layer_comm,
+                                       userbuffer_bytes)
 from autotune.costmodel.tpmodes import layer_tp_comm_s, layer_tp_memory
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -79,6 +80,9 @@ class LayerCost:
     sac_gather_s: float = 0.0
     """torchtitan's backward re-gather of the block inputs, which only its selective checkpointing runs
     (tpcomm.recomputed_gathers_s): charged with that recomputation, not in tp_bwd_s."""
+    buffers: int = 0
+    """Bytes a GPU allocates once for this layer's collectives, whatever its layer count (Megatron's TE
+    userbuffers under tp overlap: tpcomm.userbuffer_bytes)."""
 
     @property
     def stage_params(self) -> int:
@@ -232,7 +236,7 @@ def blend_layers(moe: LayerCost, dense: LayerCost, w: float, freq: int = 1) -> L
                      memory_expert_params=math.ceil(moe.expert_params / freq),
                      surplus_params=moe.params - math.ceil((moe.params + (freq - 1) * dense.params) / freq),
                      surplus_expert_params=moe.expert_params - math.ceil(moe.expert_params / freq),
-                     dense_params=dense.params)
+                     dense_params=dense.params, buffers=max(moe.buffers, dense.buffers))
 
 
 def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
@@ -266,7 +270,8 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
         sac_gather_s=recomputed_gathers_s(model, hw, job, shape, blocks),
         selective_s=_sac_seconds(fwd_ops, hw, job, lookup) if job.trainer == "torchtitan" else -1.0,
         wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup, kernel),
-        expert_params=moe_expert_share(model, tp, ep, etp) if moe else 0)
+        expert_params=moe_expert_share(model, tp, ep, etp) if moe else 0,
+        buffers=userbuffer_bytes(model, hw, job, shape, tp_overlap))
 
 
 def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec, moe: bool = False) -> LayerActivations:

@@ -232,7 +232,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     `grads_inline`: ZeRO-2's reduce-scatters stall the backward (zero3_exposed's `inline`)."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
     ticks = schedule_ticks(plan, layer) if ticks is None else ticks
-    extra_in_flight, transient_zero3 = vocab_parallel_in_flight(plan), zero3_transient(plan, layer)
+    extra_in_flight, transient_zero3 = vocab_parallel_in_flight(plan), gpu_transient(plan, layer)
     memo = {} if memo is None else memo  # middle stages with equal layer counts cost the same:
     # The stages and their memories are kept from a shape's second plan on (a partition search): a sweep or a
     # search meets most shapes once, and objects kept alive for nothing make the garbage collector walk them
@@ -351,9 +351,11 @@ def vocab_activations(plan: Plan, place: VocabPlacement, peak: int, vocab: Vocab
     return total
 
 
-def zero3_transient(plan: Plan, layer: LayerCost) -> int:
-    """ZeRO-3 gathers one layer's full weights and prefetches the next."""
-    return 2 * (layer.stage_params + layer.surplus_params) * WEIGHT_BYTES if plan.zero >= 3 else 0
+def gpu_transient(plan: Plan, layer: LayerCost) -> int:
+    """Bytes a GPU holds besides its state and activations, whatever its layer count: under ZeRO-3 one layer's
+    gathered full weights and the next one's prefetch; the layer's communication buffers (LayerCost.buffers)."""
+    gathered = 2 * (layer.stage_params + layer.surplus_params) * WEIGHT_BYTES if plan.zero >= 3 else 0
+    return gathered + layer.buffers
 
 
 #: Channels NCCL runs a cross-node collective on in an 8-NIC node (two rings per NIC); each channel is one

@@ -72,6 +72,30 @@ def tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
     return fwd_c, bwd_inline + max(0.0, bwd_async - hidden)
 
 
+#: Transformer Engine 2.8's userbuffer communicators (pytorch/module/base.py, initialize_ub: its default `methods`
+#: name 12 GEMMs of a layer, qkv/proj/fc1/fc2 x fprop/dgrad/wgrad), of which the 8 in layers_all_gather_overlap hold
+#: FP8 (uint8) buffers under an FP8 recipe; and the cuBLAS workspace it repeats _NUM_MAX_UB_STREAMS = 3 times for
+#: the chunked GEMMs (get_cublas_workspace_size_bytes: 32 MiB + 1 KiB from compute capability 9, else 4 MiB).
+USERBUFFER_GEMMS, USERBUFFER_FP8_GEMMS, USERBUFFER_STREAMS = 12, 8, 3
+
+
+def userbuffer_bytes(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: LayerShape, overlap: bool) -> int:
+    """GPU memory Megatron's --tp-comm-overlap allocates once, bytes: each of Transformer Engine's userbuffer
+    communicators registers a buffer of initialize_ub's `shape`, which Megatron sets to (seq x mbs / cp,
+    hidden) (megatron-bridge 0.3.1 training/initialize.py, _initialize_tp_communicators; Megatron-LM the same),
+    in bf16, or 1 byte for the gather-side ones under FP8; plus the cuBLAS workspace's two extra copies. TE's
+    default methods (no tp_comm_overlap_cfg): no ring-exchange reduce-scatter, so no 2tp-1 chunk buffers.
+    torchtitan's async TP draws on torch's symmetric-memory workspace instead (not modelled: 0)."""
+    if not overlap or job.trainer != "megatron" or shape.tp == 1 or not shape.sp:
+        return 0
+    rows = shape.tokens * model.hidden_size
+    gather = 1 if job.dtype == "fp8" else shape.elem
+    buffers = rows * (USERBUFFER_FP8_GEMMS * gather + (USERBUFFER_GEMMS - USERBUFFER_FP8_GEMMS) * shape.elem)
+    major = int(hw.compute_capability.split(".")[0]) if hw.compute_capability[:1].isdigit() else 0
+    workspace = 32 * 2**20 + 1024 if major >= 9 else 4 * 2**20
+    return int(buffers) + (USERBUFFER_STREAMS - 1) * workspace
+
+
 def gathered_bytes(job: JobSpec, shape: LayerShape, nbytes: float) -> float:
     """Bytes of a sequence-parallel all-gather of `nbytes` of activations. Under FP8, Transformer Engine quantizes
     before it gathers: the normalized input of a column-parallel linear (the forward's gather and the backward's

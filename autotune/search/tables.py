@@ -16,10 +16,9 @@ from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.pipeline import UNIT_TICKS, chunks_per_rank, peak_in_flight
 from autotune.costmodel.placement import rank_placements
 from autotune.costmodel.schedules import exposed_p2p_share
-from autotune.costmodel.stages import (chunk_durations, layer_passes, p2p_seconds, schedule_ticks,
+from autotune.costmodel.stages import (chunk_durations, gpu_transient, layer_passes, p2p_seconds, schedule_ticks,
                                        stage_bwd_s, stage_fwd_s, stage_params, stage_vocab_activations,
-                                       vocab_parallel_comm, vocab_parallel_in_flight, vocab_placement, zero3_exposed,
-                                       zero3_transient)
+                                       vocab_parallel_comm, vocab_parallel_in_flight, vocab_placement, zero3_exposed)
 from autotune.costmodel.state import dense_first_credit, fixed_state_bytes, layer_state_bytes
 from autotune.search.space import Candidate
 from autotune.specs.hardware import HardwareSpec
@@ -227,7 +226,7 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
             fixed = chunk_durations(plan, 0, layer, vocab, place, 0, p2p, vp_comm, zero3)
             state = fixed_state_bytes(layer, vocab, vparams, place.head, chunks_per_rank(c.schedule, c.vpp), c.zero,
                                       shards, plan.expert_dp, cm.state_bytes)
-            alike[pid] = (vparams, fixed, sum(state) + zero3_transient(plan, layer))
+            alike[pid] = (vparams, fixed, sum(state) + gpu_transient(plan, layer))
         vparams, fixed, memory = alike[pid]
         if place.embed or place.head:  # the embedding's share depends on the rank's micro-batches in flight
             memory += stage_vocab_activations(plan, i, vocab, ticks)

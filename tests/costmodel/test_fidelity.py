@@ -247,6 +247,31 @@ def test_transformer_engine_gathers_fp8_and_reduce_scatters_16_bit():
                                                 + comm.reduce_scatter(2 * elems, 4, link)))
 
 
+def test_tp_overlap_userbuffers_are_twelve_layer_inputs_by_hand():
+    """Transformer Engine 2.8's initialize_ub registers 12 communicators (qkv/proj/fc1/fc2 x fprop/dgrad/wgrad),
+    each a buffer of Megatron's shape (seq x mbs / cp, hidden): bf16, or 1 byte for the 8 gather-side ones under
+    FP8; and repeats the 32 MiB + 1 KiB cuBLAS workspace 3 times (2 more copies) on compute capability 9.
+    llama3-70b, seq 8192, mbs 1, tp 4: 12 x 8192 x 8192 x 2 bytes = 1.5 GiB. Charged once per GPU, whatever
+    its layers: an estimate's peak differs from the same plan without overlap by exactly that."""
+    from autotune.catalog import load_hardware, load_model
+
+    model, hw = load_model("llama3-70b"), load_hardware("h100-sxm")
+    workspace = 2 * (32 * 2**20 + 1024)
+    job = JobSpec(global_batch=64, seq_len=8192)
+    cost = layer_cost(model, hw, job, tp=4, cp=1, mbs=1, sp=True, tp_overlap=True)
+    assert cost.buffers == 12 * 8192 * 8192 * 2 + workspace
+    fp8 = layer_cost(model, hw, replace(job, dtype="fp8"), tp=4, cp=2, mbs=2, sp=True, tp_overlap=True)
+    assert fp8.buffers == 8192 * 8192 * (8 * 1 + 4 * 2) + workspace  # (8192 x 2 / 2 rows)
+    assert layer_cost(model, hw, job, tp=4, cp=1, mbs=1, sp=True, tp_overlap=False).buffers == 0
+    titan = replace(job, trainer="torchtitan")  # async TP: torch's symmetric memory, not TE's userbuffers
+    assert layer_cost(model, hw, titan, tp=4, cp=1, mbs=1, sp=True, tp_overlap=True).buffers == 0
+    plan = Plan(tp=4, pp=4, dp=2, mbs=1, num_microbatches=32, schedule="interleaved", vpp=5,
+                layers_per_stage=even_split(80, 4), sequence_parallel=True, tp_overlap=True)
+    cm = CostModel(model, hw, job)
+    with_ub, without = cm.estimate(plan), cm.estimate(replace(plan, tp_overlap=False))
+    assert with_ub.peak_memory_bytes - without.peak_memory_bytes == cost.buffers
+
+
 def test_megatron_hides_the_backward_input_gradient_collectives_torchtitan_does_not():
     mega = _tp_layer(JobSpec(global_batch=8, seq_len=8192), False)
     titan = _tp_layer(JobSpec(global_batch=8, seq_len=8192, trainer="torchtitan"), False)
