@@ -20,7 +20,7 @@ from autotune.costmodel.moe import moe_activation_bytes, moe_comm
 from autotune.costmodel.ops import (LayerShape, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
 from autotune.costmodel.tpcomm import (recomputed_gathers_s, regathers_inputs, tp_layer_comm,
-                                       userbuffer_bytes)
+                                       tp_overlap_buffers)
 from autotune.costmodel.tpmodes import layer_tp_comm_s, layer_tp_memory
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -81,8 +81,8 @@ class LayerCost:
     """torchtitan's backward re-gather of the block inputs, which only its selective checkpointing runs
     (tpcomm.recomputed_gathers_s): charged with that recomputation, not in tp_bwd_s."""
     buffers: int = 0
-    """Bytes a GPU allocates once for this layer's collectives, whatever its layer count (Megatron's TE
-    userbuffers under tp overlap: tpcomm.userbuffer_bytes)."""
+    """Bytes a GPU allocates once for this layer's collectives, whatever its layer count (under tp overlap,
+    Megatron's TE userbuffers or torchtitan's symmetric-memory workspace: tpcomm.tp_overlap_buffers)."""
 
     @property
     def stage_params(self) -> int:
@@ -271,7 +271,7 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
         selective_s=_sac_seconds(fwd_ops, hw, job, lookup) if job.trainer == "torchtitan" else -1.0,
         wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup, kernel),
         expert_params=moe_expert_share(model, tp, ep, etp) if moe else 0,
-        buffers=userbuffer_bytes(model, hw, job, shape, tp_overlap))
+        buffers=tp_overlap_buffers(model, hw, job, shape, tp_overlap))
 
 
 def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec, moe: bool = False) -> LayerActivations:

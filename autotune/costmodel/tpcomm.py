@@ -79,16 +79,20 @@ def tp_layer_comm(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: Layer
 USERBUFFER_GEMMS, USERBUFFER_FP8_GEMMS, USERBUFFER_STREAMS = 12, 8, 3
 
 
-def userbuffer_bytes(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: LayerShape, overlap: bool) -> int:
-    """GPU memory Megatron's --tp-comm-overlap allocates once, bytes: each of Transformer Engine's userbuffer
-    communicators registers a buffer of initialize_ub's `shape`, which Megatron sets to (seq x mbs / cp,
-    hidden) (megatron-bridge 0.3.1 training/initialize.py, _initialize_tp_communicators; Megatron-LM the same),
+def tp_overlap_buffers(model: ModelSpec, hw: HardwareSpec, job: JobSpec, shape: LayerShape, overlap: bool) -> int:
+    """GPU memory TP overlap allocates once, bytes. Megatron's --tp-comm-overlap: each of Transformer Engine's
+    userbuffer communicators registers a buffer of initialize_ub's `shape`, which Megatron sets to (seq x mbs /
+    cp, hidden) (megatron-bridge 0.3.1 training/initialize.py, _initialize_tp_communicators; Megatron-LM the same),
     in bf16, or 1 byte for the gather-side ones under FP8; plus the cuBLAS workspace's two extra copies. TE's
     default methods (no tp_comm_overlap_cfg): no ring-exchange reduce-scatter, so no 2tp-1 chunk buffers.
-    torchtitan's async TP draws on torch's symmetric-memory workspace instead (not modelled: 0)."""
-    if not overlap or job.trainer != "megatron" or shape.tp == 1 or not shape.sp:
+    torchtitan's async TP draws on torch's one symmetric-memory workspace per group instead, grown to the largest
+    request: a fused reduce-scatter's two output chunks, 2 x (tokens / tp) x hidden (torch 2.13
+    distributed/_symmetric_memory/__init__.py, _pipelined_produce_and_all2all; a gather asks for one shard)."""
+    if not overlap or shape.tp == 1 or not shape.sp or job.trainer not in ("megatron", "torchtitan"):
         return 0
     rows = shape.tokens * model.hidden_size
+    if job.trainer == "torchtitan":
+        return int(2 * rows / shape.tp * shape.elem)
     gather = 1 if job.dtype == "fp8" else shape.elem
     buffers = rows * (USERBUFFER_FP8_GEMMS * gather + (USERBUFFER_GEMMS - USERBUFFER_FP8_GEMMS) * shape.elem)
     major = int(hw.compute_capability.split(".")[0]) if hw.compute_capability[:1].isdigit() else 0

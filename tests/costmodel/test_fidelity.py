@@ -263,8 +263,11 @@ def test_tp_overlap_userbuffers_are_twelve_layer_inputs_by_hand():
     fp8 = layer_cost(model, hw, replace(job, dtype="fp8"), tp=4, cp=2, mbs=2, sp=True, tp_overlap=True)
     assert fp8.buffers == 8192 * 8192 * (8 * 1 + 4 * 2) + workspace  # (8192 x 2 / 2 rows)
     assert layer_cost(model, hw, job, tp=4, cp=1, mbs=1, sp=True, tp_overlap=False).buffers == 0
-    titan = replace(job, trainer="torchtitan")  # async TP: torch's symmetric memory, not TE's userbuffers
-    assert layer_cost(model, hw, titan, tp=4, cp=1, mbs=1, sp=True, tp_overlap=True).buffers == 0
+    # torchtitan's async TP: torch's symmetric-memory workspace, two reduce-scatter output chunks of 8192/4 rows
+    titan = replace(job, trainer="torchtitan")
+    assert layer_cost(model, hw, titan, tp=4, cp=1, mbs=1, sp=True, tp_overlap=True).buffers == 2 * 2048 * 8192 * 2
+    assert layer_cost(model, hw, replace(job, trainer="deepspeed"), tp=4, cp=1, mbs=1, sp=True,
+                      tp_overlap=True).buffers == 0
     plan = Plan(tp=4, pp=4, dp=2, mbs=1, num_microbatches=32, schedule="interleaved", vpp=5,
                 layers_per_stage=even_split(80, 4), sequence_parallel=True, tp_overlap=True)
     cm = CostModel(model, hw, job)
