@@ -169,3 +169,28 @@ def test_deepspeed_pipelines_run_zero_1(capsys):
     assert _json(capsys, "plan", *JOB, "--pp", "2", "--trainer", "deepspeed")["plan"]["zero"] == 1
     zero0 = plan_from_dict(_json(capsys, "plan", *JOB, "--pp", "2", "--zero", "0")["plan"], "plan")
     assert zero0.zero == 0 and as_run(TRAINER_CAPS["deepspeed"], zero0, MODEL)[0].zero == 1  # what it emits
+
+
+def test_a_trainer_without_sliding_windows_is_planned_as_it_runs(capsys, tmp_path):
+    """Gemma 3's 1024-token windows on 52 of 62 layers: Megatron's config builds none, so `plan --trainer megatron`
+    searches the full-attention model its config runs and says so; the header, `check` and `estimate --plan`
+    then give the plan's own figures, and `check` finds nothing faster. Without --trainer the windowed plan
+    wins and Megatron's row says why it does not run it. torchtitan keeps the window (its own models)."""
+    job = ("--model", "gemma3-27b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "8", "--seq-len",
+           "32768", "--top", "0")
+    code, out, err = _run(capsys, "plan", *job, "--trainer", "megatron", "--out", str(tmp_path), "--brief")
+    assert code == 0 and "megatron's config builds no sliding window, so its 52 windowed layers are planned as " \
+                         "full attention over 32768 tokens" in err
+    step = float(re.search(r"step_s=([0-9.]+)", out).group(1))
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert doc["model_spec"]["sliding_window"] == 0 and not doc["model_spec"].get("catalog_name")
+    header = PREDICTED.search((tmp_path / "launch_megatron.sh").read_text()).groups()
+    assert float(header[0]) == pytest.approx(step, abs=5e-4)
+    check = _json(capsys, "check", str(tmp_path / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "16")
+    assert check["step_time_s"] == pytest.approx(step, abs=1e-4)
+    assert check["check"]["best"]["step_time_s"] >= check["step_time_s"] * (1 - 1e-9)
+    windowed = _json(capsys, "plan", *job)
+    megatron = {f["trainer"]: f for f in windowed["trainers"]}["megatron"]
+    assert any("sliding window: megatron's config builds none" in why for why in megatron["unsupported"])
+    assert megatron["best"]["step_time_s"] == pytest.approx(step, abs=1e-4) and windowed["step_time_s"] < step
+    assert _json(capsys, "plan", *job, "--trainer", "torchtitan")["model_spec"]["sliding_window"] == 1024

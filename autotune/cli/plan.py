@@ -32,7 +32,8 @@ from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
 from autotune.search.trainers import best_per_trainer, reestimator
 from autotune.specs.limits import check_train_tokens
-from autotune.specs.trainer_jobs import check_trainer_settings, check_job_settings, runs_grad_reduce
+from autotune.specs.trainer_jobs import (as_run_model, as_run_note, check_job_settings, check_trainer_settings,
+                                         runs_grad_reduce)
 
 
 def plan(
@@ -76,6 +77,8 @@ def plan(
                     attention_backend)
     check_job_settings(caps, job)
     check_trainer_settings(caps, job)
+    notes = [note] if trainer and (note := as_run_note(spec, trainer, seq_len)) else []
+    spec = as_run_model(spec, trainer, seq_len) if trainer else spec  # what the trainer's config builds
     if torchtitan_format == "toml" and job.optimizer_states != "fp32":
         raise SpecError(f"--optimizer-states {job.optimizer_states} with --torchtitan-format toml: torchtitan 0.2.x "
                         "keeps fp32 Adam states; use the 0.3.0 overrides (--torchtitan-format cli) or "
@@ -91,7 +94,7 @@ def plan(
     result = distinct_fitting(run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=left,
                                          profile=measured, work_limit=work_limit), top)
     coverage = CostModel(spec, hw, job, measured).op_coverage(result.best.plan)
-    show_warnings([*hw.dtype_warnings(job.dtype)]
+    show_warnings([*notes, *hw.dtype_warnings(job.dtype)]
                   + coverage_warnings(coverage, result.best.plan, measured, job.seq_len))
     doc = {**plan_json(result, spec, hw, job, mine), "trainer": None if caps is None else caps.name,
            "op_costs": coverage.as_dict()}

@@ -24,7 +24,7 @@ from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.space import for_trainer
 from autotune.search.scaling import (DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, available_cores,
                                      global_batch_for_tokens, scale)
-from autotune.specs.trainer_jobs import check_trainer_settings, check_job_settings
+from autotune.specs.trainer_jobs import as_run_model, as_run_note, check_job_settings, check_trainer_settings
 
 
 def scale_command(
@@ -92,6 +92,8 @@ def scale_command(
                     attention_backend=attention_backend)
     check_job_settings(caps, job)
     check_trainer_settings(caps, job)
+    notes = [note] if trainer and (note := as_run_note(spec, trainer, seq_len)) else []
+    spec = as_run_model(spec, trainer, seq_len) if trainer else spec  # what the trainer's config builds
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = for_trainer(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), caps)
@@ -111,7 +113,7 @@ def scale_command(
     else:
         show(scaling_report(result, spec, hw, job), False)
     if any(p.best is not None for p in result.points):
-        show_warnings(hw.dtype_warnings(job.dtype))
+        show_warnings([*notes, *hw.dtype_warnings(job.dtype)])
     if all(p.best is None for p in result.points):
         infeasible = all(p.status == "INFEASIBLE" for p in result.points)
         reason = next((p.reason for p in result.points if p.reason), "")

@@ -21,7 +21,7 @@ from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from autotune.specs.profile import Profile
-from autotune.specs.trainer_jobs import runs_grad_reduce
+from autotune.specs.trainer_jobs import as_run_model, runs_grad_reduce
 from autotune.specs.trainers import TRAINER_CAPS, runs_otherwise, unsupported
 from autotune.units import gib
 
@@ -51,6 +51,9 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
     out = []
     for name, caps in TRAINER_CAPS.items():
         why = (*unsupported(caps, winner, model, job), *runs_otherwise(caps, winner, job))
+        built = as_run_model(model, name, job.seq_len)  # the model its config builds (a sliding window only torchtitan builds)
+        if built is not model:
+            why += (f"sliding window: {name}'s config builds none (full attention in every layer)",)
         grads = runs_grad_reduce(name, job.dtype, job.grad_reduce)
         if grads != job.grad_reduce:  # the gradient buffers its config keeps (DeepSpeed: the model dtype)
             why += (f"{job.grad_reduce} gradient buffers: {name}'s config keeps {grads}",)
@@ -65,8 +68,8 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
             own = replace(own, optimizer_states="fp32")
         own = replace(own, grad_reduce=grads)  # its gradient buffers
         try:
-            check_space(restricted, model, own, gpus, hw.gpus_per_node)
-            result = search(model, hw, own, gpus, restricted, top_k=0, profile=profile, work_limit=work_limit,
+            check_space(restricted, built, own, gpus, hw.gpus_per_node)
+            result = search(built, hw, own, gpus, restricted, top_k=0, profile=profile, work_limit=work_limit,
                             time_limit_s=time_limit_s)
         except SpecError as exc:
             out.append(TrainerBest(name, why, None, "PINS", str(exc)))

@@ -95,7 +95,17 @@ def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
 
 def as_run_model(model: ModelSpec, trainer: str, seq_len: int) -> ModelSpec:
     """The model as `trainer`'s emitted config builds it: only torchtitan builds a sliding-window model's window
-    (its gpt-oss), the others attend over the whole sequence in every layer (emit warns so; check costs it so)."""
+    (its gpt-oss), the others attend over the whole sequence in every layer (emit warns so; check costs it so;
+    plan and scale with --trainer search it so). No longer the catalog's shape, it drops catalog_name (only
+    torchtitan's registry reads it, and torchtitan keeps the window)."""
     if trainer == "torchtitan" or not model.sliding_window_layers or model.sliding_window >= seq_len:
         return model
-    return replace(model, sliding_window=0, sliding_window_layers=0)
+    return replace(model, sliding_window=0, sliding_window_layers=0, catalog_name="")
+
+
+def as_run_note(model: ModelSpec, trainer: str, seq_len: int) -> str | None:
+    """What as_run_model changes, said before a search for `trainer` (plan/scale --trainer), or None."""
+    if as_run_model(model, trainer, seq_len) is model:
+        return None
+    return (f"{model.name}: {trainer}'s config builds no sliding window, so its {model.sliding_window_layers} "
+            f"windowed layers are planned as full attention over {seq_len} tokens (torchtitan builds the window)")
