@@ -108,7 +108,8 @@ def active_params(model: ModelSpec, *, input_embedding: bool = True) -> int:
         return total if input_embedding else total - embedding_params(model)
     dense = model.num_dense_layers * dense_layer_params(model)
     per_moe = moe_layer_params(model) - (model.num_experts - model.moe_top_k) * expert_params(model)
-    head = head_params(model, separate_stage=not model.tied_embeddings)
+    # a tied LM head is the embedding's matrix: counted with the head when the input embedding is left out
+    head = head_params(model, separate_stage=not model.tied_embeddings or not input_embedding)
     return dense + model.num_moe_layers * per_moe + head + (embedding_params(model) if input_embedding else 0)
 
 

@@ -32,7 +32,8 @@ class StageMemory(NamedTuple):
     vocab_activations: int
     """Embedding and LM-head/loss activations (fp32 logits) plus the loss's transient scratch."""
     transient: int
-    """Working memory: one layer rematerialized by full recompute, ZeRO-3's gathered layer weights."""
+    """Working memory: one layer rematerialized by full recompute, ZeRO-3's gathered layer weights, the TP
+    overlap's communication buffers (gpu_transient)."""
 
     @property
     def total(self) -> int:
@@ -232,7 +233,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
     `grads_inline`: ZeRO-2's reduce-scatters stall the backward (zero3_exposed's `inline`)."""
     v = chunks_per_rank(plan.schedule, plan.vpp)
     ticks = schedule_ticks(plan, layer) if ticks is None else ticks
-    extra_in_flight, transient_zero3 = vocab_parallel_in_flight(plan), gpu_transient(plan, layer)
+    extra_in_flight, per_gpu = vocab_parallel_in_flight(plan), gpu_transient(plan, layer)
     memo = {} if memo is None else memo  # middle stages with equal layer counts cost the same:
     # The stages and their memories are kept from a shape's second plan on (a partition search): a sweep or a
     # search meets most shapes once, and objects kept alive for nothing make the garbage collector walk them
@@ -264,7 +265,7 @@ def build_stages(plan: Plan, layer: LayerCost, vocab: VocabCost, hw: HardwareSpe
             if memory is None:
                 memory = new(StageMemory, (state[0], state[1], state[2], (peak + extra_in_flight) * act_chunk,
                                            vocab_activations(plan, place, peak, vocab) if place.embed or place.head
-                                           else 0, rc_transient + transient_zero3))
+                                           else 0, rc_transient + per_gpu))
                 if again:
                     memories[(*key, peak)] = memory
             if built is None:

@@ -35,8 +35,9 @@ def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[s
 
 def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> Table:
     table = Table(title="Models (--model NAME, or a path to a config.json)", title_justify="left",
-                  caption="act: the parameters one token passes through, input embedding included (as Mistral and "
-                          "Qwen count; OpenAI's GPT-OSS card leaves it out: --json gives both)", caption_justify="left")
+                  caption="params B (N act): all parameters, and the N billion one token passes through, input "
+                          "embedding included (as Mistral and Qwen count; OpenAI's GPT-OSS card leaves it out: "
+                          "--json gives both)", caption_justify="left")
     for col in ("name", "layers", "hidden", "heads/kv", "ffn", "vocab", "act", "experts", "params B"):
         table.add_column(col, justify="left" if col in ("name", "act") else "right", no_wrap=True)
     table.add_column("source")  # the only column that shrinks to fit the width

@@ -17,29 +17,45 @@ from autotune.specs.model import ModelSpec, model_from_dict
 _HF_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu": "gelu", "gelu_new": "gelu",
            "gelu_fast": "gelu", "relu": "gelu"}
 _UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
-#: What transformers fills in for a text_config that leaves a key out, by its model_type. Gemma 3's multimodal
-#: config.json files (google/gemma-3-4b/12b/27b) give only the keys that differ from Gemma3TextConfig's
-#: defaults: no vocab_size, and no head_dim or sliding_window in some (transformers 4.50.0,
+#: What transformers fills in for a key a config leaves out, by the model_type of the config that holds the
+#: shape. transformers saves a nested config without the keys equal to its defaults, so Gemma 3's multimodal
+#: config.json files (google/gemma-3-4b/12b/27b) give only those that differ from Gemma3TextConfig's: never
+#: vocab_size, and the 4B neither its heads nor head_dim (transformers 4.50.0,
 #: models/gemma3/configuration_gemma3.py, Gemma3TextConfig.__init__).
 TEXT_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {"gemma3_text": {
-    "vocab_size": 262_208, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
     "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "rope_theta": 1_000_000.0, "attention_bias": False,
-    "sliding_window": 4096, "sliding_window_pattern": 6, "initializer_range": 0.02}}
+    "sliding_window": 4096, "sliding_window_pattern": 6, "initializer_range": 0.02,
+    "attn_logit_softcapping": None, "final_logit_softcapping": None}}
+#: The model_type of the text_config a multimodal wrapper builds when its text_config names none
+#: (transformers' Gemma3Config makes a Gemma3TextConfig of any text_config dict)
+_TEXT_MODEL_TYPES = {"gemma3": "gemma3_text"}
 #: Families whose attention normalizes every query and key head (transformers' q_norm and k_norm)
 _QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text")
-_GATED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "mixtral", "phi3")
+_GATED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "mixtral",
+                      "phi3")
+
+
+def _language_model(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """The keys that shape the language model: a multimodal wrapper's text_config (Llama 4 keeps
+    tie_word_embeddings at the top level, beside it), with what transformers fills in for the keys left out."""
+    if "text_config" in data and "num_hidden_layers" not in data:
+        text = data["text_config"]
+        if not isinstance(text, dict) or not text:
+            raise SpecError(f"{where}: text_config must be an object holding the language model's keys "
+                            f"(num_hidden_layers, hidden_size, ...), got {text!r}"[:300])
+        kind = text.get("model_type") or _TEXT_MODEL_TYPES.get(str(data.get("model_type", "")), "")
+        tied = {"tie_word_embeddings": data["tie_word_embeddings"]} if "tie_word_embeddings" in data else {}
+        data = {**tied, **text, "model_type": kind} if kind else {**tied, **text}
+    return {**TEXT_CONFIG_DEFAULTS.get(str(data.get("model_type", "")), {}), **data}
 
 
 def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
     """Read a Hugging Face ``config.json`` (Llama-style or GPT-2-style keys); other keys are ignored."""
     if not isinstance(data, dict):
         raise SpecError(f"{where}: expected a JSON object")
-    if isinstance(data.get("text_config"), dict) and "num_hidden_layers" not in data:
-        # Llama 4 and other multimodal configs: the language model's shape; Llama 4 keeps tie_word_embeddings (false)
-        # at the top level, beside text_config
-        tied = {"tie_word_embeddings": data["tie_word_embeddings"]} if "tie_word_embeddings" in data else {}
-        text = data["text_config"]
-        data = {**tied, **TEXT_CONFIG_DEFAULTS.get(str(text.get("model_type", "")), {}), **text}
+    data = _language_model(data, where)
     if "n_layer" in data:
         return _model_from_gpt2_config(data, where)
     need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -73,7 +89,7 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         else ("all" if _switch(data, "attention_bias", False, where) else "none"),
         "source": f"Hugging Face config {where}",
     }
-    if data.get("head_dim"):
+    if data.get("head_dim") is not None:  # null: hidden / heads, as transformers takes it
         spec["head_dim"] = data["head_dim"]
     if model_type in _QK_NORM_TYPES:
         spec["qk_norm"] = True
@@ -194,32 +210,60 @@ def _hf_window_and_clamp(data: dict[str, Any], model_type: str, where: str) -> d
         cap = data.get(hf)  # Gemma 2: 50.0 and 30.0; Gemma 3: null (none)
         if isinstance(cap, (int, float)) and not isinstance(cap, bool):
             out[key] = cap  # model_from_dict checks it
-    window, layers = data.get("sliding_window"), data.get("num_hidden_layers")
-    if window is not None and data.get("use_sliding_window") is not False and (
-            not isinstance(window, int) or isinstance(window, bool) or window < 1):
-        raise SpecError(f"{where}: sliding_window {window!r} must be a whole number of tokens >= 1, or null for none")
-    if data.get("use_sliding_window") is False or not window or not isinstance(layers, int):
+    use = data.get("use_sliding_window", True)
+    if not isinstance(use, bool):
+        raise SpecError(f"{where}: use_sliding_window must be true or false, got {use!r}"[:200])
+    window, layers = data.get("sliding_window"), _whole_or_none(data.get("num_hidden_layers"))
+    if window is not None and use:
+        window = _whole(window, "sliding_window", where, "a whole number of tokens >= 1, or null for none")
+    if not use or not window or layers is None:
         return out
     types = data.get("layer_types")
-    if isinstance(types, list) and len(types) != layers:
+    if types is not None and not isinstance(types, list):
+        raise SpecError(f"{where}: layer_types must list one of {' or '.join(_LAYER_TYPES)} per layer, got "
+                        f"{ascii(types)[:60]}")
+    if types is not None and len(types) != layers:
         raise SpecError(f"{where}: layer_types has {len(types)} entries for num_hidden_layers {layers}; give one per "
                         "layer")
-    pattern = data.get("sliding_window_pattern")
-    if isinstance(types, list):
+    if types is not None and (bad := [t for t in types if t not in _LAYER_TYPES]):
+        raise SpecError(f"{where}: layer_types entry {ascii(bad[0])[:60]} is not one autotune models; use "
+                        f"{' or '.join(_LAYER_TYPES)}")
+    pattern, first_full = data.get("sliding_window_pattern"), data.get("max_window_layers")
+    if types is not None:
         count = sum(1 for t in types if t == "sliding_attention")
-    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
-        count = layers - layers // pattern
+    elif pattern is not None:
+        count = layers - layers // _whole(pattern, "sliding_window_pattern", where, "a whole number >= 1")
     elif model_type == "gemma3_text" or model_type == "gemma3":
         count = layers - layers // _GEMMA3_PATTERN
     elif model_type == "gemma2":
         count = (layers + 1) // 2
-    elif isinstance(data.get("max_window_layers"), int) and "use_sliding_window" in data:
-        count = max(0, layers - data["max_window_layers"])
+    elif first_full is not None and "use_sliding_window" in data:
+        count = max(0, layers - _whole(first_full, "max_window_layers", where, "a whole number >= 0", 0))
     else:
         count = layers
     if count:
         out.update(sliding_window=window, sliding_window_layers=count)
     return out
+
+
+#: What a layer_types entry may say (transformers' own names)
+_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _whole_or_none(value: Any) -> int | None:
+    """A whole JSON number (62 or 62.0) as an int, else None (model_from_dict names a bad count)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        return None
+    return int(value) if value == int(value) else None
+
+
+def _whole(value: Any, key: str, where: str, wanted: str, minimum: int = 1) -> int:
+    """A config.json count that must be a whole number >= minimum, or a one-line error naming it."""
+    whole = _whole_or_none(value)
+    if whole is None or whole < minimum:
+        raise SpecError(f"{where}: {key} {ascii(value)[:60]} must be {wanted}")
+    return whole
 
 
 #: The largest RoPE scaling factor a config.json may give (YaRN's published ones are 4-64)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from autotune.errors import SpecError
 from autotune.specs._strict import boolean, check_keys, choice, nonneg_float, positive_float, positive_int
-from autotune.specs.limits import MAX_LAYERS, check_max, check_name
+from autotune.specs.limits import MAX_LAYERS, check_max, check_name, int_maximum
 
 Activation = Literal["gelu", "swiglu", "geglu"]
 ACTIVATIONS = ("gelu", "swiglu", "geglu")
@@ -218,9 +219,10 @@ _MLA_INTS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_di
 def _count(data: dict[str, Any], key: str, where: str) -> int:
     """A whole number >= 0 (0 = the feature is absent)."""
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
-        raise SpecError(f"{where}: {key} must be a whole number >= 0, got {value!r}")
-    return int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)) or value != int(value) or value < 0:
+        raise SpecError(f"{where}: {key} must be a whole number >= 0, got {value!r}"[:200])
+    return check_max(int(value), int_maximum(key), key, where)
 
 
 def _moe_fields(data: dict[str, Any], num_layers: int, where: str) -> dict[str, Any]:

@@ -65,6 +65,18 @@ def test_catalog_counts_within_one_percent_where_the_figure_has_three_digits() -
     assert abs(active_params(load_model("mixtral-8x7b")) / 12.9e9 - 1) < 0.01
 
 
+def test_a_tied_head_stays_active_without_the_input_embedding() -> None:
+    """Tied, the LM head is the embedding's matrix: leaving the input embedding out (OpenAI's convention) still
+    counts the V x h every token's logits pass through, once; untied, it drops exactly the embedding."""
+    from dataclasses import replace
+
+    untied = load_model("mixtral-8x7b")
+    tied = replace(untied, tied_embeddings=True)
+    vh = untied.vocab_size * untied.hidden_size
+    assert active_params(tied, input_embedding=False) == active_params(tied) == active_params(untied) - vh
+    assert active_params(untied, input_embedding=False) == active_params(untied) - vh
+
+
 def test_deepseek_layer_by_hand() -> None:
     """DeepSeek-V3's MLA block and MoE layer, summed by hand from config.json."""
     m = load_model("deepseek-v3")

@@ -91,12 +91,30 @@ def test_hf_config_missing_keys_are_named():
     ({"rope_scaling": {"rope_type": "llama3", "factor": -8}}, "rope_scaling factor must be"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 1e9}}, "rope_scaling factor must be"),
     ({"num_key_value_heads": 0}, "num_key_value_heads must be > 0, got 0"),
+    # the attention window's keys (user-tester): each wrong value named, not defaulted or dropped
+    ({"head_dim": 0}, "head_dim must be > 0, got 0"),
+    ({"sliding_window": 10**30}, "sliding_window 1000000000000000000000000000000 exceeds the maximum of 2,147,483,648"),
+    ({"sliding_window": 64, "use_sliding_window": "no"}, "use_sliding_window must be true or false, got 'no'"),
+    ({"sliding_window": 64, "sliding_window_pattern": 0}, "sliding_window_pattern 0 must be a whole number >= 1"),
+    ({"sliding_window": 64, "sliding_window_pattern": "6"}, "sliding_window_pattern '6' must be a whole number"),
+    ({"sliding_window": 64, "layer_types": "sliding"}, "layer_types must list one of sliding_attention or "
+                                                       "full_attention per layer, got 'sliding'"),
+    ({"sliding_window": 64, "layer_types": ["foo"] * 32}, "layer_types entry 'foo' is not one autotune models"),
+    ({"sliding_window": 64, "layer_types": [1] * 32}, "layer_types entry 1 is not one autotune models"),
 ])
 def test_hf_config_values_that_cannot_be_used_are_named(changes, message):
     """A value a config.json gives but autotune cannot carry into the launch configs is a one-line error naming the
     key, never a silent default (the emitters write these values out)."""
     with pytest.raises(SpecError, match=re.escape(message)):
         model_from_hf_config({**LLAMA3_8B_CONFIG, **changes}, "config.json")
+
+
+def test_whole_json_numbers_count_as_counts_and_a_null_head_dim_is_transformers_default():
+    """62.0 layers are 62 (as autotune's own files take 4.0), so the window still applies; head_dim null is
+    hidden / heads, as transformers takes it."""
+    m = model_from_hf_config({**LLAMA3_8B_CONFIG, "num_hidden_layers": 32.0, "sliding_window": 1024.0,
+                              "head_dim": None}, "config.json")
+    assert (m.num_layers, m.sliding_window, m.sliding_window_layers, m.head_dim) == (32, 1024, 32, 128)
 
 
 def test_hf_config_null_and_default_rope_scaling_are_none():
@@ -269,11 +287,32 @@ def test_gemma3_multimodal_config_takes_transformers_text_defaults_and_is_the_ca
     assert (m.rope_scaling, m.rope_scaling_factor) == ("linear", 8.0)
     catalog = load_model("gemma3-27b")
     assert [f.name for f in fields(m) if getattr(m, f.name) != getattr(catalog, f.name)] == ["name", "source"]
-    # a key the text_config gives wins over the default; the default never reaches a config without text_config
+    # a key the text_config gives wins over the default; a flat gemma3_text config takes them too, as transformers
+    # reads it, and a config of no known type does not
     small = model_from_hf_config({"text_config": {**GEMMA3_27B["text_config"], "vocab_size": 1000}}, "c.json")
     assert small.vocab_size == 1000
+    assert model_from_hf_config(dict(GEMMA3_27B["text_config"]), "c.json").vocab_size == 262208
     with pytest.raises(SpecError, match="missing vocab_size"):
-        model_from_hf_config({k: v for k, v in GEMMA3_27B["text_config"].items()}, "c.json")
+        model_from_hf_config({k: v for k, v in GEMMA3_27B["text_config"].items() if k != "model_type"}, "c.json")
+
+
+def test_gemma3_4b_text_config_leaves_its_default_heads_out():
+    """google/gemma-3-4b-pt's text_config has no heads, kv heads or head_dim: they equal Gemma3TextConfig's
+    defaults (8, 4, 256), which transformers drops when it saves a nested config. Parameters: Gemma 3 report,
+    Table 1, 675M embedding + 3,209M non-embedding. A text_config without model_type is the wrapper's kind."""
+    from autotune.costmodel.memory import total_params
+
+    text = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}
+    m = model_from_hf_config({"model_type": "gemma3", "text_config": text}, "config.json")
+    assert (m.num_heads, m.num_kv_heads, m.head_dim, m.activation, m.qk_norm) == (8, 4, 256, "geglu", True)
+    assert total_params(m) == pytest.approx(3.884e9, rel=0.01)
+    untyped = {k: v for k, v in text.items() if k != "model_type"}
+    assert model_from_hf_config({"model_type": "gemma3", "text_config": untyped}, "config.json") == m
+    for bad in ("gemma", [], None, {}):
+        with pytest.raises(SpecError, match="text_config must be an object") as err:
+            model_from_hf_config({"model_type": "gemma3", "text_config": bad}, "config.json")
+        assert "\n" not in str(err.value)
 
 
 def test_an_unknown_rope_scaling_type_is_one_line_naming_the_ones_known():
