@@ -145,6 +145,9 @@ def capacity(args: dict[str, Any], as_float) -> tuple[float, bool]:
     if factor == 0 and "--moe-expert-capacity-factor" in args and "--num-experts" in args:
         raise SpecError("--moe-expert-capacity-factor 0: every expert would drop every token; give a factor > 0, "
                         "or a negative one (or none) for dropless routing")
+    if args.get("--moe-pad-expert-input-to-capacity") and "--num-experts" in args and factor <= 0:
+        raise SpecError("--moe-pad-expert-input-to-capacity without --moe-expert-capacity-factor: megatron-core "
+                        "refuses it (moe_expert_capacity_factor must be set); give a factor, or drop the switch")
     factor = max(0.0, factor)
     return factor, bool(args.get("--moe-pad-expert-input-to-capacity")) and factor > 0
 
@@ -155,9 +158,31 @@ def routing_imbalance(args: dict[str, Any]) -> float | None:
     return 1.0 if args.get("--moe-router-force-load-balancing") and "--num-experts" in args else None
 
 
+#: megatron-core 0.16's token dispatchers (TransformerConfig.moe_token_dispatcher_type) and load-balancing types
+#: (the ones its capacity check and its routers know)
+DISPATCHERS = ("allgather", "alltoall", "flex")
+BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
+
+
+def _moe_flag_rules(args: dict[str, Any]) -> None:
+    """megatron-core's refusals of MoE flags a config may give (TransformerConfig.__post_init__)."""
+    ep = args.get("--expert-model-parallel-size")
+    if "--num-experts" not in args and ep is not None and str(ep) not in ("1", "0"):
+        raise SpecError(f"--expert-model-parallel-size {ep} without --num-experts: megatron-core refuses expert "
+                        "parallelism without experts (num_moe_experts must be non None); add --num-experts or drop it")
+    kind = args.get("--moe-token-dispatcher-type")
+    if kind is not None and kind not in DISPATCHERS:
+        raise SpecError(f"--moe-token-dispatcher-type {kind!r}: use one of {', '.join(DISPATCHERS)}"[:200])
+    for chosen in str(args.get("--moe-router-load-balancing-type", "aux_loss")).split():
+        if chosen not in BALANCING:
+            raise SpecError(f"--moe-router-load-balancing-type {chosen!r}: use one of {', '.join(BALANCING)}"[:200])
+
+
 def dispatcher(args: dict[str, Any], notes: list[str]) -> str:
     """The MoE token dispatcher as the cost model prices it: flex with the DeepEP backend (Megatron's default
-    backend for flex) -> deepep; alltoall -> alltoall; anything else is read as alltoall, with a note."""
+    backend for flex) -> deepep; alltoall -> alltoall; allgather is read as alltoall, with a note. The MoE
+    flags megatron-core refuses are refused first (_moe_flag_rules)."""
+    _moe_flag_rules(args)
     kind = args.get("--moe-token-dispatcher-type", "allgather" if "--num-experts" in args else "alltoall")
     backend = args.get("--moe-flex-dispatcher-backend", "deepep")
     if args.get("--moe-enable-deepep") and "--num-experts" in args and (kind != "flex" or backend == "hybridep"):

@@ -68,6 +68,10 @@ def check_command(
         raise SpecError("--json and --format github each replace the report; pick one")
     if max_gap is not None and not max_gap >= 0:
         raise SpecError(f"--max-gap must be >= 0 percent, got {max_gap:g}")
+    if not time_limit > 0:  # also NaN: as plan refuses them, before any file is read
+        raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit:g}")
+    if not work_limit > 0:
+        raise SpecError(f"--work-limit must be > 0, got {work_limit:g}")
     if emit_better is not None:
         check_target(Path(emit_better), directory=True, flag="--emit-better")
     hw = load_cluster(gpu, gpus_per_node)

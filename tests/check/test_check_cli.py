@@ -256,6 +256,10 @@ BAD = {
                                                                                     "HuggingFaceTokenizer")
                          .replace("PARALLEL", ""), [],
                          "--vocab-size counts only with --tokenizer-type NullTokenizer"),
+    # the search's limits, refused as plan refuses them (they used to read as "none fits", exit 0)
+    "work0.sh": (ARGS, ["--work-limit", "0"], "--work-limit must be > 0, got 0"),
+    "time-5.sh": (ARGS, ["--time-limit", "-5"], "--time-limit must be > 0 seconds, got -5"),
+    "timenan.sh": (ARGS, ["--time-limit", "nan"], "--time-limit must be > 0 seconds, got nan"),
 }
 
 

@@ -5,6 +5,7 @@ launch script, read back without autotune's header, as the same model and plan."
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -202,3 +203,24 @@ def test_uniform_recompute_of_an_mtp_model_says_the_module_is_costed_stored(tmp_
         return text.replace(block, "--recompute-method uniform\n    --recompute-num-layers 1")
     u = _understood(_without_header(tmp_path, "deepseek-v3", plan, uniform), plan.num_gpus)
     assert u.plan == plan and [n for n in u.notes if "also recomputes the MTP module" in n]
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("--num-experts 8", "", "--expert-model-parallel-size 8 without --num-experts: megatron-core refuses"),
+    ("--moe-grouped-gemm", "--moe-grouped-gemm --moe-pad-expert-input-to-capacity",
+     "--moe-pad-expert-input-to-capacity without --moe-expert-capacity-factor"),
+    ("--moe-token-dispatcher-type alltoall", "--moe-token-dispatcher-type foo",
+     "--moe-token-dispatcher-type 'foo': use one of allgather, alltoall, flex"),
+    ("--moe-grouped-gemm", "--moe-grouped-gemm --moe-router-load-balancing-type bogus",
+     "--moe-router-load-balancing-type 'bogus': use one of aux_loss, seq_aux_loss"),
+])
+def test_moe_flags_megatron_core_refuses_are_refused(tmp_path: Path, old: str, new: str, message: str) -> None:
+    """What megatron-core's TransformerConfig raises at start-up (user-tester: each was checked as if it ran)."""
+    plan = MOE_CASES["mixtral-8x7b"]
+    path = _without_header(tmp_path, "mixtral-8x7b", plan)
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    with pytest.raises(SpecError, match=re.escape(message)) as err:
+        _understood(path, plan.num_gpus)
+    assert "\n" not in str(err.value)
