@@ -226,6 +226,9 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     ep = _get(tree, "parallelism", "expert_parallel_degree", int, 1)
     # torchtitan splits experts over ep alone once ep > 1 (0.3.x), over tp like attention with ep 1; 0.2.x's TOML
     # may say expert_tensor_parallel_degree (1 or tp)
+    if fmt == "cli" and "expert_tensor_parallel_degree" in (tree.get("parallelism") or {}):
+        raise SpecError("--parallelism.expert_tensor_parallel_degree: torchtitan 0.3.x has no such option (its "
+                        "experts split over ep alone once ep > 1; 0.2.x's TOML had it); drop it")
     etp = _get(tree, "parallelism", "expert_tensor_parallel_degree", int, 1 if ep > 1 else tp)
     check_sizes("torchtitan config", degrees=(tp, pp, cp, replicate, shard))
     check_sizes("torchtitan config", degrees=(ep, etp))  # folded inside the others, not a product with them

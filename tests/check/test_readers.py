@@ -152,6 +152,12 @@ def test_torchtitan_expert_parallel_degree_is_read_back(tmp_path, fmt, name):
     assert not any("expert_parallel_degree ignored" in n for n in reading.notes)
     if name == "launch_torchtitan.sh":  # its --config names torchtitan's config function
         assert reading.model_name == "qwen3-30b-a3b"
+    if fmt == "cli":  # 0.3.x has no expert_tensor_parallel_degree (0.2.x's TOML had one): refused, not costed
+        path.write_text(files[name].replace("--parallelism.expert_parallel_degree 8",
+                                            "--parallelism.expert_parallel_degree 8 "
+                                            "--parallelism.expert_tensor_parallel_degree 2"))
+        with pytest.raises(SpecError, match="expert_tensor_parallel_degree: torchtitan 0.3.x has no such option"):
+            read_config(path, "torchtitan", 16)
 
 
 @pytest.mark.parametrize(("flags", "dispatcher", "noted"), [
