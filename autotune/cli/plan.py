@@ -26,7 +26,7 @@ from autotune.costmodel.estimate import CostModel
 from autotune.errors import SolverLimitError, SpecError
 from autotune.fileio import check_target
 from autotune.render.common import brief_line, with_files, written_report
-from autotune.render.plan import plan_json, plan_report
+from autotune.render.plan import limit_note, plan_json, plan_report
 from autotune.render.trainers import trainers_json, trainers_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
@@ -108,8 +108,9 @@ def plan(
                                                reestimate=reestimator(CostModel(spec, hw, job, measured)),
                                                mock_data=mock_data, train_tokens=train_tokens)
     if brief:  # the best plan's line as before, then one per runner-up (--top), marked so a script can tell
-        typer.echo("\n".join([brief_line(result.best)] + [brief_line(r.estimate, prefix=f"runner_up={k}")
-                                                           for k, r in enumerate(result.runners_up, 1)]))
+        typer.echo("\n".join([f"{brief_line(result.best)} status={result.status}"]
+                              + [brief_line(r.estimate, prefix=f"runner_up={k}")
+                                 for k, r in enumerate(result.runners_up, 1)]))
     elif json_out:
         shown = without_timings(doc) if no_timings else doc
         show(with_files(shown, written) if out is not None else shown, True)
@@ -123,5 +124,7 @@ def plan(
             show(Text(f"searched only plans {caps.name} runs as planned (autotune/specs/trainers.py)"), False)
         if written:
             typer.echo(written_report(written))
+    if (brief or json_out) and (note := limit_note(result)):  # the tables say it; these formats on stderr
+        show_warnings([note])
     if result.status != "OPTIMAL" or result.limit == "time":
         raise typer.Exit(SolverLimitError.exit_code)

@@ -138,3 +138,19 @@ def test_a_struck_clock_bounds_only_the_blocks_it_needs(monkeypatch) -> None:
                          64, SearchSpace(), time_limit_s=1e-9, top_k=0)
     assert res.status == "FEASIBLE" and res.gap == 1.0 and res.limit == "time"
     assert res.stats.candidates > 4 * planner.COARSE_BLOCK and len(blocks) == 1
+
+
+def test_an_unproven_plan_says_so_in_brief_and_json(autotune_proc) -> None:
+    """--brief ends the best plan's line with status=, and a limit that stopped the proof is one warning line on
+    stderr in --brief and --json too (the tables say it in text), beside exit 3."""
+    args = ("plan", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "128",
+            "--seq-len", "4096", "--top", "0", "--work-limit", "0.001")
+    for mode in ("--brief", "--json"):
+        proc = autotune_proc(*args, mode)
+        assert proc.returncode == 3
+        assert proc.stderr.splitlines() == ["warning: --work-limit reached before the search finished: the optimum "
+                                            "may be up to " + proc.stderr.split("up to ")[1].split("%")[0]
+                                            + "% faster; raise --work-limit to prove it"], proc.stderr
+    assert autotune_proc(*args, "--brief").stdout.rstrip().endswith("status=FEASIBLE")
+    proven = autotune_proc(*args[:-2], "--brief")
+    assert proven.returncode == 0 and proven.stderr == "" and proven.stdout.rstrip().endswith("status=OPTIMAL")
