@@ -19,6 +19,7 @@ from autotune.check.megatron_layout import check_layout, parse_layout
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, dispatcher, mla_model_fields, moe_model_fields,
                                               routing_imbalance)
+from autotune.check.megatron_notes import costed_otherwise_notes
 from autotune.check.megatron_precision import (PRECISION_SWITCH, PRECISION_VALUE, cross_entropy, grad_reduce,
                                                optimizer_states)
 from autotune.check.megatron_recompute import recompute_setting
@@ -177,8 +178,7 @@ def _refuse(flag: str, value: Any, choices: str) -> Any:
 
 def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
     args = parse_args(argv, notes)
-    if "--rampup-batch-size" in args:
-        notes.append("--rampup-batch-size: the batch ramps up; checked at the full --global-batch-size")
+    costed_otherwise_notes(args, notes)
     tp = _int(args, "--tensor-model-parallel-size", _int(args, "--model-parallel-size", 1))
     pp = _int(args, "--pipeline-model-parallel-size", 1)
     cp = _int(args, "--context-parallel-size", 1)
@@ -201,8 +201,6 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
     if args.get("--use-torch-fsdp2"):
         zero = 3
     _overlap_rules(args, tp or 1)
-    if args.get("--fp8-param-gather"):
-        notes.append("--fp8-param-gather: the distributed optimizer gathers FP8 weights; costed with 16-bit ones")
     if args.get("--fp16") and args.get("--bf16"):
         raise SpecError("--fp16 and --bf16: Megatron trains in one of them (validate_args); drop one")
     dtype = "fp16" if args.get("--fp16") else "bf16"

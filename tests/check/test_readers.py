@@ -514,3 +514,14 @@ def test_torchtitans_zbv_split_is_evened_to_two_chunks_a_rank() -> None:
                   '[parallelism]\ndata_parallel_shard_degree = 8\npipeline_parallel_degree = 4\n'
                   'pipeline_parallel_schedule = "ZBVZeroBubble"\n')
     assert r.schedule == "v-half" and any("evened to two equal chunks" in n for n in r.notes)
+
+
+def test_flags_costed_otherwise_are_said_once_each() -> None:
+    """A --tp-comm-overlap-cfg file changes which userbuffers Transformer Engine registers, which autotune costs
+    as TE's defaults: said, as the batch ramp-up and FP8 parameter gathers are; none of them without the flag."""
+    base = "--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 128 "
+    r = read_megatron(base + "--tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap "
+                      "--tp-comm-overlap-cfg ub.yaml --rampup-batch-size 16 16 1000 --fp8-param-gather\n")
+    said = [n for n in r.notes if n.startswith(("--tp-comm-overlap-cfg:", "--rampup-batch-size:", "--fp8-param"))]
+    assert len(said) == 3 and any("the file's own methods are not read" in n for n in said)
+    assert not [n for n in read_megatron(base).notes if "costed" in n and "--tp-comm-overlap-cfg" in n]

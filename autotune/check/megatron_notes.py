@@ -1,0 +1,23 @@
+"""Megatron flags `check` reads but costs otherwise than they run: the note each gets, so a reader sees where the
+prediction and the run part ways."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: flag -> the note a config giving it gets (the flag recognised, its effect costed as said)
+COSTED_OTHERWISE = {
+    "--rampup-batch-size": "--rampup-batch-size: the batch ramps up; checked at the full --global-batch-size",
+    "--fp8-param-gather": "--fp8-param-gather: the distributed optimizer gathers FP8 weights; costed with 16-bit "
+                          "ones",
+    # Transformer Engine 2.8 initialize_ub: a config's methods change which userbuffers it registers (a ring-exchange
+    # reduce-scatter holds 2tp-1 chunks, an FP8 pipeline buffer one byte an element), which the file alone says
+    "--tp-comm-overlap-cfg": "--tp-comm-overlap-cfg: the userbuffers are costed as Transformer Engine's default "
+                             "methods register them (12 of (seq x mbs / cp) x hidden); the file's own methods are "
+                             "not read",
+}
+
+
+def costed_otherwise_notes(args: dict[str, Any], notes: list[str]) -> None:
+    """Append the note of each COSTED_OTHERWISE flag the config gives (a switch that is off gives none)."""
+    notes.extend(note for flag, note in COSTED_OTHERWISE.items() if args.get(flag) not in (None, False))
