@@ -111,8 +111,14 @@ def parse_json(raw: bytes | str, where: str, *, max_depth: int,
             raise SpecError(f"{where}: the number {literal[:40]} is out of range; write a finite number")
         return value
 
+    def whole(literal: str) -> int:
+        if len(literal.lstrip("-")) > MAX_INT_DIGITS:  # Python's own limit would say less, later
+            raise SpecError(f"{where}: the number {literal[:20]}... ({len(literal):,} digits) is larger than any "
+                            "field takes; write the value meant")
+        return int(literal)
+
     try:
-        return json.loads(text, parse_constant=constant, parse_float=number)
+        return json.loads(text, parse_constant=constant, parse_float=number, parse_int=whole)
     except json.JSONDecodeError as exc:
         if syntax is not None:
             raise SpecError(syntax(exc)) from None
@@ -120,6 +126,11 @@ def parse_json(raw: bytes | str, where: str, *, max_depth: int,
     except (ValueError, RecursionError) as exc:  # an integer of thousands of digits
         detail = " ".join(str(exc).split()[:12])
         raise SpecError(f"{where}: unreadable JSON ({type(exc).__name__}: {detail})") from None
+
+
+#: Digits of a JSON integer read at all, short of Python's own conversion limit (4300 digits); a shorter one too
+#: large reaches its field's check, which names the field and its maximum (specs/limits.py)
+MAX_INT_DIGITS = 4000
 
 
 # ------------------------------------------------------------------------------------------------- writing

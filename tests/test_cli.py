@@ -209,6 +209,10 @@ def test_a_plan_document_alone_is_recosted(cli, tmp_path):
         cli("estimate", "--plan", str(path))
     with pytest.raises(SpecError, match=r"estimate needs --gpus \(or --plan FILE"):
         cli("estimate", *JOB[:4], *JOB[6:], *PLAN)
+    # a plan costed on a hardware file records only its name: the error names the document's key and the fix
+    path.write_text(json.dumps({**doc, "job": {**doc["job"], "gpu": "myh100"}}))
+    with pytest.raises(SpecError, match="job.gpu 'myh100' is not a catalog GPU .*; give --gpu FILE"):
+        cli("estimate", "--plan", str(path))
 
 
 def test_estimate_pins_an_uneven_split_as_balanced_and_names_megatrons_etp(cli):

@@ -148,6 +148,25 @@ def test_compare_with_a_worse_plan(cli, tmp_path):
                                                           abs=1e-3)
 
 
+def test_compare_takes_a_plan_of_the_same_model_under_its_other_name(cli, tmp_path):
+    """A plan made from a hub config.json compared under the catalog name of the same shape (user-tester: refused
+    as another model); a model of another shape is still refused."""
+    from autotune.errors import SpecError
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gemma3", "text_config": {
+        "head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
+        "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}}))
+    job = ("--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "16", "--seq-len", "4096", "--top", "0")
+    saved = tmp_path / "plan.json"
+    saved.write_text(json.dumps(_plan_json(cli, "--model", str(config), *job)))
+    mine = _plan_json(cli, "--model", "gemma3-27b", *job, "--compare", str(saved))["compare"]
+    assert mine["fits"] is True and mine["planner_faster_by_pct"] == pytest.approx(0, abs=1e-6)
+    with pytest.raises(SpecError, match="was planned with model .*config.json"):
+        cli("plan", "--model", "llama3-8b", *job, "--compare", str(saved))
+
+
 def test_compare_a_plan_that_does_not_fit_from_stdin(cli):
     out = _plan(cli, *SMALL, "--compare", "-", input=json.dumps(OOM_PLAN)).stdout
     assert "your plan does not fit: stage 0 needs" in out and "GiB" in out

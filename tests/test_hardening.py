@@ -87,6 +87,7 @@ def test_json_depth_counts_brackets_outside_strings_only():
     ("1e999", "the number 1e999 is out of range"),
     ("1" + "0" * 30, "hidden_size 1000000000000000000000000000000 exceeds the maximum of 262,144"),
     ("4.5", "hidden_size must be a whole number, got 4.5"),
+    ("9" * 5001, "the number 99999999999999999999... (5,001 digits) is larger than any field takes"),
 ])
 def test_nan_infinity_and_huge_sizes_stop_at_the_spec_boundary(literal, message, tmp_path):
     path = tmp_path / "m.json"

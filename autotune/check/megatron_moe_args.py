@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from autotune.check.reading import ordinal
 from autotune.errors import SpecError
 from autotune.specs.limits import MAX_LAYERS, check_max
 
@@ -92,7 +93,7 @@ def pattern_fields(bits: list[int], flag: str, notes: list[str]) -> dict[str, in
     if (n - first) // step != moe:
         step, first = 1, n - moe
     notes.append(f"{flag}: {moe} MoE layers of {n}; costed as {first} dense layers, then every "
-                 f"{'' if step == 1 else f'{step}-th '}layer MoE (the same count: autotune costs layers by kind, "
+                 f"{'' if step == 1 else f'{ordinal(step)} '}layer MoE (the same count: autotune costs layers by kind, "
                  "not by position)")
     return {"first_dense_layers": first, "moe_layer_freq": step}
 

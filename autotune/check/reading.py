@@ -101,6 +101,12 @@ def check_sizes(where: str, *, degrees: tuple[int, ...] = (), layers: int | None
         check_max(layers, MAX_LAYERS, "the number of layers", where)
 
 
+def ordinal(n: int) -> str:
+    """2 -> '2nd', 3 -> '3rd', 11 -> '11th': for notes that say 'every Nth layer'."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def misspelling_of(name: str, known: frozenset[str] | set[str]) -> str | None:
     """The known name `name` is a slip of (one letter added, dropped or changed, or `_` written for `-`), so a
     reader can refuse it as the trainer's own strict parser would, instead of ignoring a setting that matters;

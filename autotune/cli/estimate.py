@@ -71,7 +71,13 @@ def estimate(
     gpus, global_batch, seq_len = filled["gpus"], filled["global_batch"], filled["seq_len"]
     spec = load_model(model) if model is not None else document_model(doc, recorded, where)
     check_moe_flags(spec, moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity)
-    hw = load_cluster(filled["gpu"], filled["gpus_per_node"])
+    try:
+        hw = load_cluster(filled["gpu"], filled["gpus_per_node"])
+    except SpecError:
+        if gpu is not None:
+            raise
+        raise SpecError(f"{where}: job.gpu {filled['gpu']!r} is not a catalog GPU (a plan made with a hardware file "
+                        "records only its name); give --gpu FILE") from None
     check_whole_nodes(gpus, hw)
     if plan_file is not None:
         # by name: typer builds its commands with its own copy of click, whose enum is not click's

@@ -10,6 +10,7 @@ from typing import Any
 from autotune.cli.inputs import plan_source, read_document, recorded_overlaps, refuse_other_job
 from autotune.cli.options import Pins, check_simulation_size, parse_choice_list, parse_int_list, show_warnings
 from autotune.costmodel.estimate import CostModel
+from autotune.emit.document import document_model
 from autotune.errors import InvalidPlanError, SolverLimitError, SpecError
 from autotune.render.common import plan_brief
 from autotune.render.plan import Comparison, search_progress
@@ -69,6 +70,17 @@ def pins_space(pins: Pins, *, allow_idle: bool, allow_cross_node_tp: bool) -> Se
         tp_mode=choices(pins.tp_mode, "--tp-mode", MODES), ep=ints(pins.ep, "--ep"), etp=ints(pins.etp, "--etp"))
 
 
+def _same_model_name(doc: Any, recorded: dict[str, Any], model: ModelSpec, where: str) -> str:
+    """The name the document must record for `model`: its own, or the document's where the document's model_spec
+    is the same shape (a config.json planned, compared under its catalog name, or the other way round)."""
+    named = recorded.get("model")
+    if not isinstance(doc, dict) or "model_spec" not in doc or not isinstance(named, str) or named == model.name:
+        return model.name
+    theirs = document_model(doc, recorded, where)
+    same = replace(theirs, name="", source="", catalog_name="") == replace(model, name="", source="", catalog_name="")
+    return named if same else model.name
+
+
 def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
                  space: SearchSpace, profile: Profile | None = None) -> Comparison:
     """The user's plan, checked by the independent validator: rule breaks are errors, not fitting is reported. A
@@ -77,8 +89,8 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     doc, where = read_document(path, "--compare"), plan_source(path, "--compare")
     plan = plan_from_dict(doc, where, job.trainer)
     recorded = doc.get("job") if isinstance(doc, dict) and isinstance(doc.get("job"), dict) else {}
-    fixed = {"model": model.name, "gpu": hw.name, "gpus": gpus, "gpus_per_node": hw.gpus_per_node,
-             "global_batch": job.global_batch, "seq_len": job.seq_len}
+    fixed = {"model": _same_model_name(doc, recorded, model, where), "gpu": hw.name, "gpus": gpus,
+             "gpus_per_node": hw.gpus_per_node, "global_batch": job.global_batch, "seq_len": job.seq_len}
     refuse_other_job(recorded, fixed, where, "compare a plan of the same job, or plan again")
     now = {"dtype": job.dtype, "kernels": job.trainer, "grad_reduce": job.grad_reduce,
            "optimizer_states": job.optimizer_states}

@@ -70,7 +70,8 @@ def precision_words(job: JobSpec) -> str:
 
 def plan_line(plan: Plan) -> str:
     """One line naming every choice of a plan."""
-    rc = plan.recompute if plan.recompute_layers is None else f"{plan.recompute} ({plan.recompute_layers} layers)"
+    rc = plan.recompute if plan.recompute_layers is None else (
+        f"{plan.recompute} ({plan.recompute_layers} layer{'s' if plan.recompute_layers != 1 else ''})")
     mode = "" if plan.tp_mode == "1d" else f" ({plan.tp_mode} grid)"
     experts = f", ep {plan.ep}, etp {plan.etp}" if (plan.ep, plan.etp) != (1, 1) else ""  # MoE plans only
     return (f"tp {plan.tp}{mode}, pp {plan.pp}, dp {plan.dp}, cp {plan.cp}{experts}, mbs {plan.mbs} x "

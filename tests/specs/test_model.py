@@ -296,6 +296,14 @@ def test_gemma3_multimodal_config_takes_transformers_text_defaults_and_is_the_ca
         model_from_hf_config({k: v for k, v in GEMMA3_27B["text_config"].items() if k != "model_type"}, "c.json")
 
 
+def test_gemma_gelu_is_gated_in_every_gemma_family_type():
+    """Gemma's MLP is gated whatever its hidden_act spelling (transformers' GemmaMLP, Gemma2MLP, Gemma3MLP):
+    a flat gemma3_text config saying "gelu" is GeGLU, as its multimodal wrapper's text_config is."""
+    for kind in ("gemma", "gemma2", "gemma3", "gemma3_text"):
+        m = model_from_hf_config({**_HF_SMALL, "model_type": kind, "hidden_act": "gelu"}, "config.json")
+        assert m.activation == "geglu", kind
+
+
 def test_gemma3_4b_text_config_leaves_its_default_heads_out():
     """google/gemma-3-4b-pt's text_config has no heads, kv heads or head_dim: they equal Gemma3TextConfig's
     defaults (8, 4, 256), which transformers drops when it saves a nested config. Parameters: Gemma 3 report,
