@@ -3,7 +3,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from autotune.costmodel.estimate import CostModel
+from autotune.reports.accuracy import row_models
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.plan import Plan
+from autotune.units import gib
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,3 +69,32 @@ def row_cross_entropy(source_id: str, framework: str, model_name: str) -> str:
     if "nemo 2" in framework.lower() or source_id == "megatron_lm_examples_llama":
         return "native"
     return "unfused"
+
+
+def recipe_layout(row: dict[str, str], model: ModelSpec, pp: int, vpp: int) -> tuple[int, ...] | None:
+    """RULES 'moe_recipe': the layers per pipeline rank of the recipe's explicit layout for (pp, vp), if the
+    row's model recipe has one."""
+    if not model.is_moe or row["source_id"].strip() not in MOE_RECIPE_SOURCES:
+        return None
+    name = row_models.catalog_match(row["model"])
+    stages = RECIPE_LAYOUTS.get(name, {}).get((pp, vpp)) if name else None
+    if stages is None or sum(stages) != model.num_layers:
+        return None
+    return tuple(sum(stages[j] for j in range(rank, len(stages), pp)) for rank in range(pp))
+
+
+def least_fitting_recompute(plan: Plan, model: ModelSpec, job: JobSpec, hw: HardwareSpec) -> tuple[Plan, str]:
+    """RULES 'recompute' for a row that does not say: the plan as its rule gives it if it fits, else the least
+    recomputation that does (selective, else full), with a note; unchanged if none fits (reported as not fitting).
+    GPT-OSS-120B's NeMo 25.11 row (mbs 4 at pp 4: 144 GiB without recompute) ran, so it recomputed."""
+    cm = CostModel(model, hw, job)
+    first = cm.estimate(plan)
+    if first.fits:
+        return plan, ""
+    order = ("none", "selective", "full")
+    for mode in order[order.index(plan.recompute) + 1:]:
+        est = cm.estimate(replace(plan, recompute=mode, recompute_layers=None))
+        if est.fits:
+            return est.plan, (f"recompute {plan.recompute} does not fit ({gib(first.peak_memory_bytes):.1f} GiB); "
+                              f"evaluated with {mode}, the least recomputation that fits")
+    return plan, ""

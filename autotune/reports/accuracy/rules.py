@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from autotune.catalog import PROFILES_DIR, load_hardware
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.reports.accuracy import row_models
-from autotune.reports.accuracy.recipes import (CROSS_ENTROPY_RULE, MOE_RECIPE_SOURCES, MOE_RECIPES, RECIPE_LAYOUTS,
-                                               MoeRecipe, row_cross_entropy)
+from autotune.reports.accuracy.recipes import (CROSS_ENTROPY_RULE, MOE_RECIPE_SOURCES, MOE_RECIPES, MoeRecipe,
+                                               least_fitting_recompute, recipe_layout, row_cross_entropy)
 from autotune.reports.accuracy.row_models import RowSkipped, column_int
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -67,7 +67,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("recompute", "activation_recompute text: none / selective (torchtitan's op-level SAC counted as selective) / "
                   "full; blank -> the framework default: megatron none (Megatron-Core's default, and NeMo 2.0's "
                   "Llama 3.1 recipes leave recompute unset), torchtitan its llama3 train config (selective for "
-                  "8B, full for 70B and 405B)"),
+                  "8B, full for 70B and 405B); where that leaves the published layout out of memory, the least "
+                  "recomputation that fits (selective, else full), with a note: a run that ran fit"),
     ("moe_recipe", "MoE rows of Megatron-Bridge's performance summary: recompute and token dispatcher, which the "
                    "rows leave blank, from the model's pretrain recipe in megatron-bridge 0.3.1 (PyPI) that its "
                    "performance scripts start from: Qwen3-30B-A3B (recipes/qwen/qwen3_moe.py) full recompute of "
@@ -298,18 +299,6 @@ def published_plan(row: dict[str, str], model: ModelSpec, job: JobSpec, trainer:
                 layers_per_stage=layers, bucket_size=default_bucket(trainer, dp))
 
 
-def recipe_layout(row: dict[str, str], model: ModelSpec, pp: int, vpp: int) -> tuple[int, ...] | None:
-    """RULES 'moe_recipe': the layers per pipeline rank of the recipe's explicit layout for (pp, vp), if the
-    row's model recipe has one."""
-    if not model.is_moe or row["source_id"].strip() not in MOE_RECIPE_SOURCES:
-        return None
-    name = row_models.catalog_match(row["model"])
-    stages = RECIPE_LAYOUTS.get(name, {}).get((pp, vpp)) if name else None
-    if stages is None or sum(stages) != model.num_layers:
-        return None
-    return tuple(sum(stages[j] for j in range(rank, len(stages), pp)) for rank in range(pp))
-
-
 def nearest_interleaved(plan: Plan, num_layers: int) -> Plan:
     """The valid interleaved layout closest to the published one: vpp <= published and per-rank layer counts
     divisible by it, with the shortest ideal pipeline time max(layers) * (m + (pp - 1) / vpp); 1F1B with an
@@ -389,6 +378,9 @@ def _case(row: dict[str, str]) -> Case:
                           grad_reduce=recipe.grad_reduce,  # type: ignore[arg-type]
                           optimizer_states=recipe.optimizer_states)  # type: ignore[arg-type]
         plan, note = representable(published_plan(row, model, job, trainer), model, job, hw)
+        if not row["activation_recompute"].strip():  # RULES 'recompute': a run that ran fit
+            plan, more = least_fitting_recompute(plan, model, job, hw)
+            note = "; ".join(n for n in (note, more) if n)
         step = float(row["step_time_s"])
     except (SpecError, ValueError) as exc:
         raise RowSkipped(str(exc)) from None
