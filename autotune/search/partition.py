@@ -14,7 +14,8 @@ bound for every partition, so when an optimal solution's critical path is alread
 for the exact (simulated) pipeline time. Later rounds also require beating the best plan found and stop at
 their first solution (a new cut or a better plan); the loop ends when none is left (INFEASIBLE: the proof),
 as proving each round's relaxation optimal is work the next cut throws away (llama3-70b on 16384 H100s,
-the winner's loop: 8 rounds in 2.8 s -> 9 in 0.8 s, the same plan). Each bucketed sync is max(one bucket, max_i
+the winner's loop: 8 rounds in 2.8 s -> 9 in 0.8 s, the same plan). A first solution's sync and Adam terms may
+sit above their least (nothing minimizes them): the proof is unaffected. Each bucketed sync is max(one bucket, max_i
 (bytes_i/B)*c - window_i - slack_i), linear per bucket choice.
 
 Every solve is deterministic: one worker, a fixed seed, and work limits counted in conflicts and in CP-SAT's
