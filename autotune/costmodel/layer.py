@@ -157,7 +157,8 @@ def layer_shape(model: ModelSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, s
                       fp8=job.dtype == "fp8", ep=ep, etp=etp,
                       imbalance=rank_load(job, ep) if model.is_moe else 1.0,
                       dispatcher=job.moe_dispatcher if model.is_moe else "alltoall",
-                      cross_entropy=job.runs_cross_entropy)
+                      cross_entropy=job.runs_cross_entropy,
+                      main_grad=job.grad_bytes if job.trainer == "megatron" else 0)
 
 
 def rank_load(job: JobSpec, ep: int) -> float:

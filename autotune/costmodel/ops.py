@@ -66,6 +66,8 @@ class LayerShape:
     """MoE token dispatcher (JobSpec.moe_dispatcher): 'alltoall' (NCCL) or 'deepep' (DeepEP's fused kernels)."""
     cross_entropy: str = "unfused"
     """The loss kernel over the logits (JobSpec.runs_cross_entropy): 'unfused', 'native' or 'te'."""
+    main_grad: int = 0
+    """Bytes per weight a weight-gradient GEMM reads and writes into the main gradient (_wgrad_bytes); 0: none."""
 
     @property
     def norm_tokens(self) -> float:
@@ -316,8 +318,8 @@ def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -
             # dX[m,k] = dY[m,n] @ W^T and dW[k,n] = X^T @ dY: the same FLOPs, other output shapes
             out.append(Op(op.name + "_dgrad", op.category, op.flops, op.bytes, "gemm", (m, k, n) if op.dims else (),
                           op.groups))
-            out.append(Op(op.name + "_wgrad", op.category, op.flops, op.bytes, "gemm", (k, n, m) if op.dims else (),
-                          op.groups))
+            out.append(Op(op.name + "_wgrad", op.category, op.flops, _wgrad_bytes(op, shape), "gemm",
+                          (k, n, m) if op.dims else (), op.groups))
         elif op.kernel == "attention":
             dims = (op.dims[0], 1.0, *op.dims[2:]) if op.dims else ()  # the same kernels' backward
             out.append(Op(op.name + "_bwd", op.category, 2.5 * op.flops, 2.0 * op.bytes, "attention", dims))
@@ -329,6 +331,16 @@ def backward_ops(forward: tuple[Op, ...], model: ModelSpec, shape: LayerShape) -
     if shape.fp8:
         out.extend(fp8_casts(forward, "dy"))
     return tuple(out)
+
+
+def _wgrad_bytes(op: Op, shape: LayerShape) -> float:
+    """A weight gradient's traffic. Megatron's gradient-accumulation fusion (config.gradient_accumulation_fusion,
+    on in Megatron-LM and NeMo, is TE's fuse_wgrad_accumulation: accumulate=True into main_grad) reads and writes
+    the output at the buffer's precision: an expert's over a thousand tokens is memory-bound."""
+    if not shape.main_grad or not op.dims or op.category == "attention":
+        return op.bytes
+    _, n, k = op.dims
+    return op.bytes + (2 * shape.main_grad - shape.elem) * op.groups * k * n
 
 
 def embedding_forward_ops(model: ModelSpec, shape: LayerShape) -> tuple[Op, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.costmodel import ops
@@ -175,3 +177,19 @@ def test_the_fused_loss_kernels_exist_as_costed():
     fields = ModelParallelConfig.__dataclass_fields__
     assert fields["cross_entropy_loss_fusion"].default is False  # Megatron-LM runs it unfused unless asked
     assert fields["cross_entropy_fusion_impl"].default == "native"
+
+
+def test_megatron_weight_gradients_read_and_write_the_fp32_main_gradient():
+    """Gradient-accumulation fusion (TE's fuse_wgrad_accumulation under Megatron): each weight gradient adds into
+    the fp32 main gradient, reading and writing 4 bytes per weight where a plain GEMM writes 2: 6 bytes more per
+    weight, for each of a grouped GEMM's experts; the input-gradient GEMM and attention's score GEMMs (no weights)
+    are unchanged, and a bf16 buffer (grad_reduce bf16) adds 2."""
+    up = ops.Op("expert_up", "gemm", 2.0 * 16384 * 2880 * 5760, 1e6, "gemm", (1024.0, 5760.0, 2880.0), 16)
+    scores = ops.Op("qk_scores", "attention", 1e9, 1e6, "gemm", (512.0, 512.0, 64.0))
+    plain = ops.LayerShape(tokens=4096, kv_tokens=4096, mbs=1, tp=1, sp=False, elem=2, flash=True, fused=True)
+    for main_grad, extra in ((4, 6), (2, 2)):
+        shape = replace(plain, main_grad=main_grad)
+        by_name = {op.name: op for op in ops.backward_ops((up, scores), gpt_model(), shape)}
+        assert by_name["expert_up_wgrad"].bytes == 1e6 + extra * 16 * 2880 * 5760
+        assert by_name["expert_up_dgrad"].bytes == by_name["qk_scores_wgrad"].bytes == 1e6
+    assert {op.name: op.bytes for op in ops.backward_ops((up,), gpt_model(), plain)}["expert_up_wgrad"] == 1e6
