@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,13 @@ def test_a_plan_document_alone_is_recosted(cli, tmp_path):
         cli("estimate", "--plan", str(path))
     with pytest.raises(SpecError, match=r"estimate needs --gpus \(or --plan FILE"):
         cli("estimate", *JOB[:4], *JOB[6:], *PLAN)
+    # a setting or plan the document gives is named as the document's (user-tester: flags the user never gave)
+    path.write_text(json.dumps({**doc, "job": {**doc["job"], "dtype": "fp4"}}))
+    with pytest.raises(SpecError, match=f"{re.escape(str(path))}: job.dtype 'fp4'"):
+        cli("estimate", "--plan", str(path))
+    path.write_text(json.dumps({**doc, "plan": {**doc["plan"], "tp": 3, "dp": 1}}))
+    with pytest.raises(SpecError, match=f"^{re.escape(str(path))}: "):
+        cli("estimate", "--plan", str(path))
     # a plan costed on a hardware file records only its name: the error names the document's key and the fix
     path.write_text(json.dumps({**doc, "job": {**doc["job"], "gpu": "myh100"}}))
     with pytest.raises(SpecError, match="job.gpu 'myh100' is not a catalog GPU .*; give --gpu FILE"):

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from autotune.catalog import load_model
-from autotune.cli.inputs import (coverage_warnings, job_from_plan_document, load_cost_profile, plan_source,
-                                 read_plan, recorded_overlaps, settle_job_settings, single_plan)
+from autotune.cli.inputs import (JOB_SETTINGS, coverage_warnings, job_from_plan_document, load_cost_profile,
+                                 plan_source, read_plan, recorded_overlaps, settle_job_settings, single_plan)
 from autotune.cli.options import (AttentionOpt, BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt,
                                   EpOpt, EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt, GpusPerNodeOpt, GradOpt,
                                   JsonOpt, KernelsOpt, LayersOpt, MbsOpt, MicroOpt, ModelOrPlanOpt, MoeCapacityOpt,
@@ -90,10 +90,14 @@ def estimate(
                         settings["grad_reduce"], settings["kernels"], settings["moe_imbalance"],
                         settings["moe_dispatcher"], settings["moe_capacity_factor"], settings["moe_pad_to_capacity"],
                         settings["optimizer_states"], settings["attention_backend"])
-    except SpecError as exc:  # some settings may come from the document's job block: name it too
+    except SpecError as exc:  # some settings may come from the document's job block: name it, and its keys
         if not where:
             raise
-        raise SpecError(f"{where}: job: {exc}") from None
+        message = str(exc)
+        for key, _, param, flag, _ in JOB_SETTINGS:
+            if key in recorded and param not in given:
+                message = message.replace(f"{flag} ", f"job.{key} ")
+        raise SpecError(f"{where}: {message}") from None
     job = replace(job, **recorded_overlaps(recorded, where))
     if plan is None:
         plan = single_plan(pins, spec, job, gpus)
@@ -101,7 +105,10 @@ def estimate(
             show_warnings([f"etp 1 (the default here): experts whole on each GPU of their ep group; Megatron's own "
                            f"default is etp = tp = {plan.tp} (give --etp {plan.tp} to cost that)"])
     # a saved plan states its own tensor-parallel layout (plan --allow-cross-node-tp), as a script does for `check`
-    check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp or bool(plan_file))
+    try:
+        check_plan(plan, spec, job, gpus, hw.gpus_per_node, allow_cross_node_tp=allow_cross_node_tp or bool(plan_file))
+    except SpecError as exc:  # (InvalidPlanError too) a document's plan: say which file
+        raise type(exc)(f"{where}: {exc}" if where and not str(exc).startswith(where) else str(exc)) from None
     check_simulation_size(plan, "estimate")
     measured = load_cost_profile(profile, filled["gpu"], spec, hw, job, force_profile)
     cm = CostModel(spec, hw, job, measured)
