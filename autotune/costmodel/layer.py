@@ -16,7 +16,7 @@ from autotune.costmodel.memory import (LayerActivations, dense_layer_params, emb
                                        embedding_params, gathered_input_bytes, head_activations, head_params,
                                        head_transient, layer_activations, moe_expert_share, moe_layer_params,
                                        sac_activations)
-from autotune.costmodel.moe import moe_activation_bytes, moe_comm
+from autotune.costmodel.moe import deepep_buffer_bytes, moe_activation_bytes, moe_comm
 from autotune.costmodel.ops import (LayerShape, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
 from autotune.costmodel.tpcomm import (recomputed_gathers_s, regathers_inputs, tp_layer_comm,
@@ -82,7 +82,8 @@ class LayerCost:
     (tpcomm.recomputed_gathers_s): charged with that recomputation, not in tp_bwd_s."""
     buffers: int = 0
     """Bytes a GPU allocates once for this layer's collectives, whatever its layer count (under tp overlap,
-    Megatron's TE userbuffers or torchtitan's symmetric-memory workspace: tpcomm.tp_overlap_buffers)."""
+    Megatron's TE userbuffers or torchtitan's symmetric-memory workspace: tpcomm.tp_overlap_buffers; DeepEP's
+    NVLink buffer: moe.deepep_buffer_bytes)."""
 
     @property
     def stage_params(self) -> int:
@@ -272,7 +273,8 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
         selective_s=_sac_seconds(fwd_ops, hw, job, lookup) if job.trainer == "torchtitan" else -1.0,
         wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup, kernel),
         expert_params=moe_expert_share(model, tp, ep, etp) if moe else 0,
-        buffers=tp_overlap_buffers(model, hw, job, shape, tp_overlap))
+        buffers=tp_overlap_buffers(model, hw, job, shape, tp_overlap) + (deepep_buffer_bytes(model, shape) if moe
+                                                                          else 0))
 
 
 def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec, moe: bool = False) -> LayerActivations:

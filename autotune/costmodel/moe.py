@@ -168,6 +168,26 @@ def uses_deepep(shape: LayerShape) -> bool:
     return shape.dispatcher == "deepep" and shape.ep * shape.etp > 1
 
 
+#: DeepEP 1.0.0's chunked receive tokens per channel and rank of its default configs (deep_ep/buffer.py,
+#: get_dispatch_config / get_combine_config: 256 up to 8 ranks, then 288 up to 64, 560 at 128, 720 beyond), by the
+#: largest group each applies to; and megatron-core 0.16's moe_deepep_num_sms 20, two SMs a channel
+DEEPEP_RECV_TOKENS = ((8, 256), (64, 288), (128, 560), (1 << 30, 720))
+DEEPEP_CHANNELS = 20 // 2
+
+
+def deepep_buffer_bytes(model: ModelSpec, shape: LayerShape) -> int:
+    """DeepEP's NVLink buffer, which Megatron allocates once (megatron-core fused_a2a.get_buffer): at least what
+    its intranode dispatch asserts it holds (deep_ep 1.0.0 csrc/deep_ep.cpp, Buffer::intranode_dispatch): per
+    channel, NVLink rank (a node's, at most 8) and received token, the token (Megatron's hidden bytes: 2 per
+    element), its source index and its top-k indices and weights. The internode RDMA buffer, sized by a hint in a
+    header the sdist lacks, is not counted (ep > 8 holds more)."""
+    if not uses_deepep(shape):
+        return 0
+    recv = next(tokens for most, tokens in DEEPEP_RECV_TOKENS if shape.ep * shape.etp <= most)
+    per_token = 2 * model.hidden_size + 4 + model.moe_top_k * (8 + 4)
+    return DEEPEP_CHANNELS * min(shape.ep * shape.etp, 8) * recv * per_token
+
+
 def groups_hit(experts: int, top_k: int, groups: int) -> float:
     """Expected number of `groups` equal groups of experts that a token's top_k distinct experts fall in, with
     every set of top_k experts equally likely (balanced routing): groups * (1 - C(E - E/groups, k) / C(E, k)),

@@ -136,3 +136,21 @@ def test_a_dense_layer_larger_than_an_moe_layer_is_charged_its_own_size() -> Non
     assert dense > moe
     embedding = model.vocab_size * model.hidden_size
     assert est.stages[0].memory.weights == 2 * (3 * dense + moe + embedding)
+
+
+def test_deepep_buffer_is_what_its_intranode_dispatch_asserts() -> None:
+    """DeepEP 1.0.0's intranode dispatch asserts its NVLink buffer holds, per channel (megatron-core's 20 SMs, two
+    a channel), NVLink rank (at most 8) and received token (256 up to 8 ranks, 288 up to 64), the token's 2-byte
+    hidden, its 4-byte source index and top-k int64 indices and fp32 weights. DeepSeek-V3 (hidden 7168, top-8):
+    10 x 8 x 256 x 14436 bytes at ep 8; charged once per GPU; none with the alltoall dispatcher."""
+    from autotune.costmodel.layer import layer_shape
+    from autotune.costmodel.moe import deepep_buffer_bytes
+
+    model = load_model("deepseek-v3")
+    job = JobSpec(global_batch=64, seq_len=4096, moe_dispatcher="deepep")
+    per_token = 2 * 7168 + 4 + 8 * (8 + 4)
+    for ep, recv in ((8, 256), (16, 288), (64, 288)):
+        shape = layer_shape(model, job, tp=1, cp=1, mbs=1, sp=False, ep=ep)
+        assert deepep_buffer_bytes(model, shape) == 10 * 8 * recv * per_token
+    nccl = layer_shape(model, JobSpec(global_batch=64, seq_len=4096), tp=1, cp=1, mbs=1, sp=False, ep=8)
+    assert deepep_buffer_bytes(model, nccl) == 0
