@@ -21,7 +21,8 @@ from autotune.cli.options import (AttentionOpt, BatchOpt, BriefOpt, CompareOpt, 
                                   SZeroOpt, SeqOpt, StrictOpt, TimeLimitOpt, TopOpt, TrainerOpt, UnfusedOpt,
                                   WorkLimitOpt, build_job, check_moe_flags, check_whole_nodes, load_cluster, show,
                                   show_warnings)
-from autotune.cli.searching import compare_plan, distinct_fitting, run_search, search_space, without_timings
+from autotune.cli.searching import (compare_plan, distinct_fitting, profiled_space, run_search, search_space,
+                                    without_timings)
 from autotune.costmodel.estimate import CostModel
 from autotune.errors import SolverLimitError, SpecError
 from autotune.fileio import check_target
@@ -89,12 +90,13 @@ def plan(
     space = search_space(pins, spec, job, gpus, hw.gpus_per_node, allow_idle=allow_idle,
                          allow_cross_node_tp=allow_cross_node_tp, trainer=caps)
     measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
+    space, profiled = profiled_space(space, measured, profile is not None)
     mine = compare_plan(compare, spec, hw, job, gpus, space, measured) if compare is not None else None
     left = max(time_limit - (time.monotonic() - started), 1e-3)
     result = distinct_fitting(run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=left,
                                          profile=measured, work_limit=work_limit), top)
     coverage = CostModel(spec, hw, job, measured).op_coverage(result.best.plan)
-    show_warnings([*notes, *hw.dtype_warnings(job.dtype)]
+    show_warnings([*notes, *profiled, *hw.dtype_warnings(job.dtype)]
                   + coverage_warnings(coverage, result.best.plan, measured, job.seq_len))
     doc = {**plan_json(result, spec, hw, job, mine), "trainer": None if caps is None else caps.name,
            "op_costs": coverage.as_dict()}

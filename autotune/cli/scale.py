@@ -16,7 +16,7 @@ from autotune.cli.options import (AttentionOpt, BriefOpt, CrossTpOpt, DtypeOpt, 
                                   STpOpt, SVocabOpt, SVppOpt, SZeroOpt, SeqOpt, UnfusedOpt, WorkLimitOpt, build_job,
                                   check_moe_flags, check_whole_nodes, fail, load_cluster, parse_int_list, show,
                                   show_warnings)
-from autotune.cli.searching import pins_space, without_timings
+from autotune.cli.searching import pins_space, profiled_space, without_timings
 from autotune.emit import TRAINERS
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.render.scale import scale_progress, scaling_brief, scaling_csv, scaling_json, scaling_report
@@ -98,6 +98,7 @@ def scale_command(
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = for_trainer(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), caps)
     measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
+    space, profiled = profiled_space(space, measured, profile is not None)
     with scale_progress(True) as progress:  # on a terminal even with --json/--csv: it goes to stderr
         result = scale(spec, hw, job, sizes, space, train_tokens=train_tokens,
                        price_per_gpu_hour=price_per_gpu_hour, efficiency_threshold=efficiency_threshold,
@@ -113,7 +114,7 @@ def scale_command(
     else:
         show(scaling_report(result, spec, hw, job), False)
     if any(p.best is not None for p in result.points):
-        show_warnings([*notes, *hw.dtype_warnings(job.dtype)])
+        show_warnings([*notes, *profiled, *hw.dtype_warnings(job.dtype)])
     if all(p.best is None for p in result.points):
         infeasible = all(p.status == "INFEASIBLE" for p in result.points)
         reason = next((p.reason for p in result.points if p.reason), "")

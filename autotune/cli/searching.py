@@ -70,6 +70,23 @@ def pins_space(pins: Pins, *, allow_idle: bool, allow_cross_node_tp: bool) -> Se
         tp_mode=choices(pins.tp_mode, "--tp-mode", MODES), ep=ints(pins.ep, "--ep"), etp=ints(pins.etp, "--etp"))
 
 
+def profiled_space(space: SearchSpace, profile: Profile | None, given: bool) -> tuple[SearchSpace, list[str]]:
+    """With a --profile FILE the user gave, the search keeps to the tp, cp and micro-batch sizes it timed (each
+    dimension the command line leaves free): outside them every op falls back to the roofline, which is far from
+    a profile timed on another device (a CPU: about 100x), so the search would drift to the shapes never measured
+    (user-tester: a CPU profile of tp 1-4 made tp 4, mbs 8 'best', every op by the roofline). The note says so."""
+    if profile is None or not given or not profile.ops:
+        return space, []
+    timed = {"tp": sorted({p.tp for p in profile.ops}), "cp": sorted({p.cp for p in profile.ops}),
+             "mbs": sorted({p.mbs for p in profile.ops})}
+    free = {dim: tuple(values) for dim, values in timed.items() if getattr(space, dim) is None}
+    if not free:
+        return space, []
+    said = ", ".join(f"{dim} {','.join(map(str, values))}" for dim, values in free.items())
+    return replace(space, **free), [f"--profile {profile.path}: searching the shapes it timed ({said}); pin --tp, "
+                                    "--cp or --mbs to search others, costed by the roofline"]
+
+
 def _same_model_name(doc: Any, recorded: dict[str, Any], model: ModelSpec, where: str) -> str:
     """The name the document must record for `model`: its own, or the document's where the document's model_spec
     is the same shape (a config.json planned, compared under its catalog name, or the other way round)."""
