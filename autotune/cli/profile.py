@@ -114,8 +114,9 @@ def profile_command(
     seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, max=MAX_SEQ_LEN, help="Tokens per sequence "
                                                 "(default: 2048, or the model's learned positions if fewer).")]
     = None,
-    tp: Annotated[str, typer.Option("--tp", metavar="N,N,...", help="Tensor-parallel degrees whose per-GPU "
-                                    "shapes to time.")] = "1,2,4,8",
+    tp: Annotated[str | None, typer.Option("--tp", metavar="N,N,...", help="Tensor-parallel degrees whose per-GPU "
+                                           "shapes to time (default: those of 1,2,4,8 that split the model's heads, "
+                                           "MLP, vocabulary and sequence evenly).")] = None,
     mbs: Annotated[str, typer.Option("--mbs", metavar="N,N,...", help="Micro-batch sizes to time.")] = "1,2,4",
     cp: Annotated[str, typer.Option("--cp", metavar="N,N,...", help="Context-parallel degrees whose per-GPU shapes "
                                     "to time (seq/cp tokens, ring attention's steps and corrections).")] = "1",
@@ -188,9 +189,9 @@ def _attention_backend(asked: str | None, kind: str) -> str | None:
     return asked or ("cudnn" if kind == "cuda" else None)
 
 
-def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int | None, tp: str, mbs: str,
+def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int | None, tp: str | None, mbs: str,
                  cp: str, dtype: str, repeats: int, warmup: int, show: bool, attention: str | None = None) -> dict:
-    from autotune.profiling.optimer import check_cps, profile_model
+    from autotune.profiling.optimer import check_cps, profile_model, splits_evenly
 
     if model is None:
         raise SpecError("autotune profile needs --model M (or --comm to time collectives)")
@@ -204,7 +205,10 @@ def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int
                         f"maximum of {MAX_PROFILE_TOKENS:,} that profile times; use a smaller --mbs or --seq-len")
     target = out or Path(f"{kind}-{slug(spec.name)}.json")
     old = _existing(target)
-    tps, cps = parse_int_list(tp, "--tp"), parse_int_list(cp, "--cp")
+    tps, cps = parse_int_list(tp or "1,2,4,8", "--tp"), parse_int_list(cp, "--cp")
+    if tp is None:  # the default: the degrees this model splits evenly (tiny-gpt's 4 heads take no tp 8)
+        tps = tuple(t for t in tps if splits_evenly(spec, seq, t))
+    tps_text = ",".join(map(str, tps))
     check_cps(seq, cps)
     too_big = oversized_jobs(spec, seq, tps, mbss, kind, cps)
     try:
@@ -214,18 +218,18 @@ def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         if "memory" not in str(exc).lower() and not isinstance(exc, MemoryError):
             raise
-        raise SpecError(f"profile: {kind} ran out of memory timing {spec.name} (seq {seq}, tp {tp}, cp {cp}, mbs "
+        raise SpecError(f"profile: {kind} ran out of memory timing {spec.name} (seq {seq}, tp {tps_text}, cp {cp}, mbs "
                         f"{mbs}); use a smaller --mbs or --seq-len, or only larger --tp degrees") from None
     if not prof.ops:
-        raise SpecError(f"profile: no op of {spec.name} fits in {kind}'s free memory at seq {seq} (tp {tp}, cp {cp}, "
-                        f"mbs {mbs}); use a smaller --mbs or --seq-len, or only larger --tp degrees")
+        raise SpecError(f"profile: no op of {spec.name} fits in {kind}'s free memory at seq {seq} (tp {tps_text}, "
+                        f"cp {cp}, mbs {mbs}); use a smaller --mbs or --seq-len, or only larger --tp degrees")
     if prof.not_timed:
         show_warnings([f"not timed, too large for {kind}'s free memory: {', '.join(prof.not_timed)} (estimates "
                        "charge them by the roofline)"])
     if old is not None and old.comm:
         prof = dataclasses.replace(prof, comm=old.comm)
     written = write_profile(prof, target)
-    text = (f"timed {len(prof.ops)} ops of {spec.name} (seq {seq}, tp {tp}, cp {cp}, mbs {mbs}, {dtype}) on "
+    text = (f"timed {len(prof.ops)} ops of {spec.name} (seq {seq}, tp {tps_text}, cp {cp}, mbs {mbs}, {dtype}) on "
             f"{prof.device.kind} {prof.device.name!r}, {prof.device.threads} thread(s)")
     return {"out": str(written), "model": spec.name, "device": dataclasses.asdict(prof.device), "seq_len": seq,
             "cp": list(cps), "dtype": dtype, "ops": len(prof.ops), "not_timed": list(prof.not_timed), "text": text}

@@ -65,13 +65,21 @@ def libraries() -> Libraries:
     return Libraries(torch=torch.__version__, python=platform.python_version(), autotune=autotune.__version__)
 
 
+def _uneven(model: ModelSpec, seq_len: int, tp: int) -> list[str]:
+    sizes = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
+             "ffn_hidden_size": model.ffn_hidden_size, "vocab_size": model.vocab_size, "--seq-len": seq_len}
+    return [f"{k} {v}" for k, v in sizes.items() if v % tp]
+
+
+def splits_evenly(model: ModelSpec, seq_len: int, tp: int) -> bool:
+    """Whether tp splits heads, key/value heads, the MLP, the vocabulary and the tokens evenly."""
+    return not _uneven(model, seq_len, tp)
+
+
 def check_degrees(model: ModelSpec, seq_len: int, tps: tuple[int, ...]) -> None:
     """Each tp must split heads, key/value heads, the MLP, the vocabulary and the tokens evenly."""
     for tp in tps:
-        sizes = {"num_heads": model.num_heads, "num_kv_heads": model.num_kv_heads,
-                 "ffn_hidden_size": model.ffn_hidden_size, "vocab_size": model.vocab_size, "--seq-len": seq_len}
-        bad = [f"{k} {v}" for k, v in sizes.items() if v % tp]
-        if bad:
+        if bad := _uneven(model, seq_len, tp):
             raise SpecError(f"--tp {tp}: does not divide {', '.join(bad)} of {model.name}; drop it from --tp")
 
 

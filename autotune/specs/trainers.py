@@ -207,7 +207,12 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
     if p.zero not in caps.zero_stages(p.pp):
         out.append(f"zero {p.zero} with pp {p.pp}: {n} runs ZeRO {', '.join(map(str, caps.zero_stages(p.pp)))}")
     if p.cp > 1 and not caps.cp:
-        out.append(f"cp {p.cp}: {n} has no ring-attention context parallelism")
+        out.append(f"cp {p.cp}: " + {"torchtitan": "torchtitan's context parallelism also shards weights, gradients "
+                                                   "and optimizer state over the cp ranks (FSDP2), which autotune "
+                                                   "does not cost",
+                                     "deepspeed": "DeepSpeed's sequence parallelism is Ulysses (all-to-all), not "
+                                                  "the ring attention autotune costs"}.get(
+            n, f"{n} has no ring-attention context parallelism"))
     if p.tp_mode not in caps.tp_modes:
         out.append(f"tp_mode {p.tp_mode}: {n} runs {', '.join(caps.tp_modes)} tensor parallelism")
     if p.sequence_parallel not in caps.sequence_parallel:

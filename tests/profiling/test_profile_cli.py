@@ -220,3 +220,17 @@ def test_an_op_the_device_runs_out_of_memory_for_is_left_untimed(monkeypatch, tm
                                  repeats=1, warmup=0)
     assert prof.not_timed == ("cross_entropy tp=1 cp=1 mbs=1",)
     assert "cross_entropy" not in {p.op for p in prof.ops} and "cross_entropy_bwd" in {p.op for p in prof.ops}
+
+
+@pytest.mark.slow
+def test_the_default_tp_list_keeps_the_degrees_the_model_splits(tmp_path, capsys):
+    """README's `autotune profile --model tiny-gpt --device cpu`: its 4 heads take no tp 8, so the default list
+    (1,2,4,8) keeps 1, 2 and 4; an explicit --tp 8 is still an error naming the sizes it does not divide."""
+    out = tmp_path / "p.json"
+    code, _, err = _main(capsys, "profile", "--model", "tiny-gpt", "--device", "cpu", "--seq-len", "256", "--mbs", "1",
+                         "--repeats", "1", "--warmup", "0", "--out", str(out))
+    assert code == 0, err
+    assert sorted({p.tp for p in load_profile(out).ops}) == [1, 2, 4]
+    code, _, err = _main(capsys, "profile", "--model", "tiny-gpt", "--device", "cpu", "--tp", "8", "--out",
+                         str(tmp_path / "q.json"))
+    assert code == 1 and "--tp 8: does not divide num_heads 4" in err
