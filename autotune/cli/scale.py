@@ -122,5 +122,9 @@ def scale_command(
               f"{result.points[-1].reason})" if result.points[-1].reason else "") if infeasible else
               f"no GPU count of {gpus} found a plan within the limits ({reason or 'raise --time-limit'})",
               InfeasibleError.exit_code if infeasible else SolverLimitError.exit_code)
-    if any(p.status in ("FEASIBLE", "TIME_LIMIT") for p in result.points):
+    unproven = [str(p.gpus) for p in result.points if p.status in ("FEASIBLE", "TIME_LIMIT")]
+    if unproven and (csv_out or brief or json_out):  # the table says it; these formats on stderr
+        show_warnings([f"{', '.join(unproven)} GPUs: --work-limit or --time-limit stopped the search before it "
+                       "proved the plan; raise it"])
+    if unproven:
         raise typer.Exit(SolverLimitError.exit_code)

@@ -149,8 +149,8 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     return run.result(top_k, time.perf_counter() - start, time_limit_s)
 
 
-#: Candidates the runners-up search may visit per runner-up asked for (_Search.runners_up)
-RUNNER_VISITS = 1000
+#: Candidates the runners-up search may visit, and CP-SAT solves it may run (_Search.runners_up)
+RUNNER_VISITS, RUNNER_SOLVES = 5000, 8
 #: Candidates coarse-bounded between two looks at the wall clock: a few ms of arithmetic, plus the layer costs
 #: of the shapes the block meets first (up to ~50 ms for an MoE model's first blocks).
 COARSE_BLOCK = 2048
@@ -313,13 +313,13 @@ class _Search:
     def runners_up(self, top_k: int) -> None:
         """After the proof: visit candidates in bound order while one may still enter the top_k runners-up (its
         bound below the top_k-th fastest other strategy found, and below its own strategy's entry), at most
-        RUNNER_VISITS x top_k of them within the work budget. Each is timed on its even and balanced splits;
-        one whose plan then enters the top_k is solved with CP-SAT (at most 4 x top_k solves): the best
-        partition of its candidate, not necessarily the best plan of its strategy, like those met on the way.
-        Plans met during the proof no longer end it: a slow one met early used to stand in for faster
-        strategies never visited (mixtral-8x7b on 64 H100s: --top 1 showed a plan 291% slower)."""
+        RUNNER_VISITS of them within the work budget. Each is timed on its even and balanced splits; one that
+        would then be the first runner-up is solved with CP-SAT (at most RUNNER_SOLVES): the best partition of
+        its candidate, not necessarily the best plan of its strategy, like those met on the way. What is visited,
+        timed and solved does not depend on top_k, only where the visits stop: a longer list extends a shorter one
+        (plans met during the proof used to end it: mixtral-8x7b on 64 H100s, --top 1 showed one 291% slower)."""
         solves = visits = 0
-        while self.heap and visits < RUNNER_VISITS * top_k and not self.budget.exhausted:
+        while self.heap and top_k and visits < RUNNER_VISITS and not self.budget.exhausted:
             lb, idx, level, cc = self.heap[0]
             if lb >= self._kth_runner_up(top_k):
                 break
@@ -338,8 +338,8 @@ class _Search:
             if level < SUMMED:
                 self._baseline(lb, idx, cc)
             own = self.own.get(idx)
-            if solves >= 4 * top_k or (own is not None and own[0].step_time_s > self._kth_runner_up(top_k)):
-                continue  # a plan outside the top_k needs no better partition
+            if solves >= RUNNER_SOLVES or (own is not None and own[0].step_time_s > self._kth_runner_up(1)):
+                continue  # a plan behind the first runner-up keeps its even or balanced split
             res = solve_partition(cc, self.L, budget=self.budget,
                                   cutoff=_cutoff(own[0].step_time_s, c) if own else None,
                                   pinned=pinned_layers(self.space, c.pp, self.L), hint=own[1] if own else None)

@@ -154,3 +154,11 @@ def test_an_unproven_plan_says_so_in_brief_and_json(autotune_proc) -> None:
     assert autotune_proc(*args, "--brief").stdout.rstrip().endswith("status=FEASIBLE")
     proven = autotune_proc(*args[:-2], "--brief")
     assert proven.returncode == 0 and proven.stderr == "" and proven.stdout.rstrip().endswith("status=OPTIMAL")
+
+
+def test_scale_says_its_unproven_sizes_on_stderr_in_every_format(autotune_proc) -> None:
+    args = ("scale", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64,128", "--global-batch", "128",
+            "--seq-len", "4096", "--work-limit", "0.0001", "--jobs", "1")
+    for mode in ("--brief", "--json", "--csv"):
+        proc = autotune_proc(*args, mode)
+        assert proc.returncode == 3 and "GPUs: --work-limit or --time-limit stopped the search" in proc.stderr, mode
