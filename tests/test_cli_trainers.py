@@ -178,14 +178,19 @@ def test_a_trainer_without_sliding_windows_is_planned_as_it_runs(capsys, tmp_pat
     wins and Megatron's row says why it does not run it. torchtitan keeps the window (its own models)."""
     job = ("--model", "gemma3-27b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "8", "--seq-len",
            "32768", "--top", "0")
-    code, out, err = _run(capsys, "plan", *job, "--trainer", "megatron", "--out", str(tmp_path), "--brief")
+    code, out, err = _run(capsys, "plan", *job, "--trainer", "megatron", "--brief")
     assert code == 0 and "megatron's config builds no sliding window, so its 52 windowed layers are planned as " \
                          "full attention over 32768 tokens" in err
     step = float(re.search(r"step_s=([0-9.]+)", out).group(1))
+    code, out, err = _run(capsys, "plan", *job, "--trainer", "megatron", "--out", str(tmp_path), "--brief")
+    assert code == 0 and "so they run full attention over 32768 tokens, as the plan was searched for megatron" in err
+    # the document keeps the model as given and the trainer it was searched for, which re-costing applies
     doc = json.loads((tmp_path / "plan.json").read_text())
-    assert doc["model_spec"]["sliding_window"] == 0 and not doc["model_spec"].get("catalog_name")
-    header = PREDICTED.search((tmp_path / "launch_megatron.sh").read_text()).groups()
-    assert float(header[0]) == pytest.approx(step, abs=5e-4)
+    assert (doc["model_spec"]["sliding_window"], doc["trainer"]) == (1024, "megatron")
+    text = (tmp_path / "launch_megatron.sh").read_text()
+    assert float(PREDICTED.search(text).group(1)) == pytest.approx(step, abs=5e-4) and "re-estimated" not in text
+    again = _json(capsys, "estimate", "--plan", str(tmp_path / "plan.json"))
+    assert again["step_time_s"] == pytest.approx(step, abs=1e-4)
     check = _json(capsys, "check", str(tmp_path / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "16")
     assert check["step_time_s"] == pytest.approx(step, abs=1e-4)
     assert check["check"]["best"]["step_time_s"] >= check["step_time_s"] * (1 - 1e-9)

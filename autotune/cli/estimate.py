@@ -19,14 +19,14 @@ from autotune.cli.options import (AttentionOpt, BatchOrPlanOpt, BriefOpt, Bucket
                                   ZeroOpt, build_job, check_moe_flags, check_simulation_size, check_whole_nodes,
                                   load_cluster, show, show_warnings, time_limited)
 from autotune.costmodel.estimate import CostModel
-from autotune.emit.document import document_model
+from autotune.emit.document import document_model, document_trainer
 from autotune.errors import SpecError
 from autotune.render.common import brief_line
 from autotune.render.estimate import estimate_json, estimate_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S
 from autotune.specs.job import JobSpec
 from autotune.specs.plan import check_plan
-from autotune.specs.trainer_jobs import runs_grad_reduce
+from autotune.specs.trainer_jobs import as_run_model, runs_grad_reduce
 
 
 def estimate(
@@ -70,6 +70,8 @@ def estimate(
     filled = job_from_plan_document(given_job, recorded, where)
     gpus, global_batch, seq_len = filled["gpus"], filled["global_batch"], filled["seq_len"]
     spec = load_model(model) if model is not None else document_model(doc, recorded, where)
+    if (searched := document_trainer(doc, where) if doc is not None else None) is not None:
+        spec = as_run_model(spec, searched.split("+")[0], seq_len)  # as the trainer it was planned for builds it
     check_moe_flags(spec, moe_imbalance, moe_dispatcher, moe_capacity_factor, moe_pad_to_capacity)
     try:
         hw = load_cluster(filled["gpu"], filled["gpus_per_node"])

@@ -78,8 +78,11 @@ def plan(
                     attention_backend)
     check_job_settings(caps, job)
     check_trainer_settings(caps, job)
-    notes = [note] if trainer and (note := as_run_note(spec, trainer, seq_len)) else []
-    spec = as_run_model(spec, trainer, seq_len) if trainer else spec  # what the trainer's config builds
+    # (with --out, the emitter says it beside the launch files)
+    notes = [note] if trainer and out is None and (note := as_run_note(spec, trainer, seq_len)) else []
+    # searched and costed as the trainer's config builds it; the document keeps the model as given (emit and
+    # estimate --plan apply as_run_model from the trainer it records)
+    built = as_run_model(spec, trainer, seq_len) if trainer else spec
     if torchtitan_format == "toml" and job.optimizer_states != "fp32":
         raise SpecError(f"--optimizer-states {job.optimizer_states} with --torchtitan-format toml: torchtitan 0.2.x "
                         "keeps fp32 Adam states; use the 0.3.0 overrides (--torchtitan-format cli) or "
@@ -91,11 +94,11 @@ def plan(
                          allow_cross_node_tp=allow_cross_node_tp, trainer=caps)
     measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
     space, profiled = profiled_space(space, measured, profile is not None)
-    mine = compare_plan(compare, spec, hw, job, gpus, space, measured) if compare is not None else None
+    mine = compare_plan(compare, built, hw, job, gpus, space, measured) if compare is not None else None
     left = max(time_limit - (time.monotonic() - started), 1e-3)
-    result = distinct_fitting(run_search(spec, hw, job, gpus, space, top_k=top, time_limit_s=left,
+    result = distinct_fitting(run_search(built, hw, job, gpus, space, top_k=top, time_limit_s=left,
                                          profile=measured, work_limit=work_limit), top)
-    coverage = CostModel(spec, hw, job, measured).op_coverage(result.best.plan)
+    coverage = CostModel(built, hw, job, measured).op_coverage(result.best.plan)
     show_warnings([*notes, *profiled, *hw.dtype_warnings(job.dtype)]
                   + coverage_warnings(coverage, result.best.plan, measured, job.seq_len))
     doc = {**plan_json(result, spec, hw, job, mine), "trainer": None if caps is None else caps.name,
@@ -107,7 +110,7 @@ def plan(
     if fits:
         doc["trainers"] = trainers_json(fits)
     written = [] if out is None else save_plan(out, doc, trainer, torchtitan_format=torchtitan_format, strict=strict,
-                                               reestimate=reestimator(CostModel(spec, hw, job, measured)),
+                                               reestimate=reestimator(CostModel(built, hw, job, measured)),
                                                mock_data=mock_data, train_tokens=train_tokens)
     if brief:  # the best plan's line as before, then one per runner-up (--top), marked so a script can tell
         typer.echo("\n".join([f"{brief_line(result.best)} status={result.status}"]
@@ -118,7 +121,7 @@ def plan(
         show(with_files(shown, written) if out is not None else shown, True)
     else:
         typer.echo(coverage.line())
-        timeline = CostModel(spec, hw, job, measured).timeline(result.best.plan)
+        timeline = CostModel(built, hw, job, measured).timeline(result.best.plan)
         show(plan_report(result, spec, hw, job, mine, timeline), False)
         if fits:
             show(trainers_report(fits, result.best), False)

@@ -45,6 +45,9 @@ class EmitInput:
     """Synthetic data and no tokenizer (smoke runs); otherwise the launch files require DATA_PATH etc."""
     usable_memory_gib: float = 0.0
     """Usable memory per GPU, for a warning when the config as its trainer runs it does not fit (0: unknown)."""
+    searched_for: str | None = None
+    """The trainer the plan was searched for (plan --trainer, plan.json's "trainer"), whose config's model
+    (trainer_jobs.as_run_model) the figures are for; None: the model as given."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,9 +211,12 @@ def full_attention_warning(trainer: str, inp: EmitInput) -> str | None:
     m = inp.model
     if trainer == "torchtitan" or not m.sliding_window_layers or m.sliding_window >= inp.job.seq_len:
         return None
-    return (f"{m.name}: {m.sliding_window_layers} of {m.num_layers} layers attend over a {m.sliding_window}-token "
-            f"window, as planned, but the {trainer} config sets no window, so they run full attention over "
-            f"{inp.job.seq_len} tokens: the header's figures are re-estimated for what it runs")
+    said = (f"{m.name}: {m.sliding_window_layers} of {m.num_layers} layers attend over a {m.sliding_window}-token "
+            f"window, but the {trainer} config sets no window, so they run full attention over {inp.job.seq_len} "
+            "tokens")
+    if inp.searched_for is not None and inp.searched_for != "torchtitan":
+        return said + f", as the plan was searched for {inp.searched_for}"
+    return said + ": the header's figures are re-estimated for what it runs"
 
 
 def softcap_warning(trainer: str, model: ModelSpec) -> str | None:

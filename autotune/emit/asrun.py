@@ -69,8 +69,9 @@ def as_planned(inp: EmitInput, run: AsRun) -> bool:
     def kernel_named(job: JobSpec) -> tuple[JobSpec, str | None]:
         return replace(job, attention_backend=None), job.runs_attention
 
+    planned = inp.model if inp.searched_for is None else as_run_model(inp.model, inp.searched_for, inp.job.seq_len)
     return (run.plan == inp.plan and kernel_named(run.job) == kernel_named(inp.job)
-            and run.model in (None, inp.model))
+            and run.model in (None, planned))
 
 
 def run_figures(inp: EmitInput, run: AsRun) -> Figures | None:

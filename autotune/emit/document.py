@@ -51,7 +51,9 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
         check_plan(plan, spec, job_spec, plan.num_gpus, gpus_per_node, allow_cross_node_tp=True)
     except InvalidPlanError as exc:
         raise InvalidPlanError(f"{where}: the plan does not fit model {spec.name}: {exc}") from None
+    searched = document_trainer(doc, where)
     return EmitInput(plan=plan, model=spec, job=job_spec, gpu=check_name(job["gpu"], "gpu", f"{where}: job"),
+                     searched_for=None if searched is None else searched.split("+")[0],
                      gpus_per_node=gpus_per_node, step_time_s=positive_float(doc, "step_time_s", where),
                      peak_memory_gib=nonneg_float(doc, "peak_memory_gib", where),
                      mfu=nonneg_float(doc, "mfu", where),
