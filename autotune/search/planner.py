@@ -335,8 +335,8 @@ class _Search:
             if level == QUICK:
                 self._refine(lb, idx)
                 continue
-            if level < SUMMED:
-                self._baseline(lb, idx, cc)
+            if level < SUMMED and self._baseline(lb, idx, cc):
+                continue  # its split reaches its bound: no partition does better
             own = self.own.get(idx)
             if solves >= RUNNER_SOLVES or (own is not None and own[0].step_time_s > self._kth_runner_up(1)):
                 continue  # a plan behind the first runner-up keeps its even or balanced split
