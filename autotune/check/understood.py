@@ -311,6 +311,10 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
     try:
         model, notes = resolve_model(r, model_arg, slug(r.model_hint or path.stem, fallback="config-model"), seq_len)
     except SpecError as exc:  # emit's torchtitan_overrides.txt: its launch script beside it names the model
+        hint = r.model_hint
+        if model_arg is None and hint and hint.endswith(".json") and not str(exc).endswith("names it"):
+            # a config planned from a config.json: autotune's header names the file, which the flags cannot
+            raise SpecError(f"{exc}, or pass --model {hint} (the model file autotune's header names)") from None
         launch = path.with_name("launch_torchtitan.sh")
         if trainer != "torchtitan" or model_arg is not None or path == launch or not launch.is_file():
             raise

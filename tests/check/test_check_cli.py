@@ -625,3 +625,19 @@ def test_emit_of_a_checked_te_loss_config_writes_the_loss_its_header_predicts(cl
     assert "edited since" not in emitted.output and "cross_entropy" not in emitted.output
     launch = (tmp_path / "emitted" / "launch_megatron.sh").read_text()
     assert "--cross-entropy-fusion-impl te" in launch and f"{doc['step_time_s']:.3f} s" in launch
+
+
+def test_a_script_planned_from_a_config_json_names_the_file_to_pass(cli, tmp_path: Path) -> None:
+    """A model outside the catalog: its Megatron script cannot give the vocabulary (the tokenizer does), so the
+    error names the config.json autotune's header records (user-tester); with it, the script reads back."""
+    config = tmp_path / "mine.json"
+    config.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 20, "hidden_size": 3072,
+                                  "num_attention_heads": 24, "num_key_value_heads": 8, "intermediate_size": 8192,
+                                  "vocab_size": 50000}))
+    out = tmp_path / "run"
+    assert cli("plan", "--model", str(config), "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "64",
+               "--seq-len", "4096", "--trainer", "megatron", "--top", "0", "--out", str(out)).exit_code == 0
+    script = str(out / "launch_megatron.sh")
+    with pytest.raises(SpecError, match=f"or pass --model {re.escape(str(config))} \\(the model file"):
+        cli("check", script, "--gpu", "h100-sxm", "--gpus", "8")
+    assert cli("check", script, "--gpu", "h100-sxm", "--gpus", "8", "--model", str(config)).exit_code == 0
