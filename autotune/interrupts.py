@@ -196,7 +196,7 @@ class deadline:  # noqa: N801  (used as a function: `with deadline(seconds, erro
     outside the main thread, or where setitimer does not exist, is not bounded."""
 
     def __init__(self, seconds: float, error: Callable[[], BaseException]) -> None:
-        self.seconds, self.error, self.old, self.expired = seconds, error, None, False
+        self.seconds, self.error, self.old, self.expired, self.armed = seconds, error, None, False, False
 
     def _expire(self, signum: int, frame: object) -> None:
         # an exception raised inside a gc callback or a __del__ is swallowed: re-arm, so the next tick raises again
@@ -208,13 +208,13 @@ class deadline:  # noqa: N801  (used as a function: `with deadline(seconds, erro
         armed = (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
                  and math.isfinite(self.seconds))
         if armed:
-            self.old = signal.signal(signal.SIGALRM, self._expire)
+            self.old, self.armed = signal.signal(signal.SIGALRM, self._expire), True
             signal.setitimer(signal.ITIMER_REAL, max(self.seconds, 1e-3))
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        if self.old is not None:
+        if self.armed:  # (the old handler is None where it was not set from Python: a pytest-xdist worker's)
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self.old)
-            self.old = None
+            signal.signal(signal.SIGALRM, signal.SIG_DFL if self.old is None else self.old)
+            self.old, self.armed = None, False
         if self.expired and exc_type is None:  # the section finished although its time was up
             raise self.error()

@@ -144,3 +144,31 @@ def test_deadline_raises_again_when_its_raise_is_swallowed():
                 except Late:
                     caught += 1  # swallowed, as in a gc callback
     assert caught >= 2
+
+
+def test_deadline_disarms_where_the_old_handler_was_not_set_from_python(monkeypatch):
+    """signal.signal returns None for a handler not set from Python (a pytest-xdist worker's SIGALRM): the
+    deadline must still cancel its re-armed timer and uninstall itself, or the alarm fires later anywhere (CI: a
+    worker died in execnet's wait, 'estimate: --time-limit 0.5 s reached')."""
+    class Late(Exception):
+        pass
+
+    real = signal.signal
+    first = []
+
+    def signal_returning_none(signum, handler):
+        old = real(signum, handler)
+        if not first:
+            first.append(old)
+            return None
+        return old
+
+    monkeypatch.setattr(signal, "signal", signal_returning_none)
+    with pytest.raises(Late):
+        with deadline(0.01, Late):
+            time.sleep(0.1)
+    monkeypatch.setattr(signal, "signal", real)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+    time.sleep(0.05)  # no stray alarm
+    real(signal.SIGALRM, first[0])
