@@ -469,3 +469,14 @@ def test_emit_from_a_document_of_an_unknown_gpu_says_its_figures_are_unchecked(c
                  str(tmp_path / "b"))
     assert "warning: --plan: its job.gpu 'nosuchgpu' cannot be costed" in err
     assert "the files state the document's stored predictions, unchecked" in err
+
+
+def test_out_named_like_a_file_for_several_files_says_it_is_a_directory(autotune_proc, tmp_path):
+    """--out run.sh where Megatron writes two files: a directory of that name, said on stderr (user-tester)."""
+    doc = tmp_path / "plan.json"
+    planned = autotune_proc("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch",
+                            "64", "--seq-len", "4096", "--top", "0", "--json")
+    doc.write_text(planned.stdout)
+    proc = autotune_proc("emit", "--plan", str(doc), "--trainer", "megatron", "--out", str(tmp_path / "run.sh"))
+    assert proc.returncode == 0 and "megatron writes 2 files, so" in proc.stderr
+    assert (tmp_path / "run.sh" / "launch_megatron.sh").is_file()
