@@ -128,6 +128,10 @@ def header_note(header: str | None, plan: Plan) -> str | None:
             plan.layers_per_stage)
     if said == runs:
         return None
+    if said[:2] + said[3:5] + said[6:] == runs[:2] + runs[3:5] + runs[6:]:  # only dp (and micro-batches) differ
+        gpus = said[0] * said[1] * said[2] * said[3]
+        return (f"the file's autotune header plans dp {said[2]} ({gpus} GPUs), checked here at --gpus "
+                f"{plan.num_gpus} (dp {plan.dp}); autotune's launch scripts refuse another world size")
     return f"the file's autotune header says '{m.group(0)}', but its settings run the plan above (edited since?)"
 
 

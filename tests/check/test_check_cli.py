@@ -641,3 +641,13 @@ def test_a_script_planned_from_a_config_json_names_the_file_to_pass(cli, tmp_pat
     with pytest.raises(SpecError, match=f"or pass --model {re.escape(str(config))} \\(the model file"):
         cli("check", script, "--gpu", "h100-sxm", "--gpus", "8")
     assert cli("check", script, "--gpu", "h100-sxm", "--gpus", "8", "--model", str(config)).exit_code == 0
+
+
+def test_a_script_checked_at_another_gpu_count_says_so(cli, tmp_path: Path) -> None:
+    """Only dp differs from autotune's header: the note names the header's GPU count, not an edit (user-tester)."""
+    out = tmp_path / "run"
+    assert cli("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64",
+               "--seq-len", "4096", "--trainer", "megatron", "--top", "0", "--out", str(out)).exit_code == 0
+    text = cli("check", str(out / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "32").output
+    assert "autotune header plans dp" in text and "(16 GPUs), checked here at --gpus 32" in text
+    assert "edited since" not in text
