@@ -104,13 +104,14 @@ def plan_brief(plan: Plan) -> str:
 
 
 def plan_tag(plan: Plan) -> str:
-    """'tp8 pp4 dp32 v5 z1 sel': a plan's degrees (cp and mbs when > 1), interleaving, ZeRO stage and
-    recomputation, short enough for a table cell."""
+    """'tp8 pp4 dp32 v5 z1 sel': a plan's degrees (cp and mbs when > 1), schedule (v5 interleaved, zb ZB-H1,
+    vhalf V-Half, nothing for 1F1B), ZeRO stage and recomputation, short enough for a table cell."""
     parts = [f"tp{plan.tp}" + ("" if plan.tp_mode == "1d" else f"({plan.tp_mode})"), f"pp{plan.pp}"]
     parts += ([f"cp{plan.cp}"] if plan.cp > 1 else []) + [f"dp{plan.dp}"]
     parts += [f"ep{plan.ep}"] if plan.ep > 1 else []
     parts += [f"etp{plan.etp}"] if plan.etp > 1 else []
-    parts += ([f"mbs{plan.mbs}"] if plan.mbs > 1 else []) + ([f"v{plan.vpp}"] if plan.vpp > 1 else [])
+    schedule = {"zb-h1": ["zb"], "v-half": ["vhalf"]}.get(plan.schedule, [f"v{plan.vpp}"] if plan.vpp > 1 else [])
+    parts += ([f"mbs{plan.mbs}"] if plan.mbs > 1 else []) + schedule
     parts += [f"z{plan.zero}"] + ({"none": [], "selective": ["sel"], "full": ["full"]}[plan.recompute])
     return " ".join(parts)
 

@@ -100,15 +100,16 @@ def _cell(x: float | None, fmt: str) -> str:
 
 def scaling_table(result: ScalingResult) -> Table:
     price = result.price_per_gpu_hour
-    table = Table(title=f"Best plan at each size (plan: v = interleaved chunks, z = ZeRO stage, sel = selective "
-                        f"recompute); days and GPU-hours to train {result.train_tokens:.3g} tokens",
+    table = Table(title=f"Best plan at each size (plan: v = interleaved chunks, zb = ZB-H1, z = ZeRO stage, sel = "
+                        f"selective recompute); days and GPU-hours to train {result.train_tokens:.3g} tokens",
                   title_justify="left", box=None, padding=(0, 1), pad_edge=False,
                   header_style="bold underline")
     cols = ["", "GPUs", "strategy", "plan", "step s", "tokens/s", "MFU %", "tok/s/GPU", "scaling", "days",
             "GPU-hours"] + (["$/M tok"] if price is not None else [])
     for col in cols:
         table.add_column(col, justify="left" if col in ("", "strategy", "plan") else "right",
-                         no_wrap=col != "strategy")
+                         no_wrap=col != "strategy", min_width=8 if col == "strategy" else None)  # 'tp+pp+cp'
+
     for p in result.points:
         marks = (_MARK_CHANGE if p.strategy_change else "") + (_MARK_KNEE if p.past_knee and p.best else "")
         if p.best is None:
