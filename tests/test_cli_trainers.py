@@ -191,6 +191,11 @@ def test_a_trainer_without_sliding_windows_is_planned_as_it_runs(capsys, tmp_pat
     assert float(PREDICTED.search(text).group(1)) == pytest.approx(step, abs=5e-4) and "re-estimated" not in text
     again = _json(capsys, "estimate", "--plan", str(tmp_path / "plan.json"))
     assert again["step_time_s"] == pytest.approx(step, abs=1e-4)
+    # compared in a search without --trainer (the window built), the plan is costed so, and that is said
+    code, _, err = _run(capsys, "plan", *job, "--compare", str(tmp_path / "plan.json"))
+    assert code == 0 and "was searched for megatron, whose config builds no sliding window" in err
+    code, _, err = _run(capsys, "plan", *job, "--trainer", "megatron", "--compare", str(tmp_path / "plan.json"))
+    assert code == 0 and "was searched for megatron" not in err
     check = _json(capsys, "check", str(tmp_path / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "16")
     assert check["step_time_s"] == pytest.approx(step, abs=1e-4)
     assert check["check"]["best"]["step_time_s"] >= check["step_time_s"] * (1 - 1e-9)

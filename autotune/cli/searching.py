@@ -10,7 +10,7 @@ from typing import Any
 from autotune.cli.inputs import plan_source, read_document, recorded_overlaps, refuse_other_job
 from autotune.cli.options import Pins, check_simulation_size, parse_choice_list, parse_int_list, show_warnings
 from autotune.costmodel.estimate import CostModel
-from autotune.emit.document import document_model
+from autotune.emit.document import document_model, document_trainer
 from autotune.errors import InvalidPlanError, SolverLimitError, SpecError
 from autotune.render.common import plan_brief
 from autotune.render.plan import Comparison, search_progress
@@ -24,6 +24,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.plan import DEEPEP_GROUP_RULE, RECOMPUTES, SCHEDULES, VOCABS, check_plan, plan_from_dict
 from autotune.specs.profile import Profile
 from autotune.specs.tpgrid import MODES
+from autotune.specs.trainer_jobs import as_run_model
 from autotune.specs.trainers import TrainerCaps
 
 
@@ -98,6 +99,15 @@ def _same_model_name(doc: Any, recorded: dict[str, Any], model: ModelSpec, where
     return named if same else model.name
 
 
+def _built_otherwise(doc: Any, recorded: dict[str, Any], model: ModelSpec, seq_len: int, where: str) -> bool:
+    """Whether the document was searched for a trainer whose config builds its model otherwise than `model`."""
+    searched = document_trainer(doc, where) if isinstance(doc, dict) and "model_spec" in doc else None
+    if searched is None:
+        return False
+    theirs = as_run_model(document_model(doc, recorded, where), searched.split("+")[0], seq_len)
+    return replace(theirs, name="", source="", catalog_name="") != replace(model, name="", source="", catalog_name="")
+
+
 def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
                  space: SearchSpace, profile: Profile | None = None) -> Comparison:
     """The user's plan, checked by the independent validator: rule breaks are errors, not fitting is reported. A
@@ -115,6 +125,9 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     if other:
         show_warnings([f"{where} was planned with {', '.join(other)}; it is costed with this run's "
                        f"({', '.join(f'{k} {now[k]}' for k in now)}): give the same settings to compare it as planned"])
+    if _built_otherwise(doc, recorded, model, job.seq_len, where):
+        show_warnings([f"{where} was searched for {document_trainer(doc, where)}, whose config builds no sliding "
+                       "window: it is costed with this run's model"])
     ran = recorded_overlaps(recorded, where)  # a checked config's overlaps left off and its loss kernel
     if ran:
         job = replace(job, **ran)
