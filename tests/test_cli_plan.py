@@ -163,6 +163,8 @@ def test_compare_takes_a_plan_of_the_same_model_under_its_other_name(cli, tmp_pa
     saved.write_text(json.dumps(_plan_json(cli, "--model", str(config), *job)))
     mine = _plan_json(cli, "--model", "gemma3-27b", *job, "--compare", str(saved))["compare"]
     assert mine["fits"] is True and mine["planner_faster_by_pct"] == pytest.approx(0, abs=1e-6)
+    # under --trainer megatron, which builds no window, the same model still (reviewer: refused as another)
+    assert _plan_json(cli, "--model", "gemma3-27b", *job, "--trainer", "megatron", "--compare", str(saved))["compare"]
     with pytest.raises(SpecError, match="was planned with model .*config.json"):
         cli("plan", "--model", "llama3-8b", *job, "--compare", str(saved))
 

@@ -167,8 +167,11 @@ BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 
 def _moe_flag_rules(args: dict[str, Any]) -> None:
     """megatron-core's refusals of MoE flags a config may give (TransformerConfig.__post_init__)."""
-    ep = str(args.get("--expert-model-parallel-size", "1"))
-    if "--num-experts" not in args and ep.isdigit() and int(ep) > 1:  # as argparse reads it ("01" is 1)
+    try:
+        ep = int(str(args.get("--expert-model-parallel-size", "1")))  # as argparse reads it ("01" is 1, "+2" 2)
+    except ValueError:
+        ep = 1  # not a number: the reader names it
+    if "--num-experts" not in args and ep > 1:
         raise SpecError(f"--expert-model-parallel-size {ep} without --num-experts: megatron-core refuses expert "
                         "parallelism without experts (num_moe_experts must be non None); add --num-experts or drop it")
     kind = args.get("--moe-token-dispatcher-type")

@@ -24,7 +24,7 @@ from autotune.cli.options import (AttentionOpt, BatchOpt, BriefOpt, CompareOpt, 
 from autotune.cli.searching import (compare_plan, distinct_fitting, profiled_space, run_search, search_space,
                                     without_timings)
 from autotune.costmodel.estimate import CostModel
-from autotune.errors import SolverLimitError, SpecError
+from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.fileio import check_target
 from autotune.render.common import brief_line, with_files, written_report
 from autotune.render.plan import limit_note, plan_json, plan_report
@@ -93,11 +93,21 @@ def plan(
     space = search_space(pins, spec, job, gpus, hw.gpus_per_node, allow_idle=allow_idle,
                          allow_cross_node_tp=allow_cross_node_tp, trainer=caps)
     measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
-    space, profiled = profiled_space(space, measured, profile is not None)
+    full_space = space
+    space, profiled = profiled_space(space, measured, profile is not None, job)
     mine = compare_plan(compare, built, hw, job, gpus, space, measured) if compare is not None else None
     left = max(time_limit - (time.monotonic() - started), 1e-3)
-    result = distinct_fitting(run_search(built, hw, job, gpus, space, top_k=top, time_limit_s=left,
-                                         profile=measured, work_limit=work_limit), top)
+    try:
+        searched = run_search(built, hw, job, gpus, space, top_k=top, time_limit_s=left, profile=measured,
+                              work_limit=work_limit)
+    except InfeasibleError:
+        if not profiled:
+            raise
+        profiled = [f"--profile {profile}: no plan among the shapes it timed; searched every shape, the others "
+                    "costed by the roofline"]
+        searched = run_search(built, hw, job, gpus, full_space, top_k=top, time_limit_s=left, profile=measured,
+                              work_limit=work_limit)
+    result = distinct_fitting(searched, top)
     coverage = CostModel(built, hw, job, measured).op_coverage(result.best.plan)
     show_warnings([*notes, *profiled, *hw.dtype_warnings(job.dtype)]
                   + coverage_warnings(coverage, result.best.plan, measured, job.seq_len))

@@ -205,7 +205,7 @@ def _profile_ops(kind: str, out: Path | None, *, model: str | None, seq_len: int
                         f"maximum of {MAX_PROFILE_TOKENS:,} that profile times; use a smaller --mbs or --seq-len")
     target = out or Path(f"{kind}-{slug(spec.name)}.json")
     old = _existing(target)
-    tps, cps = parse_int_list(tp or "1,2,4,8", "--tp"), parse_int_list(cp, "--cp")
+    tps, cps = parse_int_list("1,2,4,8" if tp is None else tp, "--tp"), parse_int_list(cp, "--cp")
     if tp is None:  # the default: the degrees this model splits evenly (tiny-gpt's 4 heads take no tp 8)
         tps = tuple(t for t in tps if splits_evenly(spec, seq, t))
     tps_text = ",".join(map(str, tps))

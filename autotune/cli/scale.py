@@ -98,7 +98,7 @@ def scale_command(
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = for_trainer(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), caps)
     measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
-    space, profiled = profiled_space(space, measured, profile is not None)
+    space, profiled = profiled_space(space, measured, profile is not None, job)
     with scale_progress(True) as progress:  # on a terminal even with --json/--csv: it goes to stderr
         result = scale(spec, hw, job, sizes, space, train_tokens=train_tokens,
                        price_per_gpu_hour=price_per_gpu_hour, efficiency_threshold=efficiency_threshold,

@@ -71,12 +71,14 @@ def pins_space(pins: Pins, *, allow_idle: bool, allow_cross_node_tp: bool) -> Se
         tp_mode=choices(pins.tp_mode, "--tp-mode", MODES), ep=ints(pins.ep, "--ep"), etp=ints(pins.etp, "--etp"))
 
 
-def profiled_space(space: SearchSpace, profile: Profile | None, given: bool) -> tuple[SearchSpace, list[str]]:
+def profiled_space(space: SearchSpace, profile: Profile | None, given: bool, job: JobSpec
+                   ) -> tuple[SearchSpace, list[str]]:
     """With a --profile FILE the user gave, the search keeps to the tp, cp and micro-batch sizes it timed (each
     dimension the command line leaves free): outside them every op falls back to the roofline, which is far from
     a profile timed on another device (a CPU: about 100x), so the search would drift to the shapes never measured
     (user-tester: a CPU profile of tp 1-4 made tp 4, mbs 8 'best', every op by the roofline). The note says so."""
-    if profile is None or not given or not profile.ops:
+    if profile is None or not given or not profile.ops or profile.seq_len != job.seq_len or (
+            profile.dtype not in (None, job.dtype)):  # timed for another job: it covers none of its shapes
         return space, []
     timed = {"tp": sorted({p.tp for p in profile.ops}), "cp": sorted({p.cp for p in profile.ops}),
              "mbs": sorted({p.mbs for p in profile.ops})}
@@ -94,9 +96,10 @@ def _same_model_name(doc: Any, recorded: dict[str, Any], model: ModelSpec, where
     named = recorded.get("model")
     if not isinstance(doc, dict) or "model_spec" not in doc or not isinstance(named, str) or named == model.name:
         return model.name
-    theirs = document_model(doc, recorded, where)
-    same = replace(theirs, name="", source="", catalog_name="") == replace(model, name="", source="", catalog_name="")
-    return named if same else model.name
+
+    def shape(m: ModelSpec) -> ModelSpec:  # a window a trainer does not build (as_run_model) is the same model
+        return replace(m, name="", source="", catalog_name="", sliding_window=0, sliding_window_layers=0)
+    return named if shape(document_model(doc, recorded, where)) == shape(model) else model.name
 
 
 def _built_otherwise(doc: Any, recorded: dict[str, Any], model: ModelSpec, seq_len: int, where: str) -> bool:

@@ -100,8 +100,9 @@ def _cell(x: float | None, fmt: str) -> str:
 
 def scaling_table(result: ScalingResult) -> Table:
     price = result.price_per_gpu_hour
-    table = Table(title=f"Best plan at each size (plan: v = interleaved chunks, zb = ZB-H1, z = ZeRO stage, sel = "
-                        f"selective recompute); days and GPU-hours to train {result.train_tokens:.3g} tokens",
+    table = Table(title=f"Best plan at each size (plan: v = interleaved chunks, zb = ZB-H1, vhalf = V-Half, z = "
+                        f"ZeRO stage, sel = selective recompute); days and GPU-hours to train "
+                        f"{result.train_tokens:.3g} tokens",
                   title_justify="left", box=None, padding=(0, 1), pad_edge=False,
                   header_style="bold underline")
     cols = ["", "GPUs", "strategy", "plan", "step s", "tokens/s", "MFU %", "tok/s/GPU", "scaling", "days",

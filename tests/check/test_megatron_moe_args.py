@@ -224,3 +224,15 @@ def test_moe_flags_megatron_core_refuses_are_refused(tmp_path: Path, old: str, n
     with pytest.raises(SpecError, match=re.escape(message)) as err:
         _understood(path, plan.num_gpus)
     assert "\n" not in str(err.value)
+
+
+def test_expert_parallel_size_is_read_as_argparse_reads_it() -> None:
+    """'+2' and ' 2' are 2 to argparse, so refused without experts; '01' is 1 and '²' is no number (reviewer:
+    str.isdigit took '²' and crashed on int)."""
+    from autotune.check.megatron_moe_args import _moe_flag_rules
+
+    for value in ("+2", " 2", "2"):
+        with pytest.raises(SpecError, match="without --num-experts"):
+            _moe_flag_rules({"--expert-model-parallel-size": value})
+    for value in ("01", "1", "\u00b2", "${EP}"):
+        _moe_flag_rules({"--expert-model-parallel-size": value})

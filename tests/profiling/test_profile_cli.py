@@ -234,3 +234,19 @@ def test_the_default_tp_list_keeps_the_degrees_the_model_splits(tmp_path, capsys
     code, _, err = _main(capsys, "profile", "--model", "tiny-gpt", "--device", "cpu", "--tp", "8", "--out",
                          str(tmp_path / "q.json"))
     assert code == 1 and "--tp 8: does not divide num_heads 4" in err
+
+
+@pytest.mark.slow
+def test_a_profile_keeps_the_search_only_where_it_can_and_says_why(tiny_profile, tmp_path, capsys):
+    """Timed at another sequence length it covers none of the job's shapes: no restriction (the coverage warning
+    says the rest). Timed at mbs 4 only, where no plan of the job fits among its shapes: every shape is searched,
+    and the note says so (reviewer: 'no valid plan ... with pins' the user never gave)."""
+    code, _, err = _main(capsys, "plan", *PLAN[:9], "512", "--profile", str(tiny_profile), "--brief", "--top", "0")
+    assert code == 0 and "searching the shapes it timed" not in err
+    only4 = tmp_path / "p4.json"
+    code, _, err = _main(capsys, "profile", "--model", "tiny-gpt", "--device", "cpu", "--seq-len", "256", "--mbs",
+                         "4", "--repeats", "1", "--warmup", "0", "--out", str(only4))
+    assert code == 0, err
+    code, out, err = _main(capsys, "plan", "--model", "tiny-gpt", "--gpu", "h100-sxm", "--gpus", "8",
+                           "--global-batch", "2", "--seq-len", "256", "--profile", str(only4), "--brief", "--top", "0")
+    assert code == 0 and "no plan among the shapes it timed; searched every shape" in err and "mbs=1" in out
