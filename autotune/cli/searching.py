@@ -90,25 +90,20 @@ def profiled_space(space: SearchSpace, profile: Profile | None, given: bool, job
                                     "--cp or --mbs to search others, costed by the roofline"]
 
 
-def _same_model_name(doc: Any, recorded: dict[str, Any], model: ModelSpec, where: str) -> str:
+def _shape(model: ModelSpec, *, windows: bool = True) -> ModelSpec:
+    """A model without its names (a config.json and its catalog twin compare equal); without windows also
+    without its sliding window (one a trainer does not build: as_run_model)."""
+    out = replace(model, name="", source="", catalog_name="")
+    return out if windows else replace(out, sliding_window=0, sliding_window_layers=0)
+
+
+def _same_model_name(theirs: ModelSpec | None, recorded: dict[str, Any], model: ModelSpec) -> str:
     """The name the document must record for `model`: its own, or the document's where the document's model_spec
-    is the same shape (a config.json planned, compared under its catalog name, or the other way round)."""
+    is the same model (a config.json planned, compared under its catalog name, or the other way round)."""
     named = recorded.get("model")
-    if not isinstance(doc, dict) or "model_spec" not in doc or not isinstance(named, str) or named == model.name:
+    if theirs is None or not isinstance(named, str) or named == model.name:
         return model.name
-
-    def shape(m: ModelSpec) -> ModelSpec:  # a window a trainer does not build (as_run_model) is the same model
-        return replace(m, name="", source="", catalog_name="", sliding_window=0, sliding_window_layers=0)
-    return named if shape(document_model(doc, recorded, where)) == shape(model) else model.name
-
-
-def _built_otherwise(doc: Any, recorded: dict[str, Any], model: ModelSpec, seq_len: int, where: str) -> bool:
-    """Whether the document was searched for a trainer whose config builds its model otherwise than `model`."""
-    searched = document_trainer(doc, where) if isinstance(doc, dict) and "model_spec" in doc else None
-    if searched is None:
-        return False
-    theirs = as_run_model(document_model(doc, recorded, where), searched.split("+")[0], seq_len)
-    return replace(theirs, name="", source="", catalog_name="") != replace(model, name="", source="", catalog_name="")
+    return named if _shape(theirs, windows=False) == _shape(model, windows=False) else model.name
 
 
 def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
@@ -119,7 +114,8 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     doc, where = read_document(path, "--compare"), plan_source(path, "--compare")
     plan = plan_from_dict(doc, where, job.trainer)
     recorded = doc.get("job") if isinstance(doc, dict) and isinstance(doc.get("job"), dict) else {}
-    fixed = {"model": _same_model_name(doc, recorded, model, where), "gpu": hw.name, "gpus": gpus,
+    theirs = document_model(doc, recorded, where) if isinstance(doc, dict) and "model_spec" in doc else None
+    fixed = {"model": _same_model_name(theirs, recorded, model), "gpu": hw.name, "gpus": gpus,
              "gpus_per_node": hw.gpus_per_node, "global_batch": job.global_batch, "seq_len": job.seq_len}
     refuse_other_job(recorded, fixed, where, "compare a plan of the same job, or plan again")
     now = {"dtype": job.dtype, "kernels": job.trainer, "grad_reduce": job.grad_reduce,
@@ -128,9 +124,10 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     if other:
         show_warnings([f"{where} was planned with {', '.join(other)}; it is costed with this run's "
                        f"({', '.join(f'{k} {now[k]}' for k in now)}): give the same settings to compare it as planned"])
-    if _built_otherwise(doc, recorded, model, job.seq_len, where):
-        show_warnings([f"{where} was searched for {document_trainer(doc, where)}, whose config builds no sliding "
-                       "window: it is costed with this run's model"])
+    searched = document_trainer(doc, where) if theirs is not None else None
+    if searched is not None and _shape(as_run_model(theirs, searched.split("+")[0], job.seq_len)) != _shape(model):
+        show_warnings([f"{where} was searched for {searched}, whose config builds no sliding window: it is costed "
+                       "with this run's model"])
     ran = recorded_overlaps(recorded, where)  # a checked config's overlaps left off and its loss kernel
     if ran:
         job = replace(job, **ran)

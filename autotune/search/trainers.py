@@ -51,7 +51,7 @@ def best_per_trainer(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int
     out = []
     for name, caps in TRAINER_CAPS.items():
         why = (*unsupported(caps, winner, model, job), *runs_otherwise(caps, winner, job))
-        built = as_run_model(model, name, job.seq_len)  # the model its config builds (a sliding window only torchtitan builds)
+        built = as_run_model(model, name, job.seq_len)  # as its config builds it: only torchtitan builds windows
         if built is not model:
             why += (f"sliding window: {name}'s config builds none (full attention in every layer)",)
         grads = runs_grad_reduce(name, job.dtype, job.grad_reduce)
