@@ -65,6 +65,24 @@ def test_models_lists_the_catalog(cli):
     assert "llama3-70b" in result.stdout and "gpt3-175b" in result.stdout
 
 
+def test_models_piped_keeps_every_column_and_source(cli):
+    """Piped at 120 characters the table once cut its source column to one letter: the shapes stay a table and
+    each source follows on lines of its own, its first clause whole (its parentheses closed)."""
+    out = cli("models").stdout
+    header = next(line for line in out.splitlines() if "name" in line and "params B" in line)
+    assert "…" not in out and len(header) <= 120
+    sources = out[out.index("Sources"):]
+    assert "gpt3-175b:" in sources and "Brown et al., 'Language Models are Few-Shot Learners'" in sources
+    gemma2 = " ".join(sources[sources.index("gemma2-9b:"):sources.index("gemma3-27b:")].split())
+    assert gemma2.count("(") == gemma2.count(")") == 1
+
+
+def test_source_clause_stops_at_the_first_semicolon_outside_parentheses():
+    from autotune.render.catalogs import source_clause
+    assert source_clause("A (x; y); z") == "A (x; y)"
+    assert source_clause("A; B") == "A" and source_clause(" A ") == "A"
+
+
 def test_models_json(cli):
     models = {m["name"]: m for m in json.loads(cli("models", "--json").stdout)["models"]}
     assert models["llama3-70b"]["num_layers"] == 80

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -33,23 +34,37 @@ def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[s
     } for m, raw in models]}
 
 
-def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> Table:
+def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> Group:
+    """The shapes as a table, then each model's source on lines of its own: a source is a sentence, and as a
+    table column at a pipe's 120 characters it was cut to one letter."""
     table = Table(title="Models (--model NAME, or a path to a config.json)", title_justify="left",
                   caption="params B (N act): all parameters, and the N billion one token passes through, input "
                           "embedding included (as Mistral and Qwen count; OpenAI's GPT-OSS card leaves it out: "
                           "--json gives both)", caption_justify="left")
     for col in ("name", "layers", "hidden", "heads/kv", "ffn", "vocab", "act", "experts", "params B"):
         table.add_column(col, justify="left" if col in ("name", "act") else "right", no_wrap=True)
-    table.add_column("source")  # the only column that shrinks to fit the width
+    sources = Table.grid(padding=(0, 1))
+    sources.add_column(no_wrap=True)
+    sources.add_column(overflow="fold")
     for m, _ in models:
         table.add_row(m.name, str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.num_kv_heads}",
                       str(m.ffn_hidden_size), str(m.vocab_size), m.activation,
                       (f"{m.num_experts} top-{m.moe_top_k}" if m.is_moe else "-")
                       + (f", MTP {m.mtp_layers}" if m.mtp_layers else ""),
-                      f"{total_params(m) / 1e9:.2f}" + (f" ({active_params(m) / 1e9:.1f} act)" if m.is_moe else ""),
-                      # the first clause names the source (--json has all of it), cut to one line
-                      Text(m.source.split(";")[0], no_wrap=True, overflow="ellipsis"))
-    return table
+                      f"{total_params(m) / 1e9:.2f}" + (f" ({active_params(m) / 1e9:.1f} act)" if m.is_moe else ""))
+        sources.add_row(f"{m.name}:", source_clause(m.source))
+    return Group(table, Text(""), Text("Sources (--json has each in full):"), sources)
+
+
+def source_clause(source: str) -> str:
+    """A source's first clause, which names the document (the rest details it): up to its first ';' outside
+    parentheses, so a parenthesis the clause opens is closed."""
+    depth = 0
+    for i, char in enumerate(source):
+        depth += (char == "(") - (char == ")")
+        if char == ";" and depth <= 0:
+            return source[:i].strip()
+    return source.strip()
 
 
 def hardware_json(gpus: Sequence[tuple[HardwareSpec, Mapping[str, Any]]]) -> dict[str, Any]:
