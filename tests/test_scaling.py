@@ -96,6 +96,18 @@ def test_sizes_searched_at_once_give_the_same_sweep(sweep):
     assert replace(parallel, points=()) == replace(sweep, points=())
 
 
+def test_a_size_the_restricted_space_cannot_split_is_searched_in_the_fallback(sweep):
+    """`scale --profile`: a profile's timed shapes (here tp 1, mbs 8 only) hold a plan at 8 GPUs and none at 128
+    (dp 128 x mbs 8 > the batch), where the whole space is searched, as plan does, and the point says so."""
+    model, hw, job = load_model("llama3-8b"), load_hardware("h100-sxm"), JobSpec(global_batch=128, seq_len=4096)
+    timed = SearchSpace(tp=(1,), pp=(1,), cp=(1,), mbs=(8,))
+    result = scale(model, hw, job, (8, 128), timed, fallback=SearchSpace(), time_limit_s=20)
+    small, large = result.points
+    assert not small.widened and (small.best.plan.tp, small.best.plan.mbs) == (1, 8)
+    assert large.widened and large.status == "OPTIMAL" and large.best.plan == sweep.points[-1].best.plan
+    assert scale(model, hw, job, (128,), timed, time_limit_s=20).points[0].best is None  # without, no plan
+
+
 def test_cost_is_none_without_a_price():
     model, hw = load_model("llama3-8b"), load_hardware("h100-sxm")
     res = scale(model, hw, JobSpec(global_batch=64, seq_len=4096), (8,), SearchSpace(), time_limit_s=20)

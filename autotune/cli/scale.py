@@ -98,12 +98,17 @@ def scale_command(
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = for_trainer(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), caps)
     measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)
+    full_space = space
     space, profiled = profiled_space(space, measured, profile is not None, job)
     with scale_progress(True) as progress:  # on a terminal even with --json/--csv: it goes to stderr
         result = scale(spec, hw, job, sizes, space, train_tokens=train_tokens,
                        price_per_gpu_hour=price_per_gpu_hour, efficiency_threshold=efficiency_threshold,
                        time_limit_s=time_limit, progress=progress, profile=measured, work_limit=work_limit,
-                       jobs=available_cores() if jobs is None else jobs)
+                       jobs=available_cores() if jobs is None else jobs,
+                       fallback=full_space if profiled else None)
+    if widened := [str(p.gpus) for p in result.points if p.widened]:
+        profiled.append(f"--profile {profile}: at {', '.join(widened)} GPUs no plan among the shapes it timed; "
+                        "searched every shape there, the others costed by the roofline")
     if csv_out:
         typer.echo(scaling_csv(result), nl=False)
     elif brief:

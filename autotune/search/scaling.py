@@ -67,6 +67,8 @@ class ScalingPoint:
     """price per GPU-hour x GPU-hours per million tokens; None without a price."""
     wall_s: float
     """Search time at this size."""
+    widened: bool = False
+    """`space` held no plan at this size and the plan shown came from the fallback space (scale's `fallback`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,29 +135,31 @@ def scale(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpu_counts: Sequence
           train_tokens: float = DEFAULT_TRAIN_TOKENS, price_per_gpu_hour: float | None = None,
           efficiency_threshold: float = DEFAULT_EFFICIENCY_THRESHOLD, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
           work_limit: float = DEFAULT_WORK_LIMIT, progress: Progress | None = None,
-          profile: Profile | None = None, jobs: int = 1) -> ScalingResult:
+          profile: Profile | None = None, jobs: int = 1, fallback: SearchSpace | None = None) -> ScalingResult:
     """The best plan at each GPU count and the sweep's derived columns (raises SpecError on bad input, and when
     the pins hold at no size). `work_limit` and `time_limit_s` apply to each size's search (planner.search);
     `profile`: measured costs for the cost model; `jobs`: sizes searched at once, in separate processes (each
-    search is deterministic, so the result is the same for any number)."""
+    search is deterministic, so the result is the same for any number); `fallback`: a wider space searched at a
+    size where `space` holds no plan (`--profile`'s timed shapes, then every shape: as plan does), the point
+    marked `widened`."""
     check_sweep(gpu_counts, train_tokens=train_tokens, price_per_gpu_hour=price_per_gpu_hour,
                 efficiency_threshold=efficiency_threshold)
     if jobs < 1:
         raise SpecError(f"--jobs must be >= 1, got {jobs}")
-    found: dict[int, tuple[int, str, str, Estimate | None, float]] = {}
+    found: dict[int, tuple[int, str, str, Estimate | None, float, bool]] = {}
     pin_errors, todo = [], []
     for gpus in gpu_counts:
         try:
-            check_space(space, model, job, gpus, hw.gpus_per_node)
+            _check_either(space, fallback, model, job, gpus, hw.gpus_per_node)
         except SpecError as exc:
             pin_errors.append(str(exc))
-            found[gpus] = (gpus, "INFEASIBLE", str(exc), None, 0.0)
+            found[gpus] = (gpus, "INFEASIBLE", str(exc), None, 0.0, False)
             continue
         todo.append(gpus)
     if len(pin_errors) == len(gpu_counts):
         raise SpecError(f"the pins hold at no size of the sweep: {pin_errors[0]}")
-    search_one = partial(_best_at, model, hw, job, space=space, time_limit_s=time_limit_s, work_limit=work_limit,
-                         profile=profile)
+    search_one = partial(_best_widening, model, hw, job, space=space, fallback=fallback, time_limit_s=time_limit_s,
+                         work_limit=work_limit, profile=profile)
     if jobs == 1 or len(todo) < 2:
         for i, gpus in enumerate(todo, start=1):
             if progress:
@@ -174,6 +178,17 @@ def scale(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpu_counts: Sequence
                     progress(i, len(todo), futures[done])
     return _derive([found[g] for g in gpu_counts], train_tokens=train_tokens, price=price_per_gpu_hour,
                    threshold=efficiency_threshold)
+
+
+def _check_either(space: SearchSpace, fallback: SearchSpace | None, model: ModelSpec, job: JobSpec, gpus: int,
+                  gpus_per_node: int) -> None:
+    """check_space of `space`, else of `fallback`: a size is searched when either holds its pins."""
+    try:
+        check_space(space, model, job, gpus, gpus_per_node)
+    except SpecError:
+        if fallback is None:
+            raise
+        check_space(fallback, model, job, gpus, gpus_per_node)
 
 
 def _start_resource_tracker() -> None:
@@ -201,6 +216,16 @@ def _own_process_group() -> None:
     stops its workers and prints one line (autotune/interrupts.py), not one more line per worker."""
     if hasattr(os, "setpgrp"):
         os.setpgrp()
+
+
+def _best_widening(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, *, space: SearchSpace,
+                   fallback: SearchSpace | None, **limits) -> tuple[str, str, Estimate | None, float, bool]:
+    """_best_at in `space`, else, where it holds no plan, in `fallback`; the last item says which answered."""
+    status, reason, best, wall = _best_at(model, hw, job, gpus, space=space, **limits)
+    if best is not None or status != "INFEASIBLE" or fallback is None:
+        return status, reason, best, wall, False
+    status, reason, best, more = _best_at(model, hw, job, gpus, space=fallback, **limits)
+    return status, reason, best, wall + more, best is not None
 
 
 def _best_at(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, *, space: SearchSpace, time_limit_s: float,
@@ -237,11 +262,11 @@ def _sweep_cost_model(model: ModelSpec, hw: HardwareSpec, job: JobSpec, profile:
     return _SWEEP_COST_MODEL[0][1]
 
 
-def _derive(found: list[tuple[int, str, str, Estimate | None, float]], *, train_tokens: float,
+def _derive(found: list[tuple[int, str, str, Estimate | None, float, bool]], *, train_tokens: float,
             price: float | None, threshold: float) -> ScalingResult:
     """Per-size throughput, time and cost; family changes and the diminishing-returns point across sizes."""
     points, prev, knee, past = [], None, None, False
-    for gpus, status, reason, best, wall in found:
+    for gpus, status, reason, best, wall, widened in found:
         if best is None:
             points.append(ScalingPoint(gpus=gpus, status=status, reason=reason, best=None, family="",
                                        strategy_change=False, efficiency=None, past_knee=past,
@@ -259,7 +284,8 @@ def _derive(found: list[tuple[int, str, str, Estimate | None, float]], *, train_
             gpus=gpus, status=status, reason=reason, best=best, family=family,
             strategy_change=prev is not None and family != prev.family, efficiency=eff, past_knee=past,
             tokens_per_s_per_gpu=best.tokens_per_s / gpus, train_days=seconds / SECONDS_PER_DAY, gpu_hours=gpu_hours,
-            cost_per_million_tokens=None if price is None else price * gpu_hours / (train_tokens / 1e6), wall_s=wall)
+            cost_per_million_tokens=None if price is None else price * gpu_hours / (train_tokens / 1e6), wall_s=wall,
+            widened=widened)
         points.append(point)
         prev = point
     return ScalingResult(points=tuple(points), train_tokens=train_tokens, price_per_gpu_hour=price,

@@ -250,3 +250,8 @@ def test_a_profile_keeps_the_search_only_where_it_can_and_says_why(tiny_profile,
     code, out, err = _main(capsys, "plan", "--model", "tiny-gpt", "--gpu", "h100-sxm", "--gpus", "8",
                            "--global-batch", "2", "--seq-len", "256", "--profile", str(only4), "--brief", "--top", "0")
     assert code == 0 and "no plan among the shapes it timed; searched every shape" in err and "mbs=1" in out
+    code, out, err = _main(capsys, "scale", "--model", "tiny-gpt", "--gpu", "h100-sxm", "--gpus", "8,16",
+                           "--global-batch", "2", "--seq-len", "256", "--profile", str(only4), "--json")
+    assert code == 0, err  # scale too: every size where the timed shapes hold no plan (was: 'no plan fits')
+    assert "at 8, 16 GPUs no plan among the shapes it timed; searched every shape there" in err
+    assert [p["plan"]["mbs"] for p in json.loads(out)["points"]] == [1, 1]
