@@ -33,7 +33,7 @@ from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
 from autotune.search.trainers import best_per_trainer, reestimator
 from autotune.specs.limits import check_train_tokens
-from autotune.specs.trainer_jobs import (as_run_model, as_run_note, check_job_settings, check_trainer_settings,
+from autotune.specs.trainer_jobs import (as_run, check_job_settings, check_trainer_settings,
                                          runs_grad_reduce)
 
 
@@ -78,11 +78,11 @@ def plan(
                     attention_backend)
     check_job_settings(caps, job)
     check_trainer_settings(caps, job)
-    # (with --out, the emitter says it beside the launch files)
-    notes = [note] if trainer and out is None and (note := as_run_note(spec, trainer, seq_len)) else []
     # searched and costed as the trainer's config builds it; the document keeps the model as given (emit and
-    # estimate --plan apply as_run_model from the trainer it records)
-    built = as_run_model(spec, trainer, seq_len) if trainer else spec
+    # estimate --plan apply as_run_model from the trainer it records). With --out the emitter says the note
+    # beside the launch files.
+    built, notes = as_run(spec, trainer, seq_len)
+    notes = notes if out is None else []
     if torchtitan_format == "toml" and job.optimizer_states != "fp32":
         raise SpecError(f"--optimizer-states {job.optimizer_states} with --torchtitan-format toml: torchtitan 0.2.x "
                         "keeps fp32 Adam states; use the 0.3.0 overrides (--torchtitan-format cli) or "

@@ -24,7 +24,7 @@ from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.space import for_trainer
 from autotune.search.scaling import (DEFAULT_EFFICIENCY_THRESHOLD, DEFAULT_TRAIN_TOKENS, available_cores,
                                      global_batch_for_tokens, scale)
-from autotune.specs.trainer_jobs import as_run_model, as_run_note, check_job_settings, check_trainer_settings
+from autotune.specs.trainer_jobs import as_run, check_job_settings, check_trainer_settings
 
 
 def scale_command(
@@ -92,8 +92,7 @@ def scale_command(
                     attention_backend=attention_backend)
     check_job_settings(caps, job)
     check_trainer_settings(caps, job)
-    notes = [note] if trainer and (note := as_run_note(spec, trainer, seq_len)) else []
-    spec = as_run_model(spec, trainer, seq_len) if trainer else spec  # what the trainer's config builds
+    spec, notes = as_run(spec, trainer, seq_len)  # what the trainer's config builds
     pins = Pins(tp=tp, pp=pp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, sequence_parallel=sequence_parallel, tp_mode=tp_mode)
     space = for_trainer(pins_space(pins, allow_idle=False, allow_cross_node_tp=allow_cross_node_tp), caps)

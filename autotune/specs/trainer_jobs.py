@@ -103,6 +103,15 @@ def as_run_model(model: ModelSpec, trainer: str, seq_len: int) -> ModelSpec:
     return replace(model, sliding_window=0, sliding_window_layers=0, catalog_name="")
 
 
+def as_run(model: ModelSpec, trainer: str | None, seq_len: int) -> tuple[ModelSpec, list[str]]:
+    """The model a search for `trainer` costs (as_run_model; the model itself without a trainer) and the note
+    that says what changed (none, or as_run_note's one)."""
+    if not trainer:
+        return model, []
+    note = as_run_note(model, trainer, seq_len)
+    return as_run_model(model, trainer, seq_len), [note] if note else []
+
+
 def as_run_note(model: ModelSpec, trainer: str, seq_len: int) -> str | None:
     """What as_run_model changes, said before a search for `trainer` (plan/scale --trainer), or None."""
     if as_run_model(model, trainer, seq_len) is model:
