@@ -45,6 +45,9 @@ class Understood:
     notes: tuple[str, ...]
     torchtitan_format: str | None
     """'toml' or 'cli' for torchtitan configs (the format --emit-better writes), else None."""
+    flushes: int = 1
+    """Runs of the pipeline schedule a step, plan.num_microbatches / flushes micro-batches each (torchtitan's
+    gradient accumulation with a pipeline: pipeline_flushes; costmodel/accumulation.py)."""
 
 
 def read_text(path: Path) -> str:
@@ -332,6 +335,11 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
     plan = build_plan(r, model, gpus, trainer)
     said, overlaps = overlap_notes(r, plan)
     notes += said
+    if (flushes := pipeline_flushes(r, plan)) > 1:
+        notes.append(f"gradient accumulation with a pipeline: torchtitan runs the {plan.schedule} schedule "
+                     f"{flushes} times a step (global batch {plan.dp * plan.mbs * plan.num_microbatches} / (local "
+                     f"batch {plan.mbs * plan.num_microbatches // flushes} x dp {plan.dp})), each over "
+                     f"{plan.num_microbatches // flushes} micro-batches with its own warm-up and cool-down; costed so")
     job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=seq_len,
                   dtype=r.dtype, flash_attention=r.flash_attention,  # type: ignore[arg-type]
                   fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, optimizer_states=r.optimizer_states,
@@ -352,7 +360,22 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
     if trainer == "megatron" and model.vocab_size % r.tp:
         notes.append(f"vocab {model.vocab_size} is not divisible by tp {r.tp}: Megatron pads it to "
                      f"{vocab_padded(model.vocab_size, r.tp, 1)} or more; costed unpadded")
-    return Understood(trainer=trainer, plan=plan, model=model, job=job, notes=tuple(notes), torchtitan_format=fmt)
+    return Understood(trainer=trainer, plan=plan, model=model, job=job, notes=tuple(notes), torchtitan_format=fmt,
+                      flushes=flushes)
+
+
+def pipeline_flushes(r: Reading, plan: Plan) -> int:
+    """Runs of the schedule a step: torchtitan with a pipeline runs it once per gradient-accumulation step,
+    global batch / (local batch x dp) of them (0.3.0 trainer.py, which asserts that this divides); 1 for the
+    other trainers (one schedule over every micro-batch) and without a pipeline (the steps are the micro-batches)."""
+    if r.trainer != "torchtitan" or plan.pp == 1 or not r.num_microbatches:
+        return 1
+    local, total = plan.mbs * r.num_microbatches, plan.mbs * plan.num_microbatches
+    if total % local:
+        raise SpecError(f"training.global_batch_size {plan.dp * total} is not a multiple of "
+                        f"training.local_batch_size {local} x data-parallel degree {plan.dp} (torchtitan asserts it "
+                        "at start-up); change a batch size")
+    return total // local
 
 
 def build_plan(r: Reading, model: ModelSpec, gpus: int, trainer: str) -> Plan:

@@ -20,6 +20,7 @@ from autotune.cli.launch import launch_config
 from autotune.cli.options import (GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, WorkLimitOpt, check_simulation_size,
                                   load_cluster, show_warnings)
 from autotune.cli.searching import run_search
+from autotune.costmodel.accumulation import accumulated
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.costmodel.moe import deepep_refusal
 from autotune.emit import EmitInput
@@ -95,7 +96,7 @@ def check_command(
                         "alltoall")
     measured = load_cost_profile(None, gpu, u.model, hw, u.job)
     cm = CostModel(u.model, hw, u.job, measured)
-    est = cm.estimate(u.plan)
+    est = cm.estimate(u.plan) if u.flushes == 1 else _flushed(u, hw, measured)
     best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
     notes = u.notes + hw.dtype_warnings(u.job.dtype)
     findings = _findings(est, best, max_gap, notes, search_note)
@@ -122,6 +123,13 @@ def check_command(
                 typer.echo(f"{f.level}: {f.message}", err=True)
     if code:
         raise typer.Exit(code)
+
+
+def _flushed(u: Understood, hw: HardwareSpec, measured: Any) -> Estimate:
+    """The step of a config that runs its pipeline schedule u.flushes times (costmodel/accumulation.py)."""
+    flush = replace(u.plan, num_microbatches=u.plan.num_microbatches // u.flushes)
+    job = replace(u.job, global_batch=u.job.global_batch // u.flushes)
+    return accumulated(CostModel(u.model, hw, job, measured).estimate(flush), u.flushes, u.plan)
 
 
 def _best(u: Understood, hw: HardwareSpec, gpus: int, measured: Any, time_limit: float,

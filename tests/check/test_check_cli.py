@@ -327,6 +327,54 @@ log_freq = 10
     assert _plan_of(cli, variant) == emitted
 
 
+#: torchtitan 0.2.x TOML of llama3-8b on 16 GPUs (tp 2, pp 2, dp 4, global batch 64); LBS is replaced per test
+ACCUMULATING_TOML = """[parallelism]
+pipeline_parallel_degree = 2
+tensor_parallel_degree = 2
+data_parallel_shard_degree = 4
+pipeline_parallel_microbatch_size = 1
+[training]
+seq_len = 8192
+global_batch_size = 64
+local_batch_size = LBS
+[model]
+flavor = "8B"
+name = "llama3"
+"""
+
+
+def test_torchtitan_accumulation_with_a_pipeline_runs_the_schedule_per_step(cli, tmp_path: Path) -> None:
+    """torchtitan runs global / (local x dp) forward-backward calls a step, each the whole pipeline schedule over
+    local / microbatch_size micro-batches (0.3.0 trainer.py): local 4 on dp 4 is 4 flushes of 4 micro-batches,
+    costed as 4 flushes and one optimizer step (user-tester: it read as one schedule of 16), and a local batch
+    whose product with dp does not divide the global one is refused as torchtitan refuses it."""
+    from dataclasses import replace
+
+    from autotune.catalog import load_hardware
+    from autotune.check.understood import read_config, understand
+    from autotune.costmodel.estimate import CostModel
+
+    one = _write(tmp_path, "one.toml", ACCUMULATING_TOML.replace("LBS", "16"))
+    four = _write(tmp_path, "four.toml", ACCUMULATING_TOML.replace("LBS", "4"))
+    whole, code = _check_json(cli, str(one), "--gpu", "h100-sxm", "--gpus", "16")
+    doc, code4 = _check_json(cli, str(four), "--gpu", "h100-sxm", "--gpus", "16")
+    assert whole["plan"] == doc["plan"] and doc["plan"]["num_microbatches"] == 16
+    assert any("runs the 1f1b schedule 4 times a step" in n for n in doc["check"]["notes"])
+    kind, reading, fmt = read_config(four, None, 16)
+    u = understand(four, reading, trainer=kind, fmt=fmt, gpus=16, model_arg=None, seq_len_arg=None)
+    assert (u.flushes, u.job.global_batch) == (4, 64)
+    flush = CostModel(u.model, load_hardware("h100-sxm"), replace(u.job, global_batch=16)).estimate(
+        replace(u.plan, num_microbatches=4))
+    by_hand = 4 * flush.step_time_s - 3 * flush.breakdown.optimizer_s
+    assert doc["step_time_s"] == pytest.approx(by_hand, rel=1e-5)
+    assert doc["step_time_s"] > whole["step_time_s"] * 1.05  # three more warm-ups and cool-downs
+    assert doc["tokens_per_s"] == pytest.approx(64 * 8192 / by_hand, rel=1e-5)
+    bad = _write(tmp_path, "bad.toml", ACCUMULATING_TOML.replace("LBS", "12"))
+    with pytest.raises(SpecError, match=r"training.global_batch_size 64 is not a multiple of training.local_batch_size "
+                       r"12 x data-parallel degree 4 \(torchtitan asserts it at start-up\)"):
+        cli("check", str(bad), "--gpu", "h100-sxm", "--gpus", "16")
+
+
 def test_deepspeed_without_pipeline_file(cli, tmp_path: Path) -> None:
     """ds_config.json alone: dp from the batch keys, the rest of --gpus is tensor parallelism (noted)."""
     path = _write(tmp_path, "ds_config.json", json.dumps({

@@ -1,0 +1,31 @@
+"""A step that runs its pipeline schedule several times: torchtitan's gradient accumulation with a pipeline.
+
+torchtitan (0.3.0 trainer.py, `train_step`) runs `gradient_accumulation_steps = global_batch_size /
+(local_batch_size x data-parallel degree)` forward-backward calls a step; with a pipeline each call is the whole
+schedule over local_batch_size / pipeline_parallel_microbatch_size micro-batches, warm-up and cool-down
+included, so a step pays one bubble per call. The optimizer steps once. autotune's own configs never do this
+(they put every micro-batch in one schedule); `check` costs the configs that do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autotune.costmodel.estimate import Estimate
+from autotune.specs.plan import Plan
+
+
+def accumulated(flush: Estimate, flushes: int, plan: Plan) -> Estimate:
+    """The step of `flushes` runs of `flush`'s schedule (each with its own bubble and data-parallel sync, as
+    torchtitan's FSDP reduces each call's gradients) and one optimizer step, as the estimate of `plan` (the same
+    plan with all the step's micro-batches). Throughput and MFU follow: the work is `flushes` times the flush's."""
+    if flushes == 1:
+        return replace(flush, plan=plan)
+    b = flush.breakdown
+    step = flushes * flush.step_time_s - (flushes - 1) * b.optimizer_s
+    ratio = flushes * flush.step_time_s / step  # the step's work over the flush's, per second
+    return replace(
+        flush, plan=plan, step_time_s=step, tokens_per_s=flush.tokens_per_s * ratio,
+        model_tflops_per_gpu=flush.model_tflops_per_gpu * ratio, mfu=flush.mfu * ratio,
+        breakdown=replace(b, **{k: v * flushes for k, v in b.as_dict().items() if k != "optimizer_s"}),
+        op_seconds=tuple((name, flushes * s) for name, s in flush.op_seconds))
