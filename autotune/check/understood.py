@@ -16,6 +16,7 @@ from autotune.catalog import load_model, model_names
 from autotune.check.deepspeed_json import is_pipeline_file, parse, read_deepspeed
 from autotune.check.megatron_args import read_megatron, vocab_padded
 from autotune.check.overlaps import overlap_notes
+from autotune.check.accumulation import flushes_note, pipeline_flushes
 from autotune.check.reading import Reading
 from autotune.check.torchtitan_toml import per_rank, read_overrides, read_toml, torchtitan_split
 from autotune.emit.deepspeed import CONFIG_FILE, PIPELINE_FILE, deepspeed_split
@@ -336,10 +337,7 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
     said, overlaps = overlap_notes(r, plan)
     notes += said
     if (flushes := pipeline_flushes(r, plan)) > 1:
-        notes.append(f"gradient accumulation with a pipeline: torchtitan runs the {plan.schedule} schedule "
-                     f"{flushes} times a step (global batch {plan.dp * plan.mbs * plan.num_microbatches} / (local "
-                     f"batch {plan.mbs * plan.num_microbatches // flushes} x dp {plan.dp})), each over "
-                     f"{plan.num_microbatches // flushes} micro-batches with its own warm-up and cool-down; costed so")
+        notes.append(flushes_note(plan, flushes))
     job = JobSpec(global_batch=plan.dp * plan.mbs * plan.num_microbatches, seq_len=seq_len,
                   dtype=r.dtype, flash_attention=r.flash_attention,  # type: ignore[arg-type]
                   fused_kernels=r.fused_kernels, grad_reduce=r.grad_reduce, optimizer_states=r.optimizer_states,
@@ -362,20 +360,6 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
                      f"{vocab_padded(model.vocab_size, r.tp, 1)} or more; costed unpadded")
     return Understood(trainer=trainer, plan=plan, model=model, job=job, notes=tuple(notes), torchtitan_format=fmt,
                       flushes=flushes)
-
-
-def pipeline_flushes(r: Reading, plan: Plan) -> int:
-    """Runs of the schedule a step: torchtitan with a pipeline runs it once per gradient-accumulation step,
-    global batch / (local batch x dp) of them (0.3.0 trainer.py, which asserts that this divides); 1 for the
-    other trainers (one schedule over every micro-batch) and without a pipeline (the steps are the micro-batches)."""
-    if r.trainer != "torchtitan" or plan.pp == 1 or not r.num_microbatches:
-        return 1
-    local, total = plan.mbs * r.num_microbatches, plan.mbs * plan.num_microbatches
-    if total % local:
-        raise SpecError(f"training.global_batch_size {plan.dp * total} is not a multiple of "
-                        f"training.local_batch_size {local} x data-parallel degree {plan.dp} (torchtitan asserts it "
-                        "at start-up); change a batch size")
-    return total // local
 
 
 def build_plan(r: Reading, model: ModelSpec, gpus: int, trainer: str) -> Plan:
