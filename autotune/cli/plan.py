@@ -110,7 +110,10 @@ def plan(
     result = distinct_fitting(searched, top)
     coverage = CostModel(built, hw, job, measured).op_coverage(result.best.plan)
     show_warnings([*notes, *profiled, *hw.dtype_warnings(job.dtype)]
-                  + coverage_warnings(coverage, result.best.plan, measured, job.seq_len))
+                  + coverage_warnings(coverage, result.best.plan, measured, job.seq_len)
+                  + ([f"--top {top}: the runners-up search stopped at its cap of candidates visited; the list is in "
+                      "order but may miss strategies that belong in it (a smaller --top completes sooner)"]
+                     if result.runners_up_cut else []))
     doc = {**plan_json(result, spec, hw, job, mine), "trainer": None if caps is None else caps.name,
            "op_costs": coverage.as_dict()}
     fits = () if caps is not None else best_per_trainer(spec, hw, job, gpus, space, result.best.plan,

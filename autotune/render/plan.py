@@ -108,7 +108,8 @@ def plan_json(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: JobSp
     doc = estimate_json(result.best, model, hw, job)
     doc["solver"] = {"status": result.status, "wall_s": rounded(s.wall_s), "candidates": s.candidates,
                      "pruned_bound": s.pruned_bound, "pruned_memory": s.pruned_memory, "solved": s.solved,
-                     "gap": rounded(result.gap), "work": rounded(s.work), "limit": result.limit or None}
+                     "gap": rounded(result.gap), "work": rounded(s.work), "limit": result.limit or None,
+                     "runners_up_cut": result.runners_up_cut}
     doc["runners_up"] = [{"plan": r.estimate.plan.to_dict(), "step_time_s": rounded(r.estimate.step_time_s),
                           "mfu": rounded(r.estimate.mfu), "peak_memory_gib": rounded(gib(r.estimate.peak_memory_bytes)),
                           "fits": r.estimate.fits, "reason": r.reason} for r in result.runners_up]

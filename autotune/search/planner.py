@@ -23,9 +23,8 @@ ended OPTIMAL or INFEASIBLE, the best plan is optimal over the whole space under
 
 The answer depends only on the inputs: the order of visits and every bound are pure functions of them, and
 CP-SAT runs one worker with a fixed seed under a deterministic work budget shared by the whole search
-(search/budget.py). When that budget runs out the search returns the best plan known, deterministically. The
-wall-clock --time-limit is a safety net only: if it strikes, the result says so (`limit`). Either way no
-returned plan is slower than the even split of its own candidate.
+(search/budget.py): when it runs out, the best plan known comes back. The wall-clock --time-limit is a safety net
+only: if it strikes, the result says so (`limit`). No returned plan is slower than its candidate's even split.
 """
 
 from __future__ import annotations
@@ -95,6 +94,8 @@ class PlanResult:
     limit: str = ""
     """What stopped the search early: '' (nothing), 'work' (the deterministic work limit: the same answer on
     every machine) or 'time' (the wall-clock --time-limit: the answer may depend on the machine)."""
+    runners_up_cut: bool = False
+    """The runners-up search stopped at its visit cap while a closer strategy may remain unvisited."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,14 +129,12 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     `work_limit`: CP-SAT deterministic time for the whole search; `time_limit_s`: the wall-clock safety net;
     `profile`: measured op and link costs for the cost model (costmodel/measured.py); `cost_model`: one built
     from the same model, hardware, job and profile (a sweep shares it between sizes: it knows no GPU count)."""
-    if not time_limit_s > 0:  # also rejects NaN
-        raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
-    if not work_limit > 0:
-        raise SpecError(f"--work-limit must be > 0, got {work_limit}")
-    if gpus <= 0:
-        raise SpecError(f"--gpus must be > 0, got {gpus}")
-    if top_k < 0:
-        raise SpecError(f"--top must be >= 0, got {top_k}")
+    for bad, message in ((not time_limit_s > 0, f"--time-limit must be > 0 seconds, got {time_limit_s}"),  # NaN too
+                         (not work_limit > 0, f"--work-limit must be > 0, got {work_limit}"),
+                         (gpus <= 0, f"--gpus must be > 0, got {gpus}"),
+                         (top_k < 0, f"--top must be >= 0, got {top_k}")):
+        if bad:
+            raise SpecError(message)
     start = time.perf_counter()
     budget = Budget.from_limits(work_limit, time_limit_s)
     cm = CostModel(model, hw, job, profile) if cost_model is None else cost_model
@@ -149,10 +148,10 @@ def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: S
     return run.result(top_k, time.perf_counter() - start, time_limit_s)
 
 
-#: Candidates the runners-up search may visit, and CP-SAT solves it may run (_Search.runners_up)
-RUNNER_VISITS, RUNNER_SOLVES = 5000, 8
-#: Candidates coarse-bounded between two looks at the wall clock: a few ms of arithmetic, plus the layer costs
-#: of the shapes the block meets first (up to ~50 ms for an MoE model's first blocks).
+#: Candidates the runners-up search may visit (RUNNER_VISITS_EACH per runner-up asked, at least RUNNER_VISITS: 5000
+#: left out of llama3-8b/64's --top 50 a plan 2% faster than its 47th), and CP-SAT solves it may run
+RUNNER_VISITS, RUNNER_VISITS_EACH, RUNNER_SOLVES = 5000, 1000, 8
+#: Candidates coarse-bounded between two looks at the wall clock (ms; ~50 for an MoE model's first block's layers)
 COARSE_BLOCK = 2048
 
 
@@ -188,6 +187,7 @@ class _Search:
         self.too_big: list[tuple[float, int]] = []
         self.solved = 0
         self.open_bound = math.inf  # the smallest bound of a candidate left without proof
+        self.runners_cut = False
 
     def _bound_block(self) -> None:
         """Coarse-bound the next COARSE_BLOCK candidates onto the heap."""
@@ -311,15 +311,15 @@ class _Search:
                              allow_idle=self.space.allow_idle, allow_cross_node_tp=self.space.allow_cross_node_tp)
 
     def runners_up(self, top_k: int) -> None:
-        """After the proof: visit candidates in bound order while one may still enter the top_k runners-up (its
-        bound below the top_k-th fastest other strategy found, and below its own strategy's entry), at most
-        RUNNER_VISITS of them within the work budget. Each is timed on its even and balanced splits; one that
-        would then be the first runner-up is solved with CP-SAT (at most RUNNER_SOLVES): the best partition of
-        its candidate, not necessarily the best plan of its strategy, like those met on the way. What is visited,
-        timed and solved does not depend on top_k, only where the visits stop: a longer list extends a shorter one
-        (plans met during the proof used to end it: mixtral-8x7b on 64 H100s, --top 1 showed one 291% slower)."""
+        """After the proof: visit candidates in bound order while one may still enter the top_k runners-up (bound
+        below the top_k-th other strategy found and its own strategy's entry), up to the visit cap (runners_cut
+        says it struck first) within the work budget. Each is timed on its even and balanced splits; one that would
+        then be the first runner-up is solved (at most RUNNER_SOLVES): its candidate's best partition. What is
+        visited, timed and solved does not depend on top_k, only where the visits stop: a longer list extends a
+        shorter one (mixtral-8x7b on 64 H100s, --top 1 once showed one 291% slower)."""
         solves = visits = 0
-        while self.heap and top_k and visits < RUNNER_VISITS and not self.budget.exhausted:
+        cap = max(RUNNER_VISITS, RUNNER_VISITS_EACH * top_k)
+        while self.heap and top_k and visits < cap and not self.budget.exhausted:
             lb, idx, level, cc = self.heap[0]
             if lb >= self._kth_runner_up(top_k):
                 break
@@ -348,6 +348,7 @@ class _Search:
                 self._offer(idx, self._validated(cc, res), Hint(res.chunk_values[0], res.recompute_layers,
                                                                 res.bucket))
         self.solved += solves
+        self.runners_cut = visits >= cap and bool(self.heap) and self.heap[0][0] < self._kth_runner_up(top_k)
 
     def _kth_runner_up(self, top_k: int) -> float:
         """Step time of the top_k-th fastest strategy found besides the best plan's (inf while fewer)."""
@@ -374,7 +375,7 @@ class _Search:
         runners += memory_losers(self.cm, [(lb, self.cands[i]) for lb, i in self.too_big], best, top_k,
                                  self.space.layers_per_stage)
         limit = "time" if self.budget.timed_out else ("work" if self.budget.stopped or status != "OPTIMAL" else "")
-        return PlanResult(best, status, gap, runners, stats, limit)
+        return PlanResult(best, status, gap, runners, stats, limit, self.runners_cut)
 
 
 def _rank(est: Estimate) -> tuple:
