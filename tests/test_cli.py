@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,6 +59,21 @@ def test_help_through_main_exits_0(autotune_proc):
         proc = autotune_proc(*args)
         assert proc.returncode == 0, proc.stderr
         assert "Usage" in proc.stdout and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args", [("models",), ("hardware", "--json"),
+                                  ("estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8",
+                                   "--global-batch", "32", "--seq-len", "4096", "--tp", "1", "--pp", "8", "--brief")])
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly_with_exit_0(args):
+    """`autotune ... | head -1`: a closed stdout was a silent exit 1 (rich's and click's broken-pipe handlers), and
+    only when the output outgrew the pipe's buffer, so `set -o pipefail` scripts failed at random (user-tester).
+    Here the read end is closed before the command writes anything: every write meets a broken pipe."""
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=Path(__file__).resolve().parent.parent,
+                            env={**os.environ, "COLUMNS": "120"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and err == b""
 
 
 # ------------------------------------------------------------------------------------------------ catalogs

@@ -8,6 +8,7 @@ that never imports this one; formatting lives in autotune/render/.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -76,9 +77,14 @@ def _command() -> Any:
 
 
 def _run(argv: Sequence[str] | None) -> None:
+    stdout = sys.stdout
     try:
         code = _command().main(args=None if argv is None else list(argv), prog_name="autotune",
                                standalone_mode=False)
+    except SystemExit:
+        if sys.stdout is not stdout:  # click's EPIPE handler swapped it: the reader closed the pipe (`| head`)
+            raise SystemExit(0) from None  # it read what it wanted; was a silent exit 1, or 0 when the output fit
+        raise
     except AutotuneError as exc:
         fail(str(exc), exc.exit_code)
     except _CLICK_ERROR as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,11 +25,20 @@ PIPE_WIDTH = 120
 DIGITS = 6
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader closed the pipe (`| head`): it read what it wanted, so the command ends quietly with exit 0
+        (rich's own exit 1 read as a user error, and only when the output outgrew the pipe's buffer)."""
+        self.quiet = True
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0)
+
+
 def make_console() -> Console:
     """A stdout console; fixed width when piped (created per command, after test runners swap stdout)."""
     if sys.stdout.isatty():
-        return Console(highlight=False)
-    return Console(width=PIPE_WIDTH, highlight=False)
+        return _Console(highlight=False)
+    return _Console(width=PIPE_WIDTH, highlight=False)
 
 
 def dump_json(obj: Any, *, sort_keys: bool = False) -> str:
