@@ -98,7 +98,7 @@ def check_command(
     cm = CostModel(u.model, hw, u.job, measured)
     est = cm.estimate(u.plan) if u.flushes == 1 else _flushed(u, hw, measured)
     best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
-    notes = u.notes + hw.dtype_warnings(u.job.dtype)
+    notes = u.notes + hw.kernel_warnings(u.job.dtype, u.job.flash_attention)
     findings = _findings(est, best, max_gap, notes, search_note)
     if unproven:
         findings.append(Finding("warning", "the best plan is not proven the best: --time-limit or --work-limit "

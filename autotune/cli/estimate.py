@@ -117,7 +117,7 @@ def estimate(
     with time_limited(time_limit, "estimate"):
         est, coverage = cm.estimate(plan), cm.op_coverage(plan)
         timeline = None if json_out or brief else cm.timeline(plan)
-    show_warnings([*hw.dtype_warnings(job.dtype)]
+    show_warnings([*hw.kernel_warnings(job.dtype, job.flash_attention)]
                   + coverage_warnings(coverage, plan, measured, job.seq_len)
                   + profile_drift(doc, coverage.source, where)
                   + grad_drift(job, doc, where)

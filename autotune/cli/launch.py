@@ -43,7 +43,7 @@ def document_reestimator(inp: EmitInput, doc: dict[str, Any] | None = None) -> t
                            "document's stored predictions, unchecked"])
         return None, inp
     if doc is not None:
-        show_warnings(hw.dtype_warnings(inp.job.dtype))
+        show_warnings(hw.kernel_warnings(inp.job.dtype, inp.job.flash_attention))
     figures = reestimator(cm)
     if doc is not None and doc.get("op_costs") == cm.op_coverage(inp.plan).as_dict():
         # a checked config's document records the overlaps it leaves off, which its stored figures include

@@ -109,7 +109,7 @@ def plan(
                               work_limit=work_limit)
     result = distinct_fitting(searched, top)
     coverage = CostModel(built, hw, job, measured).op_coverage(result.best.plan)
-    show_warnings([*notes, *profiled, *hw.dtype_warnings(job.dtype)]
+    show_warnings([*notes, *profiled, *hw.kernel_warnings(job.dtype, job.flash_attention)]
                   + coverage_warnings(coverage, result.best.plan, measured, job.seq_len)
                   + ([f"--top {top}: the runners-up search stopped at its cap of candidates visited; the list is in "
                       "order but may miss strategies that belong in it (a smaller --top completes sooner)"]

@@ -118,7 +118,7 @@ def scale_command(
     else:
         show(scaling_report(result, spec, hw, job), False)
     if any(p.best is not None for p in result.points):
-        show_warnings([*notes, *profiled, *hw.dtype_warnings(job.dtype)])
+        show_warnings([*notes, *profiled, *hw.kernel_warnings(job.dtype, job.flash_attention)])
     if all(p.best is None for p in result.points):
         infeasible = all(p.status == "INFEASIBLE" for p in result.points)
         reason = next((p.reason for p in result.points if p.reason), "")

@@ -99,6 +99,17 @@ class HardwareSpec:
                     "multiplies, Transformer Engine refuses it); train in fp16 (--dtype fp16)",)
         return ()
 
+    def kernel_warnings(self, dtype: str, flash_attention: bool) -> tuple[str, ...]:
+        """dtype_warnings, and with flash attention on a GPU before Ampere (compute capability 8.0), which neither
+        FlashAttention-2 nor Transformer Engine's fused attention supports, that its costed attention is not what
+        runs there (Megatron runs unfused attention with a fused softmax)."""
+        major = self.compute_capability.split(".")[0]
+        if not (flash_attention and major.isdigit() and int(major) < 8):
+            return self.dtype_warnings(dtype)
+        return (*self.dtype_warnings(dtype), f"flash attention on {self.name} (compute capability "
+                f"{self.compute_capability}; FlashAttention-2 and Transformer Engine's fused attention need 8.0) is "
+                "costed as if it ran there; cost the unfused attention that runs with --no-flash-attention")
+
     @property
     def nic_share(self) -> float:
         """Network ports per GPU: 1 on nodes with a NIC per GPU, 0.5 on a stock DGX-1 (4 ports, 8 GPUs)."""

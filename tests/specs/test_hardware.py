@@ -141,9 +141,23 @@ def test_plan_on_a_v100_in_bf16_warns_once(autotune_proc):
     proc = autotune_proc("plan", "--model", "gpt-1.7b", "--gpu", "v100-32gb", "--gpus", "8", "--global-batch", "64",
                          "--seq-len", "2048", "--brief")
     assert proc.returncode == 0 and proc.stderr.count("warning: bf16 on v100-32gb") == 1, proc.stderr
+    fp16 = autotune_proc("plan", "--model", "gpt-1.7b", "--gpu", "v100-32gb", "--gpus", "8", "--global-batch", "64",
+                         "--seq-len", "2048", "--brief", "--dtype", "fp16")
+    assert fp16.returncode == 0 and fp16.stderr.count("warning:") == 1  # flash attention, below
     quiet = autotune_proc("plan", "--model", "gpt-1.7b", "--gpu", "v100-32gb", "--gpus", "8", "--global-batch", "64",
-                          "--seq-len", "2048", "--brief", "--dtype", "fp16")
+                          "--seq-len", "2048", "--brief", "--dtype", "fp16", "--no-flash-attention")
     assert quiet.returncode == 0 and "warning" not in quiet.stderr
+
+
+def test_flash_attention_before_ampere_is_a_warning_naming_the_fix():
+    """FlashAttention-2 and Transformer Engine's fused attention need compute capability 8.0: a V100 plan costed
+    with them (the default) says so and names --no-flash-attention (user-tester: 71.5% MFU on a V100)."""
+    v100 = load_hardware("v100-32gb")
+    (warning,) = v100.kernel_warnings("fp16", True)
+    assert "flash attention on v100-32gb (compute capability 7.0" in warning
+    assert warning.endswith("cost the unfused attention that runs with --no-flash-attention")
+    assert v100.kernel_warnings("fp16", False) == () and len(v100.kernel_warnings("bf16", True)) == 2
+    assert all(load_hardware(g).kernel_warnings("bf16", True) == () for g in ("a100-80gb", "h100-sxm", "mi300x"))
 
 
 def test_emit_of_a_v100_bf16_plan_warns_once(autotune_proc, tmp_path):
