@@ -219,8 +219,8 @@ def _schedule_warnings(plan: Plan) -> list[str]:
     out = []
     if plan.schedule == "zb-h1":
         out.append("schedule zb-h1: DeepSpeed's pipeline engine has no zero-bubble schedule (TrainSchedule is "
-                   "1F1B); emitted 1F1B with the same layers per rank: the same peak memory, but a larger bubble "
-                   "than predicted (weight gradients are not deferred into it)")
+                   "1F1B); emitted 1F1B with the same layers per rank: no more activation memory (ZB-H1 keeps weight-"
+                   "gradient inputs longer), but a larger bubble (weight gradients are not deferred into it)")
     elif plan.schedule == "v-half":
         out.append("schedule v-half: DeepSpeed has no V-Half; emitted PipelineModule's 1F1B with the same layers per "
                    f"rank, one chunk each: the LM head moves from rank 0 to stage {plan.pp - 1}, the bubble is larger "

@@ -52,8 +52,9 @@ def schedule_warnings(plan: Plan) -> list[str]:
     out = []
     if plan.schedule == "zb-h1":
         out.append(f"schedule zb-h1: mainline Megatron-LM has no zero-bubble schedule (ZB-H1 is in {not_recorded});"
-                   f" emitted 1F1B with the same layers per rank ({layers}): the same peak memory, but a larger "
-                   "bubble than predicted (weight gradients are not deferred into it)")
+                   f" emitted 1F1B with the same layers per rank ({layers}): no more activation memory (ZB-H1 "
+                   "keeps weight-gradient inputs longer), but a larger bubble (weight gradients are not deferred "
+                   "into it)")
     elif plan.schedule == "v-half":
         out.append(f"schedule v-half: mainline Megatron-LM has no V-shaped schedule (V-Half is in {not_recorded}); "
                    f"emitted 1F1B with the same layers per rank ({layers}), one chunk each: the LM head moves from "

@@ -237,8 +237,9 @@ def _schedule_warnings(plan: Plan) -> list[str]:
     out = []
     if plan.schedule == "zb-h1":
         out.append("schedule zb-h1: torchtitan has no single-stage zero-bubble schedule (InterleavedZeroBubble and "
-                   "ZBVZeroBubble need 2 stages per rank); emitted 1F1B with the same stages: the same peak memory, "
-                   "but a larger bubble than predicted (weight gradients are not deferred into it)")
+                   "ZBVZeroBubble need 2 stages per rank); emitted 1F1B with the same stages: no more activation "
+                   "memory (ZB-H1 keeps weight-gradient inputs longer), but a larger bubble (weight gradients are "
+                   "not deferred into it)")
     elif plan.schedule == "v-half":
         out.append("schedule v-half: torchtitan has no V-Half; emitted ZBVZeroBubble, the V-shaped zero-bubble "
                    "schedule with the same 2 stages per rank in V order: a smaller bubble, but it keeps about 1F1B's "
