@@ -126,7 +126,8 @@ def write_launch(out: str | None, trainer: str, result: EmitResult) -> list[Path
         return []
     target = Path(out)
     if len(files) == 1 and not (target.is_dir() or out.endswith(("/", os.sep))):
-        return [write_file(target, files[0][1])]
+        name, text = files[0]  # a torchtitan TOML's run line names the file it reads: the one written
+        return [write_file(target, text.replace(f"--job.config_file {name}", f"--job.config_file {target.name}"))]
     if target.suffix and not target.is_dir():  # --out run.sh for several files: a directory of that name, said
         show_warnings([f"--out {out}: {trainer} writes {len(files)} files, so {out} is a directory holding them"])
     return write_files(target, files)
