@@ -251,6 +251,12 @@ def coverage_warnings(coverage: OpCoverage, plan: Plan, profile: Profile | None 
         return [f"--profile {coverage.source} left {', '.join(coverage.fallback)} untimed (too large for the "
                 f"memory of the device that measured it): {ops}"]
     cp = f" --cp {plan.cp}" if plan.cp > 1 else ""
+    here = (plan.tp, plan.mbs, plan.cp)
+    timed_here = {p.op for p in profile.ops if (p.tp, p.mbs, p.cp) == here} if profile is not None else set()
+    if timed_here.issuperset(coverage.fallback) and (profile is None or profile.seq_len in (0, None, seq_len)):
+        return [f"--profile {coverage.source} timed {', '.join(coverage.fallback)} at the plan's shapes (tp "
+                f"{plan.tp}, mbs {plan.mbs}, cp {plan.cp}), but as another kernel (the job's kernels move other "
+                f"bytes, e.g. a fused loss): {ops}"]
     if profile is not None and profile.seq_len and seq_len is not None and seq_len != profile.seq_len:
         return [f"--profile {coverage.source} was measured at --seq-len {profile.seq_len}, the job runs {seq_len}: "
                 f"{ops}; measure them with `autotune profile --seq-len {seq_len} --tp {plan.tp} --mbs {plan.mbs}{cp}`"]
