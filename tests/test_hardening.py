@@ -326,3 +326,15 @@ def test_ops_timed_at_the_plans_shapes_as_another_kernel_are_named_so():
                         "--brief"])
     assert code == 0 and f"--profile {shipped} timed cross_entropy, cross_entropy_bwd at the plan's shapes (tp 1, " \
         "mbs 1, cp 1), but as another kernel" in err and "are outside" not in err
+
+
+@pytest.mark.parametrize(("args", "advice"), [
+    # weights, gradients and Adam alone overshoot: a shorter sequence cannot help (user-tester)
+    (("--model", "llama3.1-405b", "--gpus", "64", "--global-batch", "64", "--seq-len", "8192"), "GPU: add GPUs"),
+    # activations past the overshoot: it can
+    (("--model", "llama3-8b", "--gpus", "8", "--global-batch", "8", "--seq-len", "262144", "--recompute", "none"),
+     "GPU: add GPUs, allow --recompute full, or a shorter --seq-len"),
+])
+def test_no_plan_fits_suggests_only_fixes_that_can_close_the_gap(args, advice):
+    code, _, err = run(["plan", "--gpu", "h100-sxm", *args])
+    assert code == 2 and err.strip().endswith(advice), err

@@ -71,8 +71,11 @@ def infeasible_message(cm: CostModel, cands: list[Candidate], space: SearchSpace
         fixes.append("allow --recompute full")
     if space.zero is not None and 3 not in space.zero:
         fixes.append("allow ZeRO-3 (--zero 3)")
-    fixes.append("or a shorter --seq-len")
-    return (f"no plan fits: the smallest needs {memory_summary(worst.memory.terms())} on stage {worst.index}; "
+    m = worst.memory
+    if m.activations + m.vocab_activations >= m.total - best.usable_memory_bytes:  # only then can it help
+        fixes.append("a shorter --seq-len")
+    fixes[-1] = f"or {fixes[-1]}" if len(fixes) > 1 else fixes[-1]
+    return (f"no plan fits: the smallest needs {memory_summary(m.terms())} on stage {worst.index}; "
             f"{gib(best.usable_memory_bytes):.1f} GiB usable per GPU: {', '.join(fixes)}")
 
 
