@@ -146,6 +146,9 @@ def test_compare_with_a_worse_plan(cli, tmp_path):
     assert mine["step_time_s"] > doc["step_time_s"]
     assert mine["planner_faster_by_pct"] == pytest.approx(100 * (mine["step_time_s"] / doc["step_time_s"] - 1),
                                                           abs=1e-3)
+    # --brief keeps it too, as its last line (user-tester: it was dropped without a word)
+    last = _plan(cli, *SMALL, "--compare", str(path), "--brief").stdout.splitlines()[-1]
+    assert last.startswith("compared=yes tp=8 ") and f"step_s={mine['step_time_s']:.4f}" in last
 
 
 def test_compare_takes_a_plan_of_the_same_model_under_its_other_name(cli, tmp_path):

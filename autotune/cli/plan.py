@@ -128,7 +128,8 @@ def plan(
     if brief:  # the best plan's line as before, then one per runner-up (--top), marked so a script can tell
         typer.echo("\n".join([f"{brief_line(result.best)} status={result.status}"]
                               + [brief_line(r.estimate, prefix=f"runner_up={k}")
-                                 for k, r in enumerate(result.runners_up, 1)]))
+                                 for k, r in enumerate(result.runners_up, 1)]
+                              + ([] if mine is None else [brief_line(mine.estimate, prefix="compared=yes")])))
     elif json_out:
         shown = without_timings(doc) if no_timings else doc
         show(with_files(shown, written) if out is not None else shown, True)
