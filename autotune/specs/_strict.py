@@ -4,6 +4,7 @@ before anything is computed from it, with the field and the limit in the message
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -33,9 +34,15 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int) or math.isfinite(value)
 
 
-def _shown(value: Any) -> str:
-    """A value for a one-line message: a number of hundreds of digits is cut."""
-    text = repr(value)
+def shown(value: Any) -> str:
+    """A value of a JSON file for a one-line message, as JSON writes it (true, null, "text": not Python's True,
+    None, 'text'); None is also what a missing key reads as. A number of hundreds of digits is cut."""
+    if value is None:
+        return "null (or nothing)"
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= 40 else text[:20] + f"... ({len(text)} characters)"
 
 
@@ -43,21 +50,21 @@ def positive_int(data: Mapping[str, Any], key: str, where: str, maximum: int | N
     """An integer in [1, maximum] (default: the field's documented maximum); whole JSON numbers like 4.0 count."""
     value = data[key]
     if not _is_number(value) or value != int(value):
-        raise SpecError(f"{where}: {key} must be a whole number, got {_shown(value)}")
+        raise SpecError(f"{where}: {key} must be a whole number, got {shown(value)}")
     if value <= 0:
-        raise SpecError(f"{where}: {key} must be > 0, got {_shown(value)}")
+        raise SpecError(f"{where}: {key} must be > 0, got {shown(value)}")
     limit = int_maximum(key) if maximum is None else maximum
     if value > limit:
-        raise SpecError(f"{where}: {key} {_shown(int(value))} exceeds the maximum of {limit:,}; use a smaller value")
+        raise SpecError(f"{where}: {key} {shown(int(value))} exceeds the maximum of {limit:,}; use a smaller value")
     return int(value)
 
 
 def _in_range(value: float, key: str, where: str, low: float) -> float:
     minimum, maximum = float_range(key)
     if value > maximum:
-        raise SpecError(f"{where}: {key} {_shown(value)} exceeds the maximum of {maximum:g}; use a smaller value")
+        raise SpecError(f"{where}: {key} {shown(value)} exceeds the maximum of {maximum:g}; use a smaller value")
     if value < max(minimum, low):
-        raise SpecError(f"{where}: {key} {_shown(value)} is below the minimum of {max(minimum, low):g}")
+        raise SpecError(f"{where}: {key} {shown(value)} is below the minimum of {max(minimum, low):g}")
     return float(value)
 
 
@@ -65,7 +72,7 @@ def positive_float(data: Mapping[str, Any], key: str, where: str) -> float:
     """A finite number > 0, within the field's documented range."""
     value = data[key]
     if not _is_number(value) or not value > 0:
-        raise SpecError(f"{where}: {key} must be a number > 0, got {_shown(value)}")
+        raise SpecError(f"{where}: {key} must be a number > 0, got {shown(value)}")
     return _in_range(value, key, where, 0.0)
 
 
@@ -81,7 +88,7 @@ def nonneg_float(data: Mapping[str, Any], key: str, where: str) -> float:
     """A finite number >= 0, within the field's documented range."""
     value = data[key]
     if not _is_number(value) or value < 0:
-        raise SpecError(f"{where}: {key} must be a number >= 0, got {_shown(value)}")
+        raise SpecError(f"{where}: {key} must be a number >= 0, got {shown(value)}")
     return _in_range(value, key, where, 0.0)
 
 

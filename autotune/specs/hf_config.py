@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from autotune.errors import SpecError
-from autotune.specs._strict import boolean
+from autotune.specs._strict import boolean, shown
 from autotune.specs.model import ModelSpec, model_from_dict
 
 
@@ -117,14 +117,14 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
     key = next((k for k in _HF_EXPERT_KEYS if data.get(k)), None)
     experts = data[key] if key else 0
     if key and (not isinstance(experts, int) or isinstance(experts, bool)):
-        raise SpecError(f"{where}: {key} {experts!r} must be a whole number of experts (> 1 for a mixture of "
+        raise SpecError(f"{where}: {key} {shown(experts)} must be a whole number of experts (> 1 for a mixture of "
                         "experts); fix it, or drop it for a dense model")
     if experts == 1 and isinstance(data.get("num_experts_per_tok"), int) and data["num_experts_per_tok"] > 1:
         raise SpecError(f"{where}: num_experts_per_tok {data['num_experts_per_tok']} exceeds {key} 1; give the "
                         "expert count, or drop both for a dense model")
     out: dict[str, Any] = {}
     if data.get("q_lora_rank") and not data.get("kv_lora_rank"):  # a query LoRA belongs to latent attention
-        raise SpecError(f"{where}: q_lora_rank {data['q_lora_rank']!r} without kv_lora_rank: multi-head latent "
+        raise SpecError(f"{where}: q_lora_rank {shown(data['q_lora_rank'])} without kv_lora_rank: multi-head latent "
                         "attention needs kv_lora_rank (DeepSeek-V3: 512); add it, or drop q_lora_rank")
     if data.get("kv_lora_rank"):  # DeepSeek-V2/V3 multi-head latent attention
         for key in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
@@ -170,8 +170,8 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
     step = next((data[k] for k in ("interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq")
                  if data.get(k) is not None), None)
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 1):
-        raise SpecError(f"{where}: an MoE layer step of {step!r} (interleave_moe_layer_step, decoder_sparse_step or "
-                        "moe_layer_freq) must be a whole number >= 1 (1: every layer MoE)")
+        raise SpecError(f"{where}: an MoE layer step of {shown(step)} (interleave_moe_layer_step, decoder_sparse_step "
+                        "or moe_layer_freq) must be a whole number >= 1 (1: every layer MoE)")
     if step is not None and step > 1:
         out["moe_layer_freq"] = step
     dense = data.get("mlp_only_layers")
@@ -212,7 +212,7 @@ def _hf_window_and_clamp(data: dict[str, Any], model_type: str, where: str) -> d
             out[key] = cap  # model_from_dict checks it
     use = data.get("use_sliding_window", True)
     if not isinstance(use, bool):
-        raise SpecError(f"{where}: use_sliding_window must be true or false, got {use!r}"[:200])
+        raise SpecError(f"{where}: use_sliding_window must be true or false, got {shown(use)}"[:200])
     window, layers = data.get("sliding_window"), _whole_or_none(data.get("num_hidden_layers"))
     if window is not None and use:
         window = _whole(window, "sliding_window", where, "a whole number of tokens >= 1, or null for none")
@@ -282,14 +282,14 @@ def _hf_training_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise SpecError(f"{where}: {key} must be a number > 0, got {value!r}")
+            raise SpecError(f"{where}: {key} must be a number > 0, got {shown(value)}")
         out[ours] = float(value)
     scaling = data.get("rope_scaling")
     if scaling is None:
         return out
     if not isinstance(scaling, dict):
         raise SpecError(f"{where}: rope_scaling must be an object such as {{\"rope_type\": \"llama3\", \"factor\": "
-                        f"8.0}}, got {scaling!r}")
+                        f"8.0}}, got {shown(scaling)}")
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
         return out
@@ -299,7 +299,7 @@ def _hf_training_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
     factor = scaling.get("factor")
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= MAX_ROPE_SCALING_FACTOR:
         raise SpecError(f"{where}: rope_scaling factor must be a number > 0 and <= {MAX_ROPE_SCALING_FACTOR:g}, got "
-                        f"{factor!r}")
+                        f"{shown(factor)}")
     out.update(rope_scaling=kind, rope_scaling_factor=float(factor))
     return out
 

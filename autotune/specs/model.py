@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from autotune.errors import SpecError
-from autotune.specs._strict import boolean, check_keys, choice, nonneg_float, positive_float, positive_int
+from autotune.specs._strict import boolean, check_keys, choice, nonneg_float, positive_float, positive_int, shown
 from autotune.specs.limits import MAX_LAYERS, check_max, check_name, int_maximum
 
 Activation = Literal["gelu", "swiglu", "geglu"]
@@ -221,7 +221,7 @@ def _count(data: dict[str, Any], key: str, where: str) -> int:
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and not math.isfinite(value)) or value != int(value) or value < 0:
-        raise SpecError(f"{where}: {key} must be a whole number >= 0, got {value!r}"[:200])
+        raise SpecError(f"{where}: {key} must be a whole number >= 0, got {shown(value)}"[:200])
     return check_max(int(value), int_maximum(key), key, where)
 
 
@@ -259,7 +259,7 @@ def _moe_fields(data: dict[str, Any], num_layers: int, where: str) -> dict[str, 
     if "moe_router_scaling" in data:
         scale = data["moe_router_scaling"]
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1e3:
-            raise SpecError(f"{where}: moe_router_scaling must be a number in (0, 1000], got {scale!r}")
+            raise SpecError(f"{where}: moe_router_scaling must be a number in (0, 1000], got {shown(scale)}")
         out["moe_router_scaling"] = float(scale)
     if out.get("kv_lora_rank"):
         for key in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):

@@ -241,8 +241,8 @@ def test_hf_top_k_without_an_expert_count_is_an_error_not_a_dense_model(experts)
 
 
 @pytest.mark.parametrize(("experts", "message"), [
-    ("8", "num_local_experts '8' must be a whole number"), (8.0, "num_local_experts 8.0 must be a whole number"),
-    (True, "num_local_experts True must be a whole number"), (1, "num_experts_per_tok 2 exceeds num_local_experts 1")])
+    ("8", 'num_local_experts "8" must be a whole number'), (8.0, "num_local_experts 8.0 must be a whole number"),
+    (True, "num_local_experts true must be a whole number"), (1, "num_experts_per_tok 2 exceeds num_local_experts 1")])
 def test_hf_bad_expert_count_is_an_error_not_a_dense_model(experts, message) -> None:
     """An expert count that is not a whole number (or one expert for top-2) was read as a dense model, silently:
     Mixtral at 7 GiB instead of 74."""
@@ -745,7 +745,7 @@ def test_qk_norm_by_hand() -> None:
 def test_hf_errors_name_the_config_keys_and_a_dense_prefix_is_dense_first() -> None:
     """A bad value is reported under its config.json key (num_experts_per_tok, not autotune's moe_top_k); Qwen's
     mlp_only_layers [0, 1] is two dense-first layers, which autotune models; [1] is refused with the fix."""
-    with pytest.raises(SpecError, match="num_experts_per_tok must be a whole number >= 0, got '2'"):
+    with pytest.raises(SpecError, match='num_experts_per_tok must be a whole number >= 0, got "2"'):
         model_from_hf_config({**HF["mixtral"], "num_experts_per_tok": "2"}, "config.json")
     with pytest.raises(SpecError, match="num_attention_heads 32 must be a multiple of num_key_value_heads 5"):
         model_from_hf_config({**HF["mixtral"], "num_key_value_heads": 5}, "config.json")

@@ -82,19 +82,19 @@ def test_hf_config_missing_keys_are_named():
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"rope_theta": -5}, "rope_theta must be a number > 0, got -5"),
-    ({"rope_theta": "abc"}, "rope_theta must be a number > 0, got 'abc'"),
+    ({"rope_theta": "abc"}, 'rope_theta must be a number > 0, got "abc"'),
     ({"rms_norm_eps": 0}, "rms_norm_eps must be a number > 0, got 0"),
     ({"initializer_range": -0.01}, "initializer_range must be a number > 0"),
     ({"rope_scaling": "llama3"}, "rope_scaling must be an object"),
     ({"rope_scaling": {"type": "dynamic", "factor": 4}}, "rope_scaling type 'dynamic' is not one autotune knows"),
-    ({"rope_scaling": {"rope_type": "llama3"}}, "rope_scaling factor must be a number > 0 and <= 1024, got None"),
+    ({"rope_scaling": {"rope_type": "llama3"}}, "rope_scaling factor must be a number > 0 and <= 1024, got null"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": -8}}, "rope_scaling factor must be"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 1e9}}, "rope_scaling factor must be"),
     ({"num_key_value_heads": 0}, "num_key_value_heads must be > 0, got 0"),
     # the attention window's keys (user-tester): each wrong value named, not defaulted or dropped
     ({"head_dim": 0}, "head_dim must be > 0, got 0"),
     ({"sliding_window": 10**30}, "sliding_window 1000000000000000000000000000000 exceeds the maximum of 2,147,483,648"),
-    ({"sliding_window": 64, "use_sliding_window": "no"}, "use_sliding_window must be true or false, got 'no'"),
+    ({"sliding_window": 64, "use_sliding_window": "no"}, 'use_sliding_window must be true or false, got "no"'),
     ({"sliding_window": 64, "sliding_window_pattern": 0}, "sliding_window_pattern 0 must be a whole number >= 1"),
     ({"sliding_window": 64, "sliding_window_pattern": "6"}, "sliding_window_pattern '6' must be a whole number"),
     ({"sliding_window": 64, "layer_types": "sliding"}, "layer_types must list one of sliding_attention or "

@@ -112,7 +112,7 @@ def test_unknown_field(tmp_path):
 def test_wrong_type_names_the_line_of_the_key(tmp_path):
     text = _good_text().replace('"seq_len": 256', '"seq_len": "256"')
     message = _error(_write(tmp_path, text))
-    assert f"p.json:{_line_of(text, 'seq_len')}: seq_len: must be a whole number, got '256'" in message
+    assert f"p.json:{_line_of(text, 'seq_len')}: seq_len: must be a whole number, got \"256\"" in message
     text = _good_text().replace('"repeats": 5, "fit_error_pct"', '"repeats": true, "fit_error_pct"')
     message = _error(_write(tmp_path, text))
     assert "comm.intra_node.points[0].repeats: must be a whole number" in message
