@@ -114,11 +114,14 @@ _HF_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
     """autotune's MoE and MLA keys from a Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, GPT-OSS or Llama 4 (text)
     config.json; {} for a dense model. A missing field an MoE model needs is an error naming it."""
-    key = next((k for k in _HF_EXPERT_KEYS if data.get(k)), None)
+    key = next((k for k in _HF_EXPERT_KEYS if data.get(k) is not None), None)
     experts = data[key] if key else 0
-    if key and (not isinstance(experts, int) or isinstance(experts, bool)):
+    if key and (not isinstance(experts, int) or isinstance(experts, bool) or experts < 0):
         raise SpecError(f"{where}: {key} {shown(experts)} must be a whole number of experts (> 1 for a mixture of "
                         "experts); fix it, or drop it for a dense model")
+    if key and experts == 0 and data.get("num_experts_per_tok"):
+        raise SpecError(f"{where}: {key} 0 with num_experts_per_tok {shown(data['num_experts_per_tok'])}: give the "
+                        "expert count (> 1), or drop both for a dense model")
     if experts == 1 and isinstance(data.get("num_experts_per_tok"), int) and data["num_experts_per_tok"] > 1:
         raise SpecError(f"{where}: num_experts_per_tok {data['num_experts_per_tok']} exceeds {key} 1; give the "
                         "expert count, or drop both for a dense model")
@@ -172,8 +175,15 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 1):
         raise SpecError(f"{where}: an MoE layer step of {shown(step)} (interleave_moe_layer_step, decoder_sparse_step "
                         "or moe_layer_freq) must be a whole number >= 1 (1: every layer MoE)")
+    layers, first = data.get("num_hidden_layers"), out.get("first_dense_layers", 0)
+    if step is not None and isinstance(layers, int) and step > layers - first:
+        said = next(k for k in ("interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq")
+                    if data.get(k) is not None)
+        raise SpecError(f"{where}: {said} {step} (every {step}-th layer MoE) leaves no MoE layer of {layers}; lower "
+                        "it, or drop the expert keys for a dense model")
     if step is not None and step > 1:
         out["moe_layer_freq"] = step
+    _check_moe_layers(data.get("moe_layers"), step or 1, layers, where)
     dense = data.get("mlp_only_layers")
     if dense and isinstance(dense, list) and sorted(dense) == list(range(len(dense))):  # the first k: dense-first
         out["first_dense_layers"] = len(dense)
@@ -187,6 +197,20 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
     if model_type == "gpt_oss":
         out["expert_bias"] = True
     return out
+
+
+def _check_moe_layers(given: Any, step: int, layers: Any, where: str) -> None:
+    """Llama 4's moe_layers (which layers are MoE; transformers' default: every step-th, from step - 1): autotune
+    models that pattern only, so a list that differs, or names no layer, is an error naming it."""
+    if given is None or not isinstance(layers, int):
+        return
+    pattern = list(range(step - 1, layers, step))
+    if given == pattern:
+        return
+    if given == []:
+        raise SpecError(f"{where}: moe_layers [] leaves no MoE layer; drop the expert keys for a dense model")
+    raise SpecError(f"{where}: moe_layers {shown(given)} is not modelled; only every interleave_moe_layer_step-th "
+                    f"layer is ({step}: {pattern[:4]}...): drop moe_layers to plan that pattern")
 
 
 #: Gemma 3's default local:global pattern (transformers Gemma3TextConfig.sliding_window_pattern): 5 windowed

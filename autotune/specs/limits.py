@@ -59,6 +59,10 @@ INT_MAXIMA = {
     "num_layers": MAX_LAYERS,
     "hidden_size": 1 << 18,
     "ffn_hidden_size": 1 << 20,
+    "moe_ffn_hidden_size": 1 << 20,
+    "shared_expert_ffn_hidden_size": 1 << 20,
+    "num_experts": 1 << 16,  # Kimi K2 routes over 384
+    "moe_top_k": 1 << 10,
     "num_heads": 1 << 12,
     "num_kv_heads": 1 << 12,
     "head_dim": 1 << 12,

@@ -245,6 +245,10 @@ def _moe_fields(data: dict[str, Any], num_layers: int, where: str) -> dict[str, 
         if out.get("first_dense_layers", 0) >= num_layers:
             raise SpecError(f"{where}: first_dense_layers {out['first_dense_layers']} leaves no MoE layer of "
                             f"{num_layers}; lower it")
+        if out.get("moe_layer_freq", 1) > num_layers - out.get("first_dense_layers", 0):
+            raise SpecError(f"{where}: moe_layer_freq {out['moe_layer_freq']} (every {out['moe_layer_freq']}-th "
+                            f"layer MoE) leaves no MoE layer of {num_layers}; lower it, or drop the expert fields "
+                            "for a dense model")
         _check_router_groups(out, experts, where)
     elif any(out.get(k) for k in _MOE_INTS if k != "moe_layer_freq"):
         raise SpecError(f"{where}: MoE fields are given but num_experts is 0; set num_experts")

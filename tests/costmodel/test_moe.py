@@ -163,6 +163,13 @@ def test_a_hub_config_of_a_catalog_model_takes_its_name(tmp_path, family, catalo
     assert load_model(str(path)).known_as == str(path)
 
 
+#: Llama 4 Maverick's text_config (the keys autotune reads)
+LLAMA4_TEXT = {"model_type": "llama4_text", "num_hidden_layers": 48, "hidden_size": 5120, "num_attention_heads": 40,
+               "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+               "num_local_experts": 128, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+               "vocab_size": 202048, "hidden_act": "silu", "tie_word_embeddings": False}
+
+
 def test_llama4_text_config_parses_its_interleaved_moe_layers() -> None:
     """Llama 4 Maverick's text_config: 48 layers, every second one MoE (128 experts, top-1, one shared)."""
     cfg = {"text_config": {"model_type": "llama4_text", "num_hidden_layers": 48, "hidden_size": 5120,
@@ -230,14 +237,41 @@ def test_hf_moe_config_missing_top_k_names_it() -> None:
         model_from_hf_config(cfg, "config.json")
 
 
-@pytest.mark.parametrize("experts", [None, 0])
-def test_hf_top_k_without_an_expert_count_is_an_error_not_a_dense_model(experts) -> None:
-    """A Mixtral config whose expert count is missing (or 0) was read as a dense model, silently."""
+@pytest.mark.parametrize(("experts", "message"), [
+    (None, "num_experts_per_tok 2 without an expert count; add num_local_experts"),
+    (0, "num_local_experts 0 with num_experts_per_tok 2: give the expert count"),  # (user-tester: "without" it)
+    (-8, "num_local_experts -8 must be a whole number of experts")])  # was read as a dense model
+def test_hf_top_k_without_an_expert_count_is_an_error_not_a_dense_model(experts, message) -> None:
+    """A Mixtral config whose expert count is missing, 0 or negative was read as a dense model, silently."""
     cfg = {k: v for k, v in HF["mixtral"].items() if k != "num_local_experts"}
     if experts is not None:
         cfg["num_local_experts"] = experts
-    with pytest.raises(SpecError, match="num_experts_per_tok 2 without an expert count; add num_local_experts"):
+    with pytest.raises(SpecError, match=message):
         model_from_hf_config(cfg, "config.json")
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"decoder_sparse_step": 100}, "decoder_sparse_step 100 .every 100-th layer MoE. leaves no MoE layer of 48"),
+    ({"num_experts": 1 << 31}, "num_experts 2147483648 exceeds the maximum of 65,536"),  # was an OverflowError
+    ({"moe_intermediate_size": 1 << 31}, "moe_intermediate_size 2147483648 exceeds the maximum of 1,048,576")])
+def test_hf_moe_configs_no_plan_can_use_are_errors(changes, message) -> None:
+    """A step past the last layer left no MoE layer but was planned as MoE (memory charged for experts, emitted
+    configs check refuses); sizes within 2^31 overflowed the planner's arrays (user-tester)."""
+    with pytest.raises(SpecError, match=message):
+        model_from_hf_config({**HF["qwen3_moe"], **changes}, "config.json")
+
+
+@pytest.mark.parametrize(("moe_layers", "message"), [
+    ([1, 3, 5], r"moe_layers \[1, 3, 5\] is not modelled; only every interleave_moe_layer_step-th layer is"),
+    ([], r"moe_layers \[\] leaves no MoE layer")])
+def test_hf_llama4_moe_layers_other_than_its_step_are_errors(moe_layers, message) -> None:
+    """transformers' Llama4TextConfig takes moe_layers over interleave_moe_layer_step; it was ignored (user-tester).
+    The list the step gives is read as before."""
+    cfg = {**LLAMA4_TEXT, "moe_layers": moe_layers}
+    with pytest.raises(SpecError, match=message):
+        model_from_hf_config(cfg, "config.json")
+    same = {**LLAMA4_TEXT, "moe_layers": list(range(1, 48, 2))}
+    assert model_from_hf_config(same, "config.json") == model_from_hf_config(LLAMA4_TEXT, "config.json")
 
 
 @pytest.mark.parametrize(("experts", "message"), [
