@@ -22,11 +22,12 @@ def attended_keys(model: ModelSpec, seq_len: int) -> float:
     return (1.0 - share) * seq_len + share * min(model.sliding_window, seq_len) if share else seq_len
 
 
-def forward_matmul_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+def forward_matmul_flops_per_token(model: ModelSpec, seq_len: int, routed: float = 1.0) -> float:
     """Forward matmul FLOPs of one token through every layer and the LM head. An MoE model counts the
-    parameters a token is routed through (moe_forward_flops_per_token), as published MoE MFU figures do."""
+    parameters a token is routed through (moe_forward_flops_per_token), as published MoE MFU figures do;
+    `routed`: the share of its routed-expert passes that run (routed_share)."""
     if model.is_moe or model.mla:
-        return moe_forward_flops_per_token(model, seq_len)
+        return moe_forward_flops_per_token(model, seq_len, routed)
     h, q, kv, f = model.hidden_size, model.q_width, model.kv_width, model.ffn_hidden_size
     up = 2 * f if model.gated else f
     linear = 2 * (h * (q + 2 * kv) + q * h + h * up + f * h)
@@ -36,10 +37,18 @@ def forward_matmul_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 
 def model_flops_per_step(model: ModelSpec, job: JobSpec) -> float:
     """Model FLOPs of one optimizer step (3x the forward matmuls)."""
-    return 3 * forward_matmul_flops_per_token(model, job.seq_len) * job.tokens_per_step
+    return 3 * forward_matmul_flops_per_token(model, job.seq_len, routed_share(job)) * job.tokens_per_step
 
 
-def moe_forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+def routed_share(job: JobSpec) -> float:
+    """The share of the routed-expert passes a step runs: all of them dropless or at a capacity of 1 or more (the
+    padding above it is not the model's work); at a capacity factor c < 1 each expert takes c times its mean load
+    and drops the rest, so c of them (balanced routing: more drop under imbalance, which the step time prices).
+    Without it, MFU counted the dropped tokens' expert work: 153% at c = 0.01 (user-tester)."""
+    return min(1.0, job.moe_capacity_factor) if job.moe_capacity_factor else 1.0
+
+
+def moe_forward_flops_per_token(model: ModelSpec, seq_len: int, routed: float = 1.0) -> float:
     """2 FLOPs per active weight of every linear layer (attention projections, MLA's down and up projections,
     the router, the shared experts and the top_k routed experts of an MoE layer, the dense MLP of a dense
     layer) plus attention's QK^T and PV over the attended keys (attended_keys), plus the LM head: the
@@ -62,7 +71,7 @@ def moe_forward_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     else:
         attn_linear = h * (model.q_width + 2 * model.kv_width) + model.q_width * h
         scores = 2 * attended_keys(model, seq_len) * model.q_width
-    moe = (h * model.num_experts + mlp(model.moe_top_k * model.moe_ffn_hidden_size)
+    moe = (h * model.num_experts + routed * mlp(model.moe_top_k * model.moe_ffn_hidden_size)
            + mlp(model.num_shared_experts * model.shared_expert_ffn_hidden_size))
     dense = mlp(model.ffn_hidden_size)
     per_layer_attn = 2 * (attn_linear + scores)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.catalog import load_model
@@ -61,3 +63,25 @@ def test_sliding_window_layers_count_their_window_by_hand():
     job = JobSpec(global_batch=8, seq_len=4096)
     saved = flops.model_flops_per_step(plain, job) - flops.model_flops_per_step(model, job)
     assert saved == pytest.approx(3 * 36 * 2 * 2 * (4096 - 2112) * 4096 * 8 * 4096, rel=1e-12)
+
+
+def test_dropped_tokens_expert_work_is_not_counted():
+    """At a capacity factor c < 1 each expert runs c of its mean load: model FLOPs count c of the routed-expert
+    passes (by hand: Mixtral's 3 x (w1, w3, w2) of 4096 x 14336, top-2, 32 layers, 2 FLOPs a weight, 3x for the
+    backward), so MFU stays a fraction of the peak (user-tester: 153% at c = 0.01); c >= 1 pads, which is not
+    the model's work, and dropless counts all."""
+    from autotune.catalog import load_hardware
+    from autotune.costmodel.estimate import CostModel
+    from autotune.specs.plan import Plan
+
+    model = load_model("mixtral-8x7b")
+    job = JobSpec(global_batch=512, seq_len=4096)
+    routed = 3 * 2 * 32 * 2 * 3 * 4096 * 14336 * job.tokens_per_step
+    for c in (0.5, 0.01):
+        dropped = flops.model_flops_per_step(model, replace(job, moe_capacity_factor=c))
+        assert flops.model_flops_per_step(model, job) - dropped == pytest.approx((1 - c) * routed, rel=1e-9)
+    assert flops.model_flops_per_step(model, replace(job, moe_capacity_factor=1.5, moe_pad_to_capacity=True)) == \
+        flops.model_flops_per_step(model, job)
+    plan = Plan(tp=1, pp=1, dp=64, cp=1, mbs=1, num_microbatches=8, ep=8, zero=3, layers_per_stage=(32,))
+    est = CostModel(model, load_hardware("h100-sxm"), replace(job, moe_capacity_factor=0.01)).estimate(plan)
+    assert 0 < est.mfu < 1
