@@ -45,6 +45,38 @@ def coarse_bounds(cm: CostModel, cands: list[Candidate], memo: dict) -> list[tup
     """coarse_bound of every candidate, to the bit, computed over arrays."""
     if not cands:
         return []
+    (per_layer, share, act, state, adam, credit, pp_a, vpp_a, m_a) = _arrays(cm, cands, memo)
+    schedule, m, pp = [c.schedule for c in cands], [c.num_microbatches for c in cands], [c.pp for c in cands]
+    L = cm.model.num_layers
+    fullest = -(-(L // vpp_a) // pp_a)
+    fits = fullest * (vpp_a * state + act) - credit <= cm.hw.usable_memory_bytes
+    work = L * per_layer
+    t_max = np.maximum(work / pp_a, (vpp_a * fullest) * per_layer)
+    bound = m_a * t_max
+    kind = np.array([_KINDS.get(s, 0) for s in schedule], dtype=np.int8)
+    r = np.where(kind == _KINDS["interleaved"], 1 / vpp_a, np.where(kind == _KINDS["zb-h1"], share, 1.0))
+    tail = np.array([1 - (1 - ri / mi) ** pi for ri, mi, pi in zip(r.tolist(), m, pp)], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # v-half and pp 1 take `bound` alone below
+        paths = np.maximum(np.maximum(bound, (m_a - r) * 0.0 + r * work), r * work / tail)
+    pipe = np.where((kind == _KINDS["v-half"]) | (pp_a == 1), bound, paths)
+    total = pipe + adam * L / pp_a
+    return list(zip(total.tolist(), fits.tolist()))
+
+
+def coarse_memory(cm: CostModel, cands: list[Candidate], memo: dict) -> list[int]:
+    """Per candidate, bytes its fullest stage needs at least whatever the partition (coarse_bound's memory
+    check: its layers' weights, gradients and optimizer states and one micro-batch of their activations at
+    the most recomputation allowed)."""
+    if not cands:
+        return []
+    (_, _, act, state, _, credit, pp_a, vpp_a, _) = _arrays(cm, cands, memo)
+    fullest = -(-(cm.model.num_layers // vpp_a) // pp_a)
+    return (fullest * (vpp_a * state + act) - credit).tolist()
+
+
+def _arrays(cm: CostModel, cands: list[Candidate], memo: dict) -> tuple[np.ndarray, ...]:
+    """The per-candidate terms of coarse_bound as arrays: per-layer time, pivot share, activation, state,
+    Adam and dense-first credit, then pp, vpp and micro-batches."""
     (tp, pp, dp, cp, mbs, m, schedule, vpp, base, _, full_max, zero, sp, _, mode, overlap, ep, etp) = zip(*cands)
     may_full = [f > 0 for f in full_max]
     time_keys = list(zip(repeat("time"), tp, cp, mbs, sp, mode, overlap, ep, etp, base, may_full))
@@ -63,20 +95,7 @@ def coarse_bounds(cm: CostModel, cands: list[Candidate], memo: dict) -> list[tup
     adam = np.array([x[1] for x in sharded], dtype=np.float64)[state_ids]
     credit = np.array([x[2] for x in sharded], dtype=np.int64)[state_ids]
     pp_a, vpp_a, m_a = (np.array(x, dtype=np.int64) for x in (pp, vpp, m))
-    L = cm.model.num_layers
-    fullest = -(-(L // vpp_a) // pp_a)
-    fits = fullest * (vpp_a * state + act) - credit <= cm.hw.usable_memory_bytes
-    work = L * per_layer
-    t_max = np.maximum(work / pp_a, (vpp_a * fullest) * per_layer)
-    bound = m_a * t_max
-    kind = np.array([_KINDS.get(s, 0) for s in schedule], dtype=np.int8)
-    r = np.where(kind == _KINDS["interleaved"], 1 / vpp_a, np.where(kind == _KINDS["zb-h1"], share, 1.0))
-    tail = np.array([1 - (1 - ri / mi) ** pi for ri, mi, pi in zip(r.tolist(), m, pp)], dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):  # v-half and pp 1 take `bound` alone below
-        paths = np.maximum(np.maximum(bound, (m_a - r) * 0.0 + r * work), r * work / tail)
-    pipe = np.where((kind == _KINDS["v-half"]) | (pp_a == 1), bound, paths)
-    total = pipe + adam * L / pp_a
-    return list(zip(total.tolist(), fits.tolist()))
+    return per_layer, share, act, state, adam, credit, pp_a, vpp_a, m_a
 
 
 #: Schedules whose pipeline bound differs (schedules.pipeline_lower_bound); the rest are 1F1B-like (0).

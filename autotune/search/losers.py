@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.costmodel.estimate import CostModel, Estimate
+from autotune.search.coarse import coarse_memory
 from autotune.search.space import Candidate, SearchSpace
 from autotune.search.tables import to_plan
 from autotune.search.validate import memory_summary
@@ -54,15 +55,22 @@ def memory_losers(cm: CostModel, too_big: list[tuple[float, Candidate]], best: E
 
 
 def infeasible_message(cm: CostModel, cands: list[Candidate], space: SearchSpace) -> str:
-    """What is short and by how much, for the candidate that comes closest to fitting."""
-    best = None
-    for c in cands:
-        plan = min_memory_plan(cm, c, space.layers_per_stage)
+    """What is short and by how much, for the candidate that comes closest to fitting. Memory alone picks it, in
+    the order of a floor no plan of a candidate goes below (coarse_memory), until the floor passes the smallest
+    found: timing every candidate's schedule took llama4-maverick on 64 GPUs 77 s, past any --time-limit
+    (user-tester). The one picked is then estimated in full."""
+    smallest = None  # (peak bytes, index in cands, plan): the earliest of the smallest, as a scan in order finds
+    floors = coarse_memory(cm, cands, {})
+    for floor, i in sorted(zip(floors, range(len(cands)))):  # a candidate's plans need at least its floor
+        if smallest is not None and floor > smallest[0]:
+            break
+        plan = min_memory_plan(cm, cands[i], space.layers_per_stage)
         if plan is None:
             continue
-        est = cm.estimate(plan)
-        if best is None or est.peak_memory_bytes < best.peak_memory_bytes:
-            best = est
+        peak = max(s.memory.total for s in cm.stages(plan))
+        if smallest is None or (peak, i) < smallest[:2]:
+            smallest = (peak, i, plan)
+    best = None if smallest is None else cm.estimate(smallest[2])
     if best is None:
         return "no plan in the search space fits: relax the pins (--tp/--pp/--mbs/--layers-per-stage)"
     worst = max(best.stages, key=lambda s: s.memory.total)

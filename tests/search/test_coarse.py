@@ -4,6 +4,8 @@ schedule, recomputation, ZeRO stage, tensor-parallel mode and expert layout."""
 
 from __future__ import annotations
 
+from math import inf
+
 import pytest
 
 from autotune.catalog import load_hardware, load_model
@@ -11,6 +13,7 @@ from autotune.costmodel.estimate import CostModel
 from autotune.search.coarse import coarse_bound, coarse_bounds
 from autotune.search.space import SearchSpace, enumerate_candidates
 from autotune.specs.job import JobSpec
+from autotune.units import gib
 
 CASES = [
     ("llama3-8b", "h100-sxm", 64, JobSpec(global_batch=512, seq_len=8192),
@@ -38,3 +41,32 @@ def test_batched_coarse_bounds_are_the_scalar_ones_to_the_bit(name, gpu, gpus, j
     assert [f for _, f in batched] == [f for _, f in scalar]
     assert any(f for _, f in scalar) and not all(f for _, f in scalar)  # both verdicts are compared
     assert coarse_bounds(cm, [], memo) == []
+
+
+@pytest.mark.parametrize(("name", "gpus", "batch", "seq"), [("llama3.1-405b", 64, 64, 8192),
+                                                            ("deepseek-v3", 128, 1024, 1024),
+                                                            ("mixtral-8x22b", 8, 64, 4096)])
+def test_no_plan_fits_names_the_candidate_a_full_scan_names(name, gpus, batch, seq) -> None:
+    """infeasible_message visits candidates in the order of their coarse memory floor and stops once the floor
+    passes the smallest peak found (llama4-maverick on 64 GPUs: 33 s -> 2 s); it names the same candidate as
+    timing every one in order (the scan it replaced), to the byte, and no floor exceeds a plan's peak."""
+    from autotune.search.coarse import coarse_memory
+    from autotune.search.losers import infeasible_message, min_memory_plan
+
+    model, hw, job = load_model(name), load_hardware("h100-sxm"), JobSpec(global_batch=batch, seq_len=seq)
+    cm = CostModel(model, hw, job)
+    cands = list(enumerate_candidates(model, job, gpus, hw.gpus_per_node, SearchSpace()))
+    smallest = None  # every candidate in order, the first of the smallest peak kept (the scan it replaced)
+    for c in cands:
+        plan = min_memory_plan(cm, c)
+        if plan is not None and (peak := max(s.memory.total for s in cm.stages(plan))) < (smallest or (inf,))[0]:
+            smallest = (peak, plan)
+    scanned = cm.estimate(smallest[1])
+    floors = coarse_memory(cm, cands, {})
+    for c, floor in zip(cands[::97], floors[::97]):
+        plan = min_memory_plan(cm, c)
+        assert plan is None or floor <= max(s.memory.total for s in cm.stages(plan))
+    message = infeasible_message(cm, cands, SearchSpace())
+    assert not scanned.fits
+    worst = max(scanned.stages, key=lambda s: s.memory.total)
+    assert f"the smallest needs {gib(worst.memory.total):.1f} GiB" in message and f"on stage {worst.index};" in message
