@@ -183,12 +183,12 @@ def _experts(plan: Plan, fmt: str, notes: list[str], warnings: list[str]) -> lis
     ep, etp, tp = plan.ep, plan.etp, plan.tp
     if ep > 1 and etp not in (1, tp):
         warnings.append(f"etp {etp} with ep {ep}: torchtitan splits experts by ep alone or by ep x tp; emitted "
-                        "etp 1 (each GPU holds whole experts: more expert memory than predicted)")
+                        "etp 1 (each GPU holds whole experts; the header's figures are re-estimated so)")
         etp = 1
     elif ep > 1 and etp > 1 and fmt == "cli":
         warnings.append(f"etp {etp} with ep {ep}: torchtitan 0.3.x has no expert tensor parallelism with ep > 1 "
-                        "(its experts are split by ep alone); emitted ep alone, etp 1 (more expert memory than "
-                        "predicted); the 0.2.x TOML (--torchtitan-format toml) has expert_tensor_parallel_degree")
+                        "(its experts are split by ep alone); emitted ep alone, etp 1 (the header's figures are "
+                        "re-estimated so); the 0.2.x TOML (--torchtitan-format toml) has expert_tensor_parallel_degree")
         etp = 1
     elif ep == 1 and etp != tp:
         warnings.append(f"etp {etp} with ep 1: torchtitan splits the experts over the tp {tp} ranks like the "
@@ -347,6 +347,8 @@ def toml_runs(planned: Plan, plan: Plan) -> Plan:
     as_run): sequence parallelism whenever tp > 1 (its TP plan always shards the norms), and a partial full
     recompute as layer AC, every N-th layer (_recompute: floor(n / N) layers of each chunk)."""
     p = replace(plan, sequence_parallel=plan.tp > 1)
+    if planned.ep > 1 and planned.etp == planned.tp > 1:  # its expert_tensor_parallel_degree takes etp = tp
+        p = replace(p, etp=planned.etp)
     if p.recompute == "full" and planned.recompute == "full" and planned.recompute_layers is not None:
         every = layer_ac_every(planned)
         chunks = [n for n in virtual_stage_layers(planned) if n > 0]

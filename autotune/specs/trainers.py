@@ -376,6 +376,8 @@ def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple
             notes.append(f"cp {p.cp}: torchtitan also shards the weights over the context-parallel ranks (FSDP2)")
         else:
             notes.append(f"cp {p.cp} runs as {caps.name}'s own sequence parallelism, costed as ring attention")
+    if model.is_moe and not caps.etp_with_ep and p.etp != (1 if p.ep > 1 else p.tp):
+        p = replace(p, etp=1 if p.ep > 1 else p.tp)  # torchtitan 0.3.x: experts split by ep alone, or over tp
     if caps.split == "deepspeed" and p.layers_per_stage != deepspeed_split(model.num_layers, p.pp):
         notes.append("the planned layers per stage need PipelineModule._partition_layers overridden")
     if caps.split == "even" and not is_even_split(p.layers_per_stage):

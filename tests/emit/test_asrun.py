@@ -66,3 +66,21 @@ def test_a_window_the_config_does_not_build_is_re_estimated():
     assert run.model is not None and run.model.sliding_window_layers == 0 and not as_planned(inp, run)
     full = CostModel(run.model, hw, run.job).estimate(run.plan)
     assert run_figures(inp, run)[0] == full.step_time_s
+
+
+def test_expert_tp_torchtitan_does_not_run_is_re_estimated_as_it_runs():
+    """torchtitan 0.3.x splits experts by ep alone once ep > 1: a plan of ep 8, etp 2 is emitted with etp 1, and
+    the header's figures were those of etp 2 (8.9 s where `check` of the file says 3.7 s; user-tester). What runs
+    is etp 1 (0.2.x's TOML keeps etp = tp), and with ep 1 the experts follow the attention's tp."""
+    model = load_model("qwen3-30b-a3b")
+    plan = Plan(tp=2, pp=1, dp=32, cp=1, mbs=2, num_microbatches=8, ep=8, etp=2, zero=1, sequence_parallel=True,
+                layers_per_stage=(48,))
+    inp = replace(EVEN, model=model, plan=plan, job=JobSpec(global_batch=512, seq_len=4096), gpu="h100-sxm")
+    assert what_runs(inp, "torchtitan").plan.etp == 1
+    assert what_runs(inp, "torchtitan", "toml").plan.etp == 2
+    assert what_runs(replace(inp, plan=replace(plan, ep=1, etp=1)), "torchtitan").plan.etp == 2
+    assert what_runs(inp, "megatron").plan.etp == 2
+    run = what_runs(inp, "torchtitan")
+    hw = load_hardware("h100-sxm")
+    step, peak, _ = run_figures(_with_reestimate(inp), run)
+    assert step == CostModel(model, hw, run.job).estimate(run.plan).step_time_s
