@@ -302,6 +302,12 @@ def check_moe_flags(model: ModelSpec, imbalance: float | None, dispatcher: str, 
     if given and not model.is_moe:
         raise SpecError(f"{', '.join(given)}: {model.name} is dense (no experts); drop "
                         f"{'it' if len(given) == 1 else 'them'}")
+    most = model.num_experts / model.moe_top_k if model.is_moe else 0.0
+    if imbalance is not None and most < imbalance <= MAX_MOE_IMBALANCE:  # a token's top-k experts are distinct
+        # (past the flag's own range build_job names the range)
+        raise SpecError(f"--moe-imbalance {imbalance:g}: {model.name}'s busiest expert gets at most every token, "
+                        f"{model.num_experts} experts / top-{model.moe_top_k} = {most:g} times the mean; give at "
+                        f"most {most:g}")
 
 
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,

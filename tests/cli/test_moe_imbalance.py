@@ -27,6 +27,17 @@ def test_default_is_the_jobspec_default() -> None:
     assert build_job(8, 128, "bf16", False, False, moe_imbalance=1.0).moe_imbalance == 1.0
 
 
+def test_an_imbalance_past_what_top_k_allows_is_refused(cli) -> None:
+    """A token's top-k experts are distinct, so no expert gets more than E/k times the mean (Mixtral 8/2 = 4):
+    --moe-imbalance 64 priced 221 s and 1.5 TB a GPU (user-tester); 4 is the most a Mixtral run can see."""
+    args = ("estimate", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "512",
+            "--seq-len", "4096", *PLAN, "--ep", "8")
+    with pytest.raises(SpecError, match=r"--moe-imbalance 4.5: mixtral-8x7b's busiest expert gets at most every "
+                                        r"token, 8 experts / top-2 = 4 times the mean; give at most 4"):
+        cli(*args, "--moe-imbalance", "4.5")
+    assert _json(cli, *args, "--moe-imbalance", "4")["step_time_s"] > 0
+
+
 def test_estimate_step_time_grows_with_the_imbalance(cli) -> None:
     times = [_json(cli, "estimate", *JOB, *PLAN, "--ep", "8", "--moe-imbalance", x)["step_time_s"]
              for x in ("1.0", "1.25", "2")]
