@@ -204,3 +204,14 @@ def test_a_trainer_without_sliding_windows_is_planned_as_it_runs(capsys, tmp_pat
     assert any("sliding window: megatron's config builds none" in why for why in megatron["unsupported"])
     assert megatron["best"]["step_time_s"] == pytest.approx(step, abs=1e-4) and windowed["step_time_s"] < step
     assert _json(capsys, "plan", *job, "--trainer", "torchtitan")["model_spec"]["sliding_window"] == 1024
+
+
+@pytest.mark.parametrize("command", ["plan", "scale"])
+def test_a_capacity_factor_a_dropless_trainer_cannot_set_is_refused(capsys, command):
+    """plan --trainer torchtitan --moe-capacity-factor priced token dropping torchtitan never does (its emitted
+    file, re-estimated dropless, said 11% slower; user-tester): refused, with where dropping is costed."""
+    moe = ("--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "512", "--seq-len",
+           "4096", "--moe-capacity-factor", "1.0")
+    line = _error(capsys, command, *moe, "--trainer", "torchtitan")
+    assert "--moe-capacity-factor 1: torchtitan's MoE routes every token (dropless)" in line
+    assert "--kernels torchtitan and no --trainer" in line

@@ -49,6 +49,10 @@ def check_trainer_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
     runs (OWN_ATTENTION: torchtitan's cuDNN, Colossal-AI's FlashAttention-2). Not asked of --kernels alone: those
     price the trainer's kernels under any gradient dtype or attention kernel (an older torchtitan's
     FlashAttention-2)."""
+    if caps is not None and caps.name != "megatron" and job.moe_capacity_factor:
+        raise SpecError(f"--moe-capacity-factor {job.moe_capacity_factor:g}: {caps.name}'s MoE routes every token "
+                        "(dropless), so its config drops none; leave the flag out (plan and estimate cost token "
+                        f"dropping with --kernels {caps.name} and no --trainer)")
     runs = runs_grad_reduce(caps and caps.name, job.dtype, job.grad_reduce)
     if caps is not None and job.grad_reduce != runs:
         raise SpecError(f"--grad-reduce {job.grad_reduce}: {caps.name}'s config keeps {runs} gradient buffers with "
