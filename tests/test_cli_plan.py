@@ -209,6 +209,20 @@ def test_compare_a_document_of_other_kernels_says_how_it_is_costed(capsys, tmp_p
             "(dtype bf16, kernels megatron, grad_reduce fp32, optimizer_states fp32)") in err
 
 
+def test_compare_a_plan_routed_otherwise_says_how_it_is_costed(capsys, tmp_path):
+    """A Mixtral plan priced at imbalance 1.5 with capacity 1.2 padded, compared under the defaults, was re-costed
+    with dropless 1.25 routing without a word (user-tester)."""
+    moe = ("--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "512", "--seq-len",
+           "4096", "--top", "0")
+    code, out, _ = _main(capsys, *moe, "--moe-imbalance", "1.5", "--moe-capacity-factor", "1.2",
+                         "--moe-pad-to-capacity", "--json", "--no-timings")
+    path = tmp_path / "mx.json"
+    path.write_text(out)
+    code, _, err = _main(capsys, *moe, "--compare", str(path), "--brief")
+    assert code == 0 and (f"warning: {path} was planned with moe_imbalance 1.5, moe_capacity_factor 1.2, "
+                          "moe_pad_to_capacity true; it is costed with this run's") in err
+
+
 # ------------------------------------------------------------------------------------------------ exit codes
 ERROR_CASES = {
     "tp across nodes": (("--model", "gpt-7.5b", "--seq-len", "2048", "--tp", "16"), "pass --allow-cross-node-tp"),

@@ -106,6 +106,11 @@ def _same_model_name(theirs: ModelSpec | None, recorded: dict[str, Any], model: 
     return named if _shape(theirs, windows=False) == _shape(model, windows=False) else model.name
 
 
+def _said(value: object) -> str:
+    """A setting as a plan document writes it (true, not Python's True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int,
                  space: SearchSpace, profile: Profile | None = None) -> Comparison:
     """The user's plan, checked by the independent validator: rule breaks are errors, not fitting is reported. A
@@ -120,10 +125,14 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     refuse_other_job(recorded, fixed, where, "compare a plan of the same job, or plan again")
     now = {"dtype": job.dtype, "kernels": job.trainer, "grad_reduce": job.grad_reduce,
            "optimizer_states": job.optimizer_states}
-    other = [f"{key} {recorded[key]}" for key in now if key in recorded and recorded[key] != now[key]]
+    if model.is_moe:  # routing as priced (user-tester: a plan of imbalance 1.5 and capacity 1.2 re-costed silently)
+        now.update(moe_dispatcher=job.moe_dispatcher, moe_imbalance=job.moe_imbalance,
+                   moe_capacity_factor=job.moe_capacity_factor, moe_pad_to_capacity=job.moe_pad_to_capacity)
+    other = [f"{key} {_said(recorded[key])}" for key in now if key in recorded and recorded[key] != now[key]]
     if other:
         show_warnings([f"{where} was planned with {', '.join(other)}; it is costed with this run's "
-                       f"({', '.join(f'{k} {now[k]}' for k in now)}): give the same settings to compare it as planned"])
+                       f"({', '.join(f'{k} {_said(now[k])}' for k in now)}): give the same settings to compare it as "
+                       "planned"])
     searched = document_trainer(doc, where) if theirs is not None else None
     if searched is not None and _shape(as_run_model(theirs, searched.split("+")[0], job.seq_len)) != _shape(model):
         show_warnings([f"{where} was searched for {searched}, whose config builds no sliding window: it is costed "
