@@ -122,6 +122,13 @@ def test_strategy_family(tp, pp, cp, zero, family):
     assert strategy_family(plan) == family
 
 
+def test_expert_parallelism_is_a_strategy_axis():
+    """gpt-oss-20b's tp1 pp1 dp512 ep8 read as 'dp (ZeRO-0/1/2)', so EP arriving or leaving marked no change
+    (user-tester)."""
+    plan = Plan(tp=1, pp=1, dp=512, cp=1, mbs=2, num_microbatches=1, ep=8, zero=1, layers_per_stage=(24,))
+    assert strategy_family(plan) == "ep" and strategy_family(replace(plan, tp=2, ep=4)) == "tp+ep"
+
+
 def test_tokens_per_step():
     assert global_batch_for_tokens(4 * 2**20, 8192) == 512
     with pytest.raises(SpecError, match="not a multiple of --seq-len"):

@@ -124,8 +124,9 @@ def check_sweep(gpu_counts: Sequence[int], *, train_tokens: float, price_per_gpu
 
 def strategy_family(plan: Plan) -> str:
     """The coarse strategy: pure data parallelism, fully sharded (FSDP / ZeRO-3) or not, else the model-parallel
-    axes in use (with '+ZeRO-3' when the data-parallel part is fully sharded)."""
-    axes = [name for name, degree in (("tp", plan.tp), ("pp", plan.pp), ("cp", plan.cp)) if degree > 1]
+    axes in use, expert parallelism among them (with '+ZeRO-3' when the data-parallel part is fully sharded)."""
+    axes = [name for name, degree in (("tp", plan.tp), ("pp", plan.pp), ("cp", plan.cp), ("ep", plan.ep))
+            if degree > 1]
     if not axes:
         return "dp FSDP (ZeRO-3)" if plan.zero == 3 else "dp (ZeRO-0/1/2)"
     return "+".join(axes) + ("+ZeRO-3" if plan.zero == 3 else "")
