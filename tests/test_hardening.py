@@ -329,11 +329,17 @@ def test_ops_timed_at_the_plans_shapes_as_another_kernel_are_named_so():
 
 
 @pytest.mark.parametrize(("args", "advice"), [
-    # weights, gradients and Adam alone overshoot: a shorter sequence cannot help (user-tester)
-    (("--model", "llama3.1-405b", "--gpus", "64", "--global-batch", "64", "--seq-len", "8192"), "GPU: add GPUs"),
+    # weights, gradients and Adam alone overshoot: a shorter sequence cannot help (user-tester); bf16 Adam states
+    # can (tp8 pp8 at 75.8 GiB)
+    (("--model", "llama3.1-405b", "--gpus", "64", "--global-batch", "64", "--seq-len", "8192"),
+     "GPU: add GPUs, or --optimizer-states bf16 (bf16 Adam moments and master remainders: half the optimizer state)"),
+    (("--model", "llama3.1-405b", "--gpus", "16", "--global-batch", "64", "--seq-len", "8192"), "GPU: add GPUs"),
     # activations past the overshoot: it can
     (("--model", "llama3-8b", "--gpus", "8", "--global-batch", "8", "--seq-len", "262144", "--recompute", "none"),
      "GPU: add GPUs, allow --recompute full, or a shorter --seq-len"),
+    # Adam's fp32 state overshoots by less than half of it: Megatron's bf16 states fit (tp1 pp16 ep8, 74 GiB)
+    (("--model", "deepseek-v3", "--gpus", "128", "--global-batch", "1024", "--seq-len", "1024"),
+     "GPU: add GPUs, or --optimizer-states bf16 (bf16 Adam moments and master remainders: half the optimizer state)"),
 ])
 def test_no_plan_fits_suggests_only_fixes_that_can_close_the_gap(args, advice):
     code, _, err = run(["plan", "--gpu", "h100-sxm", *args])

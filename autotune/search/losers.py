@@ -79,8 +79,11 @@ def infeasible_message(cm: CostModel, cands: list[Candidate], space: SearchSpace
         fixes.append("allow --recompute full")
     if space.zero is not None and 3 not in space.zero:
         fixes.append("allow ZeRO-3 (--zero 3)")
-    m = worst.memory
-    if m.activations + m.vocab_activations >= m.total - best.usable_memory_bytes:  # only then can it help
+    m, over = worst.memory, worst.memory.total - best.usable_memory_bytes
+    job = cm.job
+    if job.optimizer_states == "fp32" and job.dtype == "bf16" and job.trainer == "megatron" and m.optimizer / 2 >= over:
+        fixes.append("--optimizer-states bf16 (bf16 Adam moments and master remainders: half the optimizer state)")
+    if m.activations + m.vocab_activations >= over:  # only then can it help
         fixes.append("a shorter --seq-len")
     fixes[-1] = f"or {fixes[-1]}" if len(fixes) > 1 else fixes[-1]
     return (f"no plan fits: the smallest needs {memory_summary(m.terms())} on stage {worst.index}; "
