@@ -48,8 +48,8 @@ def dump_json(obj: Any, *, sort_keys: bool = False) -> str:
 
 
 def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+    if isinstance(obj, float):  # -0.0 (a rounded tiny negative) is written 0.0
+        return (obj or 0.0) if math.isfinite(obj) else None
     if isinstance(obj, Mapping):
         return {key: _finite(value) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):

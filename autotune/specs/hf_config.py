@@ -147,8 +147,8 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
     # Mixtral, GPT-OSS and Llama 4 give the expert width as intermediate_size; Qwen-MoE and DeepSeek as
     # moe_intermediate_size (their intermediate_size is the dense MLP's)
     if not data.get("moe_intermediate_size") and (model_type in _MOE_WIDTH_APART or data.get("n_routed_experts")):
-        raise SpecError(f"{where}: a {model_type} config needs moe_intermediate_size (an expert's width; its "
-                        "intermediate_size is the dense MLP's); add it")
+        raise SpecError(f"{where}: a {model_type} config needs moe_intermediate_size > 0 (an expert's width; its "
+                        f"intermediate_size is the dense MLP's), got {shown(data.get('moe_intermediate_size'))}")
     width = data.get("moe_intermediate_size") or data.get("intermediate_size")
     out.update(num_experts=experts, moe_top_k=top_k, moe_ffn_hidden_size=width)
     if data.get("n_shared_experts"):  # DeepSeek: shared experts as wide as a routed one
@@ -185,7 +185,9 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
         out["moe_layer_freq"] = step
     _check_moe_layers(data.get("moe_layers"), step or 1, layers, where)
     dense = data.get("mlp_only_layers")
-    if dense and isinstance(dense, list) and sorted(dense) == list(range(len(dense))):  # the first k: dense-first
+    if dense is not None and not (isinstance(dense, list) and all(isinstance(i, int) for i in dense)):
+        raise SpecError(f"{where}: mlp_only_layers must be a list of layer numbers such as [0, 1], got {shown(dense)}")
+    if dense and sorted(dense) == list(range(len(dense))):  # the first k: dense-first
         out["first_dense_layers"] = len(dense)
     elif dense:
         raise SpecError(f"{where}: mlp_only_layers {dense} (dense layers among the MoE ones) is not modelled; only "

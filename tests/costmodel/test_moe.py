@@ -261,6 +261,23 @@ def test_hf_moe_configs_no_plan_can_use_are_errors(changes, message) -> None:
         model_from_hf_config({**HF["qwen3_moe"], **changes}, "config.json")
 
 
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"mlp_only_layers": "0,1"}, r'mlp_only_layers must be a list of layer numbers such as \[0, 1\], got "0,1"'),
+    ({"moe_intermediate_size": 0}, "qwen3_moe config needs moe_intermediate_size > 0 .* got 0")])
+def test_hf_moe_keys_of_the_wrong_kind_are_named(changes, message) -> None:
+    """A string of layers read as 'dense layers among the MoE ones', and a width of 0 as a missing key
+    (user-tester)."""
+    with pytest.raises(SpecError, match=message):
+        model_from_hf_config({**HF["qwen3_moe"], **changes}, "config.json")
+
+
+def test_json_never_writes_a_negative_zero() -> None:
+    """A rounded tiny negative (a bubble of -1e-12 s with pp 1) was written -0.0 (user-tester)."""
+    from autotune.render.common import dump_json
+    assert dump_json({"bubble_s": -0.0, "x": [-0.0, 1.5]}) == dump_json({"bubble_s": 0.0, "x": [0.0, 1.5]})
+    assert "-0" not in dump_json({"bubble_s": round(-1e-12, 6)})
+
+
 @pytest.mark.parametrize(("moe_layers", "message"), [
     ([1, 3, 5], r"moe_layers \[1, 3, 5\] is not modelled; only every interleave_moe_layer_step-th layer is"),
     ([], r"moe_layers \[\] leaves no MoE layer")])
@@ -302,7 +319,7 @@ def test_hf_deepseek_config_needs_its_expert_width() -> None:
     """DeepSeek's intermediate_size is the dense layers' (18432): without moe_intermediate_size the experts took it
     (peak memory 203 -> 1736 GiB in a user's test)."""
     cfg = {k: v for k, v in HF["deepseek_v3"].items() if k != "moe_intermediate_size"}
-    with pytest.raises(SpecError, match="deepseek_v3 config needs moe_intermediate_size"):
+    with pytest.raises(SpecError, match="deepseek_v3 config needs moe_intermediate_size > 0"):
         model_from_hf_config(cfg, "config.json")
 
 
