@@ -230,6 +230,7 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
         raise SpecError("--parallelism.expert_tensor_parallel_degree: torchtitan 0.3.x has no such option (its "
                         "experts split over ep alone once ep > 1; 0.2.x's TOML had it); drop it")
     etp = _get(tree, "parallelism", "expert_tensor_parallel_degree", int, 1 if ep > 1 else tp)
+    etp = etp if ep > 1 else tp  # 0.2.x reads it only with ep > 1; with ep 1 the experts follow the attention's tp
     check_sizes("torchtitan config", degrees=(tp, pp, cp, replicate, shard))
     check_sizes("torchtitan config", degrees=(ep, etp))  # folded inside the others, not a product with them
     reshard = _get(tree, "parallelism", "fsdp_reshard_after_forward", str, "default")

@@ -96,7 +96,7 @@ def check_command(
                         "alltoall")
     measured = load_cost_profile(None, gpu, u.model, hw, u.job)
     cm = CostModel(u.model, hw, u.job, measured)
-    est = cm.estimate(u.plan) if u.flushes == 1 else _flushed(u, hw, measured)
+    est = cm.estimate(u.plan) if u.flushes == 1 else _flushed(u, hw, measured, config, gpus)
     best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
     notes = u.notes + hw.kernel_warnings(u.job.dtype, u.job.flash_attention)
     findings = _findings(est, best, max_gap, notes, search_note)
@@ -125,10 +125,16 @@ def check_command(
         raise typer.Exit(code)
 
 
-def _flushed(u: Understood, hw: HardwareSpec, measured: Any) -> Estimate:
+def _flushed(u: Understood, hw: HardwareSpec, measured: Any, config: Path, gpus: int) -> Estimate:
     """The step of a config that runs its pipeline schedule u.flushes times (costmodel/accumulation.py)."""
     flush = replace(u.plan, num_microbatches=u.plan.num_microbatches // u.flushes)
     job = replace(u.job, global_batch=u.job.global_batch // u.flushes)
+    try:
+        check_plan(flush, u.model, job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
+    except InvalidPlanError as exc:  # e.g. an interleaved schedule over fewer micro-batches than it needs
+        raise InvalidPlanError(f"{config}: each of its {u.flushes} gradient-accumulation steps runs the schedule "
+                               f"over {flush.num_microbatches} micro-batches (training.local_batch_size / "
+                               f"pipeline_parallel_microbatch_size), which breaks a rule: {exc}") from None
     return accumulated(CostModel(u.model, hw, job, measured).estimate(flush), u.flushes, u.plan)
 
 
@@ -190,6 +196,7 @@ def _check_json(config: Path, u: Understood, est: Estimate, best: Estimate | Non
         stages.append({"stage": s.index, "memory_gib": round(gib(s.memory.total), 6), "binding_term": term,
                        "binding_gib": round(gib(size), 6), "fits": s.memory.total <= est.usable_memory_bytes})
     return {"config": str(config), "trainer": u.trainer, "torchtitan_format": u.torchtitan_format,
+            "pipeline_flushes": u.flushes,  # runs of the schedule a step (torchtitan's accumulation with a pipeline)
             "notes": list(u.notes), "stages": stages, "best": _brief(best),
             "gain_pct": None if best is None or not est.fits else round(gain_pct(est, best), 6), "max_gap_pct": max_gap,
             "findings": [f.as_dict() for f in findings], "emitted": [str(p) for p in written], "exit_code": code}

@@ -359,6 +359,7 @@ def test_torchtitan_accumulation_with_a_pipeline_runs_the_schedule_per_step(cli,
     whole, code = _check_json(cli, str(one), "--gpu", "h100-sxm", "--gpus", "16")
     doc, code4 = _check_json(cli, str(four), "--gpu", "h100-sxm", "--gpus", "16")
     assert whole["plan"] == doc["plan"] and doc["plan"]["num_microbatches"] == 16
+    assert (whole["check"]["pipeline_flushes"], doc["check"]["pipeline_flushes"]) == (1, 4)
     assert any("runs the 1f1b schedule 4 times a step" in n for n in doc["check"]["notes"])
     kind, reading, fmt = read_config(four, None, 16)
     u = understand(four, reading, trainer=kind, fmt=fmt, gpus=16, model_arg=None, seq_len_arg=None)
