@@ -61,7 +61,7 @@ def test_help_through_main_exits_0(autotune_proc):
         assert "Usage" in proc.stdout and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("args", [("models",), ("hardware", "--json"),
+@pytest.mark.parametrize("args", [("models",), ("hardware", "--json"), ("--help",), ("plan", "--help"),
                                   ("estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8",
                                    "--global-batch", "32", "--seq-len", "4096", "--tp", "1", "--pp", "8", "--brief")])
 def test_a_reader_that_closes_the_pipe_ends_the_command_quietly_with_exit_0(args):

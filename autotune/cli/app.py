@@ -8,6 +8,7 @@ that never imports this one; formatting lives in autotune/render/.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -65,6 +66,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         interrupts.finish(exc.code)
 
 
+def _stdout_target() -> tuple[int, int] | None:
+    """What file descriptor 1 is open on (device, inode), or None."""
+    try:
+        st = os.fstat(1)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _devnull() -> tuple[int, int]:
+    st = os.stat(os.devnull)
+    return st.st_dev, st.st_ino
+
+
 _COMMANDS: list[Any] = []
 
 
@@ -77,13 +92,15 @@ def _command() -> Any:
 
 
 def _run(argv: Sequence[str] | None) -> None:
-    stdout = sys.stdout
+    stdout, target = sys.stdout, _stdout_target()
     try:
         code = _command().main(args=None if argv is None else list(argv), prog_name="autotune",
                                standalone_mode=False)
     except SystemExit:
-        if sys.stdout is not stdout:  # click's EPIPE handler swapped it: the reader closed the pipe (`| head`)
-            raise SystemExit(0) from None  # it read what it wanted; was a silent exit 1, or 0 when the output fit
+        # the reader closed the pipe (`| head`): click's handler swaps sys.stdout, rich's (typer's help too) points
+        # it at /dev/null; it read what it wanted, so exit 0 (was a silent 1, or 0 when the output fit the pipe)
+        if sys.stdout is not stdout or _stdout_target() not in (target, None) and _stdout_target() == _devnull():
+            raise SystemExit(0) from None
         raise
     except AutotuneError as exc:
         fail(str(exc), exc.exit_code)

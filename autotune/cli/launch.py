@@ -4,6 +4,7 @@ and where they go (`plan --out DIR`, `emit --out`)."""
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,8 @@ def write_launch(out: str | None, trainer: str, result: EmitResult) -> list[Path
         return []
     target = Path(out)
     if len(files) == 1 and not (target.is_dir() or out.endswith(("/", os.sep))):
-        name, text = files[0]  # a torchtitan TOML's run line names the file it reads: the one written
-        return [write_file(target, text.replace(f"--job.config_file {name}", f"--job.config_file {target.name}"))]
+        name, text = files[0]  # a torchtitan TOML's run line names the file it reads: the one written, as given
+        return [write_file(target, text.replace(f"--job.config_file {name}", f"--job.config_file {shlex.quote(out)}"))]
     if target.suffix and not target.is_dir():  # --out run.sh for several files: a directory of that name, said
         show_warnings([f"--out {out}: {trainer} writes {len(files)} files, so {out} is a directory holding them"])
     return write_files(target, files)

@@ -6,6 +6,7 @@ Nothing here knows the typer app: the command modules import from here, and cli/
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Annotated, Any
@@ -305,9 +306,10 @@ def check_moe_flags(model: ModelSpec, imbalance: float | None, dispatcher: str, 
     most = model.num_experts / model.moe_top_k if model.is_moe else 0.0
     if imbalance is not None and most < imbalance <= MAX_MOE_IMBALANCE:  # a token's top-k experts are distinct
         # (past the flag's own range build_job names the range)
+        said = f"{math.floor(most * 1e4) / 1e4:g}"  # rounded down, so the value named is one it takes
         raise SpecError(f"--moe-imbalance {imbalance:g}: {model.name}'s busiest expert gets at most every token, "
-                        f"{model.num_experts} experts / top-{model.moe_top_k} = {most:g} times the mean; give at "
-                        f"most {most:g}")
+                        f"{model.num_experts} experts / top-{model.moe_top_k} = {most:.6g} times the mean; give at "
+                        f"most {said}")
 
 
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,

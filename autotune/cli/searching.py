@@ -128,6 +128,8 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     if model.is_moe:  # routing as priced (user-tester: a plan of imbalance 1.5 and capacity 1.2 re-costed silently)
         now.update(moe_dispatcher=job.moe_dispatcher, moe_imbalance=job.moe_imbalance,
                    moe_capacity_factor=job.moe_capacity_factor, moe_pad_to_capacity=job.moe_pad_to_capacity)
+        if "moe_imbalance" in recorded:  # a document records the capacity only when there is one: dropless
+            recorded = {"moe_capacity_factor": 0.0, "moe_pad_to_capacity": False, **recorded}
     other = [f"{key} {_said(recorded[key])}" for key in now if key in recorded and recorded[key] != now[key]]
     if other:
         show_warnings([f"{where} was planned with {', '.join(other)}; it is costed with this run's "

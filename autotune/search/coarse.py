@@ -66,7 +66,8 @@ def coarse_bounds(cm: CostModel, cands: list[Candidate], memo: dict) -> list[tup
 def coarse_memory(cm: CostModel, cands: list[Candidate], memo: dict) -> list[int]:
     """Per candidate, bytes its fullest stage needs at least whatever the partition (coarse_bound's memory
     check: its layers' weights, gradients and optimizer states and one micro-batch of their activations at
-    the most recomputation allowed)."""
+    the most recomputation allowed). A partition gives each stage whole chunks, so its fullest stage holds at
+    least vpp x ceil((L / vpp) / pp) layers (a pinned split whose stages vpp does not divide is no plan)."""
     if not cands:
         return []
     (_, _, act, state, _, credit, pp_a, vpp_a, _) = _arrays(cm, cands, memo)

@@ -27,8 +27,10 @@ def min_memory_plan(cm: CostModel, c: Candidate, pinned: tuple[int, ...] | None 
     """The even split (or the pinned one) with the most recomputation the candidate allows: about its
     smallest-memory plan."""
     L = cm.model.num_layers
-    if pinned is not None:
-        return to_plan(c, pinned, r=max(pinned) // c.vpp if c.full_max else 0) if len(pinned) == c.pp else None
+    if pinned is not None:  # (a split whose stages the candidate's chunks cannot divide is no plan of it)
+        if len(pinned) != c.pp or any(n % c.vpp for n in pinned):
+            return None
+        return to_plan(c, pinned, r=max(pinned) // c.vpp if c.full_max else 0)
     layers = even_split(L, c.pp)
     if any(n % c.vpp for n in layers):
         if L % c.vpp:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -220,12 +221,16 @@ def _own_process_group() -> None:
 
 
 def _best_widening(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, *, space: SearchSpace,
-                   fallback: SearchSpace | None, **limits) -> tuple[str, str, Estimate | None, float, bool]:
-    """_best_at in `space`, else, where it holds no plan, in `fallback`; the last item says which answered."""
-    status, reason, best, wall = _best_at(model, hw, job, gpus, space=space, **limits)
+                   fallback: SearchSpace | None, time_limit_s: float, **limits
+                   ) -> tuple[str, str, Estimate | None, float, bool]:
+    """_best_at in `space`, else, where it holds no plan, in `fallback` within the time the first left; the last
+    item says which answered."""
+    start = time.perf_counter()
+    status, reason, best, wall = _best_at(model, hw, job, gpus, space=space, time_limit_s=time_limit_s, **limits)
     if best is not None or status != "INFEASIBLE" or fallback is None:
         return status, reason, best, wall, False
-    status, reason, best, more = _best_at(model, hw, job, gpus, space=fallback, **limits)
+    left = max(time_limit_s - (time.perf_counter() - start), 1e-3)
+    status, reason, best, more = _best_at(model, hw, job, gpus, space=fallback, time_limit_s=left, **limits)
     return status, reason, best, wall + more, best is not None
 
 

@@ -49,7 +49,8 @@ def check_trainer_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
     runs (OWN_ATTENTION: torchtitan's cuDNN, Colossal-AI's FlashAttention-2). Not asked of --kernels alone: those
     price the trainer's kernels under any gradient dtype or attention kernel (an older torchtitan's
     FlashAttention-2)."""
-    if caps is not None and caps.name != "megatron" and job.moe_capacity_factor:
+    if caps is not None and caps.moe and not caps.name.startswith("megatron") and job.moe_capacity_factor:
+        # (Megatron and its forks drop at a capacity; DeepSpeed and Colossal-AI configs refuse MoE models first)
         raise SpecError(f"--moe-capacity-factor {job.moe_capacity_factor:g}: {caps.name}'s MoE routes every token "
                         "(dropless), so its config drops none; leave the flag out (plan and estimate cost token "
                         f"dropping with --kernels {caps.name} and no --trainer)")

@@ -70,3 +70,19 @@ def test_no_plan_fits_names_the_candidate_a_full_scan_names(name, gpus, batch, s
     assert not scanned.fits
     worst = max(scanned.stages, key=lambda s: s.memory.total)
     assert f"the smallest needs {gib(worst.memory.total):.1f} GiB" in message and f"on stage {worst.index};" in message
+
+
+def test_the_memory_floor_holds_under_a_pinned_uneven_split() -> None:
+    """A pinned split (11, 11, 10) of llama3-8b: only vpp 1 divides its stages; a candidate of another vpp has no
+    plan (min_memory_plan None, reviewer: its plan was costed, 16 layers charged against 11), and every other
+    candidate's floor is at most its smallest plan's peak."""
+    from autotune.search.coarse import coarse_memory
+    from autotune.search.losers import min_memory_plan
+
+    model, hw, job = load_model("llama3-8b"), load_hardware("h100-sxm"), JobSpec(global_batch=384, seq_len=4096)
+    cm, pinned = CostModel(model, hw, job), (11, 11, 10)
+    cands = list(enumerate_candidates(model, job, 24, hw.gpus_per_node, SearchSpace(pp=(3,))))
+    plans = [min_memory_plan(cm, c, pinned) for c in cands]
+    assert all((p is None) == (c.vpp > 1) for c, p in zip(cands, plans)) and any(p for p in plans)
+    for floor, plan in zip(coarse_memory(cm, cands, {}), plans):
+        assert plan is None or floor <= max(s.memory.total for s in cm.stages(plan))
