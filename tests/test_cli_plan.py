@@ -221,6 +221,10 @@ def test_compare_a_plan_routed_otherwise_says_how_it_is_costed(capsys, tmp_path)
     code, _, err = _main(capsys, *moe, "--compare", str(path), "--brief")
     assert code == 0 and (f"warning: {path} was planned with moe_imbalance 1.5, moe_capacity_factor 1.2, "
                           "moe_pad_to_capacity true; it is costed with this run's") in err
+    code, out, _ = _main(capsys, *moe, "--json", "--no-timings")  # dropless: the document records no capacity
+    path.write_text(out)
+    code, _, err = _main(capsys, *moe, "--moe-capacity-factor", "1.0", "--compare", str(path), "--brief")
+    assert code == 0 and f"warning: {path} was planned with moe_capacity_factor 0.0; it is costed" in err
 
 
 # ------------------------------------------------------------------------------------------------ exit codes

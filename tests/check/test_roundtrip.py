@@ -315,3 +315,25 @@ def test_the_bf16_405b_config_function_reads_back_as_its_model(tmp_path: Path) -
     inp = _inp("llama3-405b", "h200", JobSpec(global_batch=1024, seq_len=8192, trainer="torchtitan"), plan)
     u = _read_back(tmp_path, inp, "torchtitan", None, "launch_torchtitan.sh")
     assert u.model.name == "llama3-405b"
+
+
+@pytest.mark.parametrize("trainer,fmt,name", TRAINERS[1:3], ids=[t[2] for t in TRAINERS[1:3]])
+@pytest.mark.parametrize("ep,etp", [(1, 1), (8, 2)])
+def test_moe_header_states_what_check_predicts_for_torchtitans_expert_layout(tmp_path: Path, trainer: str,
+                                                                               fmt: str | None, name: str, ep: int,
+                                                                               etp: int) -> None:
+    """torchtitan lays experts out by ep alone once ep > 1 (0.2.x's TOML: etp = tp allowed) and over tp with ep 1:
+    a qwen3-30b-a3b plan of tp 2 with etp 1 (ep 1) or etp 2 (ep 8) is emitted as it runs, and the header's
+    re-estimate is what `check` predicts for the file (reviewer and user-tester: 6.4 vs 3.5 s, 8.9 vs 3.7 s)."""
+    from emit.test_megatron import _inp
+
+    plan = Plan(tp=2, pp=1, dp=32, ep=ep, etp=etp, mbs=2, num_microbatches=8, zero=1, sequence_parallel=True,
+                layers_per_stage=(48,))
+    inp = _inp("qwen3-30b-a3b", "h100-sxm", JobSpec(global_batch=512, seq_len=4096), plan)
+    hw = replace(load_hardware(inp.gpu), gpus_per_node=inp.gpus_per_node)
+    inp = replace(inp, reestimate=reestimator(CostModel(inp.model, hw, inp.job)))
+    u = _read_back(tmp_path, inp, trainer, fmt, name)
+    step, peak, mfu, _ = _PREDICTED.search((tmp_path / name).read_text()).groups()
+    est = CostModel(u.model, hw, u.job).estimate(u.plan)
+    assert (step, peak, mfu) == (f"{est.step_time_s:.3f}", f"{gib(est.peak_memory_bytes):.1f}", f"{100 * est.mfu:.1f}")
+    assert u.plan.etp == (2 if ep == 1 or fmt == "toml" else 1)

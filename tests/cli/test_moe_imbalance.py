@@ -36,6 +36,14 @@ def test_an_imbalance_past_what_top_k_allows_is_refused(cli) -> None:
                                         r"token, 8 experts / top-2 = 4 times the mean; give at most 4"):
         cli(*args, "--moe-imbalance", "4.5")
     assert _json(cli, *args, "--moe-imbalance", "4")["step_time_s"] > 0
+    # a bound that is no round number is named rounded down, so the value named is taken (reviewer: 8 / top-3)
+    from autotune.cli.options import check_moe_flags
+    from autotune.catalog import load_model
+    from dataclasses import replace
+    model = replace(load_model("mixtral-8x7b"), moe_top_k=3)
+    with pytest.raises(SpecError, match=r"= 2.66667 times the mean; give at most 2.6666$"):
+        check_moe_flags(model, 3.0, "alltoall", None, False)
+    check_moe_flags(model, 2.6666, "alltoall", None, False)
 
 
 def test_estimate_step_time_grows_with_the_imbalance(cli) -> None:
