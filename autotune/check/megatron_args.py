@@ -20,8 +20,8 @@ from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VA
                                               capacity, dispatcher, mla_model_fields, moe_model_fields,
                                               routing_imbalance)
 from autotune.check.megatron_notes import costed_otherwise_notes
-from autotune.check.megatron_precision import (PRECISION_SWITCH, PRECISION_VALUE, cross_entropy, grad_reduce,
-                                               optimizer_states)
+from autotune.check.megatron_precision import (PRECISION_SWITCH, PRECISION_VALUE, cross_entropy, flash_attention,
+                                               grad_reduce, optimizer_states)
 from autotune.check.megatron_recompute import recompute_setting
 from autotune.check.megatron_values import float_arg as _float, int_arg as _int
 from autotune.check.overlaps import overlap_settings
@@ -209,10 +209,6 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
     if not args.get("--bf16") and dtype == "bf16":
         notes.append("neither --bf16 nor --fp16: Megatron trains in fp32; read as bf16 (autotune costs 16-bit "
                      "and fp8 matmuls)")
-    backend = args.get("--attention-backend", "flash" if args.get("--use-flash-attn") else "auto")
-    if backend == "flash":
-        notes.append("--attention-backend flash: Transformer Engine runs the flash-attn package's kernel; costed as "
-                     "its cuDNN fused attention (--attention-backend fused), the kernel autotune prices for Megatron")
     return Reading(
         trainer="megatron", tp=tp or 1, pp=pp or 1, cp=cp or 1,
         ep=_int(args, "--expert-model-parallel-size", 1) or 1, etp=_int(args, "--expert-tensor-parallel-size"),
@@ -222,7 +218,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         sequence_parallel=bool(args.get("--sequence-parallel")) and (tp or 1) > 1,
         tp_overlap=bool(args.get("--tp-comm-overlap")), vocab_parallel=bool(args.get("--enable-vocab-parallel")),
         layers_per_stage=layers, split=split, split_extra=extra, bucket_size=_int(args, "--ddp-bucket-size"),
-        dtype=dtype, flash_attention=backend != "unfused",
+        dtype=dtype, flash_attention=flash_attention(args, notes),
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
         grad_reduce=grad_reduce(args), optimizer_states=optimizer_states(args, notes),
         moe_dispatcher=dispatcher(args, notes), cross_entropy=cross_entropy(args, notes),

@@ -101,3 +101,19 @@ def cross_entropy(args: dict[str, Any], notes: list[str]) -> str:
                      "(Megatron-LM's default; the best plan turns the fusion on)")
         return "unfused"
     return impl
+
+
+def flash_attention(args: dict[str, Any], notes: list[str]) -> bool:
+    """Whether the config runs a fused (flash) attention kernel: not under --attention-backend unfused, nor under
+    megatron-core's own DotProductAttention (--attention-backend local, or --transformer-impl local, whose layer
+    spec always takes it), which keep the s x s scores in memory (user-tester: costed as fused, a config 95 GiB
+    over an 80 GB GPU read as fitting)."""
+    backend = args.get("--attention-backend", "flash" if args.get("--use-flash-attn") else "auto")
+    if backend == "flash":
+        notes.append("--attention-backend flash: Transformer Engine runs the flash-attn package's kernel; costed as "
+                     "its cuDNN fused attention (--attention-backend fused), the kernel autotune prices for Megatron")
+    if backend == "local" or args.get("--transformer-impl") == "local":
+        notes.append(f"{'--attention-backend' if backend == 'local' else '--transformer-impl'} local: megatron-core's "
+                     "own DotProductAttention (the s x s scores in memory), costed as unfused attention")
+        return False
+    return backend != "unfused"

@@ -700,3 +700,19 @@ def test_a_script_checked_at_another_gpu_count_says_so(cli, tmp_path: Path) -> N
     text = cli("check", str(out / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "32").output
     assert "autotune header plans dp" in text and "(16 GPUs), checked here at --gpus 32" in text
     assert "edited since" not in text
+
+
+@pytest.mark.parametrize("flag", ["--attention-backend local", "--transformer-impl local"])
+def test_megatron_local_attention_is_costed_unfused(cli, tmp_path: Path, flag: str) -> None:
+    """megatron-core's own DotProductAttention (the local backend, and the local layer spec) keeps the s x s
+    scores: costed as --attention-backend unfused, with a note (user-tester: read as fused, a config 95 GiB over an
+    80 GB GPU passed as fitting)."""
+    parallel = "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel"
+    base = ARGS.replace("PARALLEL", parallel).replace("--seq-length 8192", "--seq-length 8192 --use-distributed-optimizer")
+    unfused, code_u = _check_json(cli, str(_write(tmp_path, "u.txt", base + "--attention-backend unfused\n")),
+                                  "--gpu", "h100-sxm", "--gpus", "32")
+    local, code_l = _check_json(cli, str(_write(tmp_path, "l.txt", base + flag + "\n")), "--gpu", "h100-sxm",
+                                "--gpus", "32")
+    assert local["step_time_s"] == unfused["step_time_s"] and local["peak_memory_gib"] == unfused["peak_memory_gib"]
+    assert code_l == code_u and any(f"{flag}: megatron-core's own DotProductAttention" in n
+                                    for n in local["check"]["notes"])
