@@ -708,7 +708,7 @@ def test_megatron_local_attention_is_costed_unfused(cli, tmp_path: Path, flag: s
     scores: costed as --attention-backend unfused, with a note (user-tester: read as fused, a config 95 GiB over an
     80 GB GPU passed as fitting)."""
     parallel = "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel"
-    base = ARGS.replace("PARALLEL", parallel).replace("--seq-length 8192", "--seq-length 8192 --use-distributed-optimizer")
+    base = ARGS.replace("PARALLEL", f"{parallel} --use-distributed-optimizer")
     unfused, code_u = _check_json(cli, str(_write(tmp_path, "u.txt", base + "--attention-backend unfused\n")),
                                   "--gpu", "h100-sxm", "--gpus", "32")
     local, code_l = _check_json(cli, str(_write(tmp_path, "l.txt", base + flag + "\n")), "--gpu", "h100-sxm",
