@@ -273,6 +273,8 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     sp = tp > 1 and (fmt == "toml" or _get(tree, "parallelism", "enable_sequence_parallel", bool, True))
     precision = _get(tree, "training", "mixed_precision_param", str, "bfloat16")
     converters = tree.get("model", {}).get("converters", [])
+    if isinstance(converters, str):  # 0.3.x's command line: --model.converters float8 (a string, not a list:
+        converters = converters.replace(",", " ").split()  # read by character, float8 went unseen; user-tester)
     dtype = "fp8" if any("float8" in str(c) for c in converters) else "bf16"
     if precision != "bfloat16":
         notes.append(f"training.mixed_precision_param {precision}: costed as bf16")
