@@ -18,6 +18,12 @@ from autotune.errors import SpecError
 from autotune.specs.model import ACTIVATIONS, BIASES, NORMS, POSITIONS
 from autotune.specs.plan import DEEPSPEED_BUCKET
 
+#: zero_optimization keys the reader uses, and those whose DeepSpeed default the cost model already is or that
+#: change no step time (autotune's own configs write the first two); any other is named in one note
+ZERO_READ = {"stage", "reduce_bucket_size", "overlap_comm", "offload_optimizer", "offload_param",
+             "allgather_bucket_size", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
+             "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save", "elastic_checkpoint",
+             "ignore_unused_parameters", "load_from_fp32_weights"}
 KNOWN = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
          "bf16", "fp16", "pipeline", "_autotune", "data_types", "communication_data_type"}
 NEUTRAL = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "optimizer", "scheduler",
@@ -213,6 +219,9 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     bucket = (_int(zero_cfg, "reduce_bucket_size", f"{where}: zero_optimization") if "reduce_bucket_size" in zero_cfg
               else DEEPSPEED_BUCKET)
     overlap = _overlap_comm(zero_cfg, zero, where, notes)
+    if unread := sorted(set(zero_cfg) - ZERO_READ):  # (MiCS, hpZ, qwZ/qgZ change memory or traffic: user-tester)
+        notes.append(f"zero_optimization {', '.join(unread)}: not read by autotune; costed as DeepSpeed runs without "
+                     "them")
     fp16 = config.get("fp16", {}).get("enabled", False) if isinstance(config.get("fp16"), dict) else False
     bf16 = config.get("bf16", {}).get("enabled", False) if isinstance(config.get("bf16"), dict) else False
     if fp16 is True and bf16 is True:

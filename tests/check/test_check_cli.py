@@ -728,3 +728,17 @@ def test_torchtitan_command_line_float8_converter_is_read(cli, tmp_path: Path) -
     fp8, _ = _check_json(cli, str(_write(tmp_path, "f.sh", launch + " --model.converters float8\n")), "--gpu",
                          "h100-sxm", "--gpus", "32")
     assert (bf16["job"]["dtype"], fp8["job"]["dtype"]) == ("bf16", "fp8") and fp8["step_time_s"] < bf16["step_time_s"]
+
+
+def test_deepspeed_zero_keys_autotune_does_not_read_are_named(cli, tmp_path: Path) -> None:
+    """MiCS, hpZ and ZeRO++'s quantized collectives change memory or traffic: they were ignored without a word
+    (user-tester); they are named in one note, and the keys autotune's own configs write are not."""
+    config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+              "bf16": {"enabled": True}, "zero_optimization": {"stage": 3, "contiguous_gradients": True,
+                                                               "allgather_bucket_size": 40000000,
+                                                               "mics_shard_size": 8, "zero_quantized_weights": True}}
+    doc, _ = _check_json(cli, str(_write(tmp_path, "ds_config.json", json.dumps(config))), "--gpu", "h100-sxm",
+                         "--gpus", "32", "--model", "llama3-8b", "--seq-len", "4096")
+    named = [n for n in doc["check"]["notes"] if n.startswith("zero_optimization ")]
+    assert named == ["zero_optimization mics_shard_size, zero_quantized_weights: not read by autotune; costed as "
+                     "DeepSpeed runs without them"]
