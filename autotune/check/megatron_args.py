@@ -45,6 +45,7 @@ NEUTRAL_VALUE = frozenset("""
 --wandb-project --wandb-exp-name --wandb-save-dir --ckpt-format --ckpt-fully-parallel-save --exit-interval
 --exit-duration-in-mins --log-throughput --num-workers --dataloader-type --attention-softmax-in-fp32
 --transformer-impl --cp-comm-type --ddp-num-buckets --num-distributed-optimizer-instances --eod-mask-loss
+--empty-unused-memory-level
 --rampup-batch-size --manual-gc-interval --timing-log-level --timing-log-option --rope-scaling-factor
 --max-tokens-to-oom --fp8-recipe --fp8-margin
 --fp8-amax-history-len --fp8-amax-compute-algo --tp-comm-overlap-cfg --logging-level --log-interval
@@ -63,7 +64,7 @@ NEUTRAL_SWITCH = frozenset("""
 --reset-position-ids --reset-attention-mask --eod-mask-loss --use-rotary-position-embeddings
 --no-rope-fusion --no-bias-swiglu-fusion --no-bias-gelu-fusion --no-persist-layer-norm --manual-gc
 --no-create-attention-mask-in-dataloader --use-rope-scaling --calculate-per-token-loss --use-cpu-initialization
---ckpt-fully-parallel-load --async-save --deterministic-mode --empty-unused-memory-level
+--ckpt-fully-parallel-load --async-save --deterministic-mode
 --tp-comm-overlap-disable-qkv --tp-comm-bulk-dgrad --tp-comm-bulk-wgrad --disable-tp-comm-split-ag
 --disable-tp-comm-split-rs --no-mmap-bin-files --fp8-wgrad --exit-on-missing-checkpoint --bf16-grad-reduce
 """.split())

@@ -742,3 +742,19 @@ def test_deepspeed_zero_keys_autotune_does_not_read_are_named(cli, tmp_path: Pat
     named = [n for n in doc["check"]["notes"] if n.startswith("zero_optimization ")]
     assert named == ["zero_optimization mics_shard_size, zero_quantized_weights: not read by autotune; costed as "
                      "DeepSpeed runs without them"]
+
+
+@pytest.mark.parametrize(("flags", "note"), [
+    ("--num-distributed-optimizer-instances 2", "--num-distributed-optimizer-instances: each instance shards"),
+    ("--context-parallel-size 2 --cp-comm-type a2a", "--cp-comm-type: costed as the p2p ring exchange"),
+    ("--fp8-format e4m3 --fp8-recipe mxfp8", "--fp8-recipe: every FP8 recipe is costed as delayed"),
+    ("--num-distributed-optimizer-instances 1 --context-parallel-size 2 --cp-comm-type p2p", None),
+    ("--empty-unused-memory-level 1", None)])
+def test_megatron_flags_costed_otherwise_are_named(cli, tmp_path: Path, flags: str, note: str | None) -> None:
+    """Flags read as neutral without a word (user-tester): each now names how it is costed, unless its value is
+    what the cost model prices; --empty-unused-memory-level takes a value (it was read as a switch)."""
+    text = ARGS.replace("PARALLEL", f"--tensor-model-parallel-size 2 --sequence-parallel {flags}")
+    doc, _ = _check_json(cli, str(_write(tmp_path, "a.txt", text)), "--gpu", "h100-sxm", "--gpus", "16")
+    said = [n for n in doc["check"]["notes"] if n.startswith(("--num-distributed", "--cp-comm", "--fp8-recipe"))]
+    assert said == ([] if note is None else [next(n for n in said if n.startswith(note))])
+    assert not any("--empty-unused-memory-level" in n or "'1'" in n for n in doc["check"]["notes"])
