@@ -158,6 +158,21 @@ def test_table_plot_and_marks(cli):
         assert any(line.strip().startswith(f"{gpus} |") for line in out.splitlines())
 
 
+def test_a_piped_table_keeps_every_figure_whole(cli):
+    """At the pipe's 120 characters a sweep with a price cut its last column ('$/M to', 67.02 of 67.027;
+    user-tester): the plan column wraps between its words instead."""
+    args = ("--model", "llama3-70b", "--gpu", "h100-sxm", "--seq-len", "8192", "--global-batch", "64", "--gpus",
+            "8,16", "--price-per-gpu-hour", "200")
+    out = cli("scale", *args).output
+    csv_rows = csv.DictReader(io.StringIO(cli("scale", *args, "--csv").stdout))
+    costs = [r for r in csv_rows if r["cost_per_million_tokens"]]
+    assert "$/M tok" in out and costs
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    for r in costs:  # a row starts with its GPUs, after the marks if any
+        assert any(r["gpus"] in cells[:2] and cells[-1] == f"{float(r['cost_per_million_tokens']):.3f}"
+                   for cells in rows)
+
+
 def test_json_keys(cli):
     result = cli("scale", *SWEEP, "--json")
     assert result.exit_code == 0, result.output

@@ -34,6 +34,11 @@ class _Console(Console):
         raise SystemExit(0)
 
 
+def bucket_words(params: int) -> str:
+    """A gradient bucket's size: in millions of parameters from a million up, else whole (1e-06M read badly)."""
+    return f"{params / 1e6:g}M params" if params >= 1_000_000 else f"{params:,} params"
+
+
 def make_console() -> Console:
     """A stdout console; fixed width when piped (created per command, after test runners swap stdout)."""
     if sys.stdout.isatty():
@@ -88,7 +93,7 @@ def plan_line(plan: Plan) -> str:
             f"{plan.num_microbatches} micro-batches, {plan.schedule} (vpp {plan.vpp}), recompute {rc}, "
             f"zero {plan.zero}, sequence parallel {'on' if plan.sequence_parallel else 'off'}"
             f"{', tp overlap' if plan.tp_overlap else ''}, vocab {plan.vocab}, layers "
-            f"{','.join(map(str, plan.layers_per_stage))}, bucket {plan.bucket_size / 1e6:g}M params")
+            f"{','.join(map(str, plan.layers_per_stage))}, bucket {bucket_words(plan.bucket_size)}")
 
 
 def stage_layout(est: Estimate, *, elide: bool = False) -> str:

@@ -16,3 +16,9 @@ def test_expert_layouts_are_named_where_they_exist() -> None:
     assert "ep 8, etp 1" in plan_line(ep8)
     assert "ep" not in plan_brief(DENSE) and "ep" not in plan_tag(DENSE) and ", ep" not in plan_line(DENSE)
     assert "etp2" in plan_tag(Plan(**{**ep4.to_dict(), "layers_per_stage": (16, 16), "etp": 2}))
+
+
+def test_a_small_bucket_reads_in_parameters():
+    from autotune.render.common import bucket_words
+    assert (bucket_words(40_000_000), bucket_words(1), bucket_words(500_000)) == ("40M params", "1 params",
+                                                                                    "500,000 params")
