@@ -147,7 +147,12 @@ ERROR_CASES = {
     "mixed gpus": ((HEADER, ROW_17B, ROW_36B.replace("a100-80gb", "h100-sxm")), ":3: gpu: 'a100-80gb' above"),
     "bad plan": ((HEADER, ROW_17B, ROW_36B.replace(",64,512,2048,fp16,2,1,32,", ",64,512,2048,fp16,2,1,16,")),
                  ":3: plan: tp*pp*dp*cp = 2*1*16*1 = 32 GPUs, but the gpus column is 64"),
-    "one row": ((HEADER, ROW_17B), "1 run(s); calibrating needs at least 2"),
+    "one row": ((HEADER, ROW_17B), "1 run(s) of 1 configuration; calibrating needs at least 2 distinct"),
+    # the same run three times fitted to a meaningless 0.0% leave-one-out (user-tester)
+    "one run repeated": ((HEADER, ROW_17B, ROW_17B, ROW_17B), "3 run(s) of 1 configuration; calibrating needs"),
+    # with one row its bad value was hidden behind the count (user-tester)
+    "one bad row": ((HEADER, ROW_17B.replace("3.528018", "0")), ":2: step_time_s: must be > 0"),
+    "column twice": ((HEADER + ",tp", ROW_17B + ",1", ROW_36B + ",2"), ":1: column(s) tp given twice"),
     "no header": (("# only comments",), "no header line"),
 }
 
@@ -209,3 +214,12 @@ def test_out_never_replaces_the_runs_file(tmp_path, capsys, monkeypatch):
         code, stdout, err = _run_main(str(runs), "--out", out, capsys=capsys)
         assert code == 1 and stdout == "" and err.startswith("error: ") and "is the runs file itself" in err
         assert runs.read_text() == RUNS.read_text()
+
+
+def test_a_byte_order_mark_is_read_as_excel_writes_it(tmp_path, capsys):
+    """Excel's 'CSV UTF-8' starts with a byte order mark: its first column read as '\\ufeffmodel', 'missing column(s)
+    model' (user-tester)."""
+    path = tmp_path / "bom.csv"
+    path.write_text("\ufeff" + "\n".join((HEADER, ROW_17B, ROW_36B)) + "\n", encoding="utf-8")
+    code, _, err = _run_main(str(path), "--out", str(tmp_path / "cal.json"), capsys=capsys)
+    assert code == 0, err

@@ -100,7 +100,7 @@ def read_runs(path: Path) -> RunsFile:
     """Parse and check a runs file; every error names file:line and the field."""
     raw = read_bounded(path, str(path), MAX_RUNS_FILE_BYTES, noun="the runs file",
                        fix="give a CSV of measured runs (see the docs)")
-    lines = decode_text(raw, f"{path}: the runs file").splitlines()
+    lines = decode_text(raw, f"{path}: the runs file").removeprefix("\ufeff").splitlines()  # Excel's UTF-8 BOM
     numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip() and not line.lstrip().startswith("#")]
     if not numbered:
         raise SpecError(f"{path}: no header line; the columns are {', '.join(REQUIRED)}")
@@ -110,6 +110,8 @@ def read_runs(path: Path) -> RunsFile:
     unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
     if missing:
         raise SpecError(f"{path}:{head_line}: missing column(s) {', '.join(missing)}")
+    if twice := sorted({c for c in header if header.count(c) > 1}):
+        raise SpecError(f"{path}:{head_line}: column(s) {', '.join(twice)} given twice; keep one of each")
     if unknown:
         raise SpecError(f"{path}:{head_line}: unknown column(s) {', '.join(unknown)}; allowed: "
                         f"{', '.join(REQUIRED + OPTIONAL)}")
@@ -119,9 +121,8 @@ def read_runs(path: Path) -> RunsFile:
         if len(cells) != len(header):
             raise SpecError(f"{path}:{no}: {len(cells)} fields, but the header has {len(header)}")
         rows.append((no, dict(zip(header, cells))))
-    if len(rows) < 2:
-        raise SpecError(f"{path}: {len(rows)} run(s); calibrating needs at least 2 (and more distinct configurations "
-                        "than fitted efficiencies to determine them)")
+    if not rows:
+        raise SpecError(f"{path}: no runs; calibrating needs at least 2 distinct configurations")
     gpus = sorted({r["gpu"] for _, r in rows})
     if len(gpus) > 1:
         other = next(no for no, r in rows if r["gpu"] != rows[0][1]["gpu"])
@@ -132,7 +133,11 @@ def read_runs(path: Path) -> RunsFile:
         hw = load_hardware(gpus[0])
     except SpecError as exc:
         raise SpecError(f"{path}:{no}: gpu: {exc}") from None
-    runs = tuple(_run(path, no, row, hw) for no, row in rows)
+    runs = tuple(_run(path, no, row, hw) for no, row in rows)  # each row's own errors first, then the count
+    configurations = {tuple(sorted((k, v) for k, v in row.items() if k != "step_time_s")) for _, row in rows}
+    if len(configurations) < 2:
+        raise SpecError(f"{path}: {len(rows)} run(s) of {len(configurations)} configuration; calibrating needs at "
+                        "least 2 distinct configurations (and more than the fitted efficiencies to determine them)")
     return RunsFile(path=path, gpu=gpus[0], hw=hw, hw_raw=read_json(_hardware_path(gpus[0]), "hardware file"),
                     runs=runs)
 
