@@ -25,7 +25,8 @@ ZERO_READ = {"stage", "reduce_bucket_size", "overlap_comm", "offload_optimizer",
              "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save", "elastic_checkpoint",
              "ignore_unused_parameters", "load_from_fp32_weights"}
 KNOWN = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
-         "bf16", "fp16", "pipeline", "_autotune", "data_types", "communication_data_type"}
+         "bf16", "fp16", "pipeline", "_autotune", "data_types", "communication_data_type",
+         "sequence_parallel_size", "data_parallel_size"}
 NEUTRAL = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "optimizer", "scheduler",
            "activation_checkpointing", "prescale_gradients", "tensorboard", "wandb",
            "csv_monitor", "flops_profiler", "comms_logger", "zero_allow_untested_optimizer", "amp",
@@ -261,7 +262,11 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
             layers = tuple(raw)
         if cp > 1:
             notes.append(f"mpu.sequence_parallel_world_size {cp}: DeepSpeed-Ulysses, costed as context parallelism")
-    elif "pipeline" in config:
+    elif "sequence_parallel_size" in config:  # Ulysses without an mpu: the mesh deepspeed.initialize builds
+        cp = _int(config, "sequence_parallel_size", where)
+        if cp > 1:
+            notes.append(f"sequence_parallel_size {cp}: DeepSpeed-Ulysses, costed as context parallelism")
+    if pipeline is None and "pipeline" in config:
         raise SpecError(f"{where} has a pipeline section, but the stage count and tensor-parallel degree are "
                         "PipelineModule/mpu arguments, not JSON: write them beside it as ds_pipeline.json, "
                         '{"num_stages": P, "mpu": {"tensor_model_parallel_size": T}}')

@@ -758,3 +758,14 @@ def test_megatron_flags_costed_otherwise_are_named(cli, tmp_path: Path, flags: s
     said = [n for n in doc["check"]["notes"] if n.startswith(("--num-distributed", "--cp-comm", "--fp8-recipe"))]
     assert said == ([] if note is None else [next(n for n in said if n.startswith(note))])
     assert not any("--empty-unused-memory-level" in n or "'1'" in n for n in doc["check"]["notes"])
+
+
+def test_deepspeed_ulysses_without_an_mpu_is_read_as_context_parallelism(cli, tmp_path: Path) -> None:
+    """ds_config.json's sequence_parallel_size (what autotune writes for a cp plan with tp 1) was 'ignored' and
+    the run costed at cp 1 (user-tester): it is Ulysses of that degree, costed as context parallelism."""
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+              "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}, "sequence_parallel_size": 4}
+    doc, _ = _check_json(cli, str(_write(tmp_path, "ds_config.json", json.dumps(config))), "--gpu", "h100-sxm",
+                         "--gpus", "32", "--model", "llama3-8b", "--seq-len", "32768")
+    assert (doc["plan"]["cp"], doc["plan"]["dp"], doc["plan"]["tp"]) == (4, 8, 1)
+    assert "sequence_parallel_size 4: DeepSpeed-Ulysses, costed as context parallelism" in doc["check"]["notes"]
