@@ -15,6 +15,7 @@ from typing import Any
 
 from autotune.check.reading import Reading, check_sizes, misspelling_of, ordinal
 from autotune.errors import SpecError
+from autotune.specs._strict import shown
 from autotune.specs.model import ACTIVATIONS, BIASES, NORMS, POSITIONS
 from autotune.specs.plan import DEEPSPEED_BUCKET
 
@@ -108,8 +109,8 @@ def _size(doc: dict[str, Any], key: str, where: str) -> int | None:
     """A batch size or step count the config gives (None where it leaves it to DeepSpeed): at least 1."""
     if key not in doc:
         return None
-    value = _int(doc, key, where)
-    if value < 1:
+    value = doc[key] if isinstance(doc[key], int) and not isinstance(doc[key], bool) else _int(doc, key, where)
+    if value < 1:  # (a negative size said 'must be a whole number, got -2': user-tester)
         raise SpecError(f"{where}: {key} must be >= 1, got {value}")
     return value
 
@@ -123,8 +124,10 @@ def _int(doc: dict[str, Any], key: str, where: str) -> int:
     if value == "auto":  # the Hugging Face Trainer's placeholder, filled in from its own arguments at run time
         raise SpecError(f"{where}: {key} 'auto' is filled in by the Hugging Face Trainer when it runs; write the "
                         "number it runs (its TrainingArguments say which) to check the config")
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SpecError(f"{where}: {key} must be a whole number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{where}: {key} must be a whole number, got {shown(value)}")
+    if value < 0:
+        raise SpecError(f"{where}: {key} must be >= 0, got {value}")
     return value
 
 

@@ -525,3 +525,12 @@ def test_flags_costed_otherwise_are_said_once_each() -> None:
     said = [n for n in r.notes if n.startswith(("--tp-comm-overlap-cfg:", "--rampup-batch-size:", "--fp8-param"))]
     assert len(said) == 3 and any("the file's own methods are not read" in n for n in said)
     assert not [n for n in read_megatron(base).notes if "costed" in n and "--tp-comm-overlap-cfg" in n]
+
+
+def test_a_negative_deepspeed_size_is_named_as_negative(tmp_path) -> None:
+    """train_micro_batch_size_per_gpu -2 said 'must be a whole number, got -2' (user-tester)."""
+    from autotune.check.deepspeed_json import _size
+    with pytest.raises(SpecError, match=r"x: train_micro_batch_size_per_gpu must be >= 1, got -2$"):
+        _size({"train_micro_batch_size_per_gpu": -2}, "train_micro_batch_size_per_gpu", "x")
+    with pytest.raises(SpecError, match=r"x: reduce_bucket_size must be a whole number, got \"big\"$"):
+        _size({"reduce_bucket_size": "big"}, "reduce_bucket_size", "x")
