@@ -97,9 +97,11 @@ def _run(argv: Sequence[str] | None) -> None:
         code = _command().main(args=None if argv is None else list(argv), prog_name="autotune",
                                standalone_mode=False)
     except SystemExit:
-        # the reader closed the pipe (`| head`): click's handler swaps sys.stdout, rich's (typer's help too) points
-        # it at /dev/null; it read what it wanted, so exit 0 (was a silent 1, or 0 when the output fit the pipe)
-        if sys.stdout is not stdout or _stdout_target() not in (target, None) and _stdout_target() == _devnull():
+        # the reader closed the pipe (`| head`): click's handler swaps sys.stdout, rich's (every console, typer's
+        # help too) points descriptor 1 at /dev/null; it read what it wanted, so exit 0 (was a silent 1, or 0
+        # when the output fit the pipe)
+        now = _stdout_target()
+        if sys.stdout is not stdout or (now != target and now == _devnull()):
             raise SystemExit(0) from None
         raise
     except AutotuneError as exc:

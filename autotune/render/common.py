@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,15 +24,6 @@ PIPE_WIDTH = 120
 DIGITS = 6
 
 
-class _Console(Console):
-    def on_broken_pipe(self) -> None:
-        """The reader closed the pipe (`| head`): it read what it wanted, so the command ends quietly with exit 0
-        (rich's own exit 1 read as a user error, and only when the output outgrew the pipe's buffer)."""
-        self.quiet = True
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise SystemExit(0)
-
-
 def bucket_words(params: int) -> str:
     """A gradient bucket's size: in millions of parameters from a million up, else whole (1e-06M read badly)."""
     return f"{params / 1e6:g}M params" if params >= 1_000_000 else f"{params:,} params"
@@ -42,8 +32,8 @@ def bucket_words(params: int) -> str:
 def make_console() -> Console:
     """A stdout console; fixed width when piped (created per command, after test runners swap stdout)."""
     if sys.stdout.isatty():
-        return _Console(highlight=False)
-    return _Console(width=PIPE_WIDTH, highlight=False)
+        return Console(highlight=False)
+    return Console(width=PIPE_WIDTH, highlight=False)
 
 
 def dump_json(obj: Any, *, sort_keys: bool = False) -> str:
