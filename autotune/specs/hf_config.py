@@ -170,15 +170,14 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
         out.update(moe_router_groups=data["n_group"], moe_router_group_topk=data["topk_group"])
     if data.get("routed_scaling_factor") not in (None, 1, 1.0):
         out["moe_router_scaling"] = data["routed_scaling_factor"]
-    step = next((data[k] for k in ("interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq")
+    said = next((k for k in ("interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq")
                  if data.get(k) is not None), None)
+    step = None if said is None else data[said]
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 1):
         raise SpecError(f"{where}: an MoE layer step of {shown(step)} (interleave_moe_layer_step, decoder_sparse_step "
                         "or moe_layer_freq) must be a whole number >= 1 (1: every layer MoE)")
     layers, first = data.get("num_hidden_layers"), out.get("first_dense_layers", 0)
     if step is not None and isinstance(layers, int) and step > layers - first:
-        said = next(k for k in ("interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq")
-                    if data.get(k) is not None)
         raise SpecError(f"{where}: {said} {step} (every {step}-th layer MoE) leaves no MoE layer of {layers}; lower "
                         "it, or drop the expert keys for a dense model")
     if step is not None and step > 1:
