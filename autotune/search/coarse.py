@@ -48,8 +48,8 @@ def coarse_bounds(cm: CostModel, cands: list[Candidate], memo: dict) -> list[tup
     (per_layer, share, act, state, adam, credit, pp_a, vpp_a, m_a) = _arrays(cm, cands, memo)
     schedule, m, pp = [c.schedule for c in cands], [c.num_microbatches for c in cands], [c.pp for c in cands]
     L = cm.model.num_layers
-    fullest = -(-(L // vpp_a) // pp_a)
-    fits = fullest * (vpp_a * state + act) - credit <= cm.hw.usable_memory_bytes
+    fullest, floor = _fullest_and_floor(L, act, state, credit, pp_a, vpp_a)
+    fits = floor <= cm.hw.usable_memory_bytes
     work = L * per_layer
     t_max = np.maximum(work / pp_a, (vpp_a * fullest) * per_layer)
     bound = m_a * t_max
@@ -71,8 +71,14 @@ def coarse_memory(cm: CostModel, cands: list[Candidate], memo: dict) -> list[int
     if not cands:
         return []
     (_, _, act, state, _, credit, pp_a, vpp_a, _) = _arrays(cm, cands, memo)
-    fullest = -(-(cm.model.num_layers // vpp_a) // pp_a)
-    return (fullest * (vpp_a * state + act) - credit).tolist()
+    return _fullest_and_floor(cm.model.num_layers, act, state, credit, pp_a, vpp_a)[1].tolist()
+
+
+def _fullest_and_floor(L: int, act: np.ndarray, state: np.ndarray, credit: np.ndarray, pp_a: np.ndarray,
+                       vpp_a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The chunks on the stage with the most, and the bytes that stage needs at least (coarse_bound's check)."""
+    fullest = -(-(L // vpp_a) // pp_a)
+    return fullest, fullest * (vpp_a * state + act) - credit
 
 
 def _arrays(cm: CostModel, cands: list[Candidate], memo: dict) -> tuple[np.ndarray, ...]:
