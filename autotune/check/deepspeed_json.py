@@ -109,15 +109,12 @@ def _size(doc: dict[str, Any], key: str, where: str) -> int | None:
     """A batch size or step count the config gives (None where it leaves it to DeepSpeed): at least 1."""
     if key not in doc:
         return None
-    value = doc[key] if isinstance(doc[key], int) and not isinstance(doc[key], bool) else _int(doc, key, where)
-    if value < 1:  # (a negative size said 'must be a whole number, got -2': user-tester)
-        raise SpecError(f"{where}: {key} must be >= 1, got {value}")
-    return value
+    return _int(doc, key, where, minimum=1)
 
 
-def _int(doc: dict[str, Any], key: str, where: str) -> int:
-    """A whole number; a float of whole value too (DeepSpeed's docs write sizes as 5e8, and its pydantic config
-    takes them)."""
+def _int(doc: dict[str, Any], key: str, where: str, minimum: int = 0) -> int:
+    """A whole number of at least `minimum`; a float of whole value too (DeepSpeed's docs write sizes as 5e8, and
+    its pydantic config takes them)."""
     value = doc[key]
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -126,8 +123,8 @@ def _int(doc: dict[str, Any], key: str, where: str) -> int:
                         "number it runs (its TrainingArguments say which) to check the config")
     if isinstance(value, bool) or not isinstance(value, int):
         raise SpecError(f"{where}: {key} must be a whole number, got {shown(value)}")
-    if value < 0:
-        raise SpecError(f"{where}: {key} must be >= 0, got {value}")
+    if value < minimum:
+        raise SpecError(f"{where}: {key} must be >= {minimum}, got {value}")
     return value
 
 
