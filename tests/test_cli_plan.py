@@ -269,6 +269,27 @@ def test_infeasible_is_exit_2_with_one_line(autotune_proc):
     assert len(lines) == 1 and lines[0].startswith("error: ") and "GiB" in lines[0]
 
 
+def test_infeasible_json_is_one_object_and_exit_2(autotune_proc, tmp_path):
+    # CLI.md: --json prints exactly one object; a script piping it to jq reads the verdict, not an empty stream
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"tp": 8, "pp": 1, "dp": 1, "cp": 1, "mbs": 1, "num_microbatches": 64, "vpp": 1,
+                                "schedule": "1f1b", "recompute": "full", "zero": 1, "sequence_parallel": True,
+                                "vocab": "ends", "layers_per_stage": [126]}))
+    proc = autotune_proc("plan", "--model", "llama3-405b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch",
+                         "64", "--seq-len", "8192", "--json", "--compare", str(mine))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["plan"] is None and doc["fits"] is False and doc["solver"]["status"] == "INFEASIBLE"
+    assert doc["runners_up"] == [] and "855.7 GiB" in doc["reason"]
+    assert doc["job"] == {"model": "llama3-405b", "gpu": "h100-sxm", "gpus": 8, "gpus_per_node": 8,
+                          "global_batch": 64, "seq_len": 8192, "dtype": "bf16", "flash_attention": True,
+                          "fused_kernels": True, "grad_reduce": "fp32", "optimizer_states": "fp32",
+                          "kernels": "megatron"}
+    assert doc["compare"]["fits"] is False and doc["compare"]["plan"]["tp"] == 8
+    assert doc["compare"]["peak_memory_gib"] > 77.6  # a 405B model's Adam state alone is 567 GiB on 8 GPUs
+    assert proc.stderr.strip().splitlines() == [f"error: {doc['reason']}"]
+
+
 def test_tiny_time_limit_is_exit_3(capsys):
     # The enumeration alone outlasts 1 ms, so today no plan exists when the limit strikes: exit 3 with a one-line
     # message. Were a plan found first, it would be printed (status FEASIBLE) and the exit code still 3.

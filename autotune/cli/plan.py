@@ -27,7 +27,7 @@ from autotune.costmodel.estimate import CostModel
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.fileio import check_target
 from autotune.render.common import brief_line, with_files, written_report
-from autotune.render.plan import limit_note, plan_json, plan_report
+from autotune.render.plan import infeasible_json, limit_note, plan_json, plan_report
 from autotune.render.trainers import trainers_json, trainers_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.search.scaling import DEFAULT_TRAIN_TOKENS
@@ -98,15 +98,20 @@ def plan(
     mine = compare_plan(compare, built, hw, job, gpus, space, measured) if compare is not None else None
     left = max(time_limit - (time.monotonic() - started), 1e-3)
     try:
-        searched = run_search(built, hw, job, gpus, space, top_k=top, time_limit_s=left, profile=measured,
-                              work_limit=work_limit)
-    except InfeasibleError:
-        if not profiled:
-            raise
-        profiled = [f"--profile {profile}: no plan among the shapes it timed; searched every shape, the others "
-                    "costed by the roofline"]
-        searched = run_search(built, hw, job, gpus, full_space, top_k=top, time_limit_s=left, profile=measured,
-                              work_limit=work_limit)
+        try:
+            searched = run_search(built, hw, job, gpus, space, top_k=top, time_limit_s=left, profile=measured,
+                                  work_limit=work_limit)
+        except InfeasibleError:
+            if not profiled:
+                raise
+            profiled = [f"--profile {profile}: no plan among the shapes it timed; searched every shape, the others "
+                        "costed by the roofline"]
+            searched = run_search(built, hw, job, gpus, full_space, top_k=top, time_limit_s=left, profile=measured,
+                                  work_limit=work_limit)
+    except InfeasibleError as exc:
+        if json_out:  # CLI.md: --json prints one object whatever the outcome; the error line goes to stderr too
+            show(infeasible_json(spec, hw, job, gpus, str(exc), mine), True)
+        raise
     result = distinct_fitting(searched, top)
     coverage = CostModel(built, hw, job, measured).op_coverage(result.best.plan)
     show_warnings([*notes, *profiled, *hw.kernel_warnings(job.dtype, job.flash_attention)]

@@ -50,18 +50,23 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
         "stages": [_stage_json(s) for s in est.stages],
         "operators": {c: rounded(t) for c, t in est.op_seconds},
         "model_spec": asdict(model),
-        "job": {"model": model.name, "gpu": hw.name, "gpus": est.plan.num_gpus, "gpus_per_node": hw.gpus_per_node,
-                "global_batch": job.global_batch, "seq_len": job.seq_len, "dtype": job.dtype,
-                "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
-                "grad_reduce": job.grad_reduce, "optimizer_states": job.optimizer_states, "kernels": job.trainer}
+        "job": job_json(model, hw, job, est.plan.num_gpus),
+    }
+
+
+def job_json(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int) -> dict[str, Any]:
+    """The job a plan document was searched or estimated for (`plan`, `estimate` and `check` --json)."""
+    return ({"model": model.name, "gpu": hw.name, "gpus": gpus, "gpus_per_node": hw.gpus_per_node,
+             "global_batch": job.global_batch, "seq_len": job.seq_len, "dtype": job.dtype,
+             "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
+             "grad_reduce": job.grad_reduce, "optimizer_states": job.optimizer_states, "kernels": job.trainer}
         | ({"attention_backend": job.runs_attention} if job.trainer != "megatron" and job.flash_attention else {})
         | {key: False for key in OVERLAP_KEYS if not getattr(job, key)}  # a checked config's, where it leaves one off
         | ({"cross_entropy": job.cross_entropy} if job.runs_cross_entropy != _own_loss(job) else {})  # a checked
         # config's, where it runs another loss kernel than the trainer's own
         | ({"moe_dispatcher": job.moe_dispatcher, "moe_imbalance": job.moe_imbalance} if model.is_moe else {})
         | ({"moe_capacity_factor": job.moe_capacity_factor, "moe_pad_to_capacity": job.moe_pad_to_capacity}
-           if model.is_moe and job.moe_capacity_factor else {}),
-    }
+           if model.is_moe and job.moe_capacity_factor else {}))
 
 
 def _own_loss(job: JobSpec) -> str:

@@ -19,7 +19,7 @@ from rich.text import Text
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.pipeline import Timeline
 from autotune.render.common import plan_brief, plan_line, precision_words, rounded, stage_layout
-from autotune.render.estimate import estimate_json, explanation
+from autotune.render.estimate import estimate_json, explanation, job_json
 from autotune.search.planner import PlanResult, SearchProgress
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
@@ -122,6 +122,21 @@ def plan_json(result: PlanResult, model: ModelSpec, hw: HardwareSpec, job: JobSp
             "memory_per_stage_gib": [rounded(gib(st.memory.total)) for st in est.stages], "fits": est.fits,
             "problem": compare.problem, "planner_faster_by_pct": rounded(_faster_by(result.best, est)),
         }
+    return doc
+
+
+def infeasible_json(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, message: str,
+                    compare: Comparison | None = None) -> dict[str, Any]:
+    """`plan --json` when no plan fits (exit 2): the fields of a point of `scale --json` that has none, the job,
+    and the compared plan's verdict where --compare gave one, so that a script reads one object either way."""
+    doc: dict[str, Any] = {"plan": None, "fits": False, "status": "INFEASIBLE", "reason": message,
+                           "job": job_json(model, hw, job, gpus), "solver": {"status": "INFEASIBLE"},
+                           "runners_up": []}
+    if compare is not None:
+        est = compare.estimate
+        doc["compare"] = {"source": compare.source, "plan": est.plan.to_dict(), "step_time_s": rounded(est.step_time_s),
+                          "peak_memory_gib": rounded(gib(est.peak_memory_bytes)), "fits": est.fits,
+                          "problem": compare.problem}
     return doc
 
 
