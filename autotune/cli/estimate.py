@@ -24,7 +24,7 @@ from autotune.errors import SpecError
 from autotune.render.common import brief_line
 from autotune.render.estimate import estimate_json, estimate_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S
-from autotune.specs.job import JobSpec
+from autotune.specs.job import JobSpec, check_moe_imbalance
 from autotune.specs.plan import check_plan
 from autotune.specs.trainer_jobs import as_run_model, runs_grad_reduce
 
@@ -92,6 +92,8 @@ def estimate(
                         settings["grad_reduce"], settings["kernels"], settings["moe_imbalance"],
                         settings["moe_dispatcher"], settings["moe_capacity_factor"], settings["moe_pad_to_capacity"],
                         settings["optimizer_states"], settings["attention_backend"])
+        if spec.is_moe and "moe_imbalance" in recorded and "moe_imbalance" not in given:  # as the flag is
+            check_moe_imbalance(job.moe_imbalance, spec.num_experts, spec.moe_top_k, spec.name, "--moe-imbalance")
     except SpecError as exc:  # some settings may come from the document's job block: name it, and its keys
         if not where:
             raise

@@ -6,7 +6,6 @@ Nothing here knows the typer app: the command modules import from here, and cli/
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Annotated, Any
@@ -19,7 +18,7 @@ from autotune.emit import TRAINERS
 from autotune.errors import SolverLimitError, SpecError
 from autotune.render.common import dump_json, make_console
 from autotune.specs.hardware import HardwareSpec
-from autotune.specs.job import JobSpec
+from autotune.specs.job import JobSpec, check_moe_imbalance
 from autotune.specs.model import ModelSpec
 from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_PIPELINE_PASSES, MAX_SEQ_LEN
 from autotune.specs.plan import DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan
@@ -303,14 +302,8 @@ def check_moe_flags(model: ModelSpec, imbalance: float | None, dispatcher: str, 
     if given and not model.is_moe:
         raise SpecError(f"{', '.join(given)}: {model.name} is dense (no experts); drop "
                         f"{'it' if len(given) == 1 else 'them'}")
-    most = model.num_experts / model.moe_top_k if model.is_moe else 0.0
-    if imbalance is not None and most < imbalance <= MAX_MOE_IMBALANCE:  # a token's top-k experts are distinct
-        # (past the flag's own range build_job names the range)
-        said = f"{math.floor(most * 1e4) / 1e4:g}"  # rounded down, so the value named is one it takes
-        raise SpecError(f"--moe-imbalance {imbalance:g}: {model.name}'s busiest expert gets at most every token, "
-                        f"{model.num_experts} experts / top-{model.moe_top_k} = {most:.6g} times the mean; give at "
-                        f"most {said}")
-
+    if imbalance is not None and model.is_moe:
+        check_moe_imbalance(imbalance, model.num_experts, model.moe_top_k, model.name, "--moe-imbalance")
 
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
               grad_reduce: str | None = None, kernels: str | None = None, moe_imbalance: float | None = None,

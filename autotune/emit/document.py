@@ -13,7 +13,7 @@ from autotune.emit import EmitInput
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.specs._strict import boolean, choice, nonneg_float, positive_float, positive_int, text
 from autotune.specs.job import (ATTENTION_BACKENDS, CROSS_ENTROPIES, DTYPES, GRAD_REDUCES, MOE_DISPATCHERS,
-                               OPTIMIZER_STATES, JobSpec)
+                               OPTIMIZER_STATES, JobSpec, check_moe_imbalance)
 from autotune.specs.job import TRAINERS as JOB_TRAINERS
 from autotune.specs.limits import check_name
 from autotune.specs.model import ModelSpec, model_from_dict
@@ -42,6 +42,9 @@ def emit_input_from_document(doc: Any, where: str, model: str | None = None) -> 
     if model is not None:
         _check_same_model(spec, model, where)
     job_spec = _document_job(job, where)
+    if spec.is_moe and "moe_imbalance" in job:
+        check_moe_imbalance(job_spec.moe_imbalance, spec.num_experts, spec.moe_top_k, spec.name,
+                            f"{where}: job.moe_imbalance")
     plan = plan_from_dict(doc["plan"], f"{where}: plan", job_spec.trainer)
     if "gpus" in job and positive_int(job, "gpus", f"{where}: job") != plan.num_gpus:
         raise SpecError(f"{where}: job.gpus {job['gpus']} but the plan's tp*pp*dp*cp = {plan.num_gpus}; the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -256,3 +257,14 @@ class StateBytes:
     """Master weights and Adam's m and v."""
     grad_copy: int = 0
     """The fp32 copy of 16-bit gradients the optimizer steps on (its shard, with a distributed optimizer)."""
+
+
+def check_moe_imbalance(imbalance: float, num_experts: int, top_k: int, model_name: str, field: str) -> None:
+    """A token's top-k experts are distinct, so the busiest expert gets at most every token: E/k times the mean.
+    A larger routing load names `field` (the flag, or a document's key) and the most it may be."""
+    most = num_experts / top_k
+    if most < imbalance <= 64.0:  # past 64 the range check names the range
+        said = f"{math.floor(most * 1e4) / 1e4:g}"  # rounded down, so the value named is one it takes
+        raise SpecError(f"{field} {imbalance:g}: {model_name}'s busiest expert gets at most every token, "
+                        f"{num_experts} experts / top-{top_k} = {most:.6g} times the mean; give at most {said}")
+

@@ -96,3 +96,31 @@ def test_a_saved_moe_plan_keeps_its_routing_imbalance(tmp_path) -> None:
                                 "--out", str(tmp_path / "e")])
     assert again.exit_code == 0 and "stored predictions" not in again.stderr
     assert (tmp_path / "e" / "launch_megatron.sh").read_text() == (tmp_path / "p" / "launch_megatron.sh").read_text()
+
+
+def test_a_document_past_what_top_k_allows_is_refused_naming_its_key(tmp_path) -> None:
+    """A plan document's job.moe_imbalance meets the rule the flag does (E/k), in estimate --plan and emit, and
+    the message names the file and its key, not a flag nobody gave (user-tester)."""
+    from autotune.cli import app
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    args = ["--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--seq-len",
+            "4096", "--top", "0", "--json", "--no-timings"]
+    done = runner.invoke(app, ["plan", *args])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.stdout)
+    doc["job"]["moe_imbalance"] = 6.0
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    expected = (f"{path}: job.moe_imbalance 6: mixtral-8x7b's busiest expert gets at most every token, 8 experts "
+                "/ top-2 = 4 times the mean; give at most 4")
+    for command in (["estimate", "--plan", str(path)], ["emit", "--plan", str(path), "--trainer", "megatron",
+                                                        "--out", str(tmp_path / "e")]):
+        with pytest.raises(SpecError) as err:
+            runner.invoke(app, command, catch_exceptions=False)
+        assert str(err.value) == expected
+    assert not (tmp_path / "e").exists()
+    # a flag given beside the document is checked as the flag (and then refused for differing from it)
+    with pytest.raises(SpecError, match=r"^--moe-imbalance 5: "):
+        runner.invoke(app, ["estimate", "--plan", str(path), "--moe-imbalance", "5"], catch_exceptions=False)
