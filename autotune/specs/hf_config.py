@@ -144,6 +144,11 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
     if top_k is None:
         raise SpecError(f"{where}: a mixture-of-experts config ({experts} experts) needs num_experts_per_tok; "
                         "add it")
+    whole = isinstance(top_k, int) or (isinstance(top_k, float) and top_k.is_integer())  # 2.0 reads as 2 later
+    if isinstance(top_k, bool) or not whole or not 1 <= top_k <= experts:
+        name = "num_experts_per_tok" if "num_experts_per_tok" in data else "experts_per_token"
+        raise SpecError(f"{where}: {name} {shown(top_k)} must be a whole number of experts per token, 1 to "
+                        f"{key} {experts}; fix it")
     # Mixtral, GPT-OSS and Llama 4 give the expert width as intermediate_size; Qwen-MoE and DeepSeek as
     # moe_intermediate_size (their intermediate_size is the dense MLP's)
     if not data.get("moe_intermediate_size") and (model_type in _MOE_WIDTH_APART or data.get("n_routed_experts")):

@@ -253,6 +253,12 @@ _MOE_SMALL = {**_HF_SMALL, "model_type": "qwen3_moe", "num_experts": 8, "num_exp
     ({"model_type": "mistral", "sliding_window": 0}, "sliding_window 0 must be a whole number of tokens >= 1"),
     ({**_MOE_SMALL, "decoder_sparse_step": 0}, "an MoE layer step of 0"),
     ({"q_lora_rank": 1536, "kv_lora_rank": None}, "q_lora_rank 1536 without kv_lora_rank"),
+    # one message for every top-k that is no count of the experts (said ">= 0" for "two", "> 0" for 0)
+    ({**_MOE_SMALL, "num_experts_per_tok": "two"}, 'num_experts_per_tok "two" must be a whole number of experts per '
+                                                   "token, 1 to num_experts 8; fix it"),
+    ({**_MOE_SMALL, "num_experts_per_tok": 0}, "num_experts_per_tok 0 must be a whole number of experts per token"),
+    ({**_MOE_SMALL, "num_experts_per_tok": 9}, "num_experts_per_tok 9 must be a whole number of experts per token"),
+    ({**_MOE_SMALL, "num_experts_per_tok": 2.5}, "num_experts_per_tok 2.5 must be a whole number"),
 ])
 def test_hf_config_inconsistencies_are_named(extra, message):
     """What a user-tester's broken config.json files slipped through (2026-11-25): a layer_types list that does not
