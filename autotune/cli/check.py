@@ -202,12 +202,21 @@ def _check_json(config: Path, u: Understood, est: Estimate, best: Estimate | Non
             "findings": [f.as_dict() for f in findings], "emitted": [str(p) for p in written], "exit_code": code}
 
 
+def _kernel_words(u: Understood) -> str:
+    """The kernels the config runs, as costed: torchtitan's fused kernels are torch.compile's (off by default),
+    the other trainers' their own unless the config turns the fusions off."""
+    if u.trainer == "torchtitan":
+        return "torchtitan kernels, " + ("the model under torch.compile" if u.job.fused_kernels else
+                                         "the model eager (no torch.compile: costed unfused)")
+    return f"{u.trainer} kernels" + ("" if u.job.fused_kernels else ", fusions off (costed unfused)")
+
+
 def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, hw: HardwareSpec) -> str:
     job, usable = u.job, gib(est.usable_memory_bytes)
     lines = [f"config: {config} ({u.trainer}" + (f", {u.torchtitan_format}" if u.torchtitan_format else "") + ")",
              f"understood: {u.model.name}" + (f" with {mtp} MTP module(s)" if (mtp := runs_mtp(u.model, job)) else "")
              + f" on {hw.name} x {u.plan.num_gpus} ({hw.gpus_per_node} per node), global "
-             f"batch {job.global_batch} x {job.seq_len} tokens, {precision_words(job)}, {u.trainer} kernels",
+             f"batch {job.global_batch} x {job.seq_len} tokens, {precision_words(job)}, {_kernel_words(u)}",
              f"plan: {plan_line(u.plan)}"]
     lines += [f"note: {note}" for note in u.notes]
     lines += ["", f"predicted: step {est.step_time_s:.3f} s, {est.tokens_per_s:,.0f} tokens/s, MFU "

@@ -769,3 +769,21 @@ def test_deepspeed_ulysses_without_an_mpu_is_read_as_context_parallelism(cli, tm
                          "--gpus", "32", "--model", "llama3-8b", "--seq-len", "32768")
     assert (doc["plan"]["cp"], doc["plan"]["dp"], doc["plan"]["tp"]) == (4, 8, 1)
     assert "sequence_parallel_size 4: DeepSpeed-Ulysses, costed as context parallelism" in doc["check"]["notes"]
+
+
+@pytest.mark.parametrize(("compile_section", "words"), [
+    ("", "torchtitan kernels, the model eager (no torch.compile: costed unfused)"),
+    ('[compile]\nenable = true\n', "torchtitan kernels, the model under torch.compile"),
+    ('[compile]\nenable = true\ncomponents = ["loss"]\n',
+     "torchtitan kernels, the model eager (no torch.compile: costed unfused)"),
+])
+def test_understood_line_says_whether_torchtitan_compiles(cli, tmp_path: Path, compile_section: str,
+                                                          words: str) -> None:
+    """torchtitan leaves torch.compile off unless the TOML turns it on for the model, and the step is costed with
+    eager kernels then: the summary says which (a user-tester read 'torchtitan kernels' as the fused ones)."""
+    config = _write(tmp_path, "tt.toml", '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\n'
+                    "tensor_parallel_degree = 2\ndata_parallel_shard_degree = 4\n[training]\nseq_len = 8192\n"
+                    "global_batch_size = 64\nlocal_batch_size = 16\n" + compile_section)
+    result = cli("check", str(config), "--gpu", "h100-sxm", "--gpus", "8")
+    understood = next(line for line in result.stdout.splitlines() if line.startswith("understood: "))
+    assert understood.endswith(", bf16, " + words), understood
