@@ -123,6 +123,8 @@ def read_overrides(text: str) -> Reading:
             notes.append(f"argument {words[i]!r} ignored")
         i = j
     job = tree.get("job")
+    if isinstance(tree.get("model"), dict) and not (isinstance(job, dict) and job.get("config_file")):
+        raise SpecError(_model_options_message(tree["model"]))
     if isinstance(job, dict) and job.get("config_file"):  # torchtitan 0.2.x: the TOML holds the run's settings
         others = sorted(f"--{sec}.{key}" for sec, body in tree.items() if isinstance(body, dict) for key in body
                         if (sec, key) != ("job", "config_file"))
@@ -215,6 +217,23 @@ def _moved_keys(tree: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     return out
 
 
+def _model_options_message(section: dict[str, Any]) -> str:
+    """torchtitan 0.3.x suppresses the model from its command line (Trainer.Config.model_spec: a config function
+    sets it, converters included), so tyro refuses a launch giving --model.* as unrecognized options: name the
+    config function that builds the model, or says where Float8 comes from."""
+    flavor, module = section.get("flavor"), section.get("name", "llama3")
+    model = MOE_FLAVORS.get((module, flavor)) or (FLAVORS.get(flavor) if module == "llama3" else None)
+    config = (MOE_REGISTRY[model].config or MOE_REGISTRY[model].base) if model in MOE_REGISTRY else (
+        REGISTRY[model][0] if model in REGISTRY else None)
+    given = ", ".join(f"--model.{key} {value}" for key, value in section.items())
+    if "flavor" in section or "name" in section:
+        fix = f"give --module {module} --config {config}" if config else (
+            "give --module and --config naming the model's config function")
+    else:
+        fix = "its Float8 linears come with a config function that converts them (llama3_405b's does)"
+    return (f"{given}: torchtitan 0.3.x takes no model options on its command line (tyro refuses them: a config "
+            f"function builds the model); {fix}, or check the 0.2.x TOML that sets [model]")
+
 def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: list[str]) -> Reading:
     tree = _moved_keys(tree, notes)
     _check_known(tree, notes)
@@ -273,8 +292,8 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     sp = tp > 1 and (fmt == "toml" or _get(tree, "parallelism", "enable_sequence_parallel", bool, True))
     precision = _get(tree, "training", "mixed_precision_param", str, "bfloat16")
     converters = tree.get("model", {}).get("converters", [])
-    if isinstance(converters, str):  # 0.3.x's command line: --model.converters float8 (a string, not a list:
-        converters = converters.replace(",", " ").split()  # read by character, float8 went unseen; user-tester)
+    if isinstance(converters, str):  # `converters = "float8"`: names, not a list of characters (read by character,
+        converters = converters.replace(",", " ").split()  # float8 went unseen; user-tester)
     dtype = "fp8" if any("float8" in str(c) for c in converters) else "bf16"
     if precision != "bfloat16":
         notes.append(f"training.mixed_precision_param {precision}: costed as bf16")
