@@ -13,7 +13,7 @@ import copy
 from typing import Any
 
 from autotune.emit.torchtitan import BF16_CONFIG, bf16_config_name, moe_config_name
-from autotune.emit.torchtitan_mapping import MOE_REGISTRY
+from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY
 
 #: config function -> {section: {key: value}}; activation_checkpoint "mode" stands for the function's FullAC /
 #: SelectiveAC config, model "converters" for its Float8 linear converter.
@@ -60,3 +60,21 @@ def with_overrides(defaults: dict[str, dict[str, Any]], tree: dict[str, Any]) ->
         else:
             out[section] = body
     return out
+
+
+def model_options_message(section: dict[str, Any], model: str | None) -> str:
+    """torchtitan 0.3.x suppresses the model from its command line (Trainer.Config.model_spec: a config function
+    sets it, converters included), so tyro refuses a launch giving --model.* as unrecognized options. The message
+    names the config function that builds `model` (the catalog model the options name), or where Float8 comes
+    from."""
+    given = ", ".join(f"--model.{key} {value}" for key, value in section.items())
+    config = (MOE_REGISTRY[model].config if model in MOE_REGISTRY else REGISTRY[model][0] if model in REGISTRY
+              else "")
+    if "flavor" in section or "name" in section:
+        fix = (f"give --module {section.get('name', 'llama3')} --config {config}" if config else
+               "give --module and --config naming a config function that builds it")
+    else:
+        fix = "its Float8 linears come with a config function that converts them (llama3_405b's does)"
+    return (f"{given}: torchtitan 0.3.x takes no model options on its command line (tyro refuses them: a config "
+            f"function builds the model); {fix}, or check the 0.2.x TOML that sets [model]")
+

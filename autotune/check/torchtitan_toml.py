@@ -24,7 +24,7 @@ from autotune.catalog import model_names
 from autotune.check.bash import Shell, tokenize
 from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.check.script import launch_words
-from autotune.check.torchtitan_configs import config_defaults, with_overrides
+from autotune.check.torchtitan_configs import config_defaults, model_options_message, with_overrides
 from autotune.emit.torchtitan import own_config_names
 from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY
 from autotune.errors import SpecError
@@ -66,6 +66,12 @@ CONFIGS.update(own_config_names())
 MOE_FLAVORS = {(m.module, m.flavor): name for name, m in MOE_REGISTRY.items()}
 
 
+def flavor_model(section: dict[str, Any]) -> str | None:
+    """The catalog model a [model] section's name and flavor are in torchtitan, or None."""
+    flavor, module = section.get("flavor"), section.get("name", "llama3")
+    return MOE_FLAVORS.get((module, flavor)) or (FLAVORS.get(flavor) if module == "llama3" else None)
+
+
 def read_toml(text: str) -> Reading:
     try:
         tree = tomllib.loads(text)
@@ -77,8 +83,7 @@ def read_toml(text: str) -> Reading:
     if flavor is not None and not isinstance(flavor, str):
         raise SpecError(f"model.flavor must be a string, got {flavor!r}")
     # autotune's own TOML names a catalog model as the flavor to add where torchtitan has none (emit/torchtitan.py)
-    model = MOE_FLAVORS.get((module, flavor)) or (FLAVORS.get(flavor) if module == "llama3" else None) or (
-        flavor if flavor in model_names() else None)
+    model = flavor_model(section) or (flavor if flavor in model_names() else None)
     if flavor and model is None:
         notes.append(f"model {module!r} flavor {flavor!r}: not a torchtitan model autotune knows (its llama3 "
                      f"flavors, and {', '.join(f'{m} {f}' for m, f in sorted(MOE_FLAVORS))}); give --model")
@@ -124,7 +129,7 @@ def read_overrides(text: str) -> Reading:
         i = j
     job = tree.get("job")
     if isinstance(tree.get("model"), dict) and not (isinstance(job, dict) and job.get("config_file")):
-        raise SpecError(_model_options_message(tree["model"]))
+        raise SpecError(model_options_message(tree["model"], flavor_model(tree["model"])))
     if isinstance(job, dict) and job.get("config_file"):  # torchtitan 0.2.x: the TOML holds the run's settings
         others = sorted(f"--{sec}.{key}" for sec, body in tree.items() if isinstance(body, dict) for key in body
                         if (sec, key) != ("job", "config_file"))
@@ -216,23 +221,6 @@ def _moved_keys(tree: dict[str, Any], notes: list[str]) -> dict[str, Any]:
         notes.append(f"[{section}] {key}: an earlier torchtitan's key, read as [{to_section}] {to_key}")
     return out
 
-
-def _model_options_message(section: dict[str, Any]) -> str:
-    """torchtitan 0.3.x suppresses the model from its command line (Trainer.Config.model_spec: a config function
-    sets it, converters included), so tyro refuses a launch giving --model.* as unrecognized options: name the
-    config function that builds the model, or says where Float8 comes from."""
-    flavor, module = section.get("flavor"), section.get("name", "llama3")
-    model = MOE_FLAVORS.get((module, flavor)) or (FLAVORS.get(flavor) if module == "llama3" else None)
-    config = (MOE_REGISTRY[model].config or MOE_REGISTRY[model].base) if model in MOE_REGISTRY else (
-        REGISTRY[model][0] if model in REGISTRY else None)
-    given = ", ".join(f"--model.{key} {value}" for key, value in section.items())
-    if "flavor" in section or "name" in section:
-        fix = f"give --module {module} --config {config}" if config else (
-            "give --module and --config naming the model's config function")
-    else:
-        fix = "its Float8 linears come with a config function that converts them (llama3_405b's does)"
-    return (f"{given}: torchtitan 0.3.x takes no model options on its command line (tyro refuses them: a config "
-            f"function builds the model); {fix}, or check the 0.2.x TOML that sets [model]")
 
 def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: list[str]) -> Reading:
     tree = _moved_keys(tree, notes)

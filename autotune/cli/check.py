@@ -20,7 +20,7 @@ from autotune.cli.launch import launch_config
 from autotune.cli.options import (GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, WorkLimitOpt, check_simulation_size,
                                   load_cluster, show_warnings)
 from autotune.cli.searching import run_search
-from autotune.costmodel.accumulation import accumulated
+from autotune.costmodel.accumulation import flushed_estimate, one_flush
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.costmodel.moe import deepep_refusal
 from autotune.emit import EmitInput
@@ -127,15 +127,14 @@ def check_command(
 
 def _flushed(u: Understood, hw: HardwareSpec, measured: Any, config: Path, gpus: int) -> Estimate:
     """The step of a config that runs its pipeline schedule u.flushes times (costmodel/accumulation.py)."""
-    flush = replace(u.plan, num_microbatches=u.plan.num_microbatches // u.flushes)
-    job = replace(u.job, global_batch=u.job.global_batch // u.flushes)
+    flush, job = one_flush(u.plan, u.job, u.flushes)
     try:
         check_plan(flush, u.model, job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
     except InvalidPlanError as exc:  # e.g. an interleaved schedule over fewer micro-batches than it needs
         raise InvalidPlanError(f"{config}: each of its {u.flushes} gradient-accumulation steps runs the schedule "
                                f"over {flush.num_microbatches} micro-batches (training.local_batch_size / "
                                f"pipeline_parallel_microbatch_size), which breaks a rule: {exc}") from None
-    return accumulated(CostModel(u.model, hw, job, measured).estimate(flush), u.flushes, u.plan)
+    return flushed_estimate(u.model, hw, u.job, measured, u.plan, u.flushes)
 
 
 def _best(u: Understood, hw: HardwareSpec, gpus: int, measured: Any, time_limit: float,

@@ -18,6 +18,7 @@ from autotune.cli.options import (AttentionOpt, BatchOrPlanOpt, BriefOpt, Bucket
                                   ScheduleOpt, SeqOrPlanOpt, SpOpt, TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt,
                                   ZeroOpt, build_job, check_moe_flags, check_simulation_size, check_whole_nodes,
                                   load_cluster, show, show_warnings, time_limited)
+from autotune.costmodel.accumulation import flushed_estimate, one_flush
 from autotune.costmodel.estimate import CostModel
 from autotune.emit.document import document_model, document_trainer
 from autotune.errors import SpecError
@@ -25,7 +26,7 @@ from autotune.render.common import brief_line
 from autotune.render.estimate import estimate_json, estimate_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S
 from autotune.specs.job import JobSpec, check_moe_imbalance
-from autotune.specs.plan import check_plan
+from autotune.specs.plan import Plan, check_plan
 from autotune.specs.trainer_jobs import as_run_model, runs_grad_reduce
 
 
@@ -116,10 +117,16 @@ def estimate(
     check_simulation_size(plan, "estimate")
     measured = load_cost_profile(profile, filled["gpu"], spec, hw, job, force_profile)
     cm = CostModel(spec, hw, job, measured)
+    flushes = document_flushes(doc, plan, where)
     with time_limited(time_limit, "estimate"):
-        est, coverage = cm.estimate(plan), cm.op_coverage(plan)
-        timeline = None if json_out or brief else cm.timeline(plan)
+        est, coverage = cm.estimate(plan) if flushes == 1 else flushed_estimate(spec, hw, job, measured, plan, flushes), \
+            cm.op_coverage(plan)
+        timeline = None if json_out or brief else cm.timeline(plan if flushes == 1 else one_flush(plan, job, flushes)[0])
     show_warnings([*hw.kernel_warnings(job.dtype, job.flash_attention)]
+                  + ([f"{where}: check.pipeline_flushes {flushes}: the config runs the {plan.schedule} schedule {flushes} "
+                      f"times a step (torchtitan's gradient accumulation with a pipeline), each over "
+                      f"{plan.num_microbatches // flushes} micro-batches; costed so, as check did (the timeline shows "
+                      "one run)"] if flushes > 1 else [])
                   + coverage_warnings(coverage, plan, measured, job.seq_len)
                   + profile_drift(doc, coverage.source, where)
                   + grad_drift(job, doc, where)
@@ -131,6 +138,19 @@ def estimate(
     else:
         show(estimate_report(est, spec, hw, job, ops=ops, timeline=timeline), False)
         typer.echo(coverage.line())
+
+
+def document_flushes(doc: object, plan: Plan, where: str) -> int:
+    """The runs of the schedule a step that a `check --json` document records (check.pipeline_flushes: torchtitan's
+    gradient accumulation with a pipeline), 1 for any other document; one that cannot be is an error naming it."""
+    check = doc.get("check") if isinstance(doc, dict) else None
+    if not isinstance(check, dict) or "pipeline_flushes" not in check:
+        return 1
+    flushes = check["pipeline_flushes"]
+    if isinstance(flushes, bool) or not isinstance(flushes, int) or flushes < 1 or plan.num_microbatches % flushes:
+        raise SpecError(f"{where}: check.pipeline_flushes {flushes!r} must be a whole number >= 1 dividing the plan's "
+                        f"{plan.num_microbatches} micro-batches, as `autotune check --json` writes it")
+    return flushes
 
 
 def profile_drift(doc: object, source: str, where: str) -> list[str]:

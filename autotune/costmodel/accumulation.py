@@ -11,8 +11,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autotune.costmodel.estimate import Estimate
+from autotune.costmodel.estimate import CostModel, Estimate
+from autotune.specs.hardware import HardwareSpec
+from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
+
+
+def one_flush(plan: Plan, job: JobSpec, flushes: int) -> tuple[Plan, JobSpec]:
+    """The plan and job of one of a step's `flushes` runs of the schedule: its share of the micro-batches and of
+    the global batch (what `accumulated` takes the estimate of)."""
+    return (replace(plan, num_microbatches=plan.num_microbatches // flushes),
+            replace(job, global_batch=job.global_batch // flushes))
 
 
 def accumulated(flush: Estimate, flushes: int, plan: Plan) -> Estimate:
@@ -29,3 +39,10 @@ def accumulated(flush: Estimate, flushes: int, plan: Plan) -> Estimate:
         model_tflops_per_gpu=flush.model_tflops_per_gpu * ratio, mfu=flush.mfu * ratio,
         breakdown=replace(b, **{k: v * flushes for k, v in b.as_dict().items() if k != "optimizer_s"}),
         op_seconds=tuple((name, flushes * s) for name, s in flush.op_seconds))
+
+
+def flushed_estimate(model: ModelSpec, hw: HardwareSpec, job: JobSpec, measured, plan: Plan, flushes: int) -> Estimate:
+    """The estimate of `plan` run as `flushes` runs of its schedule a step (check's torchtitan configs, and estimate
+    --plan of check's document)."""
+    flush, flush_job = one_flush(plan, job, flushes)
+    return accumulated(CostModel(model, hw, flush_job, measured).estimate(flush), flushes, plan)

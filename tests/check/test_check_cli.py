@@ -376,6 +376,25 @@ def test_torchtitan_accumulation_with_a_pipeline_runs_the_schedule_per_step(cli,
         cli("check", str(bad), "--gpu", "h100-sxm", "--gpus", "16")
 
 
+def test_estimate_of_an_accumulating_check_document_costs_its_flushes(cli, tmp_path: Path) -> None:
+    """`estimate --plan` of check's document re-costs the config as check did: 4 runs of the schedule a step
+    (check.pipeline_flushes), the same step time to the bit, said on stderr; it costed one schedule of 16
+    micro-batches before (user-tester). A document whose flushes do not divide the micro-batches is refused."""
+    four = _write(tmp_path, "four.toml", ACCUMULATING_TOML.replace("LBS", "4"))
+    doc, _ = _check_json(cli, str(four), "--gpu", "h100-sxm", "--gpus", "16")
+    saved = _write(tmp_path, "check.json", json.dumps(doc))
+    again = cli("estimate", "--plan", str(saved), "--json")
+    assert json.loads(again.stdout)["step_time_s"] == doc["step_time_s"]
+    assert "check.pipeline_flushes 4: the config runs the 1f1b schedule 4 times a step" in again.stderr
+    plain = _write(tmp_path, "plain.json", json.dumps({k: v for k, v in doc.items() if k != "check"}))
+    one = json.loads(cli("estimate", "--plan", str(plain), "--json").stdout)
+    assert one["step_time_s"] < doc["step_time_s"]  # one schedule of 16: three warm-ups and cool-downs fewer
+    doc["check"]["pipeline_flushes"] = 3
+    with pytest.raises(SpecError, match=r"check.pipeline_flushes 3 must be a whole number >= 1 dividing the plan's 16 "
+                                        r"micro-batches"):
+        cli("estimate", "--plan", str(_write(tmp_path, "bad.json", json.dumps(doc))))
+
+
 def test_deepspeed_without_pipeline_file(cli, tmp_path: Path) -> None:
     """ds_config.json alone: dp from the batch keys, the rest of --gpus is tensor parallelism (noted)."""
     path = _write(tmp_path, "ds_config.json", json.dumps({
