@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from autotune.catalog import load_model
-from autotune.cli.inputs import (JOB_SETTINGS, coverage_warnings, job_from_plan_document, load_cost_profile,
-                                 plan_source, read_plan, recorded_overlaps, settle_job_settings, single_plan)
+from autotune.cli.inputs import (JOB_SETTINGS, coverage_warnings, document_flushes, job_from_plan_document,
+                                 load_cost_profile, plan_source, read_plan, recorded_overlaps, settle_job_settings,
+                                 single_plan)
 from autotune.cli.options import (AttentionOpt, BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt,
                                   EpOpt, EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt, GpusPerNodeOpt, GradOpt,
                                   JsonOpt, KernelsOpt, LayersOpt, MbsOpt, MicroOpt, ModelOrPlanOpt, MoeCapacityOpt,
@@ -138,19 +139,6 @@ def estimate(
     else:
         show(estimate_report(est, spec, hw, job, ops=ops, timeline=timeline), False)
         typer.echo(coverage.line())
-
-
-def document_flushes(doc: object, plan: Plan, where: str) -> int:
-    """The runs of the schedule a step that a `check --json` document records (check.pipeline_flushes: torchtitan's
-    gradient accumulation with a pipeline), 1 for any other document; one that cannot be is an error naming it."""
-    check = doc.get("check") if isinstance(doc, dict) else None
-    if not isinstance(check, dict) or "pipeline_flushes" not in check:
-        return 1
-    flushes = check["pipeline_flushes"]
-    if isinstance(flushes, bool) or not isinstance(flushes, int) or flushes < 1 or plan.num_microbatches % flushes:
-        raise SpecError(f"{where}: check.pipeline_flushes {flushes!r} must be a whole number >= 1 dividing the plan's "
-                        f"{plan.num_microbatches} micro-batches, as `autotune check --json` writes it")
-    return flushes
 
 
 def profile_drift(doc: object, source: str, where: str) -> list[str]:

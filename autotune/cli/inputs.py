@@ -263,3 +263,15 @@ def coverage_warnings(coverage: OpCoverage, plan: Plan, profile: Profile | None 
     return [f"the plan's shapes (tp {plan.tp}, mbs {plan.mbs}, cp {plan.cp}) are outside --profile {coverage.source}: "
             f"{ops}; measure them with `autotune profile --tp {plan.tp} --mbs {plan.mbs}{cp}`"]
 
+def document_flushes(doc: object, plan: Plan, where: str) -> int:
+    """The runs of the schedule a step that a `check --json` document records (check.pipeline_flushes: torchtitan's
+    gradient accumulation with a pipeline), 1 for any other document; one that cannot be is an error naming it."""
+    check = doc.get("check") if isinstance(doc, dict) else None
+    if not isinstance(check, dict) or "pipeline_flushes" not in check:
+        return 1
+    flushes = check["pipeline_flushes"]
+    if isinstance(flushes, bool) or not isinstance(flushes, int) or flushes < 1 or plan.num_microbatches % flushes:
+        raise SpecError(f"{where}: check.pipeline_flushes {flushes!r} must be a whole number >= 1 dividing the plan's "
+                        f"{plan.num_microbatches} micro-batches, as `autotune check --json` writes it")
+    return flushes
+

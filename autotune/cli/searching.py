@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from autotune.cli.inputs import plan_source, read_document, recorded_overlaps, refuse_other_job
+from autotune.cli.inputs import document_flushes, plan_source, read_document, recorded_overlaps, refuse_other_job
 from autotune.cli.options import Pins, check_simulation_size, parse_choice_list, parse_int_list, show_warnings
+from autotune.costmodel.accumulation import flushed_estimate
 from autotune.costmodel.estimate import CostModel
 from autotune.emit.document import document_model, document_trainer
 from autotune.errors import InvalidPlanError, SolverLimitError, SpecError
@@ -17,7 +18,7 @@ from autotune.render.plan import Comparison, search_progress
 from autotune.search.pins import check_space
 from autotune.search.planner import DEFAULT_WORK_LIMIT, PlanResult, search
 from autotune.search.space import SearchSpace, enumerate_candidates, for_trainer
-from autotune.search.validate import validate_plan
+from autotune.search.validate import memory_problem
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
@@ -124,17 +125,18 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
              "gpus_per_node": hw.gpus_per_node, "global_batch": job.global_batch, "seq_len": job.seq_len}
     refuse_other_job(recorded, fixed, where, "compare a plan of the same job, or plan again")
     now = {"dtype": job.dtype, "kernels": job.trainer, "grad_reduce": job.grad_reduce,
-           "optimizer_states": job.optimizer_states}
+           "optimizer_states": job.optimizer_states, "flash_attention": job.flash_attention,
+           "fused_kernels": job.fused_kernels}  # a checked torchtitan config without torch.compile: unfused
     if model.is_moe:  # routing as priced (user-tester: a plan of imbalance 1.5 and capacity 1.2 re-costed silently)
         now.update(moe_dispatcher=job.moe_dispatcher, moe_imbalance=job.moe_imbalance,
                    moe_capacity_factor=job.moe_capacity_factor, moe_pad_to_capacity=job.moe_pad_to_capacity)
         if "moe_imbalance" in recorded:  # a document records the capacity only when there is one: dropless
             recorded = {"moe_capacity_factor": 0.0, "moe_pad_to_capacity": False, **recorded}
-    other = [f"{key} {_said(recorded[key])}" for key in now if key in recorded and recorded[key] != now[key]]
-    if other:
-        show_warnings([f"{where} was planned with {', '.join(other)}; it is costed with this run's "
-                       f"({', '.join(f'{k} {_said(now[k])}' for k in now)}): give the same settings to compare it as "
-                       "planned"])
+    differ = [key for key in now if key in recorded and recorded[key] != now[key]]
+    if differ:
+        show_warnings([f"{where} was planned with {', '.join(f'{k} {_said(recorded[k])}' for k in differ)}; it is "
+                       f"costed with this run's ({', '.join(f'{k} {_said(now[k])}' for k in differ)}): give the same "
+                       "settings to compare it as planned"])
     searched = document_trainer(doc, where) if theirs is not None else None
     if searched is not None and _shape(as_run_model(theirs, searched.split("+")[0], job.seq_len)) != _shape(model):
         show_warnings([f"{where} was searched for {searched}, whose config builds no sliding window: it is costed "
@@ -145,17 +147,17 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
         show_warnings([f"{where} records how its config ran ({', '.join(f'{k} {v}' for k, v in sorted(ran.items()))}"
                        "): it is costed so"])
     check_simulation_size(plan, f"--compare {path}")
-    cm = CostModel(model, hw, job, profile)
     # a saved plan states its own tensor-parallel layout, as a launch script does for `check`
-    flags = {"allow_idle": space.allow_idle, "allow_cross_node_tp": True}
     try:
-        return Comparison(path, validate_plan(plan, cm, gpus, **flags), None)
-    except InvalidPlanError as exc:
-        try:
-            check_plan(plan, model, job, gpus, hw.gpus_per_node, **flags)
-        except InvalidPlanError as rule:
-            raise SpecError(f"--compare {path}: {rule}") from None
-        return Comparison(path, cm.estimate(plan), str(exc))
+        check_plan(plan, model, job, gpus, hw.gpus_per_node, allow_idle=space.allow_idle, allow_cross_node_tp=True)
+    except InvalidPlanError as rule:
+        raise SpecError(f"--compare {path}: {rule}") from None
+    if (flushes := document_flushes(doc, plan, where)) > 1:  # check's document of an accumulating torchtitan config
+        show_warnings([f"{where}: check.pipeline_flushes {flushes}: costed as {flushes} runs of its schedule a step, "
+                       "as check did"])
+    est = CostModel(model, hw, job, profile).estimate(plan) if flushes == 1 else flushed_estimate(
+        model, hw, job, profile, plan, flushes)
+    return Comparison(path, est, memory_problem(est))
 
 
 def run_search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int,

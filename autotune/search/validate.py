@@ -15,11 +15,18 @@ def validate_plan(plan: Plan, cm: CostModel, gpus: int, *, allow_idle: bool = Fa
     check_plan(plan, cm.model, cm.job, gpus, cm.hw.gpus_per_node, allow_idle=allow_idle,
                allow_cross_node_tp=allow_cross_node_tp)
     est = cm.estimate(plan)
+    if (problem := memory_problem(est)) is not None:
+        raise InvalidPlanError(problem)
+    return est
+
+
+def memory_problem(est: Estimate) -> str | None:
+    """The first stage over the usable memory, said with its terms; None when every stage fits."""
     for stage in est.stages:
         if stage.memory.total > est.usable_memory_bytes:
-            raise InvalidPlanError(f"stage {stage.index} needs {memory_summary(stage.memory.terms())} > "
-                                   f"{gib(est.usable_memory_bytes):.1f} GiB usable")
-    return est
+            return (f"stage {stage.index} needs {memory_summary(stage.memory.terms())} > "
+                    f"{gib(est.usable_memory_bytes):.1f} GiB usable")
+    return None
 
 
 def memory_summary(terms: dict[str, int]) -> str:

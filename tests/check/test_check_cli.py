@@ -389,6 +389,11 @@ def test_estimate_of_an_accumulating_check_document_costs_its_flushes(cli, tmp_p
     plain = _write(tmp_path, "plain.json", json.dumps({k: v for k, v in doc.items() if k != "check"}))
     one = json.loads(cli("estimate", "--plan", str(plain), "--json").stdout)
     assert one["step_time_s"] < doc["step_time_s"]  # one schedule of 16: three warm-ups and cool-downs fewer
+    # plan --compare costs it the same way, with the settings it ran with (no torch.compile: --unfused)
+    compared = json.loads(cli("plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch",
+                              "64", "--seq-len", "8192", "--trainer", "torchtitan", "--unfused", "--top", "0",
+                              "--compare", str(saved), "--json").stdout)
+    assert compared["compare"]["step_time_s"] == doc["step_time_s"]
     doc["check"]["pipeline_flushes"] = 3
     with pytest.raises(SpecError, match=r"check.pipeline_flushes 3 must be a whole number >= 1 dividing the plan's 16 "
                                         r"micro-batches"):
