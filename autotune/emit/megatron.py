@@ -112,8 +112,8 @@ def _model_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
         flags.append(("--disable-bias-linear", None))
     if m.bias == "qkv":
         flags.append(("--add-qkv-bias", None))
-    if m.qk_norm:
-        flags.append(("--qk-layernorm", None))
+    if m.qk_norm or m.mla:  # with MLA the flag builds the latents' norms (q_a/kv_a_layernorm, megatron-core's
+        flags.append(("--qk-layernorm", None))  # gpt_layer_specs: LayerNormLinear up-projections), as DeepSeek has
     if m.mtp_layers:  # trained with their loss at Megatron's default weight (mtp_loss_scaling_factor 0.1)
         flags.append(("--mtp-num-layers", str(m.mtp_layers)))
     if not m.dropout:

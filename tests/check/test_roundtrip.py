@@ -337,3 +337,23 @@ def test_moe_header_states_what_check_predicts_for_torchtitans_expert_layout(tmp
     est = CostModel(u.model, hw, u.job).estimate(u.plan)
     assert (step, peak, mfu) == (f"{est.step_time_s:.3f}", f"{gib(est.peak_memory_bytes):.1f}", f"{100 * est.mfu:.1f}")
     assert u.plan.etp == (2 if ep == 1 or fmt == "toml" else 1)
+
+
+def test_latent_attention_reads_its_norms_flag_as_the_published_model(tmp_path: Path) -> None:
+    """With --multi-latent-attention, --qk-layernorm builds the latents' norms (megatron-core gpt_layer_specs:
+    LayerNormLinear up-projections; Megatron-Bridge's DeepSeek-V3 provider sets qk_layernorm=True), not per-head
+    ones: the emitted DeepSeek-V3 script carries it and reads back as deepseek-v3 (user-tester: it left the flag
+    out, and a script giving it could not be checked). A script without it is read the same, with a note."""
+    from emit.test_megatron import _inp
+
+    plan = MOE_PLANS["deepseek-v3"]
+    inp = _inp("deepseek-v3", "h100-sxm", JobSpec(global_batch=plan.dp * plan.num_microbatches, seq_len=4096), plan)
+    (name, script), *_ = emit("megatron", inp).files
+    assert " --qk-layernorm" in script
+    for text, noted in ((script, False), (script.replace(" --qk-layernorm", ""), True)):
+        path = tmp_path / name
+        path.write_text(text)
+        kind, reading, fmt = read_config(path, None, plan.num_gpus)
+        u = understand(path, reading, trainer=kind, fmt=fmt, gpus=plan.num_gpus, model_arg=None, seq_len_arg=None)
+        assert u.model == inp.model and not u.model.qk_norm
+        assert any("--multi-latent-attention without --qk-layernorm" in n for n in u.notes) is noted

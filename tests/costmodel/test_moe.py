@@ -796,7 +796,8 @@ def test_qk_norm_by_hand() -> None:
 def test_hf_errors_name_the_config_keys_and_a_dense_prefix_is_dense_first() -> None:
     """A bad value is reported under its config.json key (num_experts_per_tok, not autotune's moe_top_k); Qwen's
     mlp_only_layers [0, 1] is two dense-first layers, which autotune models; [1] is refused with the fix."""
-    with pytest.raises(SpecError, match='num_experts_per_tok must be a whole number >= 0, got "2"'):
+    with pytest.raises(SpecError, match='num_experts_per_tok "2" must be a whole number of experts per token, 1 to '
+                                        "num_local_experts 8; fix it"):
         model_from_hf_config({**HF["mixtral"], "num_experts_per_tok": "2"}, "config.json")
     with pytest.raises(SpecError, match="num_attention_heads 32 must be a multiple of num_key_value_heads 5"):
         model_from_hf_config({**HF["mixtral"], "num_key_value_heads": 5}, "config.json")
@@ -815,3 +816,18 @@ def test_llama4s_top_level_untied_embeddings_apply_to_its_text_config() -> None:
     m = model_from_hf_config({"tie_word_embeddings": False, "text_config": text}, "config.json")
     assert not m.tied_embeddings
     assert total_params(m) == total_params(load_model("llama4-scout"))
+
+
+def test_latent_attention_normalizes_both_latents():
+    """DeepSeek's MLA normalizes the query latent (q_lora_rank wide) and the key/value latent (kv_lora_rank wide,
+    without the RoPE part) before their up-projections (q_a_layernorm, kv_a_layernorm): two fused RMSNorm kernels,
+    each reading and writing its latent in bf16 plus its weight, between the down- and up-projection GEMMs."""
+    from autotune.costmodel.ops import LayerShape, mla_projections
+
+    m = load_model("deepseek-v3")
+    shape = LayerShape(tokens=4096, kv_tokens=4096, mbs=1, tp=2, sp=True, elem=2, flash=True, fused=True)
+    names = [op.name for op in mla_projections(m, shape)]
+    assert names == ["q_down_proj", "q_latent_norm", "q_up_proj", "kv_down_proj", "kv_latent_norm", "kv_up_proj"]
+    norms = {op.name: op for op in mla_projections(m, shape) if op.category == "norm"}
+    assert norms["q_latent_norm"].bytes == 2 * 2 * 4096 * 1536 + 2 * 1536
+    assert norms["kv_latent_norm"].bytes == 2 * 2 * 4096 * 512 + 2 * 512

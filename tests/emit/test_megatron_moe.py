@@ -68,7 +68,9 @@ def test_moe_plans_pass_megatron_validation(case: str, dispatcher: str) -> None:
         ("flex", "deepep") if dispatcher == "deepep" else ("alltoall", "deepep"))
     assert sum(c.moe_layer_freq) == m.num_moe_layers and len(c.moe_layer_freq) == m.num_layers
     assert c.moe_router_score_function == m.router
-    assert c.qk_layernorm == m.qk_norm  # Qwen3's q_norm/k_norm (a model without them is another model)
+    # Qwen3's q_norm/k_norm (a model without them is another model); with MLA the flag builds the latents' norms,
+    # which DeepSeek's attention always has (megatron-core gpt_layer_specs: LayerNormLinear up-projections)
+    assert c.qk_layernorm == (m.qk_norm or m.mla)
     if m.mla:
         assert c.multi_latent_attention and (c.q_lora_rank, c.kv_lora_rank) == (m.q_lora_rank, m.kv_lora_rank)
         assert (c.qk_head_dim, c.qk_pos_emb_head_dim, c.v_head_dim) == (m.qk_nope_head_dim, m.qk_rope_head_dim,
