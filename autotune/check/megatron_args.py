@@ -291,13 +291,7 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         shared = _int(args, "--moe-shared-expert-intermediate-size", 0)
         if shared:
             fields.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
-    fields.update(mla_model_fields(args, _int))
-    if args.get("--multi-latent-attention"):  # --qk-layernorm builds the latents' norms there, not per-head ones
-        fields["qk_norm"] = False
-        if not args.get("--qk-layernorm"):
-            notes.append("--multi-latent-attention without --qk-layernorm: megatron-core then builds no norms on the "
-                         "query and key/value latents, which DeepSeek's attention has (q_a/kv_a_layernorm); costed "
-                         "with them (add --qk-layernorm to train the published model)")
+    fields.update(mla_model_fields(args, _int, notes))
     fields["mtp_layers"] = check_max(_int(args, "--mtp-num-layers", 0) or 0, MAX_MTP_LAYERS, "--mtp-num-layers")
     if args.get("--tokenizer-type") == "NullTokenizer" and "--vocab-size" in args:
         fields["vocab_size"] = (_int(args, "--vocab-size") or 0) + 1  # NullTokenizer adds the EOD token

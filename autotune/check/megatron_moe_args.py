@@ -124,18 +124,25 @@ def moe_model_fields(args: dict[str, Any], num_layers: int, experts: int, notes:
     return fields
 
 
-def mla_model_fields(args: dict[str, Any], as_int) -> dict[str, Any]:
+def mla_model_fields(args: dict[str, Any], as_int, notes: list[str]) -> dict[str, Any]:
     """Multi-head latent attention sizes (zeros without --multi-latent-attention, so a config with ordinary
     attention never matches a latent-attention catalog model), and the head width they imply, whatever
     --kv-channels says: queries and keys of qk-head-dim + qk-pos-emb-head-dim, as megatron-core's
-    multi_latent_attention.py builds them (its q_head_dim; kv_channels is not read there)."""
+    multi_latent_attention.py builds them (its q_head_dim; kv_channels is not read there). With MLA,
+    --qk-layernorm builds the latents' norms (gpt_layer_specs: LayerNormLinear up-projections), not per-head
+    ones: qk_norm False, and a note where the script leaves them out."""
     if not args.get("--multi-latent-attention"):
         return {"q_lora_rank": 0, "kv_lora_rank": 0, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0, "v_head_dim": 0}
+    if not args.get("--qk-layernorm"):
+        notes.append("--multi-latent-attention without --qk-layernorm: megatron-core then builds no norms on the "
+                     "query and key/value latents, which DeepSeek's attention has (q_a/kv_a_layernorm); costed with "
+                     "them (add --qk-layernorm to train the published model)")
     size = {flag: as_int(args, flag, default) for flag, default in MLA_DEFAULTS.items()}
     out = {"q_lora_rank": as_int(args, "--q-lora-rank", 0) or 0, "kv_lora_rank": size["--kv-lora-rank"],
            "qk_nope_head_dim": size["--qk-head-dim"], "qk_rope_head_dim": size["--qk-pos-emb-head-dim"],
            "v_head_dim": size["--v-head-dim"]}
     out["head_dim"] = size["--qk-head-dim"] + size["--qk-pos-emb-head-dim"]
+    out["qk_norm"] = False
     return out
 
 

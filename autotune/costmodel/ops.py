@@ -147,22 +147,18 @@ def fp8_casts(ops: list[Op] | tuple[Op, ...], side: str, fused: bool = True) -> 
 
 
 def mla_projections(model: ModelSpec, shape: LayerShape) -> list[Op]:
-    """Multi-head latent attention's projections (DeepSeek-V2, Sec. 2.1): the query and key/value
-    down-projections (replicated over tp, as Megatron builds them), the norms of their latents and the
-    up-projections (split over tp)."""
+    """Multi-head latent attention's projections (DeepSeek-V2, Sec. 2.1): the query and key/value down-projections
+    (replicated over tp, as Megatron builds them), their latents' norms and the up-projections (split over tp)."""
     t, e, tp, h, heads = shape.tokens, shape.elem, shape.tp, model.hidden_size, model.num_heads
     qk = model.qk_nope_head_dim + model.qk_rope_head_dim
-    ops = []
-    if model.q_lora_rank:  # each latent is normalized before its up-projection (q_a_layernorm, kv_a_layernorm)
-        ops.append(_gemm("q_down_proj", t, h, model.q_lora_rank, e))
-        ops.append(_norm("q_latent_norm", model, t, model.q_lora_rank, e, shape.fused))
-        ops.append(_gemm("q_up_proj", t, model.q_lora_rank, heads * qk / tp, e))
-    else:
-        ops.append(_gemm("q_proj", t, h, heads * qk / tp, e))
-    ops.append(_gemm("kv_down_proj", t, h, model.kv_lora_rank + model.qk_rope_head_dim, e))
-    ops.append(_norm("kv_latent_norm", model, t, model.kv_lora_rank, e, shape.fused))
-    ops.append(_gemm("kv_up_proj", t, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim) / tp,
-                     e))
+    # each latent is normalized before its up-projection (q_a_layernorm, kv_a_layernorm)
+    ops = [_gemm("q_down_proj", t, h, model.q_lora_rank, e),
+           _norm("q_latent_norm", model, t, model.q_lora_rank, e, shape.fused),
+           _gemm("q_up_proj", t, model.q_lora_rank, heads * qk / tp, e)] if model.q_lora_rank else [
+        _gemm("q_proj", t, h, heads * qk / tp, e)]
+    ops += [_gemm("kv_down_proj", t, h, model.kv_lora_rank + model.qk_rope_head_dim, e),
+            _norm("kv_latent_norm", model, t, model.kv_lora_rank, e, shape.fused),
+            _gemm("kv_up_proj", t, model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim) / tp, e)]
     return ops
 
 
