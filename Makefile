@@ -30,7 +30,7 @@ $(TRAINERS_STAMP): $(STAMP) requirements-trainers.txt
 	echo "torch==2.13.0" > $(VENV)/constraints.txt
 	$(PIP) torch==2.13.0
 	$(PIP) -c $(VENV)/constraints.txt -r requirements-trainers.txt
-	$(PIP) --no-deps megatron-core==0.16.1 torchtitan==0.3.0 spmd_types==0.2.3 triton
+	$(PIP) --no-deps megatron-core==0.16.1 torchtitan==0.3.0 spmd_types==0.2.3 triton torchao==0.18.0
 	$(PIP) --no-deps --target $(VENV)/torchtitan-0.2.2 torchtitan==0.2.2
 	$(PY) -m pip download --quiet --disable-pip-version-check --no-deps deepspeed==0.19.8 -d $(VENV)/downloads
 	DS_BUILD_OPS=0 $(PIP) --no-deps --no-build-isolation $(VENV)/downloads/deepspeed-0.19.8.tar.gz

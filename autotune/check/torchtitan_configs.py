@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from autotune.emit.torchtitan import BF16_CONFIG, bf16_config_name, moe_config_name
+from autotune.emit.torchtitan import BF16_CONFIG, bf16_config_name, float8_config_name, moe_config_name
 from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY
 
 #: config function -> {section: {key: value}}; activation_checkpoint "mode" stands for the function's FullAC /
@@ -42,13 +42,22 @@ def _own_bases() -> dict[str, str]:
     """The config functions autotune's launch writes (emit/torchtitan.py) -> the function each replaces only the
     model and learning rate of: the bf16 Llama 3 on llama3_70b's recipe, an MoE flavor on its `base`."""
     out = {bf16_config_name(config): "llama3_70b" for config in BF16_CONFIG}
+    out.update(_float8_bases())
     out.update((moe_config_name(m), m.base) for m in MOE_REGISTRY.values() if not m.config)
     return out
 
 
 def config_defaults(name: str) -> dict[str, dict[str, Any]]:
     """The settings config function `name` starts a launch from (empty for one autotune does not know)."""
-    return copy.deepcopy(CONFIG_DEFAULTS.get(_own_bases().get(name, name), {}))
+    out = copy.deepcopy(CONFIG_DEFAULTS.get(_own_bases().get(name, name), {}))
+    if name in _float8_bases():  # autotune's FP8 function: its base's settings, the linear layers converted
+        out.setdefault("model", {})["converters"] = ["float8"]
+    return out
+
+
+def _float8_bases() -> dict[str, str]:
+    """autotune's FP8 config functions (emit/torchtitan.py) -> the bf16 function each converts."""
+    return {float8_config_name(config): config for config, _ in REGISTRY.values() if config not in BF16_CONFIG}
 
 
 def with_overrides(defaults: dict[str, dict[str, Any]], tree: dict[str, Any]) -> dict[str, Any]:

@@ -137,6 +137,9 @@ def read_overrides(text: str) -> Reading:
         raise SpecError(f"--job.config_file {toml}: the run takes its settings from that TOML, which autotune does "
                         f"not follow from a script; check it: autotune check {toml}"
                         + (f" (with the script's overrides {', '.join(others)} written into it)" if others else ""))
+    if not config:
+        notes.append("no --config: costed from torchtitan's own defaults (bf16 linears among them); the config "
+                     "function a launch names sets the recipe, FP8 included: check the launch script to read it")
     return reading_from_tree(with_overrides(config_defaults(config), tree), "cli", model, notes)
 
 

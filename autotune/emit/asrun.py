@@ -58,6 +58,10 @@ def what_runs(inp: EmitInput, trainer: str, fmt: str | None = None) -> AsRun:
     if runs is not None:
         plan = runs(inp.plan, plan)
     job = as_run_job(inp.job, trainer, fmt)
+    if trainer == "torchtitan" and fmt != "toml" and inp.job.dtype == "fp8":  # a config function converts to FP8
+        from autotune.emit.torchtitan_mapping import float8_on_command_line
+
+        job = replace(job, dtype="fp8" if float8_on_command_line(inp.model) else job.dtype)
     if plan.zero not in job.state_zero_stages:  # e.g. Megatron FSDP, which keeps fp32 main weights and moments
         job = replace(job, optimizer_states="fp32")
     return AsRun(plan, job, tuple(notes), as_run_model(inp.model, trainer, inp.job.seq_len))

@@ -37,11 +37,18 @@ def moe_config_name(moe: MoeModel) -> str:
     return f"{moe.module}_{moe.flavor.lower().replace('-', '_').replace('.', '_')}"
 
 
+def float8_config_name(config: str) -> str:
+    """The name of the FP8 config function the launch writes in place of torchtitan's bf16 `config`."""
+    return f"{config}_float8"
+
+
 def own_config_names() -> dict[str, str]:
     """The config functions the launch writes itself (CONFIG_MODULE) -> the catalog model each trains (the first
     of its shape), so `autotune check` reads them back."""
     out = {bf16_config_name(config): name for name, (config, _) in reversed(REGISTRY.items())
            if config in BF16_CONFIG}
+    out.update((float8_config_name(config), name) for name, (config, _) in reversed(REGISTRY.items())
+               if config not in BF16_CONFIG)
     out.update((moe_config_name(m), name) for name, m in MOE_REGISTRY.items() if not m.config)
     return out
 
@@ -90,8 +97,11 @@ def _config_function(inp: EmitInput) -> tuple[str, str, tuple[tuple[str, str], .
     registry = REGISTRY.get(inp.model.known_as)
     if registry is None:
         return "llama3", "", ()
-    if registry[0] not in BF16_CONFIG:
+    fp8 = inp.job.dtype == "fp8"
+    if (registry[0] in BF16_CONFIG) == fp8:  # torchtitan's own function trains the model in the plan's precision
         return "llama3", registry[0], ()
+    if fp8:
+        return _float8_config_function(inp, *registry)
     flavor, lr = BF16_CONFIG[registry[0]]
     name = bf16_config_name(registry[0])
     module = (commented(header_lines(inp, "torchtitan", TARGET["cli"]) + [
@@ -105,6 +115,25 @@ def _config_function(inp: EmitInput) -> tuple[str, str, tuple[tuple[str, str], .
         f"def {name}():\n"
         f'    return dataclasses.replace(llama3_70b(), model_spec=model_registry("{flavor}"), '
         f"optimizer=default_adamw(lr={lr!r}))\n")
+    return CONFIG_MODULE, name, ((f"{CONFIG_MODULE}.py", module),)
+
+
+def _float8_config_function(inp: EmitInput, config: str, flavor: str) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """An FP8 plan of a model whose torchtitan config function trains in bf16: that function with the model's
+    linear layers converted as llama3_405b converts them (Float8LinearConverter, rowwise, the LM head kept bf16)."""
+    name = float8_config_name(config)
+    module = (commented(header_lines(inp, "torchtitan", TARGET["cli"]) + [
+        f"torchtitan's {config} config function trains in bf16; this one converts the {flavor} model's linear layers",
+        "to Float8 as llama3_405b does (rowwise scaling, the LM head kept in bf16); the launch script's flags set",
+        "the plan, torch.compile included."])
+        + "import dataclasses\n\n"
+        "from torchtitan.components.quantization import Float8LinearConverter\n"
+        "from torchtitan.models.llama3 import model_registry\n"
+        f"from torchtitan.models.llama3.config_registry import {config}\n\n\n"
+        f"def {name}():\n"
+        f'    converter = Float8LinearConverter.Config(filter_fqns=["lm_head"], '
+        f"model_compile_enabled={inp.job.fused_kernels!r})\n"
+        f'    return dataclasses.replace({config}(), model_spec=model_registry("{flavor}", converters=[converter]))\n')
     return CONFIG_MODULE, name, ((f"{CONFIG_MODULE}.py", module),)
 
 

@@ -34,6 +34,14 @@ REGISTRY = {
 }
 
 
+
+def float8_on_command_line(model) -> bool:
+    """Whether autotune's 0.3.x launch trains `model` in FP8: the Llama 3 models, through a config function with
+    torchtitan's Float8LinearConverter (llama3_405b's own, or one autotune writes beside the script); torchtitan's
+    command line has no flag for it."""
+    return not model.is_moe and model.known_as in REGISTRY
+
+
 @dataclass(frozen=True, slots=True)
 class MoeModel:
     """A catalog MoE model that torchtitan ships: its module (0.3.0 --module, 0.2.x [model] name), the 0.3.0
@@ -114,9 +122,10 @@ def map_plan(inp: EmitInput, fmt: str) -> Mapping:
              ("training", "seq_len", job.seq_len)]
     if job.dtype == "fp16":
         warnings.append("dtype fp16: torchtitan's mixed precision is bfloat16 or float32 only; emitted bfloat16")
-    elif job.dtype == "fp8" and fmt == "cli":
+    elif job.dtype == "fp8" and fmt == "cli" and not float8_on_command_line(inp.model):
         warnings.append("dtype fp8: torchtitan 0.3.x enables Float8 through a converter in the config function "
-                        "(Float8LinearConverter), not a flag; emitted bfloat16 mixed precision")
+                        "(Float8LinearConverter), not a flag, and autotune writes one only for the Llama 3 models; "
+                        "emitted bfloat16 mixed precision")
     keys.append(("training", "mixed_precision_param", "bfloat16"))
     if job.optimizer_states == "bf16-moments" and fmt == "cli":  # fp32 parameters, bf16 Adam moments (0.3.0)
         keys.append(("optimizer", "implementation", "fused_opt_states_bf16"))

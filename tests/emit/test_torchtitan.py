@@ -167,6 +167,34 @@ def test_bf16_adam_moments_are_torchtitans_own_optimizer(tmp_path, tt030):
     assert plain["optimizer_implementation"] == "fused"
 
 
+def test_fp8_plans_train_float8_linears_through_a_config_function(tmp_path, tt030, monkeypatch):
+    """torchtitan 0.3.0's command line has no FP8 flag (tyro refuses --model.converters): an FP8 Llama 3 plan gets
+    a config function beside the script that converts the linear layers as llama3_405b does. torchtitan builds it
+    (on a CPU, with the SM 8.9 check answered yes): every transformer linear a Float8Linear, the LM head bf16. The
+    405B model's own function already converts; the files no longer warn that they fall back to bf16."""
+    pytest.importorskip("torchao", reason="torchao is installed by `make trainers` (--no-deps)")
+    import torchtitan.components.quantization.float8 as float8
+
+    monkeypatch.setattr(float8, "has_cuda_capability", lambda *_: True)
+    inp = scenario("even")
+    inp = dataclasses.replace(inp, job=dataclasses.replace(inp.job, dtype="fp8"))
+    out = emit_torchtitan(inp)
+    assert not any("fp8" in w for w in out.warnings)
+    written = dict(out.files)
+    for name, text in written.items():
+        (tmp_path / name).write_text(text)
+    argv = launched_argv(inp, tmp_path)
+    assert argv[:4] == ["--module", "autotune_torchtitan_config", "--config", f"{REGISTRY[inp.model.name][0]}_float8"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from torchtitan.config import ConfigManager
+
+    model = ConfigManager().parse_args(argv[:4]).model_spec.model
+    linears = [type(getattr(layer.attention, "wo")).__qualname__ for layer in model.layers]
+    assert set(linears) == {"Float8Linear.Config"} and type(model.lm_head).__qualname__ == "Linear.Config"
+    big = dataclasses.replace(inp, model=dataclasses.replace(inp.model, catalog_name="llama3-405b"))
+    assert "--config \"${TT_CONFIG:-llama3_405b}\"" in dict(emit_torchtitan(big).files)["launch_torchtitan.sh"]
+
+
 def _swap(argv: list[str], flag: str, *values: str) -> list[str]:
     """argv with `flag` and its values replaced by `flag *values` (dropped when no values are given)."""
     i = j = argv.index(flag)
