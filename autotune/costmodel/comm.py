@@ -39,19 +39,28 @@ def group_link(hw: HardwareSpec, size: int, stride: int) -> Link:
     NIC: each node boundary is crossed once per channel, so the node's g NICs carry the traffic together and
     the achieved bandwidth is min(NVLink, g x NIC), not one NIC (NCCL's topology search; nccl-tests' bus
     bandwidth on 8-GPU nodes with 8 NICs equals the node's total NIC rate). Latency is hierarchical: only
-    the steps that cross nodes pay the network's alpha (NCCL src/graph/tuning.cc)."""
+    the steps that cross nodes pay the network's alpha (NCCL src/graph/tuning.cc). Groups of a span that does
+    not divide the node (tp 4 on 6-GPU nodes) are not all inside one: the slowest straddles two, with
+    gcd(span, gpus_per_node) of its ranks on the smaller side, and sets the pace."""
     intra_bw = hw.intra_node_bandwidth * hw.efficiency.intra_node_comm
-    if size * stride <= hw.gpus_per_node:
+    if within_nodes(hw, size * stride):
         return Link(intra_bw, hw.intra_node_latency, max(1, size), hw.intra_node_latency)
-    per_node = max(1, min(size, hw.gpus_per_node // max(1, stride)))
+    span = size * stride
+    per_node = max(1, min(size, (hw.gpus_per_node if span > hw.gpus_per_node else
+                                 math.gcd(span, hw.gpus_per_node)) // max(1, stride)))
     nic = hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
     return Link(min(intra_bw, per_node * nic), hw.inter_node_latency, per_node, hw.intra_node_latency, nic)
+
+
+def within_nodes(hw: HardwareSpec, span: int) -> bool:
+    """Whether every group of `span` consecutive ranks sits inside one node: span divides the node's GPUs."""
+    return span <= hw.gpus_per_node and hw.gpus_per_node % span == 0
 
 
 def p2p_link(hw: HardwareSpec, size: int, stride: int) -> Link:
     """The link of one pipeline send between neighbouring members of a group: NVLink when the whole group sits
     in one node, else one GPU's NIC (the slowest hop of the pipeline sets its pace)."""
-    if size * stride <= hw.gpus_per_node:
+    if within_nodes(hw, size * stride):
         return Link(hw.intra_node_bandwidth * hw.efficiency.intra_node_comm, hw.intra_node_latency)
     return Link(hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm, hw.inter_node_latency)
 

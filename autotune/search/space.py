@@ -141,7 +141,7 @@ def _allowed(values: list, pins: tuple | None) -> list:
 
 def tp_options(model: ModelSpec, gpus: int, gpus_per_node: int, space: SearchSpace) -> list[tuple[str, int]]:
     """(mode, tp) pairs. 1-D: tp divides the query and key/value heads (Megatron) and, by default, stays in a
-    node. 2-D/2.5-D/3-D: tp is a grid (q^2, d*q^2, q^3) whose side divides the heads and widths; grids span
+    node (divides its GPUs: tp 4 on 6-GPU nodes would put some groups across two). 2-D/2.5-D/3-D: tp is a grid (q^2, d*q^2, q^3) whose side divides the heads and widths; grids span
     nodes by design. The micro-batch rule of a grid is checked per micro-batch size."""
     out = []
     for mode in space.tp_mode or ("1d",):
@@ -150,7 +150,7 @@ def tp_options(model: ModelSpec, gpus: int, gpus_per_node: int, space: SearchSpa
         if mode == "1d":
             limit = None if space.allow_cross_node_tp else gpus_per_node
             values = [d for d in divisors(model.num_heads)
-                      if model.num_kv_heads % d == 0 and (limit is None or d <= limit)]
+                      if model.num_kv_heads % d == 0 and (limit is None or limit % d == 0)]
         else:
             values = [d for d in degree_values(gpus, space) if d > 1 and grid_fits(mode, d, model)]
         out += [(mode, tp) for tp in _allowed(values, space.tp)]

@@ -118,6 +118,42 @@ def test_group_link_follows_gpus_per_node():
     assert comm.group_link(hw, 4, 1).latency == hw.intra_node_latency
 
 
+
+def test_groups_that_do_not_divide_the_node_straddle_two():
+    """Ranks are numbered tp-fastest, so with 6 GPUs a node the tp-4 groups are ranks 0-3 (node 0), 4-7 (two on
+    node 0, two on node 1), 8-11 (node 1), ...: by hand, the straddling groups have 2 = gcd(4, 6) ranks on each
+    side and cross the network, and the slowest group sets a collective's pace (user-tester: costed as NVLink).
+    Every group of a span dividing the node stays inside (tp 2, tp 3, tp 2 x cp 3)."""
+    hw = replace(toy_hardware(), gpus_per_node=6)
+    nic = hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
+    nvlink = hw.intra_node_bandwidth * hw.efficiency.intra_node_comm
+    link = comm.group_link(hw, 4, 1)
+    assert link == comm.Link(min(nvlink, 2 * nic), hw.inter_node_latency, 2, hw.intra_node_latency, nic)
+    assert comm.p2p_link(hw, 4, 1).latency == hw.inter_node_latency
+    for size, stride in ((2, 1), (3, 1), (3, 2), (6, 1)):
+        assert comm.group_link(hw, size, stride).latency == hw.intra_node_latency
+    assert comm.group_link(hw, 2, 4).ranks_per_node == 1  # ranks 2 and 6 of a span of 8: one on each node
+
+
+def test_a_tp_that_does_not_divide_the_node_is_refused_unless_allowed():
+    """tp 4 on 6-GPU nodes puts some tp groups across two nodes: refused as a tp above the node is (plan's
+    space leaves it out, estimate and check_plan refuse it), accepted with --allow-cross-node-tp."""
+    from autotune.catalog import load_model
+    from autotune.errors import InvalidPlanError
+    from autotune.search.space import SearchSpace, tp_options
+    from autotune.specs.job import JobSpec
+    from autotune.specs.plan import Plan, check_plan
+
+    model = load_model("llama3-70b")
+    assert [tp for _, tp in tp_options(model, 48, 6, SearchSpace())] == [1, 2]
+    assert 4 in [tp for _, tp in tp_options(model, 48, 6, SearchSpace(allow_cross_node_tp=True))]
+    plan = Plan(tp=4, pp=4, dp=3, mbs=1, num_microbatches=16, recompute="full", layers_per_stage=(20,) * 4)
+    job = JobSpec(global_batch=48, seq_len=8192)
+    with pytest.raises(InvalidPlanError, match="tp 4 does not divide the 6 GPUs of a node, so some tp groups"):
+        check_plan(plan, model, job, 48, 6)
+    check_plan(plan, model, job, 48, 6, allow_cross_node_tp=True)
+    check_plan(plan, model, job, 48, 8)
+
 # ------------------------------------------------------------------------------ bucketed overlap
 def simulate_buckets(total: float, bucket: float, window: float, per_bucket) -> float:
     """Event simulation: nb = ceil(total/bucket) equal buckets; bucket j (1..nb) becomes ready at j*window/nb
