@@ -8,7 +8,9 @@ import re
 from typing import Any
 
 from autotune.errors import SpecError
-from autotune.specs._strict import boolean, shown
+from autotune.specs._strict import shown
+from autotune.specs.hf_families import (PLAIN_MLP_TYPES, STATE_SPACE_KEYS, bias_of, kv_heads, model_from_gpt2_config,
+                                        norm_of, switch)
 from autotune.specs.model import ModelSpec, model_from_dict
 
 
@@ -57,19 +59,24 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         raise SpecError(f"{where}: expected a JSON object")
     data = _language_model(data, where)
     if "n_layer" in data:
-        return _model_from_gpt2_config(data, where)
+        return model_from_gpt2_config(data, where)
+    model_type = str(data.get("model_type", ""))
+    if ssm := [k for k in STATE_SPACE_KEYS if data.get(k) is not None]:
+        raise SpecError(f"{where}: {', '.join(ssm)}: a {model_type or 'state-space'} model has state-space (Mamba) "
+                        "layers, which autotune does not model; it plans Transformer blocks only")
+    if model_type == "falcon" and "intermediate_size" not in data and "hidden_size" in data:
+        data = {**data, "intermediate_size": 4 * data["hidden_size"]}  # FalconMLP: 4h, no such key
     need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
     missing = [k for k in need if k not in data]
     if missing:
         raise SpecError(f"{where}: Hugging Face config is missing {', '.join(missing)}; "
                         "a Llama-style config.json needs num_hidden_layers, hidden_size, num_attention_heads, "
                         "intermediate_size and vocab_size")
-    act = data.get("hidden_act", data.get("hidden_activation", "silu"))
+    act = data.get("hidden_act", data.get("hidden_activation", "gelu" if model_type in PLAIN_MLP_TYPES else "silu"))
     if not isinstance(act, str) or act not in _HF_ACT:  # a list or object would not even hash
         raise SpecError(f"{where}: hidden_act {act!r} is not supported; use one of {', '.join(sorted(_HF_ACT))}")
-    model_type = str(data.get("model_type", ""))
     moe = _hf_moe_keys(data, model_type, where)
-    activation = _HF_ACT[act]
+    activation = "gelu" if model_type in PLAIN_MLP_TYPES else _HF_ACT[act]
     if activation == "gelu" and model_type in _GATED_MODEL_TYPES:
         activation = "geglu"
     spec = {
@@ -77,16 +84,14 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         "num_layers": data["num_hidden_layers"],
         "hidden_size": data["hidden_size"],
         "num_heads": data["num_attention_heads"],
-        "num_kv_heads": (data["num_attention_heads"] if data.get("num_key_value_heads") is None
-                         else data["num_key_value_heads"]),
+        "num_kv_heads": kv_heads(data, model_type),
         "ffn_hidden_size": data["intermediate_size"],
         "vocab_size": data["vocab_size"],
         "activation": activation,
-        "norm": "layernorm" if model_type in ("bert", "gpt2", "opt", "falcon") else "rmsnorm",
+        "norm": norm_of(data, model_type, where),
         # transformers' default is tied, but Llama-family configs default to untied
-        "tied_embeddings": _switch(data, "tie_word_embeddings", model_type not in _UNTIED_BY_DEFAULT, where),
-        "bias": "qkv" if data.get("attention_bias") is None and model_type.startswith("qwen2")
-        else ("all" if _switch(data, "attention_bias", False, where) else "none"),
+        "tied_embeddings": switch(data, "tie_word_embeddings", model_type not in _UNTIED_BY_DEFAULT, where),
+        "bias": bias_of(data, model_type, where),
         "source": f"Hugging Face config {where}",
     }
     if data.get("head_dim") is not None:  # null: hidden / heads, as transformers takes it
@@ -94,6 +99,8 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
     if model_type in _QK_NORM_TYPES:
         spec["qk_norm"] = True
     spec.update(_hf_training_keys(data, where))
+    if data.get("num_nextn_predict_layers"):  # multi-token prediction modules (DeepSeek-V3, MiMo)
+        spec["mtp_layers"] = data["num_nextn_predict_layers"]
     spec.update(moe)
     spec.update(_hf_window_and_clamp(data, model_type, where))
     if model_type == "bert":
@@ -103,6 +110,7 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         return model_from_dict(spec, where)
     except SpecError as exc:  # name the config.json key the user wrote, not autotune's field it became
         raise SpecError(_hf_names(str(exc))) from None
+
 
 
 #: Families whose config.json gives the expert width apart from the dense MLP's (moe_intermediate_size).
@@ -166,8 +174,6 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
         out["ffn_hidden_size"] = data["intermediate_size_mlp"]
     if data.get("first_k_dense_replace"):
         out["first_dense_layers"] = data["first_k_dense_replace"]
-    if data.get("num_nextn_predict_layers"):  # DeepSeek-V3's multi-token prediction modules
-        out["mtp_layers"] = data["num_nextn_predict_layers"]
     if isinstance(data.get("n_group"), int) and data["n_group"] > 1:  # DeepSeek's group-limited routing
         if not isinstance(data.get("topk_group"), int) or isinstance(data.get("topk_group"), bool):
             raise SpecError(f"{where}: n_group {data['n_group']} needs topk_group (the groups a token's experts come "
@@ -332,37 +338,6 @@ def _hf_training_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
                         f"{shown(factor)}")
     out.update(rope_scaling=kind, rope_scaling_factor=float(factor))
     return out
-
-
-def _model_from_gpt2_config(data: dict[str, Any], where: str) -> ModelSpec:
-    """GPT-2/GPT-3 style keys (n_layer, n_embd, n_head, n_inner)."""
-    missing = [k for k in ("n_layer", "n_embd", "n_head", "vocab_size") if k not in data]
-    if missing:
-        raise SpecError(f"{where}: GPT-2 style config is missing {', '.join(missing)}")
-    hidden = data["n_embd"]
-    spec = {
-        "name": where,
-        "num_layers": data["n_layer"],
-        "hidden_size": hidden,
-        "num_heads": data["n_head"],
-        "ffn_hidden_size": data.get("n_inner") or 4 * hidden,
-        "vocab_size": data["vocab_size"],
-        "activation": "gelu",
-        "norm": "layernorm",
-        "tied_embeddings": _switch(data, "tie_word_embeddings", True, where),
-        "bias": "all",
-        "dropout": True,
-        "position_embedding": "learned",
-        "max_position_embeddings": data.get("n_positions") or data.get("n_ctx") or 1024,
-        "source": f"GPT-2 style config {where}",
-    }
-    return model_from_dict(spec, where)
-
-
-def _switch(data: dict[str, Any], key: str, default: bool, where: str) -> bool:
-    """A true/false key of config.json (`default` when absent or null): a string such as "false" is an error,
-    not silently true."""
-    return default if data.get(key) is None else boolean(data, key, where)
 
 
 #: autotune's ModelSpec fields -> the config.json keys they are read from, for error messages.

@@ -1,0 +1,91 @@
+"""Hugging Face config.json families whose blocks differ from Llama's in the keys they leave implicit: the MLP
+(plain GeLU), the norm (LayerNorm), the biases and Falcon's key/value heads, and GPT-2-style keys (n_layer,
+n_embd; GPT-J and CodeGen rotate instead of learning positions). hf_config.py reads the rest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.specs._strict import boolean, shown
+from autotune.specs.model import ModelSpec, model_from_dict
+
+#: Families whose MLP is one up-projection and a GeLU (c_fc/fc1 + c_proj/fc2, transformers' modeling files),
+#: whatever hidden_act names: StarCoder2's gelu_pytorch_tanh is not Gemma's gated unit
+PLAIN_MLP_TYPES = ("gpt_neox", "starcoder2", "phi", "falcon", "gptj", "codegen", "bloom", "opt", "gpt_bigcode")
+#: Families normalized by LayerNorm (mean and variance) rather than RMSNorm; `norm_type` overrides
+_LAYERNORM_TYPES = ("bert", "gpt2", "opt", "falcon", "gpt_neox", "starcoder2", "phi", "gptj", "codegen", "bloom",
+                    "stablelm")
+#: Families with biases on every linear layer by default (their `use_bias` / `bias` / `attention_bias` keys win)
+_BIASED_TYPES = ("gpt_neox", "starcoder2", "phi", "bloom", "opt", "codegen")
+#: Keys of state-space or hybrid layers (Jamba, Mamba, Zamba, Falcon-Mamba): not Transformer blocks
+STATE_SPACE_KEYS = ("mamba_d_state", "mamba_expand", "state_size", "ssm_cfg", "attn_layer_period")
+
+
+def kv_heads(data: dict[str, Any], model_type: str) -> Any:
+    """Key/value heads: num_key_value_heads; Falcon's multi_query (one) or num_kv_heads (40B, 180B)."""
+    if data.get("num_key_value_heads") is not None:
+        return data["num_key_value_heads"]
+    if model_type == "falcon":
+        if data.get("new_decoder_architecture") and data.get("num_kv_heads") is not None:
+            return data["num_kv_heads"]
+        if data.get("multi_query", True):  # FalconConfig's default
+            return 1
+    return data["num_attention_heads"]
+
+
+def norm_of(data: dict[str, Any], model_type: str, where: str) -> str:
+    """LayerNorm or RMSNorm: `norm_type` where a config gives it (StarCoder2), else the family's."""
+    given = data.get("norm_type")
+    if given is not None:
+        if given not in ("layer_norm", "rms_norm", "layernorm", "rmsnorm"):
+            raise SpecError(f"{where}: norm_type {shown(given)} must be layer_norm or rms_norm")
+        return "layernorm" if given.startswith("layer") else "rmsnorm"
+    return "layernorm" if model_type in _LAYERNORM_TYPES else "rmsnorm"
+
+
+def bias_of(data: dict[str, Any], model_type: str, where: str) -> str:
+    """Linear-layer biases: every layer's (`use_bias` StarCoder2, `bias` Falcon, the families with them by
+    default), the QKV projection's alone (Qwen2), or none (attention_bias as given)."""
+    for key in ("use_bias", "bias"):
+        if data.get(key) is not None:
+            return "all" if switch(data, key, False, where) else "none"
+    if data.get("attention_bias") is None and model_type.startswith("qwen2"):
+        return "qkv"
+    return "all" if switch(data, "attention_bias", model_type in _BIASED_TYPES, where) else "none"
+
+
+def model_from_gpt2_config(data: dict[str, Any], where: str) -> ModelSpec:
+    """GPT-2/GPT-3 style keys (n_layer, n_embd, n_head, n_inner)."""
+    missing = [k for k in ("n_layer", "n_embd", "n_head", "vocab_size") if k not in data]
+    if missing:
+        raise SpecError(f"{where}: GPT-2 style config is missing {', '.join(missing)}")
+    hidden = data["n_embd"]
+    rotary = str(data.get("model_type", "")) in ("gptj", "codegen") or bool(data.get("rotary_dim"))
+    spec = {
+        "name": where,
+        "num_layers": data["n_layer"],
+        "hidden_size": hidden,
+        "num_heads": data["n_head"],
+        "ffn_hidden_size": data.get("n_inner") or 4 * hidden,
+        "vocab_size": data["vocab_size"],
+        "activation": "gelu",
+        "norm": "layernorm",
+        "tied_embeddings": switch(data, "tie_word_embeddings", not rotary, where),
+        "bias": "all",
+        "dropout": True,
+        "position_embedding": "learned",
+        "max_position_embeddings": data.get("n_positions") or data.get("n_ctx") or 1024,
+        "source": f"GPT-2 style config {where}",
+    }
+    if rotary:  # GPT-J and CodeGen rotate (part of) each head and keep no position table; untied by default
+        spec["position_embedding"] = "rope"
+        del spec["max_position_embeddings"]
+    return model_from_dict(spec, where)
+
+
+def switch(data: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    """A true/false key of config.json (`default` when absent or null): a string such as "false" is an error,
+    not silently true."""
+    return default if data.get(key) is None else boolean(data, key, where)
+

@@ -1,0 +1,77 @@
+"""specs/hf_families.py: config.json families that leave their MLP, norm, biases or key/value heads implicit, and
+GPT-2-style keys. Parameter counts are pinned to the published totals (user-tester: StarCoder2-15B read as a gated
+RMSNorm model without biases, 21.7B; Falcon's multi-query heads ignored; GPT-J refused as learned positions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.costmodel.memory import total_params
+from autotune.errors import SpecError
+from autotune.specs.hf_config import model_from_hf_config
+
+#: bigcode/starcoder2-15b's config.json (the shape keys; published total 15.96B on its model card)
+STARCODER2_15B = {"model_type": "starcoder2", "hidden_act": "gelu_pytorch_tanh", "hidden_size": 6144,
+                  "intermediate_size": 24576, "num_attention_heads": 48, "num_key_value_heads": 4,
+                  "num_hidden_layers": 40, "vocab_size": 49152, "norm_type": "layer_norm", "use_bias": True,
+                  "sliding_window": 4096, "rope_theta": 100000, "tie_word_embeddings": False}
+#: EleutherAI/gpt-j-6b's config.json (GPT-2-style keys, rotary; 6,053,381,344 parameters)
+GPT_J_6B = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_layer": 28, "n_positions": 2048, "rotary": True,
+            "rotary_dim": 64, "vocab_size": 50400, "tie_word_embeddings": False}
+#: EleutherAI/gpt-neox-20b's config.json (20,554,567,680 parameters, the GPT-NeoX-20B paper's Table 1 rounds 20.55B)
+GPT_NEOX_20B = {"model_type": "gpt_neox", "hidden_act": "gelu", "hidden_size": 6144, "intermediate_size": 24576,
+                "num_attention_heads": 64, "num_hidden_layers": 44, "vocab_size": 50432, "tie_word_embeddings": False,
+                "use_parallel_residual": True, "rotary_pct": 0.25}
+
+
+@pytest.mark.parametrize(("config", "published"), [(STARCODER2_15B, 15.96e9), (GPT_J_6B, 6.053e9),
+                                                   (GPT_NEOX_20B, 20.55e9)], ids=["starcoder2", "gptj", "neox"])
+def test_plain_gelu_layernorm_families_match_their_published_totals(config, published):
+    m = model_from_hf_config(config, "config.json")
+    assert (m.activation, m.norm, m.bias) == ("gelu", "layernorm", "all")
+    assert m.position_embedding == "rope"
+    assert total_params(m) == pytest.approx(published, rel=0.005)
+
+
+def test_falcon_reads_its_key_value_heads_and_implicit_mlp():
+    """tiiuae/falcon-7b: multi_query (one key/value head), no intermediate_size (FalconMLP is 4h), no hidden_act
+    (GeLU), bias false; falcon-40b: new_decoder_architecture with num_kv_heads 8."""
+    seven = model_from_hf_config({"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
+                                  "num_hidden_layers": 32, "vocab_size": 65024, "multi_query": True,
+                                  "parallel_attn": True, "bias": False}, "config.json")
+    assert (seven.num_kv_heads, seven.ffn_hidden_size, seven.activation, seven.norm, seven.bias) == (
+        1, 4 * 4544, "gelu", "layernorm", "none")
+    forty = model_from_hf_config({"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128,
+                                  "num_hidden_layers": 60, "vocab_size": 65024, "num_kv_heads": 8,
+                                  "new_decoder_architecture": True, "bias": False}, "config.json")
+    assert forty.num_kv_heads == 8
+
+
+def test_gated_families_keep_their_gated_unit():
+    """Gemma's gelu_pytorch_tanh is a gated GeLU; Llama's silu a SwiGLU; both RMSNorm without biases."""
+    base = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "vocab_size": 1000}
+    gemma = model_from_hf_config({**base, "model_type": "gemma", "hidden_act": "gelu_pytorch_tanh"}, "c")
+    llama = model_from_hf_config({**base, "model_type": "llama", "hidden_act": "silu"}, "c")
+    assert (gemma.activation, llama.activation) == ("geglu", "swiglu")
+    assert (gemma.norm, gemma.bias, llama.norm, llama.bias) == ("rmsnorm", "none", "rmsnorm", "none")
+
+
+def test_state_space_hybrids_are_refused():
+    """ai21labs/Jamba-v0.1 interleaves Mamba layers with attention: read as a Transformer it was 92.1B, not 51.6B."""
+    jamba = {"model_type": "jamba", "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 65536,
+             "num_experts": 16, "num_experts_per_tok": 2, "attn_layer_period": 8, "mamba_d_state": 16,
+             "mamba_expand": 2}
+    with pytest.raises(SpecError, match="state-space \\(Mamba\\) layers, which autotune does not model"):
+        model_from_hf_config(jamba, "config.json")
+
+
+def test_a_dense_model_keeps_its_multi_token_prediction():
+    """XiaomiMiMo/MiMo-7B-Base has num_nextn_predict_layers 1 on a dense model: read on the MoE path only, it was
+    dropped and the file matched llama3-8b's shape."""
+    m = model_from_hf_config({"model_type": "llama", "hidden_act": "silu", "hidden_size": 4096,
+                              "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+                              "num_hidden_layers": 32, "vocab_size": 128256, "tie_word_embeddings": False,
+                              "rope_theta": 500000.0, "num_nextn_predict_layers": 1}, "config.json")
+    assert m.mtp_layers == 1 and m.catalog_name != "llama3-8b"
