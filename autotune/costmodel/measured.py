@@ -171,7 +171,8 @@ def op_names(model: ModelSpec, seq_len: int = 0) -> frozenset[str]:
 def check_profile_model(profile: Profile, model: ModelSpec) -> None:
     """A profile times one model's shapes; using it for another would be silently wrong, and one that measured
     nothing at all (no ops, no comm tiers) would silently be the roofline."""
-    if profile.model is not None and profile.model != model.name:
+    if profile.model is not None and profile.model not in (model.name, model.known_as):  # a config.json that is
+        # the catalog model exactly (catalog_name) has its shapes
         raise SpecError(f"--profile {profile.path} was measured for model {profile.model!r}, not {model.name!r}; "
                         f"measure this model with `autotune profile --model {model.name} --out FILE`")
     if not profile.ops and not profile.comm:

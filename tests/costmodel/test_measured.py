@@ -116,6 +116,8 @@ def test_cost_model_with_a_profile():
 def test_profile_for_another_model_is_rejected_and_mismatches_warn():
     with pytest.raises(SpecError, match="measured for model 'tiny-gpt', not 'gpt-1.7b'"):
         CostModel(load_model("gpt-1.7b"), HW, JOB, _full_profile(1.0))
+    # a config.json that is the catalog model exactly (catalog_name) has its shapes (user-tester: refused by path)
+    CostModel(replace(MODEL, name="/data/tiny/config.json", catalog_name=MODEL.name), HW, JOB, _full_profile(1.0))
     warnings = profile_warnings(_full_profile(1.0), HW, "fp16")
     assert len(warnings) == 2 and "measured on cpu" in warnings[0] and "fp16" in warnings[1]
     gpu = replace(_full_profile(1.0), device=Device(kind="cuda", name="NVIDIA H100 80GB HBM3", threads=1))
