@@ -120,6 +120,25 @@ def test_models_json(cli):
     assert oss["active_params_B"] - oss["active_params_B_without_input_embedding"] == pytest.approx(0.579, abs=1e-3)
 
 
+
+def test_models_shows_how_a_config_json_is_read(cli, tmp_path):
+    """`autotune models FILE ...` reads each as plan and estimate do and says what the cost model takes, the
+    keys a config.json leaves implicit included (user-tester: nothing showed StarCoder2 read as a gated RMSNorm
+    model of 21.7B); a catalog name beside it is shown too, and --json carries the same reading."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "starcoder2", "hidden_act": "gelu_pytorch_tanh", "hidden_size": 6144,
+                                "intermediate_size": 24576, "num_attention_heads": 48, "num_key_value_heads": 4,
+                                "num_hidden_layers": 40, "vocab_size": 49152, "norm_type": "layer_norm",
+                                "use_bias": True, "sliding_window": 4096, "tie_word_embeddings": False}))
+    out = " ".join(cli("models", str(path), "llama3-8b").stdout.split())
+    assert ("plain GeLU MLP, LayerNorm, biases all, 48 query / 4 key-value heads of 128, RoPE, untied embeddings, "
+            "a 4096-token window on 40 layers; 15.96B parameters") in out
+    assert "llama3-8b: SwiGLU MLP, RMSNorm, biases none" in out and "gpt3-175b" not in out
+    doc = json.loads(cli("models", str(path), "--json").stdout)["models"]
+    assert [(m["activation"], m["norm"], m["bias"], m["params_B"]) for m in doc] == [
+        ("gelu", "layernorm", "all", pytest.approx(15.96, abs=0.01))]
+    assert "Read as" not in cli("models").stdout  # the catalog listing alone stays as it was
+
 def test_hardware_lists_the_catalog(cli):
     result = cli("hardware")
     assert result.exit_code == 0

@@ -23,6 +23,8 @@ def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[s
         "name": m.name, "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
         "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim, "ffn_hidden_size": m.ffn_hidden_size,
         "vocab_size": m.vocab_size, "activation": m.activation, "norm": m.norm, "tied_embeddings": m.tied_embeddings,
+        "bias": m.bias, "position_embedding": m.position_embedding,
+        **({"catalog_name": m.catalog_name} if m.catalog_name else {}),
         "params_B": rounded(total_params(m) / 1e9), "published_params_B": raw.get("published_params_B"),
         **({"num_experts": m.num_experts, "moe_top_k": m.moe_top_k, "moe_ffn_hidden_size": m.moe_ffn_hidden_size,
             "num_shared_experts": m.num_shared_experts, "first_dense_layers": m.first_dense_layers,
@@ -34,9 +36,10 @@ def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[s
     } for m, raw in models]}
 
 
-def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> Group:
+def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]], *, readings: bool = False) -> Group:
     """The shapes as a table, then each model's source on lines of its own: a source is a sentence, and as a
-    table column at a pipe's 120 characters it was cut to one letter."""
+    table column at a pipe's 120 characters it was cut to one letter. `readings`: each model's block as the cost
+    model takes it too (reading_line), for the models a user names (a config.json's implicit keys)."""
     table = Table(title="Models (--model NAME, or a path to a config.json)", title_justify="left",
                   caption="params B (N act): all parameters, and the N billion one token passes through, input "
                           "embedding included (as Mistral and Qwen count; OpenAI's GPT-OSS card leaves it out: "
@@ -53,7 +56,29 @@ def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> Group
                       + (f", MTP {m.mtp_layers}" if m.mtp_layers else ""),
                       f"{total_params(m) / 1e9:.2f}" + (f" ({active_params(m) / 1e9:.1f} act)" if m.is_moe else ""))
         sources.add_row(f"{m.name}:", source_clause(m.source))
-    return Group(table, Text(""), Text("Sources (--json has each in full):"), sources)
+    parts = [table, Text(""), Text("Sources (--json has each in full):"), sources]
+    if readings:
+        read = Table.grid(padding=(0, 1))
+        read.add_column(no_wrap=True)
+        read.add_column(overflow="fold")
+        for m, _ in models:
+            read.add_row(f"{m.name}:", reading_line(m))
+        parts += [Text(""), Text("Read as (what plan and estimate cost):"), read]
+    return Group(*parts)
+
+
+def reading_line(m: ModelSpec) -> str:
+    """How a model's block is read, keys a config.json may leave implicit included."""
+    gated = {"swiglu": "SwiGLU", "geglu": "GeGLU", "gelu": "plain GeLU"}[m.activation]
+    window = (f", a {m.sliding_window}-token window on {m.sliding_window_layers or m.num_layers} layers"
+              if m.sliding_window else "")
+    twin = f", the catalog's {m.catalog_name} exactly" if m.catalog_name else ""
+    return (f"{gated} MLP, {'LayerNorm' if m.norm == 'layernorm' else 'RMSNorm'}, biases {m.bias}, "
+            f"{m.num_heads} query / {m.num_kv_heads} key-value heads of {m.head_dim}, "
+            f"{'RoPE' if m.position_embedding == 'rope' else 'learned positions'}, "
+            f"{'tied' if m.tied_embeddings else 'untied'} embeddings{window}"
+            + (", query/key norms" if m.qk_norm else "") + (f", MTP {m.mtp_layers}" if m.mtp_layers else "")
+            + f"{twin}; {total_params(m) / 1e9:.2f}B parameters")
 
 
 def source_clause(source: str) -> str:
