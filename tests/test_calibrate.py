@@ -137,6 +137,14 @@ ERROR_CASES = {
     "non-numeric time": (("# a comment", HEADER, ROW_17B, ROW_36B.replace("3.697407", "fast")),
                          ":4: step_time_s: must be a number"),
     "non-positive time": ((HEADER, ROW_17B.replace("3.528018", "0"), ROW_36B), ":2: step_time_s: must be > 0"),
+    # the linear layers alone, 6 x 1.53B (no input embedding) x 512 x 2048 FLOPs, need 0.96 s on 32 A100s at their
+    # 312 TFLOP/s peak:
+    # a faster step is a typo (a 1e-200 once crashed the fit, 0.0072 pinned every efficiency at its bound)
+    "faster than peak": ((HEADER, ROW_17B.replace("3.528018", "0.5"), ROW_36B),
+                         ":2: step_time_s 0.5: faster than 32 x a100-80gb can compute: the linear layers alone "
+                         "would run at 601 TFLOP/s"),
+    "far faster than peak": ((HEADER, ROW_17B.replace("3.528018", "1e-200"), ROW_36B), "TFLOP/s per GPU, above its "
+                             "fp16 peak of 312; give seconds per optimizer step"),
     "non-numeric degree": ((HEADER, ROW_17B, ROW_36B.replace(",2,1,32,", ",two,1,32,")), ":3: tp: must be a whole"),
     "zero degree": ((HEADER, ROW_17B.replace(",1,1,32,1,", ",1,0,32,1,"), ROW_36B), ":2: pp: must be >= 1"),
     "bad bool": ((HEADER, ROW_17B.replace("false,false", "false,maybe"), ROW_36B), ":2: flash_attention: must be"),

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.catalog import PROFILES_DIR, load_hardware, load_model, read_json
+from autotune.costmodel.memory import active_params
 from autotune.errors import SpecError
 from autotune.fileio import decode_text, read_bounded
 from autotune.specs.hardware import HardwareSpec
@@ -58,6 +59,7 @@ from autotune.specs.limits import MAX_RUNS_FILE_BYTES, int_maximum
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import RECOMPUTES, SCHEDULES, Plan, check_plan, default_bucket, even_split, is_even_split
 from autotune.specs.trainer_jobs import runs_grad_reduce
+from autotune.units import TERA
 
 REQUIRED = ("model", "gpu", "gpus", "global_batch", "seq_len", "dtype", "tp", "pp", "dp", "cp", "mbs",
             "num_microbatches", "schedule", "vpp", "recompute", "zero", "sequence_parallel", "flash_attention",
@@ -182,7 +184,25 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
         check_plan(plan, model, job, ints["gpus"], hw.gpus_per_node)
     except SpecError as exc:  # check_plan names the command line's flag where a runs file has its column
         raise SpecError(f"{where}: plan: {str(exc).replace('--gpus is', 'the gpus column is')}") from None
+    _check_physical(where, step, model, job, plan, hw)
     return Run(line=no, model_name=row["model"], model=model, job=job, plan=plan, step_time_s=step)
+
+
+def _check_physical(where: str, step: float, model: ModelSpec, job: JobSpec, plan: Plan, hw: HardwareSpec) -> None:
+    """A step faster than the GPUs can compute is a typo (milliseconds, or a per-micro-batch time), and fitting
+    efficiencies to it pins every one at its bound: refused. The floor is the linear layers' work alone, 6 FLOPs
+    per parameter a token passes through (forward 2, backward 4), which no schedule or kernel avoids."""
+    work = 6.0 * active_params(model, input_embedding=False) * job.global_batch * job.seq_len
+    rate = work / (step * plan.num_gpus)
+    peak = hw.peak_flops(job.dtype)
+    if rate > peak:
+        raise SpecError(f"{where}: step_time_s {step:g}: faster than {plan.num_gpus} x {hw.name} can compute: the "
+                        f"linear layers alone would run at {_tflops(rate)} TFLOP/s per GPU, above its "
+                        f"{job.dtype} peak of {peak / TERA:,.0f}; give seconds per optimizer step")
+
+
+def _tflops(rate: float) -> str:
+    return f"{rate / TERA:,.0f}" if rate < 1e6 * TERA else f"{rate / TERA:.2e}"
 
 
 def _int(where: str, key: str, raw: str, *, minimum: int) -> int:
