@@ -146,6 +146,8 @@ class Shell:
     scalars: dict[str, str] = field(default_factory=dict)
     arrays: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    launcher: list[str] = field(default_factory=list)
+    """The words before the launched program (script.launch_words): torchrun's or deepspeed's, with their flags."""
 
     def value(self, name: str) -> str | None:
         if name in self.arrays:

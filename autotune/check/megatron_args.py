@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from typing import Any
 
-from autotune.check.bash import tokenize
+from autotune.check.bash import Shell, tokenize
 from autotune.check.megatron_layout import check_layout, parse_layout
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, dispatcher, mla_model_fields, moe_model_fields,
@@ -26,7 +27,7 @@ from autotune.check.megatron_recompute import recompute_setting
 from autotune.check.megatron_values import float_arg as _float, int_arg as _int
 from autotune.check.overlaps import overlap_settings
 from autotune.check.reading import Reading, check_sizes, misspelling_of
-from autotune.check.script import launch_words
+from autotune.check.script import launch_words, launcher_world
 from autotune.errors import SpecError
 from autotune.specs.limits import check_max
 from autotune.specs.model import MAX_MTP_LAYERS
@@ -115,13 +116,13 @@ def read_megatron(text: str) -> Reading:
     """A launch script (the words after its pretrain_gpt.py) or a plain file of arguments."""
     first = next((w for w in tokenize(text) if not isinstance(w, str)), None)
     if first is not None and first.raw.startswith("--"):
-        from autotune.check.bash import Shell  # a file of arguments: expand defaults, nothing to run
-
-        shell = Shell()
+        shell = Shell()  # a file of arguments: expand defaults, nothing to run
         argv = [w for word in tokenize(text) if not isinstance(word, str) for w in shell.expand(word)]
         notes = list(shell.notes)
     else:
-        argv, notes = launch_words(text, lambda w: os.path.basename(w) == PROGRAM, PROGRAM)
+        shell = Shell()
+        argv, notes = launch_words(text, lambda w: os.path.basename(w) == PROGRAM, PROGRAM, shell)
+        return replace(reading_from_args(argv, notes), launch=launcher_world(shell.launcher))
     return reading_from_args(argv, notes)
 
 

@@ -75,6 +75,8 @@ class Reading:
     moe_imbalance: float | None = None
     """Busiest expert's load over the mean where the config fixes it (1.0: forced balanced routing); None: the
     cost model's default for learned routing (JobSpec.moe_imbalance)."""
+    launch: tuple[int | None, int | None] = (None, None)
+    """(GPUs per node, nodes) the script's launcher starts (torchrun --nproc_per_node, --nnodes); None: not given."""
     model_fields: dict[str, Any] | None = None
     """The model's shape where the config defines it (ModelSpec field names; vocab_size may be missing)."""
     model_soft: dict[str, Any] | None = None

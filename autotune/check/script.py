@@ -183,6 +183,7 @@ def launch_words(text: str, is_program: Callable[[str], bool], what: str,
                             "check the variables it tests)")
         for k, word in enumerate(expanded):
             if is_program(word):
+                shell.launcher = expanded[:k]
                 return expanded[k + 1:], shell.notes
             if k > 0 and expanded[k - 1] == "-c" and what in word:  # bash -c "... pretrain_gpt.py ..."
                 return launch_words(word, is_program, what, shell)
@@ -193,3 +194,27 @@ def launch_words(text: str, is_program: Callable[[str], bool], what: str,
 def text_is_func(cmd: Command) -> bool:
     """`name() {`: the splitter drops the `(` `)` and leaves the name and `{`."""
     return len(cmd.words) == 2 and cmd.words[-1].raw == "{"
+
+
+#: Launcher flags that size the job: torchrun's (and torch.distributed.run/launch's) and deepspeed's ->
+#: 0 for GPUs per node, 1 for nodes
+_LAUNCH_FLAGS = {"--nproc_per_node": 0, "--nproc-per-node": 0, "--num_gpus": 0, "--num-gpus": 0, "--nnodes": 1,
+                 "--num_nodes": 1, "--num-nodes": 1}
+
+
+def launcher_world(words: list[str]) -> tuple[int | None, int | None]:
+    """(GPUs per node, nodes) a launcher's words start, each None where not a plain count (absent, "gpu",
+    an elastic "2:4")."""
+    out: list[int | None] = [None, None]
+    i = 0
+    while i < len(words):
+        flag, eq, inline = words[i].partition("=")
+        if flag in _LAUNCH_FLAGS:
+            value = inline if eq else (words[i + 1] if i + 1 < len(words) else "")
+            if value.isdigit() and int(value) > 0:
+                out[_LAUNCH_FLAGS[flag]] = int(value)
+            i += 1 if eq else 2
+            continue
+        i += 1
+    return out[0], out[1]
+

@@ -18,12 +18,13 @@ both become one nested dict and one mapping, the inverse of autotune/emit/torcht
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from typing import Any
 
 from autotune.catalog import model_names
 from autotune.check.bash import Shell, tokenize
 from autotune.check.reading import Reading, check_sizes, misspelling_of
-from autotune.check.script import launch_words
+from autotune.check.script import launch_words, launcher_world
 from autotune.check.torchtitan_configs import config_defaults, model_options_message, with_overrides
 from autotune.emit.torchtitan import own_config_names
 from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY
@@ -92,13 +93,13 @@ def read_toml(text: str) -> Reading:
 
 def read_overrides(text: str) -> Reading:
     """A 0.3.x launch script (its words after torchtitan.train) or a file of overrides."""
+    launch = Shell()
     if "torchtitan.train" in text or "torchtitan/train.py" in text:
         words, notes = launch_words(text, lambda w: w in ("torchtitan.train", "torchtitan/train.py"),
-                                    "torchtitan.train")
-    else:
-        shell = Shell()
-        words = [w for word in tokenize(text) if not isinstance(word, str) for w in shell.expand(word)]
-        notes = list(shell.notes)
+                                    "torchtitan.train", launch)
+    else:  # a file of overrides: expand defaults, nothing to run
+        words = [w for word in tokenize(text) if not isinstance(word, str) for w in launch.expand(word)]
+        notes = list(launch.notes)
     tree: dict[str, Any] = {}
     model, config = None, ""
     i = 0
@@ -140,7 +141,8 @@ def read_overrides(text: str) -> Reading:
     if not config:
         notes.append("no --config: costed from torchtitan's own defaults (bf16 linears among them); the config "
                      "function a launch names sets the recipe, FP8 included: check the launch script to read it")
-    return reading_from_tree(with_overrides(config_defaults(config), tree), "cli", model, notes)
+    return replace(reading_from_tree(with_overrides(config_defaults(config), tree), "cli", model, notes),
+                   launch=launcher_world(launch.launcher))
 
 
 def _is_number(word: str) -> bool:

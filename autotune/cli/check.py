@@ -75,12 +75,13 @@ def check_command(
         raise SpecError(f"--work-limit must be > 0, got {work_limit:g}")
     if emit_better is not None:
         check_target(Path(emit_better), directory=True, flag="--emit-better")
-    hw = load_cluster(gpu, gpus_per_node)
     kind, reading, fmt = read_config(config, trainer, gpus)
+    hw = load_cluster(gpu, gpus_per_node or reading.launch[0])  # a node as the launcher starts it
     try:
         u = understand(config, reading, trainer=kind, fmt=fmt, gpus=gpus, model_arg=model, seq_len_arg=seq_len)
     except SpecError as exc:
         raise type(exc)(in_config_terms(str(exc), kind)) from None
+    u = replace(u, notes=u.notes + launch_notes(reading.launch, gpus, hw.gpus_per_node))
     try:
         check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
     except InvalidPlanError as exc:
@@ -123,6 +124,20 @@ def check_command(
                 typer.echo(f"{f.level}: {f.message}", err=True)
     if code:
         raise typer.Exit(code)
+
+
+def launch_notes(launch: tuple[int | None, int | None], gpus: int, per_node: int) -> tuple[str, ...]:
+    """What the script's launcher starts, where it is not what is checked (torchrun --nproc_per_node x --nnodes
+    against --gpus and the node size)."""
+    starts, nodes = launch
+    out = []
+    if starts is not None and starts != per_node:
+        out.append(f"the launcher starts {starts} GPUs a node (--nproc_per_node); checked with --gpus-per-node "
+                   f"{per_node}")
+    if starts is not None and nodes is not None and starts * nodes != gpus:
+        out.append(f"the launcher starts {nodes} x {starts} = {starts * nodes} GPUs (--nnodes x --nproc_per_node); "
+                   f"checked here at --gpus {gpus}")
+    return tuple(out)
 
 
 def _flushed(u: Understood, hw: HardwareSpec, measured: Any, config: Path, gpus: int) -> Estimate:

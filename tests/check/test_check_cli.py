@@ -822,3 +822,25 @@ def test_understood_line_says_whether_torchtitan_compiles(cli, tmp_path: Path, c
     result = cli("check", str(config), "--gpu", "h100-sxm", "--gpus", "8")
     understood = next(line for line in result.stdout.splitlines() if line.startswith("understood: "))
     assert understood.endswith(", bf16, " + words), understood
+
+
+def test_the_launchers_node_size_and_world_are_read(cli, tmp_path: Path) -> None:
+    """torchrun's --nproc_per_node sizes a node (a plan for 4-GPU nodes was checked on 8, 14.187 s read as 13.931:
+    user-tester), and --nnodes x --nproc_per_node against --gpus is said; --gpus-per-node given wins, noted."""
+    from autotune.check.script import launcher_world
+
+    assert launcher_world(["torchrun", "--nproc_per_node", "4", "--nnodes=16"]) == (4, 16)
+    assert launcher_world(["torchrun", "--nproc-per-node=gpu", "--nnodes", "2:4"]) == (None, None)
+    assert launcher_world(["deepspeed", "--num_gpus", "8", "--num_nodes", "2"]) == (8, 2)
+    script = ("#!/bin/bash\nGPUS_PER_NODE=4\ntorchrun --nproc_per_node $GPUS_PER_NODE --nnodes 4 pretrain_gpt.py "
+              "--bf16 --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer "
+              "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 " + LLAMA_8B_SHAPE + "\n")
+    path = _write(tmp_path, "run.sh", script)
+    doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16")
+    assert doc["job"]["gpus_per_node"] == 4 and not any("launcher" in n for n in doc["check"]["notes"])
+    doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "32")
+    assert ("the launcher starts 4 x 4 = 16 GPUs (--nnodes x --nproc_per_node); checked here at --gpus 32"
+            in doc["check"]["notes"])
+    doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16", "--gpus-per-node", "8")
+    assert doc["job"]["gpus_per_node"] == 8
+    assert "the launcher starts 4 GPUs a node (--nproc_per_node); checked with --gpus-per-node 8" in doc["check"]["notes"]
