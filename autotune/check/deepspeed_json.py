@@ -273,8 +273,8 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     if not isinstance(interval, int) or isinstance(interval, bool) or interval < 0:
         raise SpecError(f"activation_checkpoint_interval must be a whole number, got {interval!r}")
     if interval > 1:
-        notes.append(f"activation_checkpoint_interval {interval}: checkpoints every {ordinal(interval)} layer boundary; "
-                     "costed as full recompute of every layer")
+        notes.append(f"activation_checkpoint_interval {interval}: checkpoints every {ordinal(interval)} layer "
+                     "boundary; costed as full recompute of every layer")
     check_sizes(where, degrees=(tp, pp, cp))
     mbs, gas, tbs = (_size(config, key, where) for key in ("train_micro_batch_size_per_gpu",
                                                            "gradient_accumulation_steps", "train_batch_size"))

@@ -843,4 +843,5 @@ def test_the_launchers_node_size_and_world_are_read(cli, tmp_path: Path) -> None
             in doc["check"]["notes"])
     doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "16", "--gpus-per-node", "8")
     assert doc["job"]["gpus_per_node"] == 8
-    assert "the launcher starts 4 GPUs a node (--nproc_per_node); checked with --gpus-per-node 8" in doc["check"]["notes"]
+    notes = doc["check"]["notes"]
+    assert "the launcher starts 4 GPUs a node (--nproc_per_node); checked with --gpus-per-node 8" in notes
