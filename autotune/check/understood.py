@@ -30,6 +30,7 @@ from autotune.specs.trainer_jobs import as_run_model
 CHECK_TRAINERS = ("megatron", "torchtitan", "deepspeed")
 MAX_CONFIG_BYTES = 4 << 20
 _HEADER_MODEL = re.compile(r"^#? ?model (\S+) on \d+ x ", re.M)
+_HEADER_ROUTING = re.compile(r"^#? ?routing: the busiest expert's tokens (\d+(?:\.\d+)?) x the mean", re.M)
 #: autotune's header line for the plan a file runs (emit/common.py), as far as `check` compares it.
 _HEADER_PLAN = re.compile(r"plan: tp (\d+), pp (\d+), dp (\d+), cp (\d+), mbs (\d+) x (\d+), ([\w-]+) \(vpp (\d+)\)"
                           r", recompute [^,]*, zero (\d+), layers ([\d,]+)")
@@ -116,8 +117,14 @@ def read_config(path: Path, trainer: str | None, gpus: int) -> tuple[str, Readin
     if hint is None and trainer == "deepspeed":
         hint = re.search(r'"model (\S+) on \d+ x ', text)
     header = _HEADER_PLAN.search(text)
-    return (trainer, replace(reading, model_hint=hint.group(1) if hint else None,
-                             header_plan=header.group(0) if header else None), fmt)
+    reading = replace(reading, model_hint=hint.group(1) if hint else None,
+                      header_plan=header.group(0) if header else None)
+    routed = _HEADER_ROUTING.search(text)
+    if routed is not None and reading.moe_imbalance is None:  # the config leaves routing to the run: as planned
+        reading = replace(reading, moe_imbalance=float(routed.group(1)),
+                          notes=(*reading.notes, f"routing imbalance {routed.group(1)} from autotune's header "
+                                 "(the run's, no flag sets it; --moe-imbalance checks another)"))
+    return trainer, reading, fmt
 
 
 def header_note(header: str | None, plan: Plan) -> str | None:

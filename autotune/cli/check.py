@@ -17,8 +17,8 @@ from autotune.check.reading import in_config_terms
 from autotune.check.understood import CHECK_TRAINERS, Understood, read_config, understand
 from autotune.cli.inputs import load_cost_profile
 from autotune.cli.launch import launch_config
-from autotune.cli.options import (GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, WorkLimitOpt, check_simulation_size,
-                                  load_cluster, show_warnings)
+from autotune.cli.options import (GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, MoeImbalanceOpt, WorkLimitOpt,
+                                  build_job, check_moe_flags, check_simulation_size, load_cluster, show_warnings)
 from autotune.cli.searching import run_search
 from autotune.costmodel.accumulation import flushed_estimate, one_flush
 from autotune.costmodel.estimate import CostModel, Estimate
@@ -50,7 +50,7 @@ def check_command(
                                               "does not define it (DeepSpeed always).")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", help="Tokens per sequence, where the config does not "
                                                 "give it (DeepSpeed).")] = None,
-    gpus_per_node: GpusPerNodeOpt = None,
+    gpus_per_node: GpusPerNodeOpt = None, moe_imbalance: MoeImbalanceOpt = None,
     max_gap: Annotated[float | None, typer.Option("--max-gap", metavar="PCT", help="Exit 4 when the best plan is "
                                                   "faster by more than PCT percent.")] = None,
     output_format: Annotated[str, typer.Option("--format", metavar="text|github", help="github: one workflow "
@@ -82,6 +82,11 @@ def check_command(
     except SpecError as exc:
         raise type(exc)(in_config_terms(str(exc), kind)) from None
     u = replace(u, notes=u.notes + launch_notes(reading.launch, gpus, hw.gpus_per_node))
+    if moe_imbalance is not None:  # the run's routing, which no flag of the config sets (header: planned)
+        check_moe_flags(u.model, moe_imbalance, "alltoall", None, False)
+        build_job(u.job.global_batch, u.job.seq_len, u.job.dtype, False, False, moe_imbalance=moe_imbalance)
+        u = replace(u, job=replace(u.job, moe_imbalance=moe_imbalance),
+                    notes=tuple(n for n in u.notes if not n.startswith("routing imbalance ")))
     try:
         check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
     except InvalidPlanError as exc:

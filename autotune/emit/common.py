@@ -37,6 +37,9 @@ def header_lines(inp: EmitInput, trainer: str, target: str, fmt: str | None = No
         lines += [_predicted(inp.step_time_s, inp.peak_memory_gib, inp.mfu) + " for the planned plan below, not "
                   f"re-estimated for what {trainer} runs",
                   f"planned: {_plan_line(planned)[len('plan: '):]} (see autotune's warnings)"]
+    if inp.model.is_moe:  # a property of the run, not a flag: check reads it back from this line
+        lines.append(f"routing: the busiest expert's tokens {run.job.moe_imbalance:g} x the mean (autotune's "
+                     "--moe-imbalance)")
     return lines + [f"not modelled: {note}" for note in run.notes]
 
 

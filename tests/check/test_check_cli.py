@@ -845,3 +845,24 @@ def test_the_launchers_node_size_and_world_are_read(cli, tmp_path: Path) -> None
     assert doc["job"]["gpus_per_node"] == 8
     notes = doc["check"]["notes"]
     assert "the launcher starts 4 GPUs a node (--nproc_per_node); checked with --gpus-per-node 8" in notes
+
+
+def test_routing_imbalance_roundtrips_through_the_header_and_the_flag(cli, tmp_path: Path) -> None:
+    """A plan's routing imbalance is a property of the run, not a config flag: autotune's header states it and
+    check reads it back (a plan of 1.0 read at the default 1.25 predicted 1.425 s for 1.270: user-tester);
+    --moe-imbalance checks another, refused past E/k as plan refuses it."""
+    out = tmp_path / "run"
+    done = cli("plan", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "256",
+               "--seq-len", "4096", "--ep", "8", "--moe-imbalance", "1.0", "--trainer", "megatron", "--top", "0",
+               "--out", str(out), "--json", "--no-timings")
+    planned = json.loads(done.stdout)
+    script = out / "launch_megatron.sh"
+    assert "# routing: the busiest expert's tokens 1 x the mean (autotune's --moe-imbalance)" in script.read_text()
+    doc, _ = _check_json(cli, str(script), "--gpu", "h100-sxm", "--gpus", "64")
+    assert doc["step_time_s"] == planned["step_time_s"] and doc["job"]["moe_imbalance"] == 1.0
+    assert any(n.startswith("routing imbalance 1 from autotune's header") for n in doc["check"]["notes"])
+    other, _ = _check_json(cli, str(script), "--gpu", "h100-sxm", "--gpus", "64", "--moe-imbalance", "2")
+    assert other["job"]["moe_imbalance"] == 2.0 and other["step_time_s"] > doc["step_time_s"]
+    assert not any(n.startswith("routing imbalance") for n in other["check"]["notes"])
+    with pytest.raises(SpecError, match="--moe-imbalance 200: "):
+        cli("check", str(script), "--gpu", "h100-sxm", "--gpus", "64", "--moe-imbalance", "200")
