@@ -75,6 +75,9 @@ class Reading:
     moe_imbalance: float | None = None
     """Busiest expert's load over the mean where the config fixes it (1.0: forced balanced routing); None: the
     cost model's default for learned routing (JobSpec.moe_imbalance)."""
+    shard_replicas: int = 1
+    """Replicas the data-parallel ranks form, each sharding the state over dp / replicas only (torchtitan's HSDP,
+    Megatron's distributed-optimizer instances): the memory is costed for that shard group."""
     launch: tuple[int | None, int | None] = (None, None)
     """(GPUs per node, nodes) the script's launcher starts (torchrun --nproc_per_node, --nnodes); None: not given."""
     model_fields: dict[str, Any] | None = None

@@ -251,10 +251,9 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     zero = 0 if shard == 1 else (3 if reshard == "always" or (reshard == "default" and pp == 1) else
                                  2 if pp == 1 else 1)
     if replicate > 1 and shard != 1 and zero:
-        notes.append(f"HSDP (data_parallel_replicate_degree {replicate} x shard degree "
-                     f"{'the rest' if shard == -1 else shard}): costed as FSDP over all the data-parallel ranks, but "
-                     "the run shards weights, gradients and optimizer state over the shard degree only: its memory "
-                     "is under-predicted (and replicas all-reduce gradients on top)")
+        notes.append(f"HSDP (replicate {replicate} x shard {'the rest' if shard == -1 else shard}): the state is "
+                     "sharded over the shard degree only, as costed for memory; the step is costed as FSDP over "
+                     "every data-parallel rank (the replicas' gradient all-reduce is not)")
     if zero in (1, 2):
         notes.append(f"FSDP2 without resharding after forward: read as ZeRO-{zero} (torchtitan has no ZeRO-1/2; "
                      "weights are sharded between steps too)" + (", the closest stage a pipeline allows" if zero == 1
@@ -296,7 +295,8 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
         seq_len=seq, vpp=vpp, schedule=schedule, recompute=recompute,
         recompute_every=recompute_every, zero=zero, sequence_parallel=sp,
         tp_overlap=async_tp, layers_per_stage=layers, split=split, split_extra=extra, dtype=dtype,
-        fused_kernels=_compiled_model(tree), model_name=model, notes=tuple(notes))
+        fused_kernels=_compiled_model(tree), model_name=model, notes=tuple(notes),
+        shard_replicas=replicate if shard != 1 and zero else 1)
 
 
 #: optimizer.implementation's values (torchtitan 0.3.0 OptimizersContainer.Config; 0.2.x lacks the last)

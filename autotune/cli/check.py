@@ -103,6 +103,8 @@ def check_command(
     measured = load_cost_profile(None, gpu, u.model, hw, u.job)
     cm = CostModel(u.model, hw, u.job, measured)
     est = cm.estimate(u.plan) if u.flushes == 1 else _flushed(u, hw, measured, config, gpus)
+    if reading.shard_replicas > 1:
+        est = _sharded_memory(est, u, hw, measured, reading.shard_replicas)
     best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
     notes = u.notes + hw.kernel_warnings(u.job.dtype, u.job.flash_attention)
     findings = _findings(est, best, max_gap, notes, search_note)
@@ -143,6 +145,20 @@ def launch_notes(launch: tuple[int | None, int | None], gpus: int, per_node: int
         out.append(f"the launcher starts {nodes} x {starts} = {starts * nodes} GPUs (--nnodes x --nproc_per_node); "
                    f"checked here at --gpus {gpus}")
     return tuple(out)
+
+
+def _sharded_memory(est: Estimate, u: Understood, hw: HardwareSpec, measured: Any, replicas: int) -> Estimate:
+    """est with the memory of a run whose state is sharded over dp / replicas ranks only (HSDP, Megatron's
+    distributed-optimizer instances): each stage's memory is that of the same plan on dp / replicas ranks with
+    the same batch per rank, which differs only there."""
+    if u.plan.dp % replicas:
+        raise SpecError(f"the config forms {replicas} data-parallel replicas over dp {u.plan.dp}, which they do not "
+                        "divide; make the replicas divide the data-parallel size")
+    plan, job = replace(u.plan, dp=u.plan.dp // replicas), replace(u.job, global_batch=u.job.global_batch // replicas)
+    if u.flushes > 1:
+        plan, job = one_flush(plan, job, u.flushes)
+    mem = CostModel(u.model, hw, job, measured).estimate(plan)
+    return replace(est, stages=tuple(s._replace(memory=m.memory) for s, m in zip(est.stages, mem.stages)))
 
 
 def _flushed(u: Understood, hw: HardwareSpec, measured: Any, config: Path, gpus: int) -> Estimate:

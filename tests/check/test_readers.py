@@ -474,15 +474,15 @@ def test_a_ds_pipeline_model_key_autotune_never_writes_is_refused() -> None:
         _model_fields({**block, "colour": "red"})
 
 
-def test_hsdp_says_its_memory_is_under_predicted() -> None:
-    """torchtitan's HSDP (replicate x shard) shards the state over the shard degree only, which the cost model's
-    FSDP over every data-parallel rank does not express: the reading says so (user-tester, 2026-11-25)."""
+def test_hsdp_shards_its_state_over_the_shard_degree() -> None:
+    """torchtitan's HSDP (replicate x shard) shards the state over the shard degree only: the reading gives its
+    replicas, whose shard group check costs the memory with, and says so (user-tester, 2026-11-25)."""
     r = read_toml('[model]\nname = "llama3"\nflavor = "70B"\n[training]\nlocal_batch_size = 8\nseq_len = 8192\n'
                   "[parallelism]\ndata_parallel_replicate_degree = 4\ndata_parallel_shard_degree = 2\n"
                   "tensor_parallel_degree = 8\n")
-    assert r.dp == 8 and r.zero == 3
-    assert any("HSDP (data_parallel_replicate_degree 4 x shard degree 2)" in n and "under-predicted" in n
-               for n in r.notes), r.notes
+    assert r.dp == 8 and r.zero == 3 and r.shard_replicas == 4
+    assert any(n.startswith("HSDP (replicate 4 x shard 2): the state is sharded over the shard degree only, as "
+                            "costed for memory") for n in r.notes), r.notes
 
 
 def test_megatron_spellings_a_user_tester_met() -> None:
