@@ -24,10 +24,11 @@ from autotune.specs.plan import DEEPSPEED_BUCKET
 ZERO_READ = {"stage", "reduce_bucket_size", "overlap_comm", "offload_optimizer", "offload_param",
              "allgather_bucket_size", "contiguous_gradients", "reduce_scatter", "allgather_partitions",
              "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save", "elastic_checkpoint",
-             "ignore_unused_parameters", "load_from_fp32_weights"}
+             "ignore_unused_parameters", "load_from_fp32_weights",
+             "stage3_prefetch_bucket_size"}  # autotune's ZeRO-3 files write the plan's bucket there (not costed apart)
 KNOWN = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization",
          "bf16", "fp16", "pipeline", "_autotune", "data_types", "communication_data_type",
-         "sequence_parallel_size", "data_parallel_size"}
+         "sequence_parallel_size", "data_parallel_size", "tensor_parallel"}
 NEUTRAL = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", "optimizer", "scheduler",
            "activation_checkpointing", "prescale_gradients", "tensorboard", "wandb",
            "csv_monitor", "flops_profiler", "comms_logger", "zero_allow_untested_optimizer", "amp",
@@ -242,6 +243,9 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     pipe_cfg = config.get("pipeline", {}) if isinstance(config.get("pipeline"), dict) else {}
     interval = pipe_cfg.get("activation_checkpoint_interval", 0)
     tp, pp, cp, sp, layers = 1, 1, 1, False, None
+    autotp = config.get("tensor_parallel") if isinstance(config.get("tensor_parallel"), dict) else {}
+    if autotp.get("autotp_size"):  # DeepSpeed's AutoTP training (TPTrainingConfig.autotp_size)
+        tp = _int(autotp, "autotp_size", f"{where}: tensor_parallel")
     if pipeline is not None:
         pwhere = "ds_pipeline.json"
         for key in ("num_stages", "mpu"):
@@ -251,6 +255,9 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
         mpu = pipeline["mpu"]
         if not isinstance(mpu, dict) or "tensor_model_parallel_size" not in mpu:
             raise SpecError(f"{pwhere}: missing mpu.tensor_model_parallel_size")
+        if autotp.get("autotp_size") and tp != _int(mpu, "tensor_model_parallel_size", f"{pwhere}: mpu"):
+            raise SpecError(f"{where}: tensor_parallel.autotp_size {tp} but {pwhere}'s mpu.tensor_model_parallel_size "
+                            f"{mpu['tensor_model_parallel_size']}; make them agree")
         tp = _int(mpu, "tensor_model_parallel_size", f"{pwhere}: mpu")
         cp = _int(mpu, "sequence_parallel_world_size", f"{pwhere}: mpu") if "sequence_parallel_world_size" in mpu else 1
         sp = bool(mpu.get("sequence_parallel", False)) and tp > 1
@@ -297,6 +304,9 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
         if mbs is None or gas is None:
             raise SpecError(f"{where}: train_batch_size {tbs} does not split over dp {dp}; fix the batch keys")
         tbs = mbs * gas * dp
+    if pipeline is None and tp * pp * cp * dp != gpus and autotp.get("autotp_size"):
+        raise SpecError(f"{where}: tensor_parallel.autotp_size {tp} x data-parallel {dp} x sequence-parallel {cp} "
+                        f"= {tp * dp * cp} GPUs, but --gpus is {gpus}; fix the batch keys or the degree")
     if pipeline is None and tp * pp * cp * dp != gpus:
         tp = gpus // (pp * cp * dp) if gpus % (pp * cp * dp) == 0 else tp
         notes.append(f"no ds_pipeline.json: pp 1 assumed and tp {tp} (--gpus / dp) from the mpu, which DeepSpeed's "

@@ -892,3 +892,19 @@ def test_partly_sharded_state_is_costed_for_memory_over_its_shard_group(cli, tmp
     assert eight["stages"][0]["memory_gib"]["optimizer"] == pytest.approx(8 * one["stages"][0]["memory_gib"]
                                                                           ["optimizer"], rel=1e-6)
     assert eight["step_time_s"] == one["step_time_s"]
+
+
+def test_deepspeed_autotp_size_is_the_tensor_parallel_degree(cli, tmp_path: Path) -> None:
+    """DeepSpeed's AutoTP training reads tensor_parallel.autotp_size (TPTrainingConfig): it was "ignored" and the
+    config checked at tp 1, out of memory (user-tester). With dp 8 from the batch keys and 32 GPUs it is tp 4;
+    a degree that does not make --gpus is refused."""
+    config = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+              "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}, "tensor_parallel": {"autotp_size": 4}}
+    path = _write(tmp_path, "ds_config.json", json.dumps(config))
+    doc, _ = _check_json(cli, str(path), "--gpu", "h100-sxm", "--gpus", "32", "--model", "llama3-8b", "--seq-len",
+                         "4096")
+    assert (doc["plan"]["tp"], doc["plan"]["dp"]) == (4, 8)
+    assert not any("tensor_parallel" in n for n in doc["check"]["notes"])
+    with pytest.raises(SpecError, match="tensor_parallel.autotp_size 4 x data-parallel 8 x sequence-parallel 1 = 32 "
+                                        "GPUs, but --gpus is 64"):
+        cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "64", "--model", "llama3-8b", "--seq-len", "4096")
