@@ -5,6 +5,8 @@ same constraints; exit 5 when a stage is predicted out of memory, 4 when the bes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,7 +26,7 @@ from autotune.costmodel.accumulation import flushed_estimate, one_flush
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.costmodel.moe import deepep_refusal
 from autotune.emit import EmitInput
-from autotune.errors import InfeasibleError, InvalidPlanError, SpecError
+from autotune.errors import AutotuneError, InfeasibleError, InvalidPlanError, SpecError
 from autotune.fileio import check_target, write_files
 from autotune.render.common import dump_json, plan_line, plan_tag, precision_words, written_report
 from autotune.render.estimate import estimate_json
@@ -75,62 +77,74 @@ def check_command(
         raise SpecError(f"--work-limit must be > 0, got {work_limit:g}")
     if emit_better is not None:
         check_target(Path(emit_better), directory=True, flag="--emit-better")
-    kind, reading, fmt = read_config(config, trainer, gpus)
-    hw = load_cluster(gpu, gpus_per_node or reading.launch[0])  # a node as the launcher starts it
+    with _annotated(output_format, config):  # in a workflow, a config it cannot read is annotated too
+        kind, reading, fmt = read_config(config, trainer, gpus)
+        hw = load_cluster(gpu, gpus_per_node or reading.launch[0])  # a node as the launcher starts it
+        try:
+            u = understand(config, reading, trainer=kind, fmt=fmt, gpus=gpus, model_arg=model, seq_len_arg=seq_len)
+        except SpecError as exc:
+            raise type(exc)(in_config_terms(str(exc), kind)) from None
+        u = replace(u, notes=u.notes + launch_notes(reading.launch, gpus, hw.gpus_per_node))
+        if moe_imbalance is not None:  # the run's routing, which no flag of the config sets (header: planned)
+            check_moe_flags(u.model, moe_imbalance, "alltoall", None, False)
+            build_job(u.job.global_batch, u.job.seq_len, u.job.dtype, False, False, moe_imbalance=moe_imbalance)
+            u = replace(u, job=replace(u.job, moe_imbalance=moe_imbalance),
+                        notes=tuple(n for n in u.notes if not n.startswith("routing imbalance ")))
+        try:
+            check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
+        except InvalidPlanError as exc:
+            default = (f" (no --global-batch-size: Megatron's default is --micro-batch-size x data-parallel size = "
+                       f"{u.job.global_batch})" if kind == "megatron" and reading.global_batch is None else "")
+            raise InvalidPlanError(in_config_terms(f"{config}: the plan it runs breaks a rule: {exc}{default}", kind)
+                                   ) from None
+        if (issue := seq_len_issue(TRAINER_CAPS[u.trainer], u.plan, u.job.seq_len)) is not None:
+            raise SpecError(f"{config}: {issue} (the trainer refuses it at start-up); change the sequence length")
+        check_simulation_size(u.plan, str(config))
+        if u.model.is_moe and u.job.moe_dispatcher == "deepep" and (why := deepep_refusal(hw)):
+            raise SpecError(f"{config}: --moe-flex-dispatcher-backend deepep: {why}; use --moe-token-dispatcher-type "
+                            "alltoall")
+        measured = load_cost_profile(None, gpu, u.model, hw, u.job)
+        cm = CostModel(u.model, hw, u.job, measured)
+        est = cm.estimate(u.plan) if u.flushes == 1 else _flushed(u, hw, measured, config, gpus)
+        if reading.shard_replicas > 1:
+            est = _sharded_memory(est, u, hw, measured, reading.shard_replicas)
+        best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
+        notes = u.notes + hw.kernel_warnings(u.job.dtype, u.job.flash_attention)
+        findings = _findings(est, best, max_gap, notes, search_note)
+        if unproven:
+            findings.append(Finding("warning", "the best plan is not proven the best: --time-limit or --work-limit "
+                                    "stopped its search (a better plan may exist; raise the limit)", EXIT_LIMIT))
+        written = _emit_better(emit_better, u, best, hw) if emit_better is not None and best is not None else []
+        code = exit_code(findings)
+        if json_out:
+            doc = {**estimate_json(est, u.model, hw, u.job), "op_costs": cm.op_coverage(u.plan).as_dict(),
+                   "check": _check_json(config, u, est, best, findings, max_gap, written, code)}
+            typer.echo(dump_json(doc))
+        elif output_format == "github":
+            summary = Finding("notice", f"{u.trainer}: {plan_tag(u.plan)}: step {est.step_time_s:.3f} s, MFU "
+                                        f"{100 * est.mfu:.1f}%, peak {gib(est.peak_memory_bytes):.1f} GiB")
+            for finding in [summary, *findings]:
+                typer.echo(github_line(finding, str(config)))
+        else:
+            typer.echo(_report(config, u, est, best, hw))
+            if written:
+                typer.echo(written_report(written))
+            for f in findings:  # the verdicts behind the exit code are diagnostics: stderr, as every error
+                if f.level != "notice":
+                    typer.echo(f"{f.level}: {f.message}", err=True)
+        if code:
+            raise typer.Exit(code)
+
+
+@contextmanager
+def _annotated(output_format: str, config: Path) -> Iterator[None]:
+    """With --format github, an error also becomes the file's `::error` annotation (its exit code unchanged)."""
     try:
-        u = understand(config, reading, trainer=kind, fmt=fmt, gpus=gpus, model_arg=model, seq_len_arg=seq_len)
-    except SpecError as exc:
-        raise type(exc)(in_config_terms(str(exc), kind)) from None
-    u = replace(u, notes=u.notes + launch_notes(reading.launch, gpus, hw.gpus_per_node))
-    if moe_imbalance is not None:  # the run's routing, which no flag of the config sets (header: planned)
-        check_moe_flags(u.model, moe_imbalance, "alltoall", None, False)
-        build_job(u.job.global_batch, u.job.seq_len, u.job.dtype, False, False, moe_imbalance=moe_imbalance)
-        u = replace(u, job=replace(u.job, moe_imbalance=moe_imbalance),
-                    notes=tuple(n for n in u.notes if not n.startswith("routing imbalance ")))
-    try:
-        check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
-    except InvalidPlanError as exc:
-        default = (f" (no --global-batch-size: Megatron's default is --micro-batch-size x data-parallel size = "
-                   f"{u.job.global_batch})" if kind == "megatron" and reading.global_batch is None else "")
-        raise InvalidPlanError(in_config_terms(f"{config}: the plan it runs breaks a rule: {exc}{default}", kind)
-                               ) from None
-    if (issue := seq_len_issue(TRAINER_CAPS[u.trainer], u.plan, u.job.seq_len)) is not None:
-        raise SpecError(f"{config}: {issue} (the trainer refuses it at start-up); change the sequence length")
-    check_simulation_size(u.plan, str(config))
-    if u.model.is_moe and u.job.moe_dispatcher == "deepep" and (why := deepep_refusal(hw)):
-        raise SpecError(f"{config}: --moe-flex-dispatcher-backend deepep: {why}; use --moe-token-dispatcher-type "
-                        "alltoall")
-    measured = load_cost_profile(None, gpu, u.model, hw, u.job)
-    cm = CostModel(u.model, hw, u.job, measured)
-    est = cm.estimate(u.plan) if u.flushes == 1 else _flushed(u, hw, measured, config, gpus)
-    if reading.shard_replicas > 1:
-        est = _sharded_memory(est, u, hw, measured, reading.shard_replicas)
-    best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
-    notes = u.notes + hw.kernel_warnings(u.job.dtype, u.job.flash_attention)
-    findings = _findings(est, best, max_gap, notes, search_note)
-    if unproven:
-        findings.append(Finding("warning", "the best plan is not proven the best: --time-limit or --work-limit "
-                                "stopped its search (a better plan may exist; raise the limit)", EXIT_LIMIT))
-    written = _emit_better(emit_better, u, best, hw) if emit_better is not None and best is not None else []
-    code = exit_code(findings)
-    if json_out:
-        doc = {**estimate_json(est, u.model, hw, u.job), "op_costs": cm.op_coverage(u.plan).as_dict(),
-               "check": _check_json(config, u, est, best, findings, max_gap, written, code)}
-        typer.echo(dump_json(doc))
-    elif output_format == "github":
-        summary = Finding("notice", f"{u.trainer}: {plan_tag(u.plan)}: step {est.step_time_s:.3f} s, MFU "
-                                    f"{100 * est.mfu:.1f}%, peak {gib(est.peak_memory_bytes):.1f} GiB")
-        for finding in [summary, *findings]:
-            typer.echo(github_line(finding, str(config)))
-    else:
-        typer.echo(_report(config, u, est, best, hw))
-        if written:
-            typer.echo(written_report(written))
-        for f in findings:  # the verdicts behind the exit code are diagnostics: stderr, as every error
-            if f.level != "notice":
-                typer.echo(f"{f.level}: {f.message}", err=True)
-    if code:
-        raise typer.Exit(code)
+        yield
+    except AutotuneError as exc:
+        if output_format == "github":
+            typer.echo(github_line(Finding("error", " ".join(str(exc).split()), exc.exit_code), str(config)))
+        raise
 
 
 def launch_notes(launch: tuple[int | None, int | None], gpus: int, per_node: int) -> tuple[str, ...]:

@@ -908,3 +908,14 @@ def test_deepspeed_autotp_size_is_the_tensor_parallel_degree(cli, tmp_path: Path
     with pytest.raises(SpecError, match="tensor_parallel.autotp_size 4 x data-parallel 8 x sequence-parallel 1 = 32 "
                                         "GPUs, but --gpus is 64"):
         cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "64", "--model", "llama3-8b", "--seq-len", "4096")
+
+
+def test_github_format_annotates_a_config_it_cannot_read(autotune_proc, tmp_path: Path) -> None:
+    """In a workflow a bad config showed no annotation, only a plain stderr line (user-tester): with --format
+    github the error is also the file's ::error line on stdout; exit 1 and the stderr line stay."""
+    path = _write(tmp_path, "bad.sh", "torchrun pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 32\n")
+    proc = autotune_proc("check", str(path), "--gpu", "h100-sxm", "--gpus", "8", "--format", "github")
+    assert proc.returncode == 1
+    assert proc.stdout == (f"::error file={str(path).replace(':', '%3A').replace(',', '%2C')},title=autotune check::"
+                           "the megatron config does not give the sequence length; pass --seq-len N\n")
+    assert proc.stderr == "error: the megatron config does not give the sequence length; pass --seq-len N\n"
