@@ -52,7 +52,8 @@ NEUTRAL_VALUE = frozenset("""
 --fp8-amax-history-len --fp8-amax-compute-algo --tp-comm-overlap-cfg --logging-level --log-interval
 --hidden-dropout --attention-dropout --ffn-hidden-size --distributed-timeout-seconds --ckpt-assume-constant-structure
 --async-save --use-dist-ckpt --dist-ckpt-format
---hierarchical-context-parallel-sizes
+--hierarchical-context-parallel-sizes --dist-ckpt-strictness --rerun-mode --profile-step-start --profile-step-end
+--profile-ranks
 """.split())
 #: Switches (no value) that do not change the plan or its cost.
 NEUTRAL_SWITCH = frozenset("""
@@ -68,6 +69,7 @@ NEUTRAL_SWITCH = frozenset("""
 --ckpt-fully-parallel-load --async-save --deterministic-mode
 --tp-comm-overlap-disable-qkv --tp-comm-bulk-dgrad --tp-comm-bulk-wgrad --disable-tp-comm-split-ag
 --disable-tp-comm-split-rs --no-mmap-bin-files --fp8-wgrad --exit-on-missing-checkpoint --bf16-grad-reduce
+--exit-signal-handler --profile --align-param-gather --delay-wgrad-compute --enable-cuda-graph --use-tp-pp-dp-mapping
 """.split())
 #: Flags that take one value and that this reader uses.
 VALUE = frozenset("""

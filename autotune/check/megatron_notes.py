@@ -23,6 +23,13 @@ COSTED_OTHERWISE = {
                       "hierarchical exchanges are not modelled)",
     "--fp8-recipe": "--fp8-recipe: every FP8 recipe is costed as delayed/current per-tensor scaling on the GPU's FP8 "
                     "peak (MXFP8 runs on Blackwell only; blockwise scaling's extra scale traffic is not modelled)",
+    # (user-tester: these were "unknown flags", though Megatron-LM's arguments.py has them and they change the step)
+    "--delay-wgrad-compute": "--delay-wgrad-compute: weight gradients deferred to overlap the expert/tensor "
+                             "communication; costed where the backward computes them",
+    "--enable-cuda-graph": "--enable-cuda-graph: CUDA graphs replay each layer without kernel launches; costed with "
+                           "the launch gaps",
+    "--use-tp-pp-dp-mapping": "--use-tp-pp-dp-mapping: ranks ordered tp-pp-dp; costed in Megatron's default order "
+                              "(tp-cp-ep-dp-pp), which decides which groups share a node",
 }
 
 

@@ -534,3 +534,18 @@ def test_a_negative_deepspeed_size_is_named_as_negative(tmp_path) -> None:
         _size({"train_micro_batch_size_per_gpu": -2}, "train_micro_batch_size_per_gpu", "x")
     with pytest.raises(SpecError, match=r"x: reduce_bucket_size must be a whole number, got \"big\"$"):
         _size({"reduce_bucket_size": "big"}, "reduce_bucket_size", "x")
+
+
+def test_megatron_flags_a_user_tester_found_unknown_are_known() -> None:
+    """Megatron-LM arguments.py flags that were reported as unknown: the neutral ones are read silently, those
+    that change the step are named with how they are costed."""
+    from autotune.check.megatron_args import reading_from_args
+
+    base = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--seq-length", "4096"]
+    neutral = ["--exit-signal-handler", "--dist-ckpt-strictness", "log_all", "--align-param-gather", "--profile",
+               "--profile-ranks", "0", "1", "--profile-step-start", "10", "--rerun-mode", "disabled"]
+    r = reading_from_args(base + neutral, [])
+    assert not any("unknown flag" in n or "ignored" in n for n in r.notes), r.notes
+    named = reading_from_args(base + ["--delay-wgrad-compute", "--enable-cuda-graph", "--use-tp-pp-dp-mapping"], [])
+    assert [n.split(":")[0] for n in named.notes if n.startswith("--")] == [
+        "--delay-wgrad-compute", "--enable-cuda-graph", "--use-tp-pp-dp-mapping"]
