@@ -919,3 +919,19 @@ def test_github_format_annotates_a_config_it_cannot_read(autotune_proc, tmp_path
     assert proc.stdout == (f"::error file={str(path).replace(':', '%3A').replace(',', '%2C')},title=autotune check::"
                            "the megatron config does not give the sequence length; pass --seq-len N\n")
     assert proc.stderr == "error: the megatron config does not give the sequence length; pass --seq-len N\n"
+
+
+def test_torchtitan_without_compile_says_what_compiling_would_give(cli, tmp_path: Path) -> None:
+    """A torchtitan config without torch.compile is costed with eager kernels (the best plan too, like for like)
+    and the note gives the step the compiled model predicts; an earlier torchtitan's [training] compile is read
+    as [compile] enable (it was ignored: user-tester)."""
+    toml = ('[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ntensor_parallel_degree = 2\n'
+            "data_parallel_shard_degree = 4\n[training]\nseq_len = 8192\nglobal_batch_size = 64\n"
+            "local_batch_size = 16\n")
+    eager, _ = _check_json(cli, str(_write(tmp_path, "eager.toml", toml)), "--gpu", "h100-sxm", "--gpus", "8")
+    old, _ = _check_json(cli, str(_write(tmp_path, "old.toml", toml + "compile = true\n")), "--gpu", "h100-sxm",
+                         "--gpus", "8")
+    assert old["job"]["fused_kernels"] is True and eager["job"]["fused_kernels"] is False
+    assert "[training] compile: an earlier torchtitan's key, read as [compile] enable" in old["check"]["notes"]
+    note = next(n for n in eager["check"]["notes"] if n.startswith("no torch.compile of the model"))
+    assert f"predicts {old['step_time_s']:.3f} s a step" in note and old["step_time_s"] < eager["step_time_s"]
