@@ -197,8 +197,7 @@ def _check_known(tree: dict[str, Any], notes: list[str]) -> None:
 
 
 #: Keys earlier torchtitan TOMLs kept elsewhere (the same meaning): (section, key) -> where 0.2.x reads it.
-MOVED = {("training", "batch_size"): ("training", "local_batch_size"),
-         ("training", "compile"): ("compile", "enable"),
+MOVED = {("training", "batch_size"): ("training", "local_batch_size"), ("training", "compile"): ("compile", "enable"),
          **{("training", k): ("parallelism", k) for k in (
              "data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
              "enable_async_tensor_parallel", "disable_loss_parallel")},
