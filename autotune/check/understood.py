@@ -96,9 +96,27 @@ def detect_trainer(path: Path, text: str) -> str:
                     "deepspeed")
 
 
+#: What gives a config away as a trainer's, for the message refusing another --trainer
+_WHAT = {"megatron": "it launches pretrain_gpt.py", "torchtitan": "TOML sections or torchtitan.train overrides",
+         "deepspeed": "a JSON config"}
+
+
+def _clear_trainer(path: Path, text: str) -> str | None:
+    """The trainer a config unmistakably belongs to (its extension, its launched program), else None."""
+    if path.suffix == ".json":
+        return "deepspeed"
+    if path.suffix == ".toml" or "torchtitan.train" in text or "torchtitan/train.py" in text:
+        return "torchtitan"
+    return "megatron" if "pretrain_gpt.py" in text else None
+
+
 def read_config(path: Path, trainer: str | None, gpus: int) -> tuple[str, Reading, str | None]:
     """(trainer, reading, torchtitan format) of a config file."""
     text = read_text(path)
+    seen = _clear_trainer(path, text) if trainer in CHECK_TRAINERS else None
+    if seen is not None and seen != trainer:
+        raise SpecError(f"--trainer {trainer}: {path.name} is a {seen} config ({_WHAT[seen]}); drop --trainer, or "
+                        f"give a {trainer} config")
     trainer = trainer or detect_trainer(path, text)
     if trainer not in CHECK_TRAINERS:
         raise SpecError(f"--trainer {trainer!r}: check reads {', '.join(CHECK_TRAINERS)} configs")

@@ -935,3 +935,16 @@ def test_torchtitan_without_compile_says_what_compiling_would_give(cli, tmp_path
     assert "[training] compile: an earlier torchtitan's key, read as [compile] enable" in old["check"]["notes"]
     note = next(n for n in eager["check"]["notes"] if n.startswith("no torch.compile of the model"))
     assert f"predicts {old['step_time_s']:.3f} s a step" in note and old["step_time_s"] < eager["step_time_s"]
+
+
+@pytest.mark.parametrize(("name", "text", "forced", "seen"), [
+    ("run.toml", '[model]\nname = "llama3"\nflavor = "8B"\n', "megatron", "torchtitan"),
+    ("run.sh", "torchrun pretrain_gpt.py --num-layers 32\n", "torchtitan", "megatron"),
+    ("ds_config.json", '{"train_batch_size": 64}', "megatron", "deepspeed"),
+])
+def test_a_forced_trainer_that_is_not_the_configs_is_refused(cli, tmp_path: Path, name: str, text: str,
+                                                             forced: str, seen: str) -> None:
+    """--trainer naming another trainer than the file's gave unrelated errors ("no pretrain_gpt.py call found",
+    "the torchtitan config does not define the model": user-tester): the message says whose config it is."""
+    with pytest.raises(SpecError, match=f"^--trainer {forced}: {name} is a {seen} config"):
+        cli("check", str(_write(tmp_path, name, text)), "--gpu", "h100-sxm", "--gpus", "8", "--trainer", forced)
