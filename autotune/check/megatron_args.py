@@ -51,9 +51,8 @@ NEUTRAL_VALUE = frozenset("""
 --max-tokens-to-oom --fp8-recipe --fp8-margin
 --fp8-amax-history-len --fp8-amax-compute-algo --tp-comm-overlap-cfg --logging-level --log-interval
 --hidden-dropout --attention-dropout --ffn-hidden-size --distributed-timeout-seconds --ckpt-assume-constant-structure
---async-save --use-dist-ckpt --dist-ckpt-format
+--async-save --use-dist-ckpt --dist-ckpt-format --profile-ranks
 --hierarchical-context-parallel-sizes --dist-ckpt-strictness --rerun-mode --profile-step-start --profile-step-end
---profile-ranks
 """.split())
 #: Switches (no value) that do not change the plan or its cost.
 NEUTRAL_SWITCH = frozenset("""
@@ -160,8 +159,10 @@ def parse_args(argv: list[str], notes: list[str]) -> dict[str, Any]:
             elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 args[flag], i = argv[i + 1], i + 2
             else:  # most often a variable the script never sets: autotune reads it with an empty environment
+                block = next((n.split("`")[1] for n in notes if "block is not followed" in n), None)
                 raise SpecError(f"{flag} has no value; if the script gives it from a variable, set the variable in "
-                                "the script (${TP:-8} or : ${TP:=8}): autotune reads it with an empty environment")
+                                "the script (${TP:-8} or : ${TP:=8}): autotune reads it with an empty environment"
+                                + (f", and does not follow the script's `{block}` block" if block else ""))
         else:
             meant = misspelling_of(flag, KNOWN_FLAGS)
             if meant is not None:

@@ -132,6 +132,7 @@ def launch_words(text: str, is_program: Callable[[str], bool], what: str,
     followed into that string, with the variables set so far."""
     shell = shell if shell is not None else Shell()
     stack: list[tuple[bool, bool]] = []  # (active, a branch was taken) per open if/loop/function
+    skipped = False  # a launch seen in a block not followed (a function's body, a loop, a case)
     for cmd in commands(tokenize(text)):
         active = all(a for a, _ in stack)
         head = cmd.words[0].raw if cmd.words else ""
@@ -162,10 +163,13 @@ def launch_words(text: str, is_program: Callable[[str], bool], what: str,
             continue
         if head in ("for", "while", "until", "case", "function") or text_is_func(cmd):
             if active:
-                shell.notes.append(f"a `{head}` block is not followed (its body is skipped)")
+                shell.notes.append(f"the shell function `{head}` is not followed (its body is skipped)"
+                                   if text_is_func(cmd) else f"a `{head}` block is not followed (its body is skipped)")
+            skipped = skipped or any(is_program(word.raw.strip("'\"")) for word in cmd.words)  # `f() { cmd; }`
             stack.append((False, False))
             continue
         if not active:
+            skipped = skipped or any(is_program(word.raw.strip("'\"")) for word in cmd.words)
             continue
         if head == ":":  # the no-op builtin: `: "${TP:=8}"` sets defaults; `: "${DATA_PATH:?set it}"` guards a path
             seen = len(shell.notes)
@@ -187,13 +191,18 @@ def launch_words(text: str, is_program: Callable[[str], bool], what: str,
                 return expanded[k + 1:], shell.notes
             if k > 0 and expanded[k - 1] == "-c" and what in word:  # bash -c "... pretrain_gpt.py ..."
                 return launch_words(word, is_program, what, shell)
+    if skipped:
+        raise SpecError(f"the script launches {what} only inside a shell function, loop, `case` or untaken branch, "
+                        "which autotune does not follow; write the launch at the script's top level, or give a file "
+                        "of its arguments")
     raise SpecError(f"no {what} call found in the script; give the launch script that runs {what}, or a file of "
                     f"its arguments")
 
 
 def text_is_func(cmd: Command) -> bool:
-    """`name() {`: the splitter drops the `(` `)` and leaves the name and `{`."""
-    return len(cmd.words) == 2 and cmd.words[-1].raw == "{"
+    """`name() {` (its body on the lines after, or after the brace on the same line): the splitter drops the `(`
+    `)` and leaves the name and `{` first."""
+    return len(cmd.words) >= 2 and cmd.words[1].raw == "{"
 
 
 #: Launcher flags that size the job: torchrun's (and torch.distributed.run/launch's) and deepspeed's ->

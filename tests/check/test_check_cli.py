@@ -948,3 +948,18 @@ def test_a_forced_trainer_that_is_not_the_configs_is_refused(cli, tmp_path: Path
     "the torchtitan config does not define the model": user-tester): the message says whose config it is."""
     with pytest.raises(SpecError, match=f"^--trainer {forced}: {name} is a {seen} config"):
         cli("check", str(_write(tmp_path, name, text)), "--gpu", "h100-sxm", "--gpus", "8", "--trainer", forced)
+
+
+def test_launches_and_variables_in_blocks_not_followed_are_said(cli, tmp_path: Path) -> None:
+    """A launch inside a shell function gave "no pretrain_gpt.py call found" (there is one), and a degree set in a
+    `case` block "has no value" without saying why (user-tester): both messages name what is not followed."""
+    func = _write(tmp_path, "fn.sh", 'launch() { torchrun --nproc_per_node 8 pretrain_gpt.py "$@"; }\n'
+                                     "launch --tensor-model-parallel-size 4\n")
+    with pytest.raises(SpecError, match="the script launches pretrain_gpt.py only inside a shell function, loop, "
+                                        "`case` or untaken branch, which autotune does not follow"):
+        cli("check", str(func), "--gpu", "h100-sxm", "--gpus", "8")
+    case = _write(tmp_path, "case.sh", 'case "${SIZE:-small}" in\n  small) TP=1;;\n  big) TP=8;;\nesac\n'
+                                       "torchrun pretrain_gpt.py --tensor-model-parallel-size $TP --num-layers 32\n")
+    with pytest.raises(SpecError, match="--tensor-model-parallel-size has no value; .* and does not follow the "
+                                        "script's `case` block$"):
+        cli("check", str(case), "--gpu", "h100-sxm", "--gpus", "8")
