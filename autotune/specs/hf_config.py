@@ -174,11 +174,13 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
         out["ffn_hidden_size"] = data["intermediate_size_mlp"]
     if data.get("first_k_dense_replace"):
         out["first_dense_layers"] = data["first_k_dense_replace"]
-    if isinstance(data.get("n_group"), int) and data["n_group"] > 1:  # DeepSeek's group-limited routing
-        if not isinstance(data.get("topk_group"), int) or isinstance(data.get("topk_group"), bool):
-            raise SpecError(f"{where}: n_group {data['n_group']} needs topk_group (the groups a token's experts come "
-                            "from); add it")
-        out.update(moe_router_groups=data["n_group"], moe_router_group_topk=data["topk_group"])
+    groups = None if data.get("n_group") is None else _whole(data["n_group"], "n_group", where, "a whole number >= 1")
+    if groups is not None and groups > 1:  # DeepSeek's group-limited routing (8.0 reads as 8, as transformers does)
+        if data.get("topk_group") is None:
+            raise SpecError(f"{where}: n_group {groups} needs topk_group (the groups a token's experts come from); "
+                            "add it")
+        out.update(moe_router_groups=groups,
+                   moe_router_group_topk=_whole(data["topk_group"], "topk_group", where, "a whole number >= 1"))
     if data.get("routed_scaling_factor") not in (None, 1, 1.0):
         out["moe_router_scaling"] = data["routed_scaling_factor"]
     said = next((k for k in ("interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq")
@@ -238,14 +240,13 @@ def _hf_window_and_clamp(data: dict[str, Any], model_type: str, where: str) -> d
     use_sliding_window false (Qwen2/3) or a null window means none. A window no shorter than the training
     sequence changes no cost (costmodel/ops.py), so Mistral 7B's 4096 is carried but inert at seq <= 4096."""
     out: dict[str, Any] = {}
-    limit = data.get("swiglu_limit")
-    if isinstance(limit, (int, float)) and not isinstance(limit, bool):
-        out["glu_clamp"] = limit  # model_from_dict checks it
-    for hf, key in (("attn_logit_softcapping", "attn_logit_softcap"),
+    for hf, key in (("swiglu_limit", "glu_clamp"), ("attn_logit_softcapping", "attn_logit_softcap"),
                     ("final_logit_softcapping", "final_logit_softcap")):
-        cap = data.get(hf)  # Gemma 2: 50.0 and 30.0; Gemma 3: null (none)
-        if isinstance(cap, (int, float)) and not isinstance(cap, bool):
-            out[key] = cap  # model_from_dict checks it
+        value = data.get(hf)  # Gemma 2: 50.0 and 30.0; Gemma 3: null (none); GPT-OSS's clamp 7.0
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise SpecError(f"{where}: {hf} {shown(value)} must be a number (or null for none)")
+        if value is not None:
+            out[key] = value  # model_from_dict checks its range
     use = data.get("use_sliding_window", True)
     if not isinstance(use, bool):
         raise SpecError(f"{where}: use_sliding_window must be true or false, got {shown(use)}"[:200])
@@ -298,7 +299,7 @@ def _whole(value: Any, key: str, where: str, wanted: str, minimum: int = 1) -> i
     """A config.json count that must be a whole number >= minimum, or a one-line error naming it."""
     whole = _whole_or_none(value)
     if whole is None or whole < minimum:
-        raise SpecError(f"{where}: {key} {ascii(value)[:60]} must be {wanted}")
+        raise SpecError(f"{where}: {key} {shown(value)[:60]} must be {wanted}")
     return whole
 
 

@@ -75,3 +75,25 @@ def test_a_dense_model_keeps_its_multi_token_prediction():
                               "num_hidden_layers": 32, "vocab_size": 128256, "tie_word_embeddings": False,
                               "rope_theta": 500000.0, "num_nextn_predict_layers": 1}, "config.json")
     assert m.mtp_layers == 1 and m.catalog_name != "llama3-8b"
+
+
+def test_wrong_types_of_routing_and_capping_keys_are_errors_not_dropped():
+    """n_group 8.0 / topk_group 4.0 dropped DeepSeek-V3's group-limited routing, and a quoted swiglu_limit or
+    final_logit_softcapping was ignored, where "num_experts_per_tok": "2" is an error (user-tester): whole floats
+    read as transformers reads them, other types are one-line errors naming the key."""
+    from autotune.catalog import load_model
+
+    ds = {"model_type": "deepseek_v3", "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432,
+          "moe_intermediate_size": 2048, "num_attention_heads": 128, "num_key_value_heads": 128,
+          "num_hidden_layers": 61, "vocab_size": 129280, "n_routed_experts": 256, "num_experts_per_tok": 8,
+          "n_shared_experts": 1, "first_k_dense_replace": 3, "n_group": 8.0, "topk_group": 4.0, "q_lora_rank": 1536,
+          "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128}
+    m = model_from_hf_config(ds, "config.json")
+    assert (m.moe_router_groups, m.moe_router_group_topk) == (8, 4)
+    assert (m.moe_router_groups, m.moe_router_group_topk) == (load_model("deepseek-v3").moe_router_groups,
+                                                              load_model("deepseek-v3").moe_router_group_topk)
+    for key, value, message in (("swiglu_limit", "7", 'swiglu_limit "7" must be a number'),
+                                ("final_logit_softcapping", "30", 'final_logit_softcapping "30" must be a number'),
+                                ("n_group", "eight", 'n_group "eight" must be a whole number >= 1')):
+        with pytest.raises(SpecError, match=message):
+            model_from_hf_config({**ds, key: value}, "config.json")

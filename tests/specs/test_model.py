@@ -96,7 +96,7 @@ def test_hf_config_missing_keys_are_named():
     ({"sliding_window": 10**30}, "sliding_window 1000000000000000000000000000000 exceeds the maximum of 2,147,483,648"),
     ({"sliding_window": 64, "use_sliding_window": "no"}, 'use_sliding_window must be true or false, got "no"'),
     ({"sliding_window": 64, "sliding_window_pattern": 0}, "sliding_window_pattern 0 must be a whole number >= 1"),
-    ({"sliding_window": 64, "sliding_window_pattern": "6"}, "sliding_window_pattern '6' must be a whole number"),
+    ({"sliding_window": 64, "sliding_window_pattern": "6"}, 'sliding_window_pattern "6" must be a whole number'),
     ({"sliding_window": 64, "layer_types": "sliding"}, "layer_types must list one of sliding_attention or "
                                                        "full_attention per layer, got 'sliding'"),
     ({"sliding_window": 64, "layer_types": ["foo"] * 32}, "layer_types entry 'foo' is not one autotune models"),
