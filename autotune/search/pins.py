@@ -79,7 +79,8 @@ def _check_choices(space: SearchSpace, model: ModelSpec) -> None:
         raise SpecError(f"--zero {max(space.zero or ())}: ZeRO stages are 0, 1, 2 and 3")
     for v in space.vpp or ():
         if v > 1 and (v > MAX_VPP or model.num_layers % v):
-            raise SpecError(f"--vpp {v} must divide the {model.num_layers} layers of {model.name} and be <= {MAX_VPP}")
+            raise SpecError(f"--vpp {v} must divide the {model.num_layers} layers of {model.name} and be <= {MAX_VPP} "
+                            "(the search keeps every model chunk the same size; `estimate` costs an uneven layout)")
     if space.schedule == ("1f1b",) and space.vpp is not None and 1 not in space.vpp:
         raise SpecError("--schedule 1f1b has one model chunk per rank; drop --vpp or use --schedule interleaved")
     if space.schedule == ("interleaved",) and space.vpp == (1,):
