@@ -23,7 +23,7 @@ from autotune.costmodel.accumulation import flushed_estimate, one_flush
 from autotune.costmodel.estimate import CostModel
 from autotune.emit.document import document_model, document_trainer
 from autotune.errors import SpecError
-from autotune.render.common import brief_line
+from autotune.render.common import brief_line, mfu_warnings
 from autotune.render.estimate import estimate_json, estimate_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S
 from autotune.specs.job import JobSpec, check_moe_imbalance
@@ -120,12 +120,15 @@ def estimate(
     cm = CostModel(spec, hw, job, measured)
     flushes = document_flushes(doc, plan, where)
     with time_limited(time_limit, "estimate"):
-        est, coverage = cm.estimate(plan) if flushes == 1 else flushed_estimate(spec, hw, job, measured, plan, flushes), \
-            cm.op_coverage(plan)
-        timeline = None if json_out or brief else cm.timeline(plan if flushes == 1 else one_flush(plan, job, flushes)[0])
-    show_warnings([*hw.kernel_warnings(job.dtype, job.flash_attention)]
-                  + ([f"{where}: check.pipeline_flushes {flushes}: the config runs the {plan.schedule} schedule {flushes} "
-                      f"times a step (torchtitan's gradient accumulation with a pipeline), each over "
+        if flushes == 1:
+            est, shown_plan = cm.estimate(plan), plan
+        else:  # check's document of an accumulating torchtitan config: its runs of the schedule, one in the timeline
+            est, shown_plan = flushed_estimate(spec, hw, job, measured, plan, flushes), one_flush(plan, job, flushes)[0]
+        coverage = cm.op_coverage(plan)
+        timeline = None if json_out or brief else cm.timeline(shown_plan)
+    show_warnings([*hw.kernel_warnings(job.dtype, job.flash_attention), *mfu_warnings(est)]
+                  + ([f"{where}: check.pipeline_flushes {flushes}: the config runs the {plan.schedule} schedule "
+                      f"{flushes} times a step (torchtitan's gradient accumulation with a pipeline), each over "
                       f"{plan.num_microbatches // flushes} micro-batches; costed so, as check did (the timeline shows "
                       "one run)"] if flushes > 1 else [])
                   + coverage_warnings(coverage, plan, measured, job.seq_len)

@@ -26,7 +26,7 @@ from autotune.cli.searching import (compare_plan, distinct_fitting, profiled_spa
 from autotune.costmodel.estimate import CostModel
 from autotune.errors import InfeasibleError, SolverLimitError, SpecError
 from autotune.fileio import check_target
-from autotune.render.common import brief_line, with_files, written_report
+from autotune.render.common import brief_line, mfu_warnings, with_files, written_report
 from autotune.render.plan import infeasible_json, limit_note, plan_json, plan_report
 from autotune.render.trainers import trainers_json, trainers_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
@@ -114,7 +114,7 @@ def plan(
         raise
     result = distinct_fitting(searched, top)
     coverage = CostModel(built, hw, job, measured).op_coverage(result.best.plan)
-    show_warnings([*notes, *profiled, *hw.kernel_warnings(job.dtype, job.flash_attention)]
+    show_warnings([*notes, *profiled, *hw.kernel_warnings(job.dtype, job.flash_attention), *mfu_warnings(result.best)]
                   + coverage_warnings(coverage, result.best.plan, measured, job.seq_len)
                   + ([f"--top {top}: the runners-up search stopped at its cap of candidates visited; the list is in "
                       "order but may miss strategies that belong in it (a smaller --top completes sooner)"]

@@ -136,3 +136,14 @@ def brief_line(est: Estimate, *, prefix: str = "") -> str:
     if (p.ep, p.etp) != (1, 1):
         words[4:4] = [f"ep={p.ep}", f"etp={p.etp}"]
     return " ".join([prefix, *words] if prefix else words)
+
+
+def mfu_warnings(est: Estimate) -> list[str]:
+    """MFU above 100%: the model FLOPs count causal attention in full (Megatron-LM's convention, CLI.md), about
+    twice the work the kernels do, so at long sequences the figure passes the peak; the step time is unaffected."""
+    if est.mfu <= 1.0:
+        return []
+    return [f"MFU {100 * est.mfu:.1f}% is above 100%: model FLOPs count causal attention in full (Megatron-LM's "
+            "convention), about twice what the kernels compute, and attention dominates at this sequence length; "
+            "the step time is not affected"]
+
