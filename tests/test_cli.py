@@ -132,7 +132,7 @@ def test_models_shows_how_a_config_json_is_read(cli, tmp_path):
                                 "use_bias": True, "sliding_window": 4096, "tie_word_embeddings": False}))
     out = " ".join(cli("models", str(path), "llama3-8b").stdout.split())
     assert ("plain GeLU MLP, LayerNorm, biases all, 48 query / 4 key-value heads of 128, RoPE, untied embeddings, "
-            "a 4096-token window on 40 layers; 15.96B parameters") in out
+            "4096-token window on 40 layers; 15.96B parameters") in out
     assert "llama3-8b: SwiGLU MLP, RMSNorm, biases none" in out and "gpt3-175b" not in out
     doc = json.loads(cli("models", str(path), "--json").stdout)["models"]
     assert [(m["activation"], m["norm"], m["bias"], m["params_B"]) for m in doc] == [

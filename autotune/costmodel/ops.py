@@ -215,12 +215,13 @@ def _attention_forward(model: ModelSpec, shape: LayerShape, q: float, kv: float)
     return ops
 
 
-def windowed_key_pairs(seq: float, window: int) -> float:
-    """Query-key pairs one sequence's causal sliding-window attention computes: query i (1-based) sees the
-    min(i, w) keys ending at itself, so the first w queries form the causal triangle w(w+1)/2 and each of the
-    s - w later ones a full window: s*w - w(w-1)/2 (s(s+1)/2 when s <= w)."""
+def windowed_key_pairs(seq: float, window: int, chunked: bool = False) -> float:
+    """Query-key pairs of one sequence's causal windowed attention: query i (1-based) sees min(i, w) keys, s*w -
+    w(w-1)/2 (s(s+1)/2 when s <= w); chunked (Llama 4), a triangle w(w+1)/2 per whole chunk, r(r+1)/2 for the rest."""
     if seq <= window:
         return seq * (seq + 1) / 2
+    if chunked:
+        return (seq // window) * window * (window + 1) / 2 + (seq % window) * (seq % window + 1) / 2
     return seq * window - window * (window - 1) / 2
 
 
@@ -239,7 +240,7 @@ def window_attention_op(model: ModelSpec, heads: float, seq: float, cp: int, io:
     measured short-sequence speed carries the same masking waste. With cp > 1 the op is this rank's even share
     of the work; the ring's exchange and corrections stay charged as for full attention (not modelled: a
     windowed layer needs only its neighbour's keys)."""
-    flops = 4.0 * heads * model.head_dim * windowed_key_pairs(seq, model.sliding_window) / cp
+    flops = 4.0 * heads * model.head_dim * windowed_key_pairs(seq, model.sliding_window, model.chunked_attention) / cp
     return Op("flash_attention_window", "attention", flops, io, "attention",
               (float(model.sliding_window), 0.0, model.head_dim))
 

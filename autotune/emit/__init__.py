@@ -212,8 +212,8 @@ def full_attention_warning(trainer: str, inp: EmitInput) -> str | None:
     if trainer == "torchtitan" or not m.sliding_window_layers or m.sliding_window >= inp.job.seq_len:
         return None
     said = (f"{m.name}: {m.sliding_window_layers} of {m.num_layers} layers attend over a {m.sliding_window}-token "
-            f"window, but the {trainer} config sets no window, so they run full attention over {inp.job.seq_len} "
-            "tokens")
+            f"{'chunk' if m.chunked_attention else 'window'}, but the {trainer} config sets none, so they run full "
+            f"attention over {inp.job.seq_len} tokens")
     if inp.searched_for is not None and inp.searched_for != "torchtitan":
         return said + f", as the plan was searched for {inp.searched_for}"
     return said + ": the header's figures are re-estimated for what it runs"

@@ -70,8 +70,8 @@ def models_table(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]], *, readi
 def reading_line(m: ModelSpec) -> str:
     """How a model's block is read, keys a config.json may leave implicit included."""
     gated = {"swiglu": "SwiGLU", "geglu": "GeGLU", "gelu": "plain GeLU"}[m.activation]
-    window = (f", a {m.sliding_window}-token window on {m.sliding_window_layers or m.num_layers} layers"
-              if m.sliding_window else "")
+    window = (f", {m.sliding_window}-token {'chunks' if m.chunked_attention else 'window'} on "
+              f"{m.sliding_window_layers or m.num_layers} layers" if m.sliding_window else "")
     twin = f", the catalog's {m.catalog_name} exactly" if m.catalog_name else ""
     return (f"{gated} MLP, {'LayerNorm' if m.norm == 'layernorm' else 'RMSNorm'}, biases {m.bias}, "
             f"{m.num_heads} query / {m.num_kv_heads} key-value heads of {m.head_dim}, "

@@ -251,6 +251,8 @@ def _hf_window_and_clamp(data: dict[str, Any], model_type: str, where: str) -> d
     if not isinstance(use, bool):
         raise SpecError(f"{where}: use_sliding_window must be true or false, got {shown(use)}"[:200])
     window, layers = data.get("sliding_window"), _whole_or_none(data.get("num_hidden_layers"))
+    if data.get("attention_chunk_size") is not None and layers is not None:  # Llama 4
+        return {**out, **_chunks(data, layers, where)}
     if window is not None and use:
         window = _whole(window, "sliding_window", where, "a whole number of tokens >= 1, or null for none")
     if not use or not window or layers is None:
@@ -281,6 +283,23 @@ def _hf_window_and_clamp(data: dict[str, Any], model_type: str, where: str) -> d
     if count:
         out.update(sliding_window=window, sliding_window_layers=count)
     return out
+
+
+def _chunks(data: dict[str, Any], layers: int, where: str) -> dict[str, Any]:
+    """Llama 4's chunked attention: attention_chunk_size on the RoPE layers, the no_rope_layers entries that are 1
+    (transformers' Llama4TextConfig; by default every layer but each no_rope_layer_interval-th, 4)."""
+    chunk = _whole(data["attention_chunk_size"], "attention_chunk_size", where, "a whole number of tokens >= 1")
+    flags = data.get("no_rope_layers")
+    if isinstance(flags, list) and len(flags) == layers and all(f in (0, 1) for f in flags):
+        count = sum(flags)
+    elif flags:
+        raise SpecError(f"{where}: no_rope_layers must give 1 (RoPE, chunked) or 0 (global) for each of the "
+                        f"{layers} layers, got {shown(flags)[:60]}")
+    else:
+        interval = _whole(data.get("no_rope_layer_interval", 4), "no_rope_layer_interval", where,
+                          "a whole number >= 1")
+        count = layers - layers // interval
+    return {"sliding_window": chunk, "sliding_window_layers": count, "chunked_attention": True} if count else {}
 
 
 #: What a layer_types entry may say (transformers' own names)

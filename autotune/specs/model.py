@@ -100,6 +100,9 @@ class ModelSpec:
     Gemma 2 4096); 0 = every layer attends over the whole causal prefix."""
     sliding_window_layers: int = 0
     """Layers that use the window (GPT-OSS: 18 of 36, alternating; Mistral: all); the others attend in full."""
+    chunked_attention: bool = False
+    """The window is a chunk (Llama 4's attention_chunk_size 8192): a query sees the keys of its own chunk up to
+    itself, not the w keys behind it; the layers are sliding_window_layers (Llama 4: 3 of 4, the RoPE ones)."""
     glu_clamp: float = 0.0
     """Clamp limit of the gated unit's two halves (GPT-OSS swiglu_limit 7.0; Megatron
     activation_func_clamp_value); 0 = no clamp."""
@@ -209,7 +212,7 @@ _OPTIONAL += ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_exp
               "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "published_active_params_B")
 # Attention window and gated-unit clamp
 _OPTIONAL += ("sliding_window", "sliding_window_layers", "glu_clamp", "qk_norm", "mtp_layers", "attn_logit_softcap",
-              "final_logit_softcap")
+              "final_logit_softcap", "chunked_attention")
 ROUTERS = ("softmax", "sigmoid")
 _MOE_INTS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "num_shared_experts", "shared_expert_ffn_hidden_size",
              "first_dense_layers", "moe_layer_freq", "moe_router_groups", "moe_router_group_topk")
@@ -305,6 +308,10 @@ def _window_and_clamp(data: dict[str, Any], num_layers: int, gated: bool, causal
                         "drop it or set causal true")
     if window and layers:
         out.update(sliding_window=window, sliding_window_layers=layers)
+        if "chunked_attention" in data:
+            out["chunked_attention"] = boolean(data, "chunked_attention", where)
+    elif data.get("chunked_attention"):
+        raise SpecError(f"{where}: chunked_attention needs sliding_window (the chunk) > 0; set it")
     if "glu_clamp" in data:
         clamp = nonneg_float(data, "glu_clamp", where)
         if clamp and not gated:
