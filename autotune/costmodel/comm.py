@@ -44,12 +44,20 @@ def group_link(hw: HardwareSpec, size: int, stride: int) -> Link:
     gcd(span, gpus_per_node) of its ranks on the smaller side, and sets the pace."""
     intra_bw = hw.intra_node_bandwidth * hw.efficiency.intra_node_comm
     if within_nodes(hw, size * stride):
-        return Link(intra_bw, hw.intra_node_latency, max(1, size), hw.intra_node_latency)
+        return Link(intra_bw * mesh_share(hw, size), hw.intra_node_latency, max(1, size), hw.intra_node_latency)
     span = size * stride
     per_node = max(1, min(size, (hw.gpus_per_node if span > hw.gpus_per_node else
                                  math.gcd(span, hw.gpus_per_node)) // max(1, stride)))
     nic = hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
     return Link(min(intra_bw, per_node * nic), hw.inter_node_latency, per_node, hw.intra_node_latency, nic)
+
+
+def mesh_share(hw: HardwareSpec, size: int) -> float:
+    """Share of the node's bandwidth a group of `size` GPUs inside it uses: 1 on a switch; on a full mesh of L
+    links per GPU (MI300X: 7 of 64 GB/s, 448 GB/s in all) its size - 1 peers' links, as RCCL's rings and
+    all-to-alls reach each peer over its own link (a pair gets one link, 64 GB/s, not 448)."""
+    links = hw.intra_node_mesh_links
+    return 1.0 if not links else min(max(size - 1, 1), links) / links
 
 
 def within_nodes(hw: HardwareSpec, span: int) -> bool:
@@ -60,8 +68,8 @@ def within_nodes(hw: HardwareSpec, span: int) -> bool:
 def p2p_link(hw: HardwareSpec, size: int, stride: int) -> Link:
     """The link of one pipeline send between neighbouring members of a group: NVLink when the whole group sits
     in one node, else one GPU's NIC (the slowest hop of the pipeline sets its pace)."""
-    if within_nodes(hw, size * stride):
-        return Link(hw.intra_node_bandwidth * hw.efficiency.intra_node_comm, hw.intra_node_latency)
+    if within_nodes(hw, size * stride):  # a send to one neighbour: one link of a mesh
+        return Link(hw.intra_node_bandwidth * hw.efficiency.intra_node_comm * mesh_share(hw, 2), hw.intra_node_latency)
     return Link(hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm, hw.inter_node_latency)
 
 

@@ -80,6 +80,9 @@ class HardwareSpec:
     """Achieved fractions of the peaks above."""
     nics_per_node: int = 0
     """Network ports per node, each of inter_node_bandwidth; 0 = one per GPU (DGX H100, DGX A100)."""
+    intra_node_mesh_links: int = 0
+    """Point-to-point links per GPU where the node is a full mesh (MI300X: 7, one per peer), whose bandwidth
+    intra_node_bandwidth sums; 0 = a switch (NVSwitch), where any group gets the whole of it."""
     sm_count: int = 0
     """Streaming multiprocessors: GEMM output tiles run in waves of this many; 0 = no wave quantization."""
     kernel_overhead_s: float = 0.0
@@ -132,7 +135,7 @@ class HardwareSpec:
 _FIGURES = ("memory_GiB", "memory_reserve_GiB", "hbm_bandwidth_GBps", "bf16_TFLOPs", "fp16_TFLOPs", "fp8_TFLOPs",
             "gpus_per_node", "intra_node_GBps", "intra_node_latency_us", "inter_node_GBps", "inter_node_latency_us",
             "efficiency")
-_OPTIONAL_FIGURES = ("nics_per_node", "sm_count", "kernel_overhead_us", "compute_capability")
+_OPTIONAL_FIGURES = ("nics_per_node", "sm_count", "kernel_overhead_us", "compute_capability", "intra_node_mesh_links")
 _EFFICIENCY_KEYS = ("gemm", "attention", "memory", "intra_node_comm", "inter_node_comm")
 _EFFICIENCY_OPTIONAL = ("gemm_fp8", "attention_sdpa", "attention_bwd_ratio", "memory_torch",
                         "gemm_torch")
@@ -179,6 +182,8 @@ def hardware_from_dict(data: dict[str, Any], where: str) -> HardwareSpec:
                                  if k in eff},
                               **{k: nonneg_float(eff, k, eff_where) for k in _EFFICIENCY_ELEMENTS if k in eff}),
         nics_per_node=positive_int(data, "nics_per_node", where) if "nics_per_node" in data else 0,
+        intra_node_mesh_links=positive_int(data, "intra_node_mesh_links", where)
+        if "intra_node_mesh_links" in data else 0,
         sm_count=positive_int(data, "sm_count", where) if "sm_count" in data else 0,
         kernel_overhead_s=from_us(nonneg_float(data, "kernel_overhead_us", where)) if "kernel_overhead_us" in data
         else 0.0,

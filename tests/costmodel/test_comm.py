@@ -154,6 +154,23 @@ def test_a_tp_that_does_not_divide_the_node_is_refused_unless_allowed():
     check_plan(plan, model, job, 48, 6, allow_cross_node_tp=True)
     check_plan(plan, model, job, 48, 8)
 
+
+def test_a_full_mesh_gives_a_group_its_peers_links():
+    """MI300X: 7 Infinity Fabric links of 64 GB/s per direction, one to each peer (448 GB/s in all). A tp-2 pair
+    reaches its peer over one link, 64 GB/s, a group of 4 over 3 links, the whole node over all 7; a pipeline send
+    uses one. A switched node (H100's NVSwitch) gives every group the whole bandwidth (user-tester: MI300X's tp 2
+    was costed at 448 GB/s, 7x too fast)."""
+    from autotune.catalog import load_hardware
+
+    mi = load_hardware("mi300x")
+    full = mi.intra_node_bandwidth * mi.efficiency.intra_node_comm
+    assert mi.intra_node_mesh_links == 7 and mi.intra_node_bandwidth == pytest.approx(448e9)
+    for size, links in ((2, 1), (4, 3), (8, 7)):
+        assert comm.group_link(mi, size, 1).bandwidth == pytest.approx(full * links / 7)
+    assert comm.p2p_link(mi, 4, 1).bandwidth == pytest.approx(full / 7)
+    h100 = load_hardware("h100-sxm")
+    assert comm.group_link(h100, 2, 1).bandwidth == h100.intra_node_bandwidth * h100.efficiency.intra_node_comm
+
 # ------------------------------------------------------------------------------ bucketed overlap
 def simulate_buckets(total: float, bucket: float, window: float, per_bucket) -> float:
     """Event simulation: nb = ceil(total/bucket) equal buckets; bucket j (1..nb) becomes ready at j*window/nb
