@@ -18,7 +18,8 @@ COSTED_OTHERWISE = {
     # (user-tester: these three were read as neutral without a word)
     "--num-distributed-optimizer-instances": "--num-distributed-optimizer-instances: each instance shards the "
                                              "optimizer state over its part of the data-parallel ranks, as costed "
-                                             "for memory; the step is costed as one instance over all of them",
+                                             "for memory with the distributed optimizer (under Megatron FSDP, as "
+                                             "one instance); the step is costed as one instance over all of them",
     "--cp-comm-type": "--cp-comm-type: costed as the p2p ring exchange of K/V (all-gather, all-to-all and "
                       "hierarchical exchanges are not modelled)",
     "--fp8-recipe": "--fp8-recipe: every FP8 recipe is costed as delayed/current per-tensor scaling on the GPU's FP8 "

@@ -25,6 +25,7 @@ from autotune.cli.searching import run_search
 from autotune.costmodel.accumulation import flushed_estimate, one_flush
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.costmodel.moe import deepep_refusal
+from autotune.costmodel.stages import StageMemory
 from autotune.emit import EmitInput
 from autotune.errors import AutotuneError, InfeasibleError, InvalidPlanError, SpecError
 from autotune.fileio import check_target, write_files
@@ -107,7 +108,7 @@ def check_command(
         cm = CostModel(u.model, hw, u.job, measured)
         est = cm.estimate(u.plan) if u.flushes == 1 else _flushed(u, hw, measured, config, gpus)
         if reading.shard_replicas > 1:
-            est = _sharded_memory(est, u, hw, measured, reading.shard_replicas)
+            est = _sharded_memory(est, u, config, reading.shard_replicas)
         if u.trainer == "torchtitan" and not u.job.fused_kernels:
             u = replace(u, notes=(*u.notes, _compile_note(est, u, hw, measured)))
         best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
@@ -173,19 +174,24 @@ def _compile_note(est: Estimate, u: Understood, hw: HardwareSpec, measured: Any)
             f"{fused.step_time_s:.3f} s a step, {100 * (1 - fused.step_time_s / est.step_time_s):.1f}% less")
 
 
-def _sharded_memory(est: Estimate, u: Understood, hw: HardwareSpec, measured: Any, replicas: int) -> Estimate:
-    """est with the memory of a run whose state is sharded over dp / replicas ranks only (HSDP, Megatron's
-    distributed-optimizer instances): each stage's memory is that of the same plan on dp / replicas ranks with
-    the same batch per rank, which differs only there."""
-    if u.plan.dp % replicas:
-        raise SpecError(f"the config forms {replicas} data-parallel replicas over dp {u.plan.dp}, which they do not "
-                        "divide; make the replicas divide the data-parallel size")
-    plan, job = replace(u.plan, dp=u.plan.dp // replicas), replace(u.job, global_batch=u.job.global_batch // replicas)
-    if u.flushes > 1:
-        plan, job = one_flush(plan, job, u.flushes)
-    mem = CostModel(u.model, hw, job, measured).estimate(plan)
-    return replace(est, stages=tuple(s._replace(memory=m.memory) for s, m in zip(est.stages, mem.stages)))
+def _sharded_memory(est: Estimate, u: Understood, config: Path, replicas: int) -> Estimate:
+    """est with the memory of a run whose state is sharded over 1/replicas of its data-parallel ranks (torchtitan's
+    HSDP, Megatron's distributed-optimizer instances): what the ZeRO stage shards (the optimizer from stage 1, the
+    gradients from 2, the weights from 3) is `replicas` times larger, whether over dp x cp or over the experts'
+    data-parallel ranks; megatron-core's parallel_state asserts that both divide by the instances."""
+    p = u.plan
+    if (p.dp * p.cp) % replicas or p.expert_dp % replicas:
+        raise SpecError(f"{config}: {replicas} distributed-optimizer instances (or HSDP replicas) must divide the data "
+                        f"x context-parallel size {p.dp * p.cp} and the expert data-parallel size {p.expert_dp} "
+                        "(megatron-core parallel_state asserts both); change the instances or the degrees")
+    z = p.zero
 
+    def widened(m: StageMemory) -> StageMemory:
+        return m._replace(weights=m.weights * (replicas if z >= 3 else 1),
+                          gradients=m.gradients * (replicas if z >= 2 else 1),
+                          optimizer=m.optimizer * (replicas if z >= 1 else 1))
+
+    return replace(est, stages=tuple(s._replace(memory=widened(s.memory)) for s in est.stages))
 
 def _flushed(u: Understood, hw: HardwareSpec, measured: Any, config: Path, gpus: int) -> Estimate:
     """The step of a config that runs its pipeline schedule u.flushes times (costmodel/accumulation.py)."""

@@ -34,23 +34,24 @@ class Link:
 
 def group_link(hw: HardwareSpec, size: int, stride: int) -> Link:
     """The link a group of `size` ranks, `stride` ranks apart, uses for collectives. Ranks are numbered
-    tp-fastest (Megatron's tp-cp-dp-pp order), so a group stays inside a node iff it spans <= gpus_per_node
+    tp-fastest (Megatron's tp-cp-dp-pp order), so a group stays inside a node when it spans <= gpus_per_node
     ranks. A group spanning nodes with g members per node runs NCCL's rings and trees with one channel per
     NIC: each node boundary is crossed once per channel, so the node's g NICs carry the traffic together and
     the achieved bandwidth is min(NVLink, g x NIC), not one NIC (NCCL's topology search; nccl-tests' bus
     bandwidth on 8-GPU nodes with 8 NICs equals the node's total NIC rate). Latency is hierarchical: only
-    the steps that cross nodes pay the network's alpha (NCCL src/graph/tuning.cc). Groups of a span that does
-    not divide the node (tp 4 on 6-GPU nodes) are not all inside one: the slowest straddles two, with
-    gcd(span, gpus_per_node) of its ranks on the smaller side, and sets the pace."""
+    the steps that cross nodes pay the network's alpha (NCCL src/graph/tuning.cc). A span that is no multiple
+    of the node (tp 12 on 8-GPU nodes) splits its groups unevenly: the slowest has gcd(span, gpus_per_node) of
+    its ranks on one side and sets the pace. (A span below the node that does not divide it, dp 3 x tp 2 on
+    8-GPU nodes, is costed inside one node: exact for a job on part of one node, the common case; plans and
+    estimates of more than one node refuse a tp that does not divide the node unless --allow-cross-node-tp.)"""
     intra_bw = hw.intra_node_bandwidth * hw.efficiency.intra_node_comm
-    if within_nodes(hw, size * stride):
-        return Link(intra_bw * mesh_share(hw, size), hw.intra_node_latency, max(1, size), hw.intra_node_latency)
     span = size * stride
-    per_node = max(1, min(size, (hw.gpus_per_node if span > hw.gpus_per_node else
-                                 math.gcd(span, hw.gpus_per_node)) // max(1, stride)))
+    if span <= hw.gpus_per_node:
+        return Link(intra_bw * mesh_share(hw, size), hw.intra_node_latency, max(1, size), hw.intra_node_latency)
+    side = math.gcd(span, hw.gpus_per_node)  # ranks of the slowest group's smaller side (its members: / stride)
+    per_node = max(1, min(size, side // stride if side % max(1, stride) == 0 else hw.gpus_per_node // max(1, stride)))
     nic = hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
     return Link(min(intra_bw, per_node * nic), hw.inter_node_latency, per_node, hw.intra_node_latency, nic)
-
 
 def mesh_share(hw: HardwareSpec, size: int) -> float:
     """Share of the node's bandwidth a group of `size` GPUs inside it uses: 1 on a switch; on a full mesh of L
@@ -60,15 +61,10 @@ def mesh_share(hw: HardwareSpec, size: int) -> float:
     return 1.0 if not links else min(max(size - 1, 1), links) / links
 
 
-def within_nodes(hw: HardwareSpec, span: int) -> bool:
-    """Whether every group of `span` consecutive ranks sits inside one node: span divides the node's GPUs."""
-    return span <= hw.gpus_per_node and hw.gpus_per_node % span == 0
-
-
 def p2p_link(hw: HardwareSpec, size: int, stride: int) -> Link:
     """The link of one pipeline send between neighbouring members of a group: NVLink when the whole group sits
     in one node, else one GPU's NIC (the slowest hop of the pipeline sets its pace)."""
-    if within_nodes(hw, size * stride):  # a send to one neighbour: one link of a mesh
+    if size * stride <= hw.gpus_per_node:  # a send to one neighbour: one link of a mesh
         return Link(hw.intra_node_bandwidth * hw.efficiency.intra_node_comm * mesh_share(hw, 2), hw.intra_node_latency)
     return Link(hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm, hw.inter_node_latency)
 

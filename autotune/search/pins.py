@@ -51,7 +51,7 @@ def _check_degrees(space: SearchSpace, model: ModelSpec, job: JobSpec, gpus: int
                             f"use one of {', '.join(map(str, ok))}")
         if tp > gpus_per_node and not space.allow_cross_node_tp:
             raise SpecError(f"tp {tp} exceeds the {gpus_per_node} GPUs of a node; pass --allow-cross-node-tp")
-        if gpus_per_node % tp and not space.allow_cross_node_tp:
+        if gpus_per_node % tp and gpus > gpus_per_node and not space.allow_cross_node_tp:
             raise SpecError(f"tp {tp} does not divide the {gpus_per_node} GPUs of a node, so some tp groups would "
                             "straddle two nodes; pick a tp that divides it or pass --allow-cross-node-tp")
     for flag, values in (("--tp", space.tp), ("--pp", space.pp), ("--cp", space.cp), ("--dp", space.dp)):

@@ -141,8 +141,8 @@ def _allowed(values: list, pins: tuple | None) -> list:
 
 def tp_options(model: ModelSpec, gpus: int, gpus_per_node: int, space: SearchSpace) -> list[tuple[str, int]]:
     """(mode, tp) pairs. 1-D: tp divides the query and key/value heads (Megatron) and, by default, stays in a
-    node (divides its GPUs: tp 4 on 6-GPU nodes would put some groups across two). 2-D/2.5-D/3-D: tp is a grid (q^2, d*q^2, q^3) whose side divides the heads and widths; grids span
-    nodes by design. The micro-batch rule of a grid is checked per micro-batch size."""
+    node (_in_node). 2-D/2.5-D/3-D: tp is a grid (q^2, d*q^2, q^3) whose side divides the heads and widths; grids
+    span nodes by design. The micro-batch rule of a grid is checked per micro-batch size."""
     out = []
     for mode in space.tp_mode or ("1d",):
         if space.trainer is not None and mode not in space.trainer.tp_modes:
@@ -150,12 +150,16 @@ def tp_options(model: ModelSpec, gpus: int, gpus_per_node: int, space: SearchSpa
         if mode == "1d":
             limit = None if space.allow_cross_node_tp else gpus_per_node
             values = [d for d in divisors(model.num_heads)
-                      if model.num_kv_heads % d == 0 and (limit is None or limit % d == 0)]
+                      if model.num_kv_heads % d == 0 and (limit is None or _in_node(d, limit, gpus))]
         else:
             values = [d for d in degree_values(gpus, space) if d > 1 and grid_fits(mode, d, model)]
         out += [(mode, tp) for tp in _allowed(values, space.tp)]
     return out
 
+
+def _in_node(tp: int, gpus_per_node: int, gpus: int) -> bool:
+    """Whether every tp group sits inside a node: tp fits one, and divides it where the job spans several."""
+    return tp <= gpus_per_node and (gpus <= gpus_per_node or gpus_per_node % tp == 0)
 
 def grid_fits(mode: str, tp: int, model: ModelSpec) -> bool:
     """Whether tp forms a grid of this mode that splits the model's heads and widths (any micro-batch aside)."""

@@ -224,7 +224,7 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
     elif plan.tp > gpus_per_node and not allow_cross_node_tp:
         raise InvalidPlanError(f"tp {plan.tp} exceeds the {gpus_per_node} GPUs of a node; use tp <= {gpus_per_node} "
                                "or pass --allow-cross-node-tp")
-    elif gpus_per_node % plan.tp and not allow_cross_node_tp:
+    elif gpus_per_node % plan.tp and num_gpus > gpus_per_node and not allow_cross_node_tp:
         raise InvalidPlanError(f"tp {plan.tp} does not divide the {gpus_per_node} GPUs of a node, so some tp groups "
                                "would straddle two nodes; pick a tp that divides it or pass --allow-cross-node-tp")
     if (why := positions_issue(model, job.seq_len)) is not None:

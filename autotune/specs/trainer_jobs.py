@@ -70,8 +70,8 @@ def check_trainer_settings(caps: TrainerCaps | None, job: JobSpec) -> None:
 def as_run_job(job: JobSpec, trainer: str, fmt: str | None = None) -> JobSpec:
     """The job as `trainer`'s emitted config runs it (what `check` reads back from the file): the trainer's own
     kernels, and the settings its emitter fixes. torchtitan: SDPA's cuDNN attention, fp32 gradient reduction
-    (FSDP2's default), FP8 in the 0.2.x TOML (float8 converters; the 0.3.0 command line has no flag for it, so only the config
-    function autotune writes for a Llama 3 model converts: emit/asrun.what_runs); DeepSpeed:
+    (FSDP2's default), FP8 in the 0.2.x TOML (float8 converters; the 0.3.0 command line has no flag for it, so
+    only the config function autotune writes for a Llama 3 model converts: emit/asrun.what_runs); DeepSpeed:
     fp16 or bf16 (no FP8), fused kernels, gradients in that dtype (runs_grad_reduce); only Megatron drops tokens at
     a capacity factor; Adam states as the trainer keeps them (TrainerCaps.optimizer_states; torchtitan's bf16 moments
     in its 0.3.0 overrides, not the 0.2.x TOML; DeepSpeed's bf16 master weights and states with bf16 training), else

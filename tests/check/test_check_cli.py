@@ -963,3 +963,24 @@ def test_launches_and_variables_in_blocks_not_followed_are_said(cli, tmp_path: P
     with pytest.raises(SpecError, match="--tensor-model-parallel-size has no value; .* and does not follow the "
                                         "script's `case` block$"):
         cli("check", str(case), "--gpu", "h100-sxm", "--gpus", "8")
+
+
+def test_distributed_optimizer_instances_follow_megatrons_rules(cli, tmp_path: Path) -> None:
+    """megatron-core parallel_state asserts (dp x cp) % instances == 0 and expert dp % instances == 0: tp 4, cp 2,
+    dp 1 with 2 instances runs (each instance one rank: the optimizer state twice as large), where check refused
+    it for dp 1; instances that do not divide are refused naming both sizes (reviewer)."""
+    base = INTERLEAVED_8B.replace("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
+                                  "--num-layers-per-virtual-pipeline-stage 2 --sequence-parallel",
+                                  "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 1 "
+                                  "--context-parallel-size 2 --sequence-parallel").replace(
+        "--global-batch-size 64", "--global-batch-size 8")
+    one, _ = _check_json(cli, str(_write(tmp_path, "one.sh", base)), "--gpu", "h100-sxm", "--gpus", "8")
+    two, _ = _check_json(cli, str(_write(tmp_path, "two.sh", base + " --num-distributed-optimizer-instances 2")),
+                         "--gpu", "h100-sxm", "--gpus", "8")
+    assert one["plan"]["dp"] == 1 and one["plan"]["cp"] == 2
+    assert two["stages"][0]["memory_gib"]["optimizer"] == pytest.approx(2 * one["stages"][0]["memory_gib"]
+                                                                        ["optimizer"], rel=1e-6)
+    path = _write(tmp_path, "three.sh", base + " --num-distributed-optimizer-instances 4")
+    with pytest.raises(SpecError, match="4 distributed-optimizer instances .* must divide the data x context-parallel "
+                                        "size 2"):
+        cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "8")

@@ -119,25 +119,24 @@ def test_group_link_follows_gpus_per_node():
 
 
 
-def test_groups_that_do_not_divide_the_node_straddle_two():
-    """Ranks are numbered tp-fastest, so with 6 GPUs a node the tp-4 groups are ranks 0-3 (node 0), 4-7 (two on
-    node 0, two on node 1), 8-11 (node 1), ...: by hand, the straddling groups have 2 = gcd(4, 6) ranks on each
-    side and cross the network, and the slowest group sets a collective's pace (user-tester: costed as NVLink).
-    Every group of a span dividing the node stays inside (tp 2, tp 3, tp 2 x cp 3)."""
-    hw = replace(toy_hardware(), gpus_per_node=6)
+def test_a_span_that_is_no_multiple_of_the_node_splits_its_groups_by_the_gcd():
+    """tp 12 on 8-GPU nodes (--allow-cross-node-tp): ranks 0-11 put 8 on node 0 and 4 on node 1, ranks 12-23 4 and
+    8: the slowest group has gcd(12, 8) = 4 ranks on one side, so 4 NICs, not 8 (reviewer). A job on part of one
+    node (6 of 8 GPUs: dp 3 x tp 2) keeps every group inside it (reviewer: costed over the NIC for a day)."""
+    hw = toy_hardware(gpus_per_node=8)
     nic = hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
     nvlink = hw.intra_node_bandwidth * hw.efficiency.intra_node_comm
-    link = comm.group_link(hw, 4, 1)
-    assert link == comm.Link(min(nvlink, 2 * nic), hw.inter_node_latency, 2, hw.intra_node_latency, nic)
-    assert comm.p2p_link(hw, 4, 1).latency == hw.inter_node_latency
-    for size, stride in ((2, 1), (3, 1), (3, 2), (6, 1)):
+    assert comm.group_link(hw, 12, 1) == comm.Link(min(nvlink, 4 * nic), hw.inter_node_latency, 4,
+                                                   hw.intra_node_latency, nic)
+    for size, stride in ((3, 2), (2, 1), (6, 1), (3, 1)):
         assert comm.group_link(hw, size, stride).latency == hw.intra_node_latency
-    assert comm.group_link(hw, 2, 4).ranks_per_node == 1  # ranks 2 and 6 of a span of 8: one on each node
+    assert comm.p2p_link(hw, 1, 6).latency == hw.intra_node_latency
 
 
 def test_a_tp_that_does_not_divide_the_node_is_refused_unless_allowed():
     """tp 4 on 6-GPU nodes puts some tp groups across two nodes: refused as a tp above the node is (plan's
-    space leaves it out, estimate and check_plan refuse it), accepted with --allow-cross-node-tp."""
+    space leaves it out, estimate and check_plan refuse it), accepted with --allow-cross-node-tp; a job on part
+    of one node has every group inside it, whatever its tp."""
     from autotune.catalog import load_model
     from autotune.errors import InvalidPlanError
     from autotune.search.space import SearchSpace, tp_options
@@ -146,6 +145,7 @@ def test_a_tp_that_does_not_divide_the_node_is_refused_unless_allowed():
 
     model = load_model("llama3-70b")
     assert [tp for _, tp in tp_options(model, 48, 6, SearchSpace())] == [1, 2]
+    assert [tp for _, tp in tp_options(model, 6, 8, SearchSpace())] == [1, 2, 4, 8]  # one node in part: any tp fits
     assert 4 in [tp for _, tp in tp_options(model, 48, 6, SearchSpace(allow_cross_node_tp=True))]
     plan = Plan(tp=4, pp=4, dp=3, mbs=1, num_microbatches=16, recompute="full", layers_per_stage=(20,) * 4)
     job = JobSpec(global_batch=48, seq_len=8192)
@@ -153,6 +153,8 @@ def test_a_tp_that_does_not_divide_the_node_is_refused_unless_allowed():
         check_plan(plan, model, job, 48, 6)
     check_plan(plan, model, job, 48, 6, allow_cross_node_tp=True)
     check_plan(plan, model, job, 48, 8)
+    check_plan(replace(plan, pp=1, dp=1, layers_per_stage=(80,), num_microbatches=4), model,
+               JobSpec(global_batch=4, seq_len=8192), 4, 6)  # a job inside one node of 6
 
 
 def test_a_full_mesh_gives_a_group_its_peers_links():
