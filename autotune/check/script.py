@@ -219,11 +219,11 @@ def launcher_world(words: list[str]) -> tuple[int | None, int | None]:
     while i < len(words):
         flag, eq, inline = words[i].partition("=")
         if flag in _LAUNCH_FLAGS:
-            value = inline if eq else (words[i + 1] if i + 1 < len(words) else "")
+            nxt = words[i + 1] if i + 1 < len(words) else ""
+            value = inline if eq else ("" if nxt.startswith("-") else nxt)  # an unset $NNODES expands to nothing
             if value.isdigit() and int(value) > 0:
                 out[_LAUNCH_FLAGS[flag]] = int(value)
-            i += 1 if eq else 2
+            i += 1 if eq or nxt.startswith("-") else 2
             continue
         i += 1
     return out[0], out[1]
-

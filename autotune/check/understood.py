@@ -31,7 +31,8 @@ from autotune.specs.trainer_jobs import as_run_model
 CHECK_TRAINERS = ("megatron", "torchtitan", "deepspeed")
 MAX_CONFIG_BYTES = 4 << 20
 _HEADER_MODEL = re.compile(r"^#? ?model (\S+) on \d+ x ", re.M)
-_HEADER_ROUTING = re.compile(r"^#? ?routing: the busiest expert's tokens (\d+(?:\.\d+)?) x the mean", re.M)
+_HEADER_ROUTING = re.compile(r"^#? ?routing: the busiest expert's tokens (\d+(?:\.\d+)?(?:e[+-]?\d+)?) x the mean",
+                             re.M)
 #: autotune's header line for the plan a file runs (emit/common.py), as far as `check` compares it.
 _HEADER_PLAN = re.compile(r"plan: tp (\d+), pp (\d+), dp (\d+), cp (\d+), mbs (\d+) x (\d+), ([\w-]+) \(vpp (\d+)\)"
                           r", recompute [^,]*, zero (\d+), layers ([\d,]+)")

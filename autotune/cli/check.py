@@ -17,12 +17,12 @@ from autotune.check.findings import (EXIT_LIMIT, Finding, binding_term, exit_cod
                                      github_line, memory_findings, trainer_space)
 from autotune.check.reading import in_config_terms
 from autotune.check.understood import CHECK_TRAINERS, Understood, read_config, understand
-from autotune.cli.inputs import load_cost_profile
+from autotune.cli.inputs import check_flush, load_cost_profile
 from autotune.cli.launch import launch_config
 from autotune.cli.options import (GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, MoeImbalanceOpt, WorkLimitOpt,
                                   build_job, check_moe_flags, check_simulation_size, load_cluster, show_warnings)
 from autotune.cli.searching import run_search
-from autotune.costmodel.accumulation import flushed_estimate, one_flush
+from autotune.costmodel.accumulation import flushed_estimate
 from autotune.costmodel.estimate import CostModel, Estimate
 from autotune.costmodel.moe import deepep_refusal
 from autotune.costmodel.stages import StageMemory
@@ -89,8 +89,12 @@ def check_command(
         if moe_imbalance is not None:  # the run's routing, which no flag of the config sets (header: planned)
             check_moe_flags(u.model, moe_imbalance, "alltoall", None, False)
             build_job(u.job.global_batch, u.job.seq_len, u.job.dtype, False, False, moe_imbalance=moe_imbalance)
+            header = any(n.startswith("routing imbalance ") for n in u.notes)
+            forced = [] if header or reading.moe_imbalance is None else [
+                f"--moe-imbalance {moe_imbalance:g} replaces the config's own routing ({reading.moe_imbalance:g}: "
+                "--moe-router-force-load-balancing)"]
             u = replace(u, job=replace(u.job, moe_imbalance=moe_imbalance),
-                        notes=tuple(n for n in u.notes if not n.startswith("routing imbalance ")))
+                        notes=(*(n for n in u.notes if not n.startswith("routing imbalance ")), *forced))
         try:
             check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
         except InvalidPlanError as exc:
@@ -195,13 +199,7 @@ def _sharded_memory(est: Estimate, u: Understood, config: Path, replicas: int) -
 
 def _flushed(u: Understood, hw: HardwareSpec, measured: Any, config: Path, gpus: int) -> Estimate:
     """The step of a config that runs its pipeline schedule u.flushes times (costmodel/accumulation.py)."""
-    flush, job = one_flush(u.plan, u.job, u.flushes)
-    try:
-        check_plan(flush, u.model, job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
-    except InvalidPlanError as exc:  # e.g. an interleaved schedule over fewer micro-batches than it needs
-        raise InvalidPlanError(f"{config}: each of its {u.flushes} gradient-accumulation steps runs the schedule "
-                               f"over {flush.num_microbatches} micro-batches (training.local_batch_size / "
-                               f"pipeline_parallel_microbatch_size), which breaks a rule: {exc}") from None
+    check_flush(u.plan, u.model, u.job, gpus, hw.gpus_per_node, u.flushes, str(config))
     return flushed_estimate(u.model, hw, u.job, measured, u.plan, u.flushes)
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from autotune.catalog import load_model
-from autotune.cli.inputs import (JOB_SETTINGS, coverage_warnings, document_flushes, job_from_plan_document,
+from autotune.cli.inputs import (JOB_SETTINGS, check_flush, coverage_warnings, document_flushes, job_from_plan_document,
                                  load_cost_profile, plan_source, read_plan, recorded_overlaps, settle_job_settings,
                                  single_plan)
 from autotune.cli.options import (AttentionOpt, BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt,
@@ -119,6 +119,7 @@ def estimate(
     measured = load_cost_profile(profile, filled["gpu"], spec, hw, job, force_profile)
     cm = CostModel(spec, hw, job, measured)
     flushes = document_flushes(doc, plan, where)
+    check_flush(plan, spec, job, gpus, hw.gpus_per_node, flushes, where)
     with time_limited(time_limit, "estimate"):
         if flushes == 1:
             est, shown_plan = cm.estimate(plan), plan

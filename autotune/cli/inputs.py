@@ -10,17 +10,18 @@ from typing import Any
 
 from autotune.catalog import PROFILES_DIR, parse_json, read_json
 from autotune.cli.options import Pins, one, parse_choice_list, parse_int_list, show_warnings
+from autotune.costmodel.accumulation import one_flush
 from autotune.costmodel.measured import OpCoverage, check_profile_model, check_profile_ops, profile_warnings
 from autotune.emit.document import document_trainer
-from autotune.errors import SpecError
+from autotune.errors import InvalidPlanError, SpecError
 from autotune.fileio import slug
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import (ATTENTION_BACKENDS, CROSS_ENTROPIES, DTYPES, GRAD_REDUCES, MOE_DISPATCHERS,
                                OPTIMIZER_STATES, OVERLAP_KEYS, TRAINERS, JobSpec)
 from autotune.specs.limits import MAX_JSON_BYTES
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import (RECOMPUTES, SCHEDULES, VOCABS, Plan, default_bucket, even_split, is_even_split,
-                                 plan_from_dict)
+from autotune.specs.plan import (RECOMPUTES, SCHEDULES, VOCABS, Plan, check_plan, default_bucket, even_split,
+                                 is_even_split, plan_from_dict)
 from autotune.specs.profile import Profile, load_profile
 from autotune.specs.tpgrid import MODES
 
@@ -275,3 +276,17 @@ def document_flushes(doc: object, plan: Plan, where: str) -> int:
                         f"{plan.num_microbatches} micro-batches, as `autotune check --json` writes it")
     return flushes
 
+
+def check_flush(plan: Plan, model: ModelSpec, job: JobSpec, gpus: int, gpus_per_node: int, flushes: int,
+                where: str) -> None:
+    """The rules one of a step's runs of the schedule must meet (e.g. an interleaved schedule over enough
+    micro-batches): check's torchtitan configs, and estimate --plan / plan --compare of check's document."""
+    if flushes == 1:
+        return
+    flush, flush_job = one_flush(plan, job, flushes)
+    try:
+        check_plan(flush, model, flush_job, gpus, gpus_per_node, allow_cross_node_tp=True)
+    except InvalidPlanError as exc:
+        raise InvalidPlanError(f"{where}: each of its {flushes} gradient-accumulation steps runs the schedule over "
+                               f"{flush.num_microbatches} micro-batches (training.local_batch_size / "
+                               f"pipeline_parallel_microbatch_size), which breaks a rule: {exc}") from None

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from autotune.cli.inputs import document_flushes, plan_source, read_document, recorded_overlaps, refuse_other_job
+from autotune.cli.inputs import (check_flush, document_flushes, plan_source, read_document, recorded_overlaps,
+                                 refuse_other_job)
 from autotune.cli.options import Pins, check_simulation_size, parse_choice_list, parse_int_list, show_warnings
 from autotune.costmodel.accumulation import flushed_estimate
 from autotune.costmodel.estimate import CostModel
@@ -152,7 +153,9 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
         check_plan(plan, model, job, gpus, hw.gpus_per_node, allow_idle=space.allow_idle, allow_cross_node_tp=True)
     except InvalidPlanError as rule:
         raise SpecError(f"--compare {path}: {rule}") from None
-    if (flushes := document_flushes(doc, plan, where)) > 1:  # check's document of an accumulating torchtitan config
+    flushes = document_flushes(doc, plan, where)
+    check_flush(plan, model, job, gpus, hw.gpus_per_node, flushes, where)
+    if flushes > 1:  # check's document of an accumulating torchtitan config
         show_warnings([f"{where}: check.pipeline_flushes {flushes}: costed as {flushes} runs of its schedule a step, "
                        "as check did"])
     est = CostModel(model, hw, job, profile).estimate(plan) if flushes == 1 else flushed_estimate(

@@ -38,8 +38,8 @@ def header_lines(inp: EmitInput, trainer: str, target: str, fmt: str | None = No
                   f"re-estimated for what {trainer} runs",
                   f"planned: {_plan_line(planned)[len('plan: '):]} (see autotune's warnings)"]
     if inp.model.is_moe:  # a property of the run, not a flag: check reads it back from this line
-        lines.append(f"routing: the busiest expert's tokens {run.job.moe_imbalance:g} x the mean (autotune's "
-                     "--moe-imbalance)")
+        lines.append(f"routing: the busiest expert's tokens {run.job.moe_imbalance!r} x the mean (autotune's "
+                     "--moe-imbalance)")  # repr: the shortest text that reads back as the same float
     return lines + [f"not modelled: {note}" for note in run.notes]
 
 

@@ -832,6 +832,8 @@ def test_the_launchers_node_size_and_world_are_read(cli, tmp_path: Path) -> None
     assert launcher_world(["torchrun", "--nproc_per_node", "4", "--nnodes=16"]) == (4, 16)
     assert launcher_world(["torchrun", "--nproc-per-node=gpu", "--nnodes", "2:4"]) == (None, None)
     assert launcher_world(["deepspeed", "--num_gpus", "8", "--num_nodes", "2"]) == (8, 2)
+    # an unquoted unset $NNODES expands to nothing: the next flag is not its value (reviewer)
+    assert launcher_world(["torchrun", "--nnodes", "--nproc_per_node", "4"]) == (4, None)
     script = ("#!/bin/bash\nGPUS_PER_NODE=4\ntorchrun --nproc_per_node $GPUS_PER_NODE --nnodes 4 pretrain_gpt.py "
               "--bf16 --micro-batch-size 1 --global-batch-size 64 --use-distributed-optimizer "
               "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 " + LLAMA_8B_SHAPE + "\n")
@@ -857,10 +859,10 @@ def test_routing_imbalance_roundtrips_through_the_header_and_the_flag(cli, tmp_p
                "--out", str(out), "--json", "--no-timings")
     planned = json.loads(done.stdout)
     script = out / "launch_megatron.sh"
-    assert "# routing: the busiest expert's tokens 1 x the mean (autotune's --moe-imbalance)" in script.read_text()
+    assert "# routing: the busiest expert's tokens 1.0 x the mean (autotune's --moe-imbalance)" in script.read_text()
     doc, _ = _check_json(cli, str(script), "--gpu", "h100-sxm", "--gpus", "64")
     assert doc["step_time_s"] == planned["step_time_s"] and doc["job"]["moe_imbalance"] == 1.0
-    assert any(n.startswith("routing imbalance 1 from autotune's header") for n in doc["check"]["notes"])
+    assert any(n.startswith("routing imbalance 1.0 from autotune's header") for n in doc["check"]["notes"])
     other, _ = _check_json(cli, str(script), "--gpu", "h100-sxm", "--gpus", "64", "--moe-imbalance", "2")
     assert other["job"]["moe_imbalance"] == 2.0 and other["step_time_s"] > doc["step_time_s"]
     assert not any(n.startswith("routing imbalance") for n in other["check"]["notes"])
