@@ -9,8 +9,8 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.specs._strict import shown
-from autotune.specs.hf_families import (PLAIN_MLP_TYPES, STATE_SPACE_KEYS, bias_of, kv_heads, model_from_gpt2_config,
-                                        norm_of, switch)
+from autotune.specs.hf_families import (PLAIN_MLP_TYPES, STATE_SPACE_KEYS, bias_of, family_keys, kv_heads,
+                                        model_from_gpt2_config, norm_of, switch)
 from autotune.specs.model import ModelSpec, model_from_dict
 
 
@@ -18,7 +18,7 @@ from autotune.specs.model import ModelSpec, model_from_dict
 # Gemma a gated GeLU (GeGLU); GPT-2/BERT a plain GeLU.
 _HF_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu": "gelu", "gelu_new": "gelu",
            "gelu_fast": "gelu", "relu": "gelu"}
-_UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+_UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gpt_neox", "phi")
 #: What transformers fills in for a key a config leaves out, by the model_type of the config that holds the
 #: shape. transformers saves a nested config without the keys equal to its defaults, so Gemma 3's multimodal
 #: config.json files (google/gemma-3-4b/12b/27b) give only those that differ from Gemma3TextConfig's: never
@@ -57,15 +57,13 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
     """Read a Hugging Face ``config.json`` (Llama-style or GPT-2-style keys); other keys are ignored."""
     if not isinstance(data, dict):
         raise SpecError(f"{where}: expected a JSON object")
-    data = _language_model(data, where)
+    data = family_keys(_language_model(data, where))
     if "n_layer" in data:
         return model_from_gpt2_config(data, where)
     model_type = str(data.get("model_type", ""))
     if ssm := [k for k in STATE_SPACE_KEYS if data.get(k) is not None]:
         raise SpecError(f"{where}: {', '.join(ssm)}: a {model_type or 'state-space'} model has state-space (Mamba) "
                         "layers, which autotune does not model; it plans Transformer blocks only")
-    if model_type == "falcon" and "intermediate_size" not in data and "hidden_size" in data:
-        data = {**data, "intermediate_size": 4 * data["hidden_size"]}  # FalconMLP: 4h, no such key
     need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
     missing = [k for k in need if k not in data]
     if missing:
@@ -88,7 +86,7 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         "ffn_hidden_size": data["intermediate_size"],
         "vocab_size": data["vocab_size"],
         "activation": activation,
-        "norm": norm_of(data, model_type, where),
+        "norm": norm_of(model_type),
         # transformers' default is tied, but Llama-family configs default to untied
         "tied_embeddings": switch(data, "tie_word_embeddings", model_type not in _UNTIED_BY_DEFAULT, where),
         "bias": bias_of(data, model_type, where),
@@ -103,6 +101,8 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         spec["mtp_layers"] = data["num_nextn_predict_layers"]
     spec.update(moe)
     spec.update(_hf_window_and_clamp(data, model_type, where))
+    if model_type == "opt":  # a learned table with OPT's 2-row offset
+        spec.update(position_embedding="learned", max_position_embeddings=data.get("max_position_embeddings", 2048) + 2)
     if model_type == "bert":
         spec.update(causal=False, dropout=True, bias="all", position_embedding="learned",
                     max_position_embeddings=data.get("max_position_embeddings", 512))

@@ -1,6 +1,9 @@
 """Hugging Face config.json families whose blocks differ from Llama's in the keys they leave implicit: the MLP
-(plain GeLU), the norm (LayerNorm), the biases and Falcon's key/value heads, and GPT-2-style keys (n_layer,
-n_embd; GPT-J and CodeGen rotate instead of learning positions). hf_config.py reads the rest."""
+(plain GeLU), the norm (LayerNorm), the biases and Falcon's key/value heads; BLOOM's and OPT's own shape keys;
+and GPT-2-style keys (n_layer, n_embd; GPT-J and CodeGen rotate instead of learning positions, StarCoder's
+gpt_bigcode has one key/value head). Costed with every linear's bias where a family has only some (GPT-J's MLP),
+and two norms a block where a parallel block has one: both within 1e-4 of the parameter count. hf_config.py
+reads the rest."""
 
 from __future__ import annotations
 
@@ -23,24 +26,38 @@ STATE_SPACE_KEYS = ("mamba_d_state", "mamba_expand", "state_size", "ssm_cfg", "a
 
 
 def kv_heads(data: dict[str, Any], model_type: str) -> Any:
-    """Key/value heads: num_key_value_heads; Falcon's multi_query (one) or num_kv_heads (40B, 180B)."""
+    """Key/value heads: num_key_value_heads; Falcon's as FalconAttention takes them: num_kv_heads (default: every
+    head) with new_decoder_architecture or without multi_query (default true), else one."""
     if data.get("num_key_value_heads") is not None:
         return data["num_key_value_heads"]
     if model_type == "falcon":
-        if data.get("new_decoder_architecture") and data.get("num_kv_heads") is not None:
-            return data["num_kv_heads"]
-        if data.get("multi_query", True):  # FalconConfig's default
-            return 1
+        if data.get("new_decoder_architecture") or not data.get("multi_query", True):
+            return data["num_attention_heads"] if data.get("num_kv_heads") is None else data["num_kv_heads"]
+        return 1
     return data["num_attention_heads"]
 
 
-def norm_of(data: dict[str, Any], model_type: str, where: str) -> str:
-    """LayerNorm or RMSNorm: `norm_type` where a config gives it (StarCoder2), else the family's."""
-    given = data.get("norm_type")
-    if given is not None:
-        if given not in ("layer_norm", "rms_norm", "layernorm", "rmsnorm"):
-            raise SpecError(f"{where}: norm_type {shown(given)} must be layer_norm or rms_norm")
-        return "layernorm" if given.startswith("layer") else "rmsnorm"
+def family_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """A config.json of a family that names its shape otherwise, in Llama's keys: BLOOM (n_layer, n_embed or
+    hidden_size, n_head; a 4h GeLU MLP; ALiBi, read as no position table), OPT (ffn_dim, activation_function;
+    learned positions, max_position_embeddings + 2 rows), Falcon (ffn_hidden_size, default 4h)."""
+    kind = str(data.get("model_type", ""))
+    if kind == "bloom":
+        hidden = data.get("hidden_size", data.get("n_embed"))
+        out = {k: v for k, v in data.items() if k not in ("n_layer", "n_embed", "n_head")}
+        return {**out, "num_hidden_layers": data.get("n_layer", data.get("num_hidden_layers")), "hidden_size": hidden,
+                "num_attention_heads": data.get("n_head", data.get("num_attention_heads")),
+                "intermediate_size": 4 * hidden if isinstance(hidden, int) else hidden, "hidden_act": "gelu"}
+    if kind == "opt":
+        return {**data, "intermediate_size": data.get("ffn_dim", data.get("intermediate_size")),
+                "hidden_act": data.get("activation_function", "relu")}
+    if kind == "falcon" and "intermediate_size" not in data and isinstance(data.get("hidden_size"), int):
+        return {**data, "intermediate_size": data.get("ffn_hidden_size") or 4 * data["hidden_size"]}
+    return data
+
+
+def norm_of(model_type: str) -> str:
+    """LayerNorm or RMSNorm, by family (transformers builds Starcoder2's LayerNorm whatever its norm_type says)."""
     return "layernorm" if model_type in _LAYERNORM_TYPES else "rmsnorm"
 
 
@@ -78,6 +95,8 @@ def model_from_gpt2_config(data: dict[str, Any], where: str) -> ModelSpec:
         "max_position_embeddings": data.get("n_positions") or data.get("n_ctx") or 1024,
         "source": f"GPT-2 style config {where}",
     }
+    if data.get("multi_query"):  # StarCoder 1 (gpt_bigcode): one key/value head
+        spec["num_kv_heads"] = 1
     if rotary:  # GPT-J and CodeGen rotate (part of) each head and keep no position table; untied by default
         spec["position_embedding"] = "rope"
         del spec["max_position_embeddings"]

@@ -15,7 +15,7 @@ STARCODER2_15B = {"model_type": "starcoder2", "hidden_act": "gelu_pytorch_tanh",
                   "intermediate_size": 24576, "num_attention_heads": 48, "num_key_value_heads": 4,
                   "num_hidden_layers": 40, "vocab_size": 49152, "norm_type": "layer_norm", "use_bias": True,
                   "sliding_window": 4096, "rope_theta": 100000, "tie_word_embeddings": False}
-#: EleutherAI/gpt-j-6b's config.json (GPT-2-style keys, rotary; 6,053,381,344 parameters)
+#: EleutherAI/gpt-j-6b config.json (GPT-2-style keys, rotary; 6,053,381,344 parameters in its README)
 GPT_J_6B = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_layer": 28, "n_positions": 2048, "rotary": True,
             "rotary_dim": 64, "vocab_size": 50400, "tie_word_embeddings": False}
 #: EleutherAI/gpt-neox-20b's config.json (20,554,567,680 parameters, the GPT-NeoX-20B paper's Table 1 rounds 20.55B)
@@ -24,13 +24,31 @@ GPT_NEOX_20B = {"model_type": "gpt_neox", "hidden_act": "gelu", "hidden_size": 6
                 "use_parallel_residual": True, "rotary_pct": 0.25}
 
 
-@pytest.mark.parametrize(("config", "published"), [(STARCODER2_15B, 15.96e9), (GPT_J_6B, 6.053e9),
-                                                   (GPT_NEOX_20B, 20.55e9)], ids=["starcoder2", "gptj", "neox"])
-def test_plain_gelu_layernorm_families_match_their_published_totals(config, published):
+#: bigscience/bloom's config.json (n_layer, hidden_size, n_head; 176,247,271,424 parameters on its model card)
+BLOOM_176B = {"model_type": "bloom", "n_layer": 70, "hidden_size": 14336, "n_head": 112, "vocab_size": 250880}
+#: facebook/opt-6.7b's config.json (ffn_dim, relu; 6,658,473,984 parameters)
+OPT_6_7B = {"model_type": "opt", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+            "ffn_dim": 16384, "vocab_size": 50272, "max_position_embeddings": 2048, "activation_function": "relu"}
+#: bigcode/starcoder's config.json (GPT-2-style keys, multi-query; 15.5B on its model card)
+STARCODER_15B = {"model_type": "gpt_bigcode", "n_layer": 40, "n_embd": 6144, "n_head": 48, "n_inner": 24576,
+                 "n_positions": 8192, "vocab_size": 49152, "multi_query": True}
+
+
+@pytest.mark.parametrize(("config", "published", "rel"), [
+    (STARCODER2_15B, 15_957_889_024, 1e-4), (GPT_NEOX_20B, 20_554_567_680, 0), (OPT_6_7B, 6_658_473_984, 0),
+    (BLOOM_176B, 176_247_271_424, 1e-5), (STARCODER_15B, 15.5e9, 0.005),
+    # GPT-J's attention has no biases, only its MLP (costed with every linear's, 4h a layer more) and one norm a
+    # block; its README's 6,053,381,344 is 2.5M above the modules' weights summed by hand (6,050,882,784)
+    (GPT_J_6B, 6_053_381_344, 5e-4)], ids=["starcoder2", "neox", "opt", "bloom", "starcoder", "gptj"])
+def test_plain_gelu_layernorm_families_match_their_published_totals(config, published, rel):
+    """Exact where the count is published to the parameter: StarCoder2 and BLOOM differ by the norms' biases of
+    parallel blocks and the embedding norm, below 1e-4."""
     m = model_from_hf_config(config, "config.json")
     assert (m.activation, m.norm, m.bias) == ("gelu", "layernorm", "all")
-    assert m.position_embedding == "rope"
-    assert total_params(m) == pytest.approx(published, rel=0.005)
+    assert total_params(m) == pytest.approx(published, rel=rel)
+    assert m.position_embedding == ("learned" if config["model_type"] in ("opt", "gpt_bigcode") else "rope")
+    assert m.num_kv_heads == (1 if config.get("multi_query") else m.num_heads if "num_key_value_heads" not in config
+                              else config["num_key_value_heads"])
 
 
 def test_falcon_reads_its_key_value_heads_and_implicit_mlp():
@@ -45,6 +63,15 @@ def test_falcon_reads_its_key_value_heads_and_implicit_mlp():
                                   "num_hidden_layers": 60, "vocab_size": 65024, "num_kv_heads": 8,
                                   "new_decoder_architecture": True, "bias": False}, "config.json")
     assert forty.num_kv_heads == 8
+    # FalconAttention: num_kv_heads (default: every head) with the new architecture or without multi_query; an
+    # explicit ffn_hidden_size is the MLP's width (reviewer)
+    for extra, kv in (({"new_decoder_architecture": True}, 128), ({"multi_query": False, "num_kv_heads": 16}, 16)):
+        m = model_from_hf_config({"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128,
+                                  "num_hidden_layers": 2, "vocab_size": 65024, **extra}, "config.json")
+        assert m.num_kv_heads == kv
+    wide = model_from_hf_config({"model_type": "falcon", "hidden_size": 4096, "num_attention_heads": 32,
+                                 "num_hidden_layers": 2, "vocab_size": 65024, "ffn_hidden_size": 12288}, "config.json")
+    assert wide.ffn_hidden_size == 12288
 
 
 def test_gated_families_keep_their_gated_unit():
