@@ -120,7 +120,6 @@ def test_models_json(cli):
     assert oss["active_params_B"] - oss["active_params_B_without_input_embedding"] == pytest.approx(0.579, abs=1e-3)
 
 
-
 def test_models_shows_how_a_config_json_is_read(cli, tmp_path):
     """`autotune models FILE ...` reads each as plan and estimate do and says what the cost model takes, the
     keys a config.json leaves implicit included (user-tester: nothing showed StarCoder2 read as a gated RMSNorm
@@ -138,6 +137,7 @@ def test_models_shows_how_a_config_json_is_read(cli, tmp_path):
     assert [(m["activation"], m["norm"], m["bias"], m["params_B"]) for m in doc] == [
         ("gelu", "layernorm", "all", pytest.approx(15.96, abs=0.01))]
     assert "Read as" not in cli("models").stdout  # the catalog listing alone stays as it was
+
 
 def test_hardware_lists_the_catalog(cli):
     result = cli("hardware")

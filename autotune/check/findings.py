@@ -23,6 +23,7 @@ _TERMS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimize
           "activations": "activations", "vocab_activations": "vocabulary activations (logits)",
           "transient": "transient buffers"}
 
+
 def trainer_space(trainer: str, plan: Plan) -> SearchSpace:
     """Plans the trainer runs exactly as autotune costs them (its capability row, specs/trainers.py); a Megatron
     config that runs the vocabulary-parallel fork is compared within that fork."""

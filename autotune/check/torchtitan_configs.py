@@ -86,4 +86,3 @@ def model_options_message(section: dict[str, Any], model: str | None) -> str:
         fix = "its Float8 linears come with a config function that converts them (llama3_405b's does)"
     return (f"{given}: torchtitan 0.3.x takes no model options on its command line (tyro refuses them: a config "
             f"function builds the model); {fix}, or check the 0.2.x TOML that sets [model]")
-

@@ -27,4 +27,3 @@ def hardware(json_out: JsonOpt = False) -> None:
     """List the catalog GPUs."""
     entries = [(load_hardware(name), load_raw("hardware", name)) for name in hardware_names()]
     show(hardware_json(entries) if json_out else hardware_table(entries), json_out)
-

@@ -197,6 +197,7 @@ def _sharded_memory(est: Estimate, u: Understood, config: Path, replicas: int) -
 
     return replace(est, stages=tuple(s._replace(memory=widened(s.memory)) for s in est.stages))
 
+
 def _flushed(u: Understood, hw: HardwareSpec, measured: Any, config: Path, gpus: int) -> Estimate:
     """The step of a config that runs its pipeline schedule u.flushes times (costmodel/accumulation.py)."""
     check_flush(u.plan, u.model, u.job, gpus, hw.gpus_per_node, u.flushes, str(config))

@@ -264,6 +264,7 @@ def coverage_warnings(coverage: OpCoverage, plan: Plan, profile: Profile | None 
     return [f"the plan's shapes (tp {plan.tp}, mbs {plan.mbs}, cp {plan.cp}) are outside --profile {coverage.source}: "
             f"{ops}; measure them with `autotune profile --tp {plan.tp} --mbs {plan.mbs}{cp}`"]
 
+
 def document_flushes(doc: object, plan: Plan, where: str) -> int:
     """The runs of the schedule a step that a `check --json` document records (check.pipeline_flushes: torchtitan's
     gradient accumulation with a pipeline), 1 for any other document; one that cannot be is an error naming it."""

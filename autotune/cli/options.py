@@ -266,7 +266,6 @@ class Pins:
         return " ".join(words)
 
 
-
 def check_whole_nodes(gpus: int, hw: HardwareSpec, flag: str = "--gpus") -> None:
     """A job of more than one node uses whole nodes: a part-filled last node leaves a stage short or empty, and no
     scheduler hands out 7.5 nodes. One node may be used in part."""
@@ -275,7 +274,6 @@ def check_whole_nodes(gpus: int, hw: HardwareSpec, flag: str = "--gpus") -> None
         lower, upper = gpus // node * node, (gpus // node + 1) * node
         raise SpecError(f"{flag} {gpus} is {gpus / node:g} nodes of {node} GPUs ({hw.name}); use whole nodes (e.g. "
                         f"{flag} {lower} or {upper}), or give --gpus-per-node N if your nodes hold N GPUs")
-
 
 
 def time_limited(seconds: float, what: str) -> interrupts.deadline:
@@ -305,6 +303,7 @@ def check_moe_flags(model: ModelSpec, imbalance: float | None, dispatcher: str, 
     if imbalance is not None and model.is_moe:
         check_moe_imbalance(imbalance, model.num_experts, model.moe_top_k, model.name, "--moe-imbalance")
 
+
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
               grad_reduce: str | None = None, kernels: str | None = None, moe_imbalance: float | None = None,
               moe_dispatcher: str = "alltoall", moe_capacity: float | None = None, moe_pad: bool = False,
@@ -326,7 +325,6 @@ def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfus
                   attention_backend=attention_backend)  # type: ignore[arg-type]
     check_job_settings(TRAINER_CAPS[job.trainer], job)  # the kernels' trainer must run what is priced
     return job
-
 
 
 def check_simulation_size(plan: Plan, where: str) -> None:
@@ -357,4 +355,3 @@ def fail(message: str, code: int) -> None:
     """One red line on stderr (newlines folded so scripts can rely on a single line), then exit."""
     typer.secho(f"error: {' '.join(message.split())}", fg="red", err=True)
     raise SystemExit(code)
-

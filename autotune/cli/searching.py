@@ -179,7 +179,6 @@ def run_search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, spac
             raise
 
 
-
 def distinct_fitting(result: PlanResult, top: int) -> PlanResult:
     """`--top K`: the K fastest runners-up that fit, none shown alike (the same choices as the best plan or an
     earlier row, differing only in layer split or bucket), without the candidates that do not fit in memory."""

@@ -53,6 +53,7 @@ def group_link(hw: HardwareSpec, size: int, stride: int) -> Link:
     nic = hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
     return Link(min(intra_bw, per_node * nic), hw.inter_node_latency, per_node, hw.intra_node_latency, nic)
 
+
 def mesh_share(hw: HardwareSpec, size: int) -> float:
     """Share of the node's bandwidth a group of `size` GPUs inside it uses: 1 on a switch; on a full mesh of L
     links per GPU (MI300X: 7 of 64 GB/s, 448 GB/s in all) its size - 1 peers' links, as RCCL's rings and

@@ -21,7 +21,6 @@ from autotune.specs.model import ModelSpec
 from autotune.units import FP32_BYTES, whole_bytes
 
 
-
 # ---------------------------------------------------------------------------------------------- parameters
 def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = None) -> int:
     """Parameters of one Transformer block held by one GPU of a tp group (linear layers split by tp;

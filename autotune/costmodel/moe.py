@@ -120,7 +120,6 @@ def clamp_ops(model: ModelSpec, shape: LayerShape, r: float, f: float) -> list[O
             _memory_op("expert_clamp_cat", "elementwise", 0.0, 4.0 * e * n)]
 
 
-
 def sort_by_expert_ops(name: str, shape: LayerShape, r: float, h: int, local: int, with_probs: bool) -> list[Op]:
     """Megatron's alltoall dispatcher's second permutation (megatron-core 0.16 moe/token_dispatcher.py,
     dispatch_postprocess and combine_preprocess, dropless path): the all-to-all delivers the r token copies

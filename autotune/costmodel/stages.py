@@ -18,7 +18,6 @@ from autotune.specs.plan import Plan, chunk_layers
 from autotune.units import ACTIVATION_BYTES, FP32_BYTES
 
 
-
 class StageMemory(NamedTuple):
     """Bytes one GPU of a stage holds at its peak, term by term. A named tuple for the reason StageCost is one:
     an estimate makes one per rank of another peak (each rank of 1F1B), where a frozen dataclass's __init__

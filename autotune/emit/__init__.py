@@ -159,6 +159,7 @@ def state_precision_warning(trainer: str, inp: EmitInput, fmt: str | None = None
     return (f"{' and '.join(lost)}: the header's figures are re-estimated for what it runs "
             f"({'more' if more else 'less'} memory than planned)")
 
+
 def attention_warning(trainer: str, inp: EmitInput, fmt: str | None = None) -> str | None:
     """The plan was costed with another attention kernel than the trainer's code runs (JobSpec.runs_attention:
     Megatron's and torchtitan's cuDNN, Colossal-AI's FlashAttention-2), or with one a DeepSpeed config cannot

@@ -70,7 +70,6 @@ def schedule(inp: EmitInput, trainer: str | None = None, fmt: str | None = None)
                     min_lr=float(f"{lr / 10:.6g}"), save_interval=save, log_interval=min(LOG_INTERVAL, steps))
 
 
-
 def launch_shape(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
     """(nodes, processes per node) for torchrun, which needs the same count on every node."""
     per_node = math.gcd(num_gpus, gpus_per_node)

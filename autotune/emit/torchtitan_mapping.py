@@ -34,7 +34,6 @@ REGISTRY = {
 }
 
 
-
 def float8_on_command_line(model) -> bool:
     """Whether autotune's 0.3.x launch trains `model` in FP8: the Llama 3 models, through a config function with
     torchtitan's Float8LinearConverter (llama3_405b's own, or one autotune writes beside the script); torchtitan's

@@ -146,4 +146,3 @@ def mfu_warnings(est: Estimate) -> list[str]:
     return [f"MFU {100 * est.mfu:.1f}% is above 100%: model FLOPs count causal attention in full (Megatron-LM's "
             "convention), about twice what the kernels compute, and attention dominates at this sequence length; "
             "the step time is not affected"]
-

@@ -161,6 +161,7 @@ def _in_node(tp: int, gpus_per_node: int, gpus: int) -> bool:
     """Whether every tp group sits inside a node: tp fits one, and divides it where the job spans several."""
     return tp <= gpus_per_node and (gpus <= gpus_per_node or gpus_per_node % tp == 0)
 
+
 def grid_fits(mode: str, tp: int, model: ModelSpec) -> bool:
     """Whether tp forms a grid of this mode that splits the model's heads and widths (any micro-batch aside)."""
     try:

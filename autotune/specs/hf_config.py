@@ -112,7 +112,6 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         raise SpecError(_hf_names(str(exc))) from None
 
 
-
 #: Families whose config.json gives the expert width apart from the dense MLP's (moe_intermediate_size).
 _MOE_WIDTH_APART = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 #: Where each family's config.json keeps the expert count (the first key present wins)

@@ -107,4 +107,3 @@ def switch(data: dict[str, Any], key: str, default: bool, where: str) -> bool:
     """A true/false key of config.json (`default` when absent or null): a string such as "false" is an error,
     not silently true."""
     return default if data.get(key) is None else boolean(data, key, where)
-

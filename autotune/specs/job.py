@@ -267,4 +267,3 @@ def check_moe_imbalance(imbalance: float, num_experts: int, top_k: int, model_na
         said = f"{math.floor(most * 1e4) / 1e4:g}"  # rounded down, so the value named is one it takes
         raise SpecError(f"{field} {imbalance:g}: {model_name}'s busiest expert gets at most every token, "
                         f"{num_experts} experts / top-{top_k} = {most:.6g} times the mean; give at most {said}")
-

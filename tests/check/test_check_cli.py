@@ -765,6 +765,7 @@ def test_torchtitan_command_line_model_options_are_refused(cli, tmp_path: Path, 
                          "--gpu", "h100-sxm", "--gpus", "256")
     assert fp8["job"]["dtype"] == "fp8"
 
+
 def test_deepspeed_zero_keys_autotune_does_not_read_are_named(cli, tmp_path: Path) -> None:
     """MiCS, hpZ and ZeRO++'s quantized collectives change memory or traffic: they were ignored without a word
     (user-tester); they are named in one note, and the keys autotune's own configs write are not."""

@@ -160,7 +160,6 @@ def test_the_text_headers_name_the_state_precision(cli) -> None:
     assert "Adam states" not in cli("estimate", *job, "--tp", "2", "--pp", "1").output
 
 
-
 def test_a_torchtitan_fsdp_plan_emitted_for_megatron_keeps_fp32_states(cli, autotune_proc, tmp_path: Path) -> None:
     """torchtitan's bf16 moments under FSDP (zero 3), emitted for Megatron: Megatron FSDP keeps fp32 main weights and
     moments, so the script sets no precision-aware optimizer, emit says its figures are re-estimated for that, and

@@ -118,7 +118,6 @@ def test_group_link_follows_gpus_per_node():
     assert comm.group_link(hw, 4, 1).latency == hw.intra_node_latency
 
 
-
 def test_a_span_that_is_no_multiple_of_the_node_splits_its_groups_by_the_gcd():
     """tp 12 on 8-GPU nodes (--allow-cross-node-tp): ranks 0-11 put 8 on node 0 and 4 on node 1, ranks 12-23 4 and
     8: the slowest group has gcd(12, 8) = 4 ranks on one side, so 4 NICs, not 8 (reviewer). A job on part of one

@@ -339,7 +339,6 @@ def test_zero2_reduce_scatters_every_micro_batch_and_not_again_at_the_end():
                                                + comm_interference(HW) * min(scatter, stage.bwd_s))
 
 
-
 def test_zero2_without_overlap_stalls_the_backward_on_every_reduce_scatter():
     """DeepSpeed's ZeRO-2 without overlap_comm reduce-scatters each bucket on the compute stream: the whole
     scatter of every micro-batch is exposed, however long the backward, and the end-of-step reduction stays

@@ -86,7 +86,6 @@ def test_windowed_key_pairs_match_a_brute_force_count(s, w):
     assert ops.windowed_key_pairs(s, w) == brute
 
 
-
 @pytest.mark.parametrize(("s", "w"), [(1, 1), (5, 3), (128, 128), (100, 128), (4096, 128), (1000, 1), (20000, 8192)])
 def test_chunked_key_pairs_match_a_brute_force_count(s, w):
     """Llama 4's chunked attention: query i (0-based) attends to the keys of its own chunk of w up to itself,
@@ -127,6 +126,7 @@ def test_llama4_reads_its_chunks_and_costs_them_at_long_sequences():
                                                                  dp=1 if seq > 8192 else 8)).step_time_s
                           for m in (scout, full))
         assert (chunked == dense) is same and chunked <= dense
+
 
 def test_half_windowed_layers_split_the_attention_by_hand():
     """GPT-OSS's pattern (half the layers windowed, w 128) at s 4096, b 2, 8 heads of 64, tp 1. A full layer:

@@ -540,7 +540,6 @@ def test_v_half_with_vocab_parallel() -> None:
     _validate(inp)
 
 
-
 @pytest.mark.parametrize("steps", [1, 2, 19, 25])
 def test_short_runs_pass_megatrons_scheduler(steps: int) -> None:
     """--train-tokens of a few steps: warm-up stays below the decay steps, which Megatron's

@@ -260,7 +260,6 @@ def test_a_trainer_that_runs_another_bucket_or_reduction_does_not_run_the_plan()
     assert "torchtitan" not in runners(plan, MODEL, JOB) and "deepspeed" not in runners(plan, MODEL, JOB)
 
 
-
 def test_a_trainer_that_gathers_weights_in_its_step_does_not_run_a_plan_that_hides_the_gather():
     """Found in a user test: DeepSpeed's ZeRO-1/2 gather the updated weights in the optimizer step, where Megatron
     gathers them behind the next forward, so DeepSpeed does not run Megatron's ZeRO-2 plan as planned."""

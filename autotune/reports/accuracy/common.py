@@ -86,6 +86,7 @@ def _mean(values: Iterable[float]) -> float:
     values = list(values)
     return sum(values) / len(values)
 
+
 def summary_head() -> str:
     return (f"{'subset':<38} {'n':>4} {'MAPE':>7} {'bias':>7} {'LOFO':>7} {'floor':>7}  {'worst row':<20} "
             f"{'not fit':>7}")

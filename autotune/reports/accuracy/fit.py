@@ -31,7 +31,6 @@ FIT_STATEMENT = ("Nothing is fitted to these rows: every efficiency in the hardw
                  "misses, never shipped.")
 
 
-
 #: A fitted predictor: step seconds for a case.
 Predictor = Callable[[Case], float]
 

@@ -152,7 +152,6 @@ class Case:
     """What was changed to make the published layout valid ('' when nothing was)."""
 
 
-
 def row_family(model_name: str) -> str:
     """The model family for LOFO (RULES 'lofo')."""
     return re.sub(r"^Llama3-", "Llama3.1-", model_name.strip())
