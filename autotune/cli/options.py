@@ -20,7 +20,7 @@ from autotune.render.common import dump_json, make_console
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec, check_moe_imbalance
 from autotune.specs.model import ModelSpec
-from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_PIPELINE_PASSES, MAX_SEQ_LEN
+from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_MOE_FACTOR, MAX_PIPELINE_PASSES, MAX_SEQ_LEN
 from autotune.specs.plan import DEFAULT_BUCKET, RECOMPUTES, SCHEDULES, VOCABS, Plan
 from autotune.specs.tpgrid import MODES
 from autotune.specs.trainer_jobs import check_job_settings, runs_grad_reduce
@@ -112,7 +112,7 @@ KernelsOpt = Annotated[str | None, typer.Option("--kernels", metavar="megatron|t
                                                      "where the command has one, else megatron).")]
 #: JobSpec's default load imbalance of learned routing (costmodel/moe.py ROUTED_IMBALANCE).
 DEFAULT_MOE_IMBALANCE = next(f.default for f in fields(JobSpec) if f.name == "moe_imbalance")
-MAX_MOE_IMBALANCE = 64.0
+MAX_MOE_IMBALANCE = MAX_MOE_FACTOR
 MoeImbalanceOpt = Annotated[float | None, typer.Option(
     "--moe-imbalance", metavar="X", help="MoE models: tokens of the busiest expert over the mean, the step waits "
     f"for it with ep > 1; >= 1.0 (1.0 = balanced routing, as published benchmarks force; default "

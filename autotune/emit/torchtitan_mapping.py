@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from autotune.emit import EmitInput
 from autotune.errors import SpecError
+from autotune.specs.model import ModelSpec
 from autotune.specs.plan import DEFAULT_BUCKET, Plan, normalized
 
 #: autotune catalog models with a torchtitan llama3 twin: (0.3.0 config_registry function, 0.2.x flavor).
@@ -34,7 +35,7 @@ REGISTRY = {
 }
 
 
-def float8_on_command_line(model) -> bool:
+def float8_on_command_line(model: ModelSpec) -> bool:
     """Whether autotune's 0.3.x launch trains `model` in FP8: the Llama 3 models, through a config function with
     torchtitan's Float8LinearConverter (llama3_405b's own, or one autotune writes beside the script); torchtitan's
     command line has no flag for it."""

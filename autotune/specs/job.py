@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from autotune.errors import SpecError
-from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, check_max
+from autotune.specs.limits import MAX_GLOBAL_BATCH, MAX_MOE_FACTOR, MAX_SEQ_LEN, check_max
 from autotune.units import FP32_BYTES
 
 DTYPES = ("bf16", "fp16", "fp8")
@@ -148,15 +148,15 @@ class JobSpec:
         if self.optimizer_states not in OPTIMIZER_STATES:
             raise SpecError(f"--optimizer-states must be one of {', '.join(OPTIMIZER_STATES)}, got "
                             f"{self.optimizer_states!r}")
-        if not 1.0 <= self.moe_imbalance <= 64.0:
-            raise SpecError(f"moe_imbalance must be in [1, 64] (busiest expert's tokens over the mean), got "
-                            f"{self.moe_imbalance}")
+        if not 1.0 <= self.moe_imbalance <= MAX_MOE_FACTOR:
+            raise SpecError(f"moe_imbalance must be in [1, {MAX_MOE_FACTOR:g}] (busiest expert's tokens over the "
+                            f"mean), got {self.moe_imbalance}")
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise SpecError(f"--moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got "
                             f"{self.moe_dispatcher!r}")
-        if not 0.0 <= self.moe_capacity_factor <= 64.0:  # also NaN
+        if not 0.0 <= self.moe_capacity_factor <= MAX_MOE_FACTOR:  # also NaN
             raise SpecError(f"--moe-capacity-factor {self.moe_capacity_factor:g}: an expert's capacity over the mean "
-                            "tokens must be > 0 and <= 64 (leave it out for dropless routing)")
+                            f"tokens must be > 0 and <= {MAX_MOE_FACTOR:g} (leave it out for dropless routing)")
         if self.moe_pad_to_capacity and not self.moe_capacity_factor:
             raise SpecError("--moe-pad-to-capacity pads each expert to its capacity: give --moe-capacity-factor too")
         if self.moe_capacity_factor and self.moe_dispatcher != "alltoall":
@@ -263,7 +263,7 @@ def check_moe_imbalance(imbalance: float, num_experts: int, top_k: int, model_na
     """A token's top-k experts are distinct, so the busiest expert gets at most every token: E/k times the mean.
     A larger routing load names `field` (the flag, or a document's key) and the most it may be."""
     most = num_experts / top_k
-    if most < imbalance <= 64.0:  # past 64 the range check names the range
+    if most < imbalance <= MAX_MOE_FACTOR:  # past it the range check names the range
         said = f"{math.floor(most * 1e4) / 1e4:g}"  # rounded down, so the value named is one it takes
         raise SpecError(f"{field} {imbalance:g}: {model_name}'s busiest expert gets at most every token, "
                         f"{num_experts} experts / top-{top_k} = {most:.6g} times the mean; give at most {said}")

@@ -130,3 +130,7 @@ def check_max(value: int, maximum: int, field: str, where: str = "") -> int:
         raise SpecError(f"{where + ': ' if where else ''}{field} {value} exceeds the maximum of {maximum:,}; "
                         "use a smaller value")
     return value
+
+
+#: The largest MoE routing load (busiest expert's tokens over the mean) and capacity factor a job may give
+MAX_MOE_FACTOR = 64.0

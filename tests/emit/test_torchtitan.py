@@ -189,8 +189,12 @@ def test_fp8_plans_train_float8_linears_through_a_config_function(tmp_path, tt03
     from torchtitan.config import ConfigManager
 
     model = ConfigManager().parse_args(argv[:4]).model_spec.model
-    linears = [type(getattr(layer.attention, "wo")).__qualname__ for layer in model.layers]
-    assert set(linears) == {"Float8Linear.Config"} and type(model.lm_head).__qualname__ == "Linear.Config"
+    from torchtitan.models.common import Linear  # the config class every linear layer's config derives from
+
+    linears = {fqn: type(config).__qualname__ for fqn, config, _, _ in model.traverse(Linear.Config)}
+    assert len(linears) == 5 * len(model.layers) + 1  # wqkv, wo, w1, w2, w3 a layer, and the head (reviewer)
+    assert {kind for fqn, kind in linears.items() if fqn != "lm_head"} == {"Float8Linear.Config"}
+    assert linears["lm_head"] == "Linear.Config"
     big = dataclasses.replace(inp, model=dataclasses.replace(inp.model, catalog_name="llama3-405b"))
     assert "--config \"${TT_CONFIG:-llama3_405b}\"" in dict(emit_torchtitan(big).files)["launch_torchtitan.sh"]
 
