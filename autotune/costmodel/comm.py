@@ -48,10 +48,11 @@ def group_link(hw: HardwareSpec, size: int, stride: int) -> Link:
     span = size * stride
     if span <= hw.gpus_per_node:
         return Link(intra_bw * mesh_share(hw, size), hw.intra_node_latency, max(1, size), hw.intra_node_latency)
-    side = math.gcd(span, hw.gpus_per_node)  # ranks of the slowest group's smaller side (its members: / stride)
-    per_node = max(1, min(size, side // stride if side % max(1, stride) == 0 else hw.gpus_per_node // max(1, stride)))
+    per_node = max(1, min(size, hw.gpus_per_node // max(1, stride)))  # members a node holds: the node count
+    side = math.gcd(span, hw.gpus_per_node)  # ranks of the slowest group's smaller side: its NICs
+    nics = max(1, min(per_node, side // stride)) if side % max(1, stride) == 0 else per_node
     nic = hw.nic_share * hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
-    return Link(min(intra_bw, per_node * nic), hw.inter_node_latency, per_node, hw.intra_node_latency, nic)
+    return Link(min(intra_bw, nics * nic), hw.inter_node_latency, per_node, hw.intra_node_latency, nic)
 
 
 def mesh_share(hw: HardwareSpec, size: int) -> float:

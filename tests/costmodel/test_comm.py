@@ -125,8 +125,9 @@ def test_a_span_that_is_no_multiple_of_the_node_splits_its_groups_by_the_gcd():
     hw = toy_hardware(gpus_per_node=8)
     nic = hw.inter_node_bandwidth * hw.efficiency.inter_node_comm
     nvlink = hw.intra_node_bandwidth * hw.efficiency.intra_node_comm
-    assert comm.group_link(hw, 12, 1) == comm.Link(min(nvlink, 4 * nic), hw.inter_node_latency, 4,
-                                                   hw.intra_node_latency, nic)
+    link = comm.group_link(hw, 12, 1)  # 4 NICs carry it; its steps count 2 nodes of up to 8, not 3 of 4
+    assert link == comm.Link(min(nvlink, 4 * nic), hw.inter_node_latency, 8, hw.intra_node_latency, nic)
+    assert comm._nodes(12, link) == 2
     for size, stride in ((3, 2), (2, 1), (6, 1), (3, 1)):
         assert comm.group_link(hw, size, stride).latency == hw.intra_node_latency
     assert comm.p2p_link(hw, 1, 6).latency == hw.intra_node_latency
