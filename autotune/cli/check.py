@@ -171,8 +171,7 @@ def launch_notes(launch: tuple[int | None, int | None], gpus: int, per_node: int
 def _compile_note(est: Estimate, u: Understood, hw: HardwareSpec, measured: Any) -> str:
     """What torch.compile would give a torchtitan config that leaves it off: the same plan with fused kernels."""
     job = replace(u.job, fused_kernels=True)
-    fused = (CostModel(u.model, hw, job, measured).estimate(u.plan) if u.flushes == 1 else
-             flushed_estimate(u.model, hw, job, measured, u.plan, u.flushes))
+    fused = flushed_estimate(u.model, hw, job, measured, u.plan, u.flushes)
     return (f"no torch.compile of the model: eager kernels (norms, RoPE, SwiGLU, residual adds each a pass over "
             f"memory), costed so, the best plan too; compiling it ([compile] enable, --compile.enable) predicts "
             f"{fused.step_time_s:.3f} s a step, {100 * (1 - fused.step_time_s / est.step_time_s):.1f}% less")

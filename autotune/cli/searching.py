@@ -11,7 +11,6 @@ from autotune.cli.inputs import (check_flush, document_flushes, plan_source, rea
                                  refuse_other_job)
 from autotune.cli.options import Pins, check_simulation_size, parse_choice_list, parse_int_list, show_warnings
 from autotune.costmodel.accumulation import flushed_estimate
-from autotune.costmodel.estimate import CostModel
 from autotune.emit.document import document_model, document_trainer
 from autotune.errors import InvalidPlanError, SolverLimitError, SpecError
 from autotune.render.common import plan_brief
@@ -158,8 +157,7 @@ def compare_plan(path: str, model: ModelSpec, hw: HardwareSpec, job: JobSpec, gp
     if flushes > 1:  # check's document of an accumulating torchtitan config
         show_warnings([f"{where}: check.pipeline_flushes {flushes}: costed as {flushes} runs of its schedule a step, "
                        "as check did"])
-    est = CostModel(model, hw, job, profile).estimate(plan) if flushes == 1 else flushed_estimate(
-        model, hw, job, profile, plan, flushes)
+    est = flushed_estimate(model, hw, job, profile, plan, flushes)
     return Comparison(path, est, memory_problem(est))
 
 

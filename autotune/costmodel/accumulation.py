@@ -43,6 +43,8 @@ def accumulated(flush: Estimate, flushes: int, plan: Plan) -> Estimate:
 
 def flushed_estimate(model: ModelSpec, hw: HardwareSpec, job: JobSpec, measured, plan: Plan, flushes: int) -> Estimate:
     """The estimate of `plan` run as `flushes` runs of its schedule a step (check's torchtitan configs, and estimate
-    --plan of check's document)."""
+    --plan of check's document); with 1, the plan's own estimate."""
+    if flushes == 1:
+        return CostModel(model, hw, job, measured).estimate(plan)
     flush, flush_job = one_flush(plan, job, flushes)
     return accumulated(CostModel(model, hw, flush_job, measured).estimate(flush), flushes, plan)
