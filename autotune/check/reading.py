@@ -75,6 +75,8 @@ class Reading:
     moe_imbalance: float | None = None
     """Busiest expert's load over the mean where the config fixes it (1.0: forced balanced routing); None: the
     cost model's default for learned routing (JobSpec.moe_imbalance)."""
+    header_imbalance: float | None = None
+    """The routing imbalance autotune's header states the file was planned with (no flag of the config sets it)."""
     shard_replicas: int = 1
     """Replicas the data-parallel ranks form, each sharding the state over dp / replicas only (torchtitan's HSDP,
     Megatron's distributed-optimizer instances): the memory is costed for that shard group."""

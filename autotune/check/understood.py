@@ -100,12 +100,22 @@ def read_config(path: Path, trainer: str | None, gpus: int) -> tuple[str, Readin
     reading = replace(reading, model_hint=hint.group(1) if hint else None,
                       header_plan=header.group(0) if header else None)
     routed = _HEADER_ROUTING.search(text)
-    if routed is not None and reading.moe_imbalance is None:  # the config leaves routing to the run: as planned
-        reading = replace(reading, moe_imbalance=float(routed.group(1)),
-                          notes=(*reading.notes, f"routing imbalance {routed.group(1)} from autotune's header "
-                                 "(the run's, no flag sets it; --moe-imbalance checks another)"))
-    return trainer, reading, fmt
+    return trainer, replace(reading, header_imbalance=float(routed.group(1)) if routed else None), fmt
 
+
+def _routing(r: Reading, given: float | None, notes: list[str]) -> float | None:
+    """The routing imbalance to cost, noting where it comes from: --moe-imbalance (`given`), the config's own
+    forced balance, autotune's header (the run's, planned), or None for the cost model's default."""
+    if given is not None:
+        if r.moe_imbalance is not None:
+            notes.append(f"--moe-imbalance {given:g} replaces the config's own routing ({r.moe_imbalance:g}: "
+                         "--moe-router-force-load-balancing)")
+        return given
+    if r.moe_imbalance is None and r.header_imbalance is not None:
+        notes.append(f"routing imbalance {r.header_imbalance!r} from autotune's header (the run's, no flag sets it; "
+                     "--moe-imbalance checks another)")
+        return r.header_imbalance
+    return r.moe_imbalance
 
 def header_note(header: str | None, plan: Plan) -> str | None:
     """A note when autotune's own header names another plan than the flags run (the file was edited since)."""
@@ -289,8 +299,9 @@ READING_COUNTS = (("tp", "tensor-parallel degree"), ("pp", "pipeline-parallel de
 
 
 def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, gpus: int,
-               model_arg: str | None, seq_len_arg: int | None) -> Understood:
-    """The Plan, ModelSpec and JobSpec of a reading on --gpus GPUs (rule checks are the caller's check_plan)."""
+               model_arg: str | None, seq_len_arg: int | None, imbalance_arg: float | None = None) -> Understood:
+    """The Plan, ModelSpec and JobSpec of a reading on --gpus GPUs (rule checks are the caller's check_plan).
+    The routing imbalance is --moe-imbalance's (`imbalance_arg`), else the config's, else autotune's header's."""
     r = reading
     if r.seq_len is not None and r.seq_len < 1:
         raise SpecError(f"the {trainer} config trains {r.seq_len}-token sequences; fix its sequence length (>= 1)")
@@ -331,8 +342,8 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
                   trainer=trainer,  # type: ignore[arg-type]
                   moe_dispatcher=r.moe_dispatcher, cross_entropy=r.cross_entropy,  # type: ignore[arg-type]
                   **overlaps)
-    if r.moe_imbalance is not None:
-        job = replace(job, moe_imbalance=r.moe_imbalance)
+    if (imbalance := _routing(r, imbalance_arg, notes)) is not None:
+        job = replace(job, moe_imbalance=imbalance)
     if r.moe_capacity[0] and model.is_moe:
         if job.moe_dispatcher == "alltoall":
             job = replace(job, moe_capacity_factor=r.moe_capacity[0], moe_pad_to_capacity=r.moe_capacity[1])

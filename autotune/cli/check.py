@@ -20,7 +20,8 @@ from autotune.check.understood import CHECK_TRAINERS, Understood, read_config, u
 from autotune.cli.inputs import check_flush, load_cost_profile
 from autotune.cli.launch import launch_config
 from autotune.cli.options import (GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, MoeImbalanceOpt, WorkLimitOpt,
-                                  build_job, check_moe_flags, check_simulation_size, load_cluster, show_warnings)
+                                  check_moe_flags, check_simulation_size, load_cluster, moe_imbalance_flag,
+                                  show_warnings)
 from autotune.cli.searching import run_search
 from autotune.costmodel.accumulation import flushed_estimate
 from autotune.costmodel.estimate import CostModel, Estimate
@@ -81,20 +82,15 @@ def check_command(
     with _annotated(output_format, config):  # in a workflow, a config it cannot read is annotated too
         kind, reading, fmt = read_config(config, trainer, gpus)
         hw = load_cluster(gpu, gpus_per_node or reading.launch[0])  # a node as the launcher starts it
+        if moe_imbalance is not None:  # the run's routing, which no flag of the config sets
+            moe_imbalance_flag(moe_imbalance)
         try:
-            u = understand(config, reading, trainer=kind, fmt=fmt, gpus=gpus, model_arg=model, seq_len_arg=seq_len)
+            u = understand(config, reading, trainer=kind, fmt=fmt, gpus=gpus, model_arg=model, seq_len_arg=seq_len,
+                           imbalance_arg=moe_imbalance)
         except SpecError as exc:
             raise type(exc)(in_config_terms(str(exc), kind)) from None
+        check_moe_flags(u.model, moe_imbalance, "alltoall", None, False)
         u = replace(u, notes=u.notes + launch_notes(reading.launch, gpus, hw.gpus_per_node))
-        if moe_imbalance is not None:  # the run's routing, which no flag of the config sets (header: planned)
-            check_moe_flags(u.model, moe_imbalance, "alltoall", None, False)
-            build_job(u.job.global_batch, u.job.seq_len, u.job.dtype, False, False, moe_imbalance=moe_imbalance)
-            header = any(n.startswith("routing imbalance ") for n in u.notes)
-            forced = [] if header or reading.moe_imbalance is None else [
-                f"--moe-imbalance {moe_imbalance:g} replaces the config's own routing ({reading.moe_imbalance:g}: "
-                "--moe-router-force-load-balancing)"]
-            u = replace(u, job=replace(u.job, moe_imbalance=moe_imbalance),
-                        notes=(*(n for n in u.notes if not n.startswith("routing imbalance ")), *forced))
         try:
             check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
         except InvalidPlanError as exc:

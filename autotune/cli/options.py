@@ -304,6 +304,13 @@ def check_moe_flags(model: ModelSpec, imbalance: float | None, dispatcher: str, 
         check_moe_imbalance(imbalance, model.num_experts, model.moe_top_k, model.name, "--moe-imbalance")
 
 
+def moe_imbalance_flag(imbalance: float) -> float:
+    """--moe-imbalance's value, in its range (the E/k ceiling needs the model: check_moe_flags)."""
+    if not 1.0 <= imbalance <= MAX_MOE_IMBALANCE:  # also NaN
+        raise SpecError(f"--moe-imbalance {imbalance:g}: the busiest expert's tokens over the mean must be >= 1.0 "
+                        f"(1.0 = balanced routing) and <= {MAX_MOE_IMBALANCE:g}")
+    return imbalance
+
 def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfused: bool,
               grad_reduce: str | None = None, kernels: str | None = None, moe_imbalance: float | None = None,
               moe_dispatcher: str = "alltoall", moe_capacity: float | None = None, moe_pad: bool = False,
@@ -311,10 +318,7 @@ def build_job(global_batch: int, seq_len: int, dtype: str, no_flash: bool, unfus
     if moe_capacity is not None and not moe_capacity > 0:  # 0 is JobSpec's dropless: a given 0 is a mistake
         raise SpecError(f"--moe-capacity-factor {moe_capacity:g}: an expert's capacity over the mean tokens must be "
                         "> 0 (leave it out for dropless routing)")
-    imbalance = DEFAULT_MOE_IMBALANCE if moe_imbalance is None else moe_imbalance
-    if not 1.0 <= imbalance <= MAX_MOE_IMBALANCE:  # also NaN
-        raise SpecError(f"--moe-imbalance {imbalance:g}: the busiest expert's tokens over the mean must be >= 1.0 "
-                        f"(1.0 = balanced routing) and <= {MAX_MOE_IMBALANCE:g}")
+    imbalance = moe_imbalance_flag(DEFAULT_MOE_IMBALANCE if moe_imbalance is None else moe_imbalance)
     job = JobSpec(global_batch=global_batch, seq_len=seq_len, dtype=dtype,  # type: ignore[arg-type]
                   flash_attention=not no_flash, fused_kernels=not unfused, moe_imbalance=imbalance,
                   moe_dispatcher=moe_dispatcher,  # type: ignore[arg-type]

@@ -549,3 +549,23 @@ def test_megatron_flags_a_user_tester_found_unknown_are_known() -> None:
     named = reading_from_args(base + ["--delay-wgrad-compute", "--enable-cuda-graph", "--use-tp-pp-dp-mapping"], [])
     assert [n.split(":")[0] for n in named.notes if n.startswith("--")] == [
         "--delay-wgrad-compute", "--enable-cuda-graph", "--use-tp-pp-dp-mapping"]
+
+
+def test_routing_imbalance_comes_from_the_flag_the_config_or_the_header() -> None:
+    """--moe-imbalance wins, noted where it replaces the config's forced balanced routing; the config's own comes
+    next; autotune's header (the run's, which no flag sets) last, noted; else the cost model's default (None)."""
+    from dataclasses import replace as swap
+
+    from autotune.check.reading import Reading
+    from autotune.check.understood import _routing
+
+    plain = Reading(trainer="megatron")
+    cases = [(swap(plain, moe_imbalance=1.0), 2.0, 2.0, "--moe-imbalance 2 replaces the config's own routing (1"),
+             (swap(plain, header_imbalance=1.1234567), 2.0, 2.0, None),
+             (swap(plain, moe_imbalance=1.0, header_imbalance=1.5), None, 1.0, None),
+             (swap(plain, header_imbalance=1.1234567), None, 1.1234567, "routing imbalance 1.1234567 from autotune's"),
+             (plain, None, None, None)]
+    for reading, given, expected, note in cases:
+        notes: list[str] = []
+        assert _routing(reading, given, notes) == expected
+        assert [n[:len(note)] for n in notes] == ([note] if note else [])
