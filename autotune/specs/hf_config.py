@@ -151,8 +151,7 @@ def _hf_moe_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str,
     if top_k is None:
         raise SpecError(f"{where}: a mixture-of-experts config ({experts} experts) needs num_experts_per_tok; "
                         "add it")
-    whole = isinstance(top_k, int) or (isinstance(top_k, float) and top_k.is_integer())  # 2.0 reads as 2 later
-    if isinstance(top_k, bool) or not whole or not 1 <= top_k <= experts:
+    if (whole := _whole_or_none(top_k)) is None or not 1 <= whole <= experts:  # 2.0 reads as 2, as elsewhere
         name = "num_experts_per_tok" if "num_experts_per_tok" in data else "experts_per_token"
         raise SpecError(f"{where}: {name} {shown(top_k)} must be a whole number of experts per token, 1 to "
                         f"{key} {experts}; fix it")
