@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from autotune.emit.torchtitan import BF16_CONFIG, bf16_config_name, float8_config_name, moe_config_name
+from autotune.emit.torchtitan import BF16_CONFIG, bf16_config_name, float8_configs, moe_config_name
 from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY
 
 #: config function -> {section: {key: value}}; activation_checkpoint "mode" stands for the function's FullAC /
@@ -42,7 +42,7 @@ def _own_bases() -> dict[str, str]:
     """The config functions autotune's launch writes (emit/torchtitan.py) -> the function each replaces only the
     model and learning rate of: the bf16 Llama 3 on llama3_70b's recipe, an MoE flavor on its `base`."""
     out = {bf16_config_name(config): "llama3_70b" for config in BF16_CONFIG}
-    out.update(_float8_bases())
+    out.update(float8_configs())
     out.update((moe_config_name(m), m.base) for m in MOE_REGISTRY.values() if not m.config)
     return out
 
@@ -50,39 +50,7 @@ def _own_bases() -> dict[str, str]:
 def config_defaults(name: str) -> dict[str, dict[str, Any]]:
     """The settings config function `name` starts a launch from (empty for one autotune does not know)."""
     out = copy.deepcopy(CONFIG_DEFAULTS.get(_own_bases().get(name, name), {}))
-    if name in _float8_bases():  # autotune's FP8 function: its base's settings, the linear layers converted
+    if name in float8_configs():  # autotune's FP8 function: its base's settings, the linear layers converted
         out.setdefault("model", {})["converters"] = ["float8"]
     return out
 
-
-def _float8_bases() -> dict[str, str]:
-    """autotune's FP8 config functions (emit/torchtitan.py) -> the bf16 function each converts."""
-    return {float8_config_name(config): config for config, _ in REGISTRY.values() if config not in BF16_CONFIG}
-
-
-def with_overrides(defaults: dict[str, dict[str, Any]], tree: dict[str, Any]) -> dict[str, Any]:
-    """The config function's settings with the launch's overrides on top, key by key."""
-    out: dict[str, Any] = {section: dict(body) for section, body in defaults.items()}
-    for section, body in tree.items():
-        if isinstance(body, dict) and isinstance(out.get(section), dict):
-            out[section].update(body)
-        else:
-            out[section] = body
-    return out
-
-
-def model_options_message(section: dict[str, Any], model: str | None) -> str:
-    """torchtitan 0.3.x suppresses the model from its command line (Trainer.Config.model_spec: a config function
-    sets it, converters included), so tyro refuses a launch giving --model.* as unrecognized options. The message
-    names the config function that builds `model` (the catalog model the options name), or where Float8 comes
-    from."""
-    given = ", ".join(f"--model.{key} {value}" for key, value in section.items())
-    config = (MOE_REGISTRY[model].config if model in MOE_REGISTRY else REGISTRY[model][0] if model in REGISTRY
-              else "")
-    if "flavor" in section or "name" in section:
-        fix = (f"give --module {section.get('name', 'llama3')} --config {config}" if config else
-               "give --module and --config naming a config function that builds it")
-    else:
-        fix = "its Float8 linears come with a config function that converts them (llama3_405b's does)"
-    return (f"{given}: torchtitan 0.3.x takes no model options on its command line (tyro refuses them: a config "
-            f"function builds the model); {fix}, or check the 0.2.x TOML that sets [model]")

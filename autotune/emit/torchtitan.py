@@ -42,13 +42,18 @@ def float8_config_name(config: str) -> str:
     return f"{config}_float8"
 
 
+def float8_configs() -> dict[str, str]:
+    """The FP8 config functions the launch may write -> torchtitan's bf16 function each converts."""
+    return {float8_config_name(config): config for config, _ in REGISTRY.values() if config not in BF16_CONFIG}
+
+
 def own_config_names() -> dict[str, str]:
     """The config functions the launch writes itself (CONFIG_MODULE) -> the catalog model each trains (the first
     of its shape), so `autotune check` reads them back."""
     out = {bf16_config_name(config): name for name, (config, _) in reversed(REGISTRY.items())
            if config in BF16_CONFIG}
-    out.update((float8_config_name(config), name) for name, (config, _) in reversed(REGISTRY.items())
-               if config not in BF16_CONFIG)
+    bases = {config: name for name, (config, _) in reversed(REGISTRY.items())}
+    out.update((fp8, bases[config]) for fp8, config in float8_configs().items())
     out.update((moe_config_name(m), name) for name, m in MOE_REGISTRY.items() if not m.config)
     return out
 
