@@ -54,3 +54,30 @@ def config_defaults(name: str) -> dict[str, dict[str, Any]]:
         out.setdefault("model", {})["converters"] = ["float8"]
     return out
 
+
+def with_overrides(defaults: dict[str, dict[str, Any]], tree: dict[str, Any]) -> dict[str, Any]:
+    """The config function's settings with the launch's overrides on top, key by key."""
+    out: dict[str, Any] = {section: dict(body) for section, body in defaults.items()}
+    for section, body in tree.items():
+        if isinstance(body, dict) and isinstance(out.get(section), dict):
+            out[section].update(body)
+        else:
+            out[section] = body
+    return out
+
+
+def model_options_message(section: dict[str, Any], model: str | None) -> str:
+    """torchtitan 0.3.x suppresses the model from its command line (Trainer.Config.model_spec: a config function
+    sets it, converters included), so tyro refuses a launch giving --model.* as unrecognized options. The message
+    names the config function that builds `model` (the catalog model the options name), or where Float8 comes
+    from."""
+    given = ", ".join(f"--model.{key} {value}" for key, value in section.items())
+    config = (MOE_REGISTRY[model].config if model in MOE_REGISTRY else REGISTRY[model][0] if model in REGISTRY
+              else "")
+    if "flavor" in section or "name" in section:
+        fix = (f"give --module {section.get('name', 'llama3')} --config {config}" if config else
+               "give --module and --config naming a config function that builds it")
+    else:
+        fix = "its Float8 linears come with a config function that converts them (llama3_405b's does)"
+    return (f"{given}: torchtitan 0.3.x takes no model options on its command line (tyro refuses them: a config "
+            f"function builds the model); {fix}, or check the 0.2.x TOML that sets [model]")
