@@ -15,7 +15,7 @@ import typer
 
 from autotune.check.findings import (EXIT_LIMIT, Finding, binding_term, exit_code, gain_pct, gap_finding,
                                      github_line, memory_findings, trainer_space)
-from autotune.check.reading import in_config_terms
+from autotune.check.reading import Reading, in_config_terms
 from autotune.check.understood import CHECK_TRAINERS, Understood, read_config, understand
 from autotune.cli.inputs import check_flush, load_cost_profile
 from autotune.cli.launch import launch_config
@@ -67,43 +67,11 @@ def check_command(
 ) -> None:
     """Read a launch config, predict it, and compare it with the best plan under the same constraints
     (exit 5: a stage out of memory; 4: the best plan faster than --max-gap)."""
-    if output_format not in FORMATS:
-        raise SpecError(f"--format {output_format!r}: use text or github")
-    if json_out and output_format != "text":
-        raise SpecError("--json and --format github each replace the report; pick one")
-    if max_gap is not None and not max_gap >= 0:
-        raise SpecError(f"--max-gap must be >= 0 percent, got {max_gap:g}")
-    if not time_limit > 0:  # also NaN: as plan refuses them, before any file is read
-        raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit:g}")
-    if not work_limit > 0:
-        raise SpecError(f"--work-limit must be > 0, got {work_limit:g}")
-    if emit_better is not None:
-        check_target(Path(emit_better), directory=True, flag="--emit-better")
+    _check_flags(output_format, json_out, max_gap, time_limit, work_limit, emit_better)
     with _annotated(output_format, config):  # in a workflow, a config it cannot read is annotated too
         kind, reading, fmt = read_config(config, trainer, gpus)
         hw = load_cluster(gpu, gpus_per_node or reading.launch[0])  # a node as the launcher starts it
-        if moe_imbalance is not None:  # the run's routing, which no flag of the config sets
-            moe_imbalance_flag(moe_imbalance)
-        try:
-            u = understand(config, reading, trainer=kind, fmt=fmt, gpus=gpus, model_arg=model, seq_len_arg=seq_len,
-                           imbalance_arg=moe_imbalance)
-        except SpecError as exc:
-            raise type(exc)(in_config_terms(str(exc), kind)) from None
-        check_moe_flags(u.model, moe_imbalance, "alltoall", None, False)
-        u = replace(u, notes=u.notes + launch_notes(reading.launch, gpus, hw.gpus_per_node))
-        try:
-            check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
-        except InvalidPlanError as exc:
-            default = (f" (no --global-batch-size: Megatron's default is --micro-batch-size x data-parallel size = "
-                       f"{u.job.global_batch})" if kind == "megatron" and reading.global_batch is None else "")
-            raise InvalidPlanError(in_config_terms(f"{config}: the plan it runs breaks a rule: {exc}{default}", kind)
-                                   ) from None
-        if (issue := seq_len_issue(TRAINER_CAPS[u.trainer], u.plan, u.job.seq_len)) is not None:
-            raise SpecError(f"{config}: {issue} (the trainer refuses it at start-up); change the sequence length")
-        check_simulation_size(u.plan, str(config))
-        if u.model.is_moe and u.job.moe_dispatcher == "deepep" and (why := deepep_refusal(hw)):
-            raise SpecError(f"{config}: --moe-flex-dispatcher-backend deepep: {why}; use --moe-token-dispatcher-type "
-                            "alltoall")
+        u = _understood(config, reading, kind, fmt, gpus, hw, model, seq_len, moe_imbalance)
         measured = load_cost_profile(None, gpu, u.model, hw, u.job)
         cm = CostModel(u.model, hw, u.job, measured)
         est = cm.estimate(u.plan) if u.flushes == 1 else _flushed(u, hw, measured, config, gpus)
@@ -112,8 +80,8 @@ def check_command(
         if u.trainer == "torchtitan" and not u.job.fused_kernels:
             u = replace(u, notes=(*u.notes, _compile_note(est, u, hw, measured)))
         best, search_note, unproven = _best(u, hw, gpus, measured, time_limit, work_limit)
-        notes = u.notes + hw.kernel_warnings(u.job.dtype, u.job.flash_attention)
-        findings = _findings(est, best, max_gap, notes, search_note)
+        findings = _findings(est, best, max_gap, u.notes + hw.kernel_warnings(u.job.dtype, u.job.flash_attention),
+                             search_note)
         if unproven:
             findings.append(Finding("warning", "the best plan is not proven the best: --time-limit or --work-limit "
                                     "stopped its search (a better plan may exist; raise the limit)", EXIT_LIMIT))
@@ -123,20 +91,73 @@ def check_command(
             doc = {**estimate_json(est, u.model, hw, u.job), "op_costs": cm.op_coverage(u.plan).as_dict(),
                    "check": _check_json(config, u, est, best, findings, max_gap, written, code)}
             typer.echo(dump_json(doc))
-        elif output_format == "github":
-            summary = Finding("notice", f"{u.trainer}: {plan_tag(u.plan)}: step {est.step_time_s:.3f} s, MFU "
-                                        f"{100 * est.mfu:.1f}%, peak {gib(est.peak_memory_bytes):.1f} GiB")
-            for finding in [summary, *findings]:
-                typer.echo(github_line(finding, str(config)))
         else:
-            typer.echo(_report(config, u, est, best, hw))
-            if written:
-                typer.echo(written_report(written))
-            for f in findings:  # the verdicts behind the exit code are diagnostics: stderr, as every error
-                if f.level != "notice":
-                    typer.echo(f"{f.level}: {f.message}", err=True)
+            _print_report(output_format, config, u, est, best, hw, findings, written)
         if code:
             raise typer.Exit(code)
+
+
+def _check_flags(output_format: str, json_out: bool, max_gap: float | None, time_limit: float, work_limit: float,
+                 emit_better: str | None) -> None:
+    """The flags' own rules, before any file is read."""
+    if output_format not in FORMATS:
+        raise SpecError(f"--format {output_format!r}: use text or github")
+    if json_out and output_format != "text":
+        raise SpecError("--json and --format github each replace the report; pick one")
+    if max_gap is not None and not max_gap >= 0:
+        raise SpecError(f"--max-gap must be >= 0 percent, got {max_gap:g}")
+    if not time_limit > 0:  # also NaN: as plan refuses them
+        raise SpecError(f"--time-limit must be > 0 seconds, got {time_limit:g}")
+    if not work_limit > 0:
+        raise SpecError(f"--work-limit must be > 0, got {work_limit:g}")
+    if emit_better is not None:
+        check_target(Path(emit_better), directory=True, flag="--emit-better")
+
+
+def _understood(config: Path, reading: Reading, kind: str, fmt: str | None, gpus: int, hw: HardwareSpec,
+                model: str | None, seq_len: int | None, moe_imbalance: float | None) -> Understood:
+    """What the config runs, with the launcher's notes, refused (in the config's own terms) where it breaks a
+    rule the trainer or autotune enforces."""
+    if moe_imbalance is not None:  # the run's routing, which no flag of the config sets
+        moe_imbalance_flag(moe_imbalance)
+    try:
+        u = understand(config, reading, trainer=kind, fmt=fmt, gpus=gpus, model_arg=model, seq_len_arg=seq_len,
+                       imbalance_arg=moe_imbalance)
+    except SpecError as exc:
+        raise type(exc)(in_config_terms(str(exc), kind)) from None
+    check_moe_flags(u.model, moe_imbalance, "alltoall", None, False)
+    u = replace(u, notes=u.notes + launch_notes(reading.launch, gpus, hw.gpus_per_node))
+    try:
+        check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
+    except InvalidPlanError as exc:
+        default = (f" (no --global-batch-size: Megatron's default is --micro-batch-size x data-parallel size = "
+                   f"{u.job.global_batch})" if kind == "megatron" and reading.global_batch is None else "")
+        raise InvalidPlanError(in_config_terms(f"{config}: the plan it runs breaks a rule: {exc}{default}", kind)
+                               ) from None
+    if (issue := seq_len_issue(TRAINER_CAPS[u.trainer], u.plan, u.job.seq_len)) is not None:
+        raise SpecError(f"{config}: {issue} (the trainer refuses it at start-up); change the sequence length")
+    check_simulation_size(u.plan, str(config))
+    if u.model.is_moe and u.job.moe_dispatcher == "deepep" and (why := deepep_refusal(hw)):
+        raise SpecError(f"{config}: --moe-flex-dispatcher-backend deepep: {why}; use --moe-token-dispatcher-type "
+                        "alltoall")
+    return u
+
+
+def _print_report(output_format: str, config: Path, u: Understood, est: Estimate, best: Estimate | None,
+                  hw: HardwareSpec, findings: list[Finding], written: list[Path]) -> None:
+    """The text report (its verdicts on stderr) or one GitHub workflow annotation per finding."""
+    if output_format == "github":
+        summary = Finding("notice", f"{u.trainer}: {plan_tag(u.plan)}: step {est.step_time_s:.3f} s, MFU "
+                                    f"{100 * est.mfu:.1f}%, peak {gib(est.peak_memory_bytes):.1f} GiB")
+        for finding in [summary, *findings]:
+            typer.echo(github_line(finding, str(config)))
+        return
+    typer.echo(_report(config, u, est, best, hw))
+    if written:
+        typer.echo(written_report(written))
+    for f in findings:  # the verdicts behind the exit code are diagnostics: stderr, as every error
+        if f.level != "notice":
+            typer.echo(f"{f.level}: {f.message}", err=True)
 
 
 @contextmanager
