@@ -221,7 +221,8 @@ def test_h200_row(public_rows):
     assert (c.hw.name, c.job.grad_reduce) == ("h200", "fp32")
 
 
-@pytest.mark.parametrize("gpu, name", [("B200", "b200"), ("b200", "b200"), ("H200", "h200"), ("A100", "a100-80gb")])
+@pytest.mark.parametrize("gpu, name", [("B200", "b200"), ("b200", "b200"), ("H200", "h200"), ("H800", "h800"),
+                                       ("A100", "a100-80gb")])
 def test_b200_rows_run_on_the_catalog_b200(public_rows, gpu, name):
     """RULES 'hardware': a DGX B200 row (held out: the public rows are H100/H200) runs on profiles/hardware/b200.json
     with the row's GPUs per node; a GPU without a catalog file is skipped with the reason."""

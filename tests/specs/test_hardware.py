@@ -92,9 +92,21 @@ def test_the_catalog_holds_the_gpus_the_cli_promises():
 def test_every_catalog_gpu_names_its_architecture():
     """NVIDIA's CUDA GPU list: V100 7.0, A100 8.0, H100/H200 9.0, B200 10.0; AMD's ROCm list: MI300X gfx942."""
     want = {"v100-32gb": "7.0", "a100-40gb": "8.0", "a100-80gb": "8.0", "h100-sxm": "9.0", "h100-hbm2e-96gb": "9.0",
-            "h200": "9.0", "b200": "10.0", "mi300x": "gfx942"}
+            "h200": "9.0", "h800": "9.0", "b200": "10.0", "mi300x": "gfx942"}
     assert {name: load_hardware(name).compute_capability for name in want} == want
     assert all("compute_capability" in load_raw("hardware", name)["sources"] for name in want)
+
+
+def test_the_h800_is_an_h100_with_its_nvlink_cut():
+    """NVIDIA's H800 datasheet: NVLink 400 GB/s both ways (the H100 SXM5's 900), the H100's tensor cores, HBM3
+    and SMs; the DeepSeek-V3 report (arXiv 2412.19437, 3.2.2): 160 GB/s of NVLink usable, IB 50 GB/s."""
+    h800, h100 = load_hardware("h800"), load_hardware("h100-sxm")
+    assert h800.intra_node_bandwidth == 200e9 and h100.intra_node_bandwidth == 450e9
+    assert h800.intra_node_bandwidth * h800.efficiency.intra_node_comm == pytest.approx(160e9)
+    assert h800.inter_node_bandwidth == h100.inter_node_bandwidth == 50e9
+    same = ("memory_bytes", "hbm_bandwidth", "sm_count", "efficiency", "gpus_per_node")
+    assert [getattr(h800, f) for f in same] == [getattr(h100, f) for f in same]
+    assert h800.peak_flops("bf16") == h100.peak_flops("bf16") and h800.peak_flops("fp8") == h100.peak_flops("fp8")
 
 
 @pytest.mark.parametrize("value", [9.0, "9.0; rm -rf", "x" * 40, "\uff19.0", "abc", "9", "sm90"])

@@ -42,7 +42,8 @@ RULES: tuple[tuple[str, str], ...] = (
               "(squared ReLU, costed as GeLU) and LayerNorm; Nemotron-H (Mamba hybrids) are skipped"),
     ("hardware", "H100 -> h100-sxm (80 GB HBM3, 700 W); torchtitan's Grand Teton H100 (gpu_note '96GB HBM2e') -> "
                  "catalog h100-hbm2e-96gb when it exists, else h100-sxm with 96 GiB and 2.4 TB/s HBM; H200 -> "
-                 "h200; B200 -> b200 (DGX B200: its kernel efficiencies are the H100's, as its file says); A100 -> "
+                 "h200; H800 -> h800 (the H100's kernels, NVLink at 200 GB/s); B200 -> b200 (DGX B200: its kernel "
+                 "efficiencies are the H100's, as its file says); A100 -> "
                  "a100-40gb when gpu_note says 40GB, else a100-80gb; gpus_per_node from the row; other GPUs "
                  "(GB200's NVLink domain of 72 is not modelled) are skipped"),
     ("trainer", "NeMo, Megatron-Core, Megatron-LM and Megatron-Bridge rows -> megatron (Megatron-DeepSpeed "
@@ -205,7 +206,7 @@ def row_hardware(row: dict[str, str]) -> HardwareSpec:
                          memory_bytes=from_gib(96), hbm_bandwidth=2.4e12)
     elif gpu == "H100":
         hw = load_hardware("h100-sxm")
-    elif gpu in ("H200", "B200"):
+    elif gpu in ("H200", "H800", "B200"):
         hw = load_hardware(gpu.lower())
     elif gpu == "A100":
         hw = load_hardware("a100-40gb" if re.search(r"40\s*GB", row["gpu_note"], re.IGNORECASE) else "a100-80gb")
