@@ -15,10 +15,11 @@ from autotune.specs.model import ModelSpec, model_from_dict
 
 
 # Hugging Face `hidden_act` values and the MLP they imply: Llama/Qwen/Mistral use a gated SiLU (SwiGLU),
-# Gemma a gated GeLU (GeGLU); GPT-2/BERT a plain GeLU.
+# Gemma a gated GeLU (GeGLU); GPT-2/BERT a plain GeLU. ReLU and Nemotron's squared ReLU (relu2) are costed as
+# GeLU: the same two matrices, and one element-wise pass of the same bytes.
 _HF_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu": "gelu", "gelu_new": "gelu",
-           "gelu_fast": "gelu", "relu": "gelu"}
-_UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gpt_neox", "phi")
+           "gelu_fast": "gelu", "relu": "gelu", "relu2": "gelu"}
+_UNTIED_BY_DEFAULT = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gpt_neox", "phi", "nemotron")
 #: What transformers fills in for a key a config leaves out, by the model_type of the config that holds the
 #: shape. transformers saves a nested config without the keys equal to its defaults, so Gemma 3's multimodal
 #: config.json files (google/gemma-3-4b/12b/27b) give only those that differ from Gemma3TextConfig's: never

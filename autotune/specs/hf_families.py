@@ -14,11 +14,14 @@ from autotune.specs._strict import boolean, shown
 from autotune.specs.model import ModelSpec, model_from_dict
 
 #: Families whose MLP is one up-projection and a GeLU (c_fc/fc1 + c_proj/fc2, transformers' modeling files),
-#: whatever hidden_act names: StarCoder2's gelu_pytorch_tanh is not Gemma's gated unit
-PLAIN_MLP_TYPES = ("gpt_neox", "starcoder2", "phi", "falcon", "gptj", "codegen", "bloom", "opt", "gpt_bigcode")
-#: Families normalized by LayerNorm (mean and variance) rather than RMSNorm; `norm_type` overrides
+#: whatever hidden_act names: StarCoder2's gelu_pytorch_tanh is not Gemma's gated unit; Nemotron's up_proj,
+#: squared ReLU and down_proj (transformers' models/nemotron/modeling_nemotron.py, NemotronMLP)
+PLAIN_MLP_TYPES = ("gpt_neox", "starcoder2", "phi", "falcon", "gptj", "codegen", "bloom", "opt", "gpt_bigcode",
+                   "nemotron")
+#: Families normalized by LayerNorm (mean and variance) rather than RMSNorm; `norm_type` overrides. Nemotron's
+#: NemotronLayerNorm1P is a LayerNorm with a bias (its weight stored less one)
 _LAYERNORM_TYPES = ("bert", "gpt2", "opt", "falcon", "gpt_neox", "starcoder2", "phi", "gptj", "codegen", "bloom",
-                    "stablelm")
+                    "stablelm", "nemotron")
 #: Families with biases on every linear layer by default (their `use_bias` / `bias` / `attention_bias` keys win)
 _BIASED_TYPES = ("gpt_neox", "starcoder2", "phi", "bloom", "opt", "codegen")
 #: Keys of state-space or hybrid layers (Jamba, Mamba, Zamba, Falcon-Mamba): not Transformer blocks

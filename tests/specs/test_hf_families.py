@@ -84,6 +84,20 @@ def test_gated_families_keep_their_gated_unit():
     assert (gemma.norm, gemma.bias, llama.norm, llama.bias) == ("rmsnorm", "none", "rmsnorm", "none")
 
 
+def test_nemotron_reads_as_its_two_matrix_squared_relu_mlp_and_layernorm():
+    """transformers' NemotronForCausalLM (nvidia/Minitron-8B-Base's shape; user-tester: hidden_act 'relu2' was
+    refused): up_proj and down_proj around a squared ReLU, NemotronLayerNorm1P (weight and bias), no linear biases,
+    untied embeddings (NemotronConfig's default). By hand: embeddings 2 x 256000 x 4096; a layer's q and o 4096 x
+    6144 each, k and v 4096 x 1024 each, MLP 2 x 4096 x 16384, two norms of 2 x 4096; a final norm of 2 x 4096."""
+    config = {"model_type": "nemotron", "hidden_act": "relu2", "hidden_size": 4096, "intermediate_size": 16384,
+              "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 32,
+              "vocab_size": 256000, "partial_rotary_factor": 0.5}
+    model = model_from_hf_config(config, "config.json")
+    assert (model.activation, model.norm, model.bias, model.tied_embeddings) == ("gelu", "layernorm", "none", False)
+    layer = 2 * 4096 * 6144 + 2 * 4096 * 1024 + 2 * 4096 * 16384 + 2 * 2 * 4096
+    assert total_params(model) == 2 * 256000 * 4096 + 32 * layer + 2 * 4096 == 8_271_699_968
+
+
 def test_state_space_hybrids_are_refused():
     """ai21labs/Jamba-v0.1 interleaves Mamba layers with attention: read as a Transformer it was 92.1B, not 51.6B."""
     jamba = {"model_type": "jamba", "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
