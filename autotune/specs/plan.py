@@ -245,8 +245,8 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
         raise InvalidPlanError(f"zero must be 0, 1, 2 or 3, got {plan.zero}")
     if plan.zero >= 2 and plan.pp > 1:
         raise InvalidPlanError(f"zero {plan.zero} shards gradients, which autotune does not cost with pipeline "
-                               "parallelism (DeepSpeed refuses it; Megatron's FSDP and torch FSDP2 run without "
-                               "pp); use zero 0 or 1 with pp > 1")
+                               "parallelism (DeepSpeed refuses it; torchtitan's FSDP under pp keeps the gathered "
+                               "weights across micro-batches, which zero 1 costs); use zero 0 or 1 with pp > 1")
     if plan.zero not in job.state_zero_stages:
         raise InvalidPlanError(f"{job.optimizer_states} optimizer states are costed in Megatron's distributed "
                                f"optimizer (its precision-aware optimizer needs one; its FSDP keeps fp32 master "
@@ -364,8 +364,10 @@ def _check_schedule(plan: Plan) -> None:
         if plan.vpp != 2:
             raise InvalidPlanError(f"v-half places two model chunks per rank in a V: vpp must be 2, got {plan.vpp}")
         if any(n % 2 for n in plan.layers_per_stage):
-            raise InvalidPlanError(f"v-half splits every rank's layers into two chunks: every stage's layer count "
-                                   f"must be even, got {list(plan.layers_per_stage)}")
+            fix = ("their total is odd, so no split has that: use another schedule" if sum(plan.layers_per_stage) % 2
+                   else "give --layers-per-stage with even counts")
+            raise InvalidPlanError(f"v-half splits every rank's layers into two equal chunks: every stage's layer "
+                                   f"count must be even, got {list(plan.layers_per_stage)}; {fix}")
     if plan.schedule == "interleaved":
         if plan.pp < 2 or plan.vpp < 2:
             raise InvalidPlanError("the interleaved schedule needs pp >= 2 and vpp >= 2")

@@ -55,6 +55,17 @@ def test_each_rule_names_its_field(change, gpus, message):
         _check(replace(GOOD, **change), gpus)
 
 
+def test_v_half_with_odd_stage_counts_says_how_to_fix_it():
+    """User-tester: an odd count on a stage was refused without a way out, and DeepSeek-V3's 61 layers can never
+    be split into even counts."""
+    v_half = replace(GOOD, schedule="v-half", vpp=2, layers_per_stage=(7, 9, 8, 8), vocab="balanced")
+    with pytest.raises(InvalidPlanError, match="got \\[7, 9, 8, 8\\]; give --layers-per-stage with even counts"):
+        _check(v_half)
+    odd = replace(MODEL, num_layers=31)
+    with pytest.raises(InvalidPlanError, match="their total is odd, so no split has that: use another schedule"):
+        check_plan(replace(v_half, layers_per_stage=(7, 8, 8, 8)), odd, JOB, 32, 8)
+
+
 def test_interleaved_chunks_may_be_empty():
     """Megatron's --pipeline-model-parallel-layout runs virtual stages without transformer layers (DeepSeek-V3's
     layouts end in a stage of the loss alone; NeMo's reduced-depth Llama 3.1 405B runs 30 layers on pp 4 x vp 8):
