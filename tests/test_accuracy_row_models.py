@@ -166,3 +166,16 @@ def test_a_blank_recompute_that_does_not_fit_takes_the_least_that_does() -> None
     assert moe_case(rows[520]).plan.recompute == "none" and "does not fit" not in moe_case(rows[520]).note
     named = {**rows[519], "activation_recompute": "none"}
     assert moe_case(named).plan.recompute == "none"
+
+
+def test_the_expert_all_to_all_overlap_only_where_a_row_names_it() -> None:
+    """RULES 'ep_overlap': Megatron-Bridge's recipes leave it off, so a row is costed with it only where its
+    other_settings say so; with a layout megatron-core refuses it with (GPT-OSS's pp 4 on 1F1B), without it and a
+    note. The rows as published name it nowhere: the report does not change."""
+    rows = {int(r["row_id"]): r for r in read_rows(PUBLIC_DATA)}
+    assert not moe_case(rows[520]).plan.ep_overlap
+    named = {**rows[520], "other_settings": "moe_a2a_overlap=true", "vp": "2"}
+    on, plain = moe_case(named), moe_case({**named, "other_settings": ""})
+    assert on.plan.ep_overlap and not plain.plan.ep_overlap
+    refused = moe_case({**named, "vp": ""})
+    assert not refused.plan.ep_overlap and "evaluated without it" in refused.note

@@ -24,7 +24,8 @@ MOE_VALUE = frozenset("""
 """.split())
 #: Switches this reader uses.
 MOE_SWITCH = frozenset("--multi-latent-attention --moe-grouped-gemm --moe-router-force-load-balancing "
-                       "--moe-pad-expert-input-to-capacity --moe-router-enable-expert-bias".split())
+                       "--moe-pad-expert-input-to-capacity --moe-router-enable-expert-bias "
+                       "--overlap-moe-expert-parallel-comm".split())
 #: Routing, loss and fusion settings that do not change the plan or its cost (recognised, ignored).
 MOE_NEUTRAL_VALUE = frozenset("""
 --moe-router-load-balancing-type --moe-aux-loss-coeff --moe-z-loss-coeff

@@ -22,7 +22,9 @@ def overlap_settings(args: dict[str, Any], zero: int, vpp: int) -> dict[str, Any
     - Without --overlap-param-gather, the distributed optimizer gathers the updated weights in its step
       (optimizer/distrib_optimizer.py); it matters only there (ZeRO-1; Megatron-FSDP gathers its own).
     - --no-overlap-p2p-communication makes the interleaved schedule wait on every send; warmup-flush needs the
-      overlap, which Megatron-LM forces off without interleaving (ModelParallelConfig refuses the pair)."""
+      overlap, which Megatron-LM forces off without interleaving (ModelParallelConfig refuses the pair).
+    - --overlap-moe-expert-parallel-comm runs each micro-batch's expert all-to-all beside another's compute
+      (costmodel/epoverlap.py); check_plan holds it to megatron-core's rules."""
     if args.get("--overlap-p2p-communication-warmup-flush") and (args.get("--no-overlap-p2p-communication")
                                                                    or vpp <= 1):
         raise SpecError("--overlap-p2p-communication-warmup-flush needs overlap_p2p_comm, which "
@@ -37,7 +39,8 @@ def overlap_settings(args: dict[str, Any], zero: int, vpp: int) -> dict[str, Any
             "overlap_param_gather": bool(args.get("--overlap-param-gather")) or fsdp or zero != 1,
             "overlap_p2p": not args.get("--no-overlap-p2p-communication"),
             "warmup_flush": bool(args.get("--overlap-p2p-communication-warmup-flush")),
-            "microbatch_group": int(group) if group is not None else None}
+            "microbatch_group": int(group) if group is not None else None,
+            "ep_overlap": bool(args.get("--overlap-moe-expert-parallel-comm"))}
 
 
 def overlap_notes(r: Reading, plan: Plan) -> tuple[list[str], dict[str, bool]]:

@@ -42,6 +42,7 @@ class Reading:
     zero: int = 0
     sequence_parallel: bool = False
     tp_overlap: bool = False
+    ep_overlap: bool = False
     vocab_parallel: bool = False
     layers_per_stage: tuple[int, ...] | None = None
     """Explicit per-rank layers; None: the trainer's own split of the model's layers (`split` says how)."""
@@ -146,7 +147,8 @@ CONFIG_TERMS = {
                  "etp": "--expert-tensor-parallel-size", "vpp": "--num-virtual-stages-per-pipeline-rank",
                  "mbs": "--micro-batch-size", "micro-batch": "--micro-batch-size",
                  "global batch": "--global-batch-size", "sequence_parallel": "--sequence-parallel",
-                 "tp_overlap": "--tp-comm-overlap", "zero 3": "--use-torch-fsdp2/--use-megatron-fsdp",
+                 "tp_overlap": "--tp-comm-overlap", "ep_overlap": "--overlap-moe-expert-parallel-comm",
+                 "zero 3": "--use-torch-fsdp2/--use-megatron-fsdp",
                  "zero": "--use-distributed-optimizer", "seq_len": "--seq-length", "num_experts": "--num-experts",
                  "num_layers": "--num-layers", "num_heads": "--num-attention-heads",
                  "num_kv_heads": "--num-query-groups",

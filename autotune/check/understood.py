@@ -385,7 +385,7 @@ def build_plan(r: Reading, model: ModelSpec, gpus: int, trainer: str) -> Plan:
                 recompute_layers=recompute_layers, zero=r.zero, sequence_parallel=r.sequence_parallel,
                 vocab="parallel" if r.vocab_parallel else ("ends" if is_even_split(layers) else "balanced"),
                 layers_per_stage=layers, bucket_size=r.bucket_size or default_bucket(trainer, dp),
-                tp_overlap=r.tp_overlap)
+                tp_overlap=r.tp_overlap, ep_overlap=r.ep_overlap)
     if getattr(model, "num_experts", 0):  # expert parallelism; Megatron's etp default is tp
         plan = replace(plan, ep=r.ep, etp=r.etp or r.tp)  # type: ignore[call-arg]
     return normalized(plan)

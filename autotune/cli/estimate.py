@@ -12,13 +12,14 @@ from autotune.cli.inputs import (JOB_SETTINGS, check_flush, coverage_warnings, d
                                  load_cost_profile, plan_source, read_plan, recorded_overlaps, settle_job_settings,
                                  single_plan)
 from autotune.cli.options import (AttentionOpt, BatchOrPlanOpt, BriefOpt, BucketOpt, CpOpt, CrossTpOpt, DpOpt, DtypeOpt,
-                                  EpOpt, EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt, GpusPerNodeOpt, GradOpt,
-                                  JsonOpt, KernelsOpt, LayersOpt, MbsOpt, MicroOpt, ModelOrPlanOpt, MoeCapacityOpt,
-                                  MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt, NoFlashOpt, OptimizerStatesOpt,
-                                  OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt, RecomputeLayersOpt, RecomputeOpt,
-                                  ScheduleOpt, SeqOrPlanOpt, SpOpt, TpModeOpt, TpOpt, UnfusedOpt, VocabOpt, VppOpt,
-                                  ZeroOpt, build_job, check_moe_flags, check_simulation_size, check_whole_nodes,
-                                  load_cluster, show, show_warnings, time_limited)
+                                  EpOpt, EpOverlapOpt, EtpOpt, ForceProfileOpt, GpuOrPlanOpt, GpusOrPlanOpt,
+                                  GpusPerNodeOpt, GradOpt, JsonOpt, KernelsOpt, LayersOpt, MbsOpt, MicroOpt,
+                                  ModelOrPlanOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt, MoePadOpt,
+                                  NoFlashOpt, OptimizerStatesOpt, OverlapOpt, Pins, PlanFileOpt, PpOpt, ProfileOpt,
+                                  RecomputeLayersOpt, RecomputeOpt, ScheduleOpt, SeqOrPlanOpt, SpOpt, TpModeOpt, TpOpt,
+                                  UnfusedOpt, VocabOpt, VppOpt, ZeroOpt, build_job, check_moe_flags,
+                                  check_simulation_size, check_whole_nodes, load_cluster, show, show_warnings,
+                                  time_limited)
 from autotune.costmodel.accumulation import flushed_estimate, one_flush
 from autotune.costmodel.estimate import CostModel
 from autotune.emit.document import document_model, document_trainer
@@ -44,7 +45,7 @@ def estimate(
     ops: Annotated[bool, typer.Option("--ops", help="Also show compute time by operator category.")] = False,
     allow_cross_node_tp: CrossTpOpt = False, profile: ProfileOpt = None, tp_overlap: OverlapOpt = None,
     grad_reduce: GradOpt = None, kernels: KernelsOpt = None, brief: BriefOpt = False,
-    force_profile: ForceProfileOpt = False, ep: EpOpt = None, etp: EtpOpt = None,
+    force_profile: ForceProfileOpt = False, ep: EpOpt = None, etp: EtpOpt = None, ep_overlap: EpOverlapOpt = None,
     moe_imbalance: MoeImbalanceOpt = None, moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
     optimizer_states: OptimizerStatesOpt = "fp32", attention_backend: AttentionOpt = None,
@@ -57,7 +58,7 @@ def estimate(
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, num_microbatches=num_microbatches,
                 recompute_layers=recompute_layers, bucket_size=bucket_size, sequence_parallel=sequence_parallel,
-                tp_mode=tp_mode, tp_overlap=tp_overlap, ep=ep, etp=etp)
+                tp_mode=tp_mode, tp_overlap=tp_overlap, ep=ep, etp=etp, ep_overlap=ep_overlap)
     settings = {"dtype": dtype, "no_flash_attention": no_flash_attention, "unfused": unfused,
                 "grad_reduce": grad_reduce, "kernels": kernels, "moe_imbalance": moe_imbalance,
                 "moe_dispatcher": moe_dispatcher, "moe_capacity_factor": moe_capacity_factor,

@@ -72,7 +72,8 @@ def single_plan(pins: Pins, model: ModelSpec, job: JobSpec, gpus: int) -> Plan:
         vocab=_one_choice(pins.vocab, "--vocab", VOCABS, "ends" if is_even_split(layers) else "balanced"),
         layers_per_stage=layers,
         bucket_size=default_bucket(job.trainer, dp) if pins.bucket_size is None else pins.bucket_size, tp_mode=tp_mode,
-        tp_overlap=bool(pins.tp_overlap), ep=_one_int(pins.ep, "--ep", 1), etp=_one_int(pins.etp, "--etp", 1))
+        tp_overlap=bool(pins.tp_overlap), ep=_one_int(pins.ep, "--ep", 1), etp=_one_int(pins.etp, "--etp", 1),
+        ep_overlap=bool(pins.ep_overlap))
 
 
 def read_plan(path: str, pins: Pins) -> tuple[Plan, dict[str, Any], Any]:

@@ -92,6 +92,10 @@ SpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-p
 OverlapOpt = Annotated[bool | None, typer.Option("--tp-overlap/--no-tp-overlap",
                                                  help="TP communication pipelined with the GEMMs (Megatron "
                                                       "--tp-comm-overlap, torchtitan async TP; default: off).")]
+EpOverlapOpt = Annotated[bool | None, typer.Option("--ep-overlap/--no-ep-overlap",
+                                                   help="MoE models: the expert all-to-all overlapped with another "
+                                                        "micro-batch's compute (Megatron "
+                                                        "--overlap-moe-expert-parallel-comm; default: off).")]
 GradOpt = Annotated[str | None, typer.Option(
     "--grad-reduce", metavar="fp32|bf16|fp16",
     help="Gradient buffer and reduction dtype (default: what the trainer's config runs: fp32; DeepSpeed's, the "
@@ -152,6 +156,11 @@ SSpOpt = Annotated[bool | None, typer.Option("--sequence-parallel/--no-sequence-
                                              help="Megatron sequence parallelism (default: search both).")]
 SOverlapOpt = Annotated[bool | None, typer.Option("--tp-overlap/--no-tp-overlap",
                                                   help="TP communication overlap (default: search both).")]
+SEpOverlapOpt = Annotated[bool | None, typer.Option("--ep-overlap/--no-ep-overlap",
+                                                    help="MoE models: the expert all-to-all overlapped with another "
+                                                         "micro-batch's compute (Megatron "
+                                                         "--overlap-moe-expert-parallel-comm; default: search both "
+                                                         "where Megatron runs it).")]
 IdleOpt = Annotated[bool, typer.Option("--allow-idle", help="Allow plans that leave some GPUs unused (any degree "
                                                             "may: a search several times larger).")]
 TopOpt = Annotated[int, typer.Option("--top", min=0, max=100, metavar="K", help="Runners-up to show (at most 100).")]
@@ -248,6 +257,7 @@ class Pins:
     tp_mode: str | None = None
     tp_overlap: bool | None = None
     ep: str | None = None
+    ep_overlap: bool | None = None
     etp: str | None = None
 
     def given(self) -> list[str]:

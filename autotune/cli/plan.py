@@ -16,11 +16,11 @@ from autotune.cli.options import (AttentionOpt, BatchOpt, BriefOpt, CompareOpt, 
                                   ForkOpt, FormatOpt, GpuOpt, GpusOpt, GpusPerNodeOpt, GradOpt, IdleOpt, JsonOpt,
                                   KernelsOpt, MockDataOpt, ModelOpt, MoeCapacityOpt, MoeDispatcherOpt, MoeImbalanceOpt,
                                   MoePadOpt, NoFlashOpt, NoTimingsOpt, OptimizerStatesOpt, Pins, PlanOutOpt, ProfileOpt,
-                                  RunTokensOpt, SCpOpt, SDpOpt, SEpOpt, SEtpOpt, SLayersOpt, SMbsOpt, SOverlapOpt,
-                                  SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt, SVocabOpt, SVppOpt,
-                                  SZeroOpt, SeqOpt, StrictOpt, TimeLimitOpt, TopOpt, TrainerOpt, UnfusedOpt,
-                                  WorkLimitOpt, build_job, check_moe_flags, check_whole_nodes, load_cluster, show,
-                                  show_warnings)
+                                  RunTokensOpt, SCpOpt, SDpOpt, SEpOpt, SEpOverlapOpt, SEtpOpt, SLayersOpt, SMbsOpt,
+                                  SOverlapOpt, SPpOpt, SRecomputeOpt, SScheduleOpt, SSpOpt, STpModeOpt, STpOpt,
+                                  SVocabOpt, SVppOpt, SZeroOpt, SeqOpt, StrictOpt, TimeLimitOpt, TopOpt, TrainerOpt,
+                                  UnfusedOpt, WorkLimitOpt, build_job, check_moe_flags, check_whole_nodes, load_cluster,
+                                  show, show_warnings)
 from autotune.cli.searching import (compare_plan, distinct_fitting, profiled_space, run_search, search_space,
                                     without_timings)
 from autotune.costmodel.estimate import CostModel
@@ -51,7 +51,8 @@ def plan(
     kernels: KernelsOpt = None, fork: ForkOpt = None, brief: BriefOpt = False,
     force_profile: ForceProfileOpt = False, no_timings: NoTimingsOpt = False,
     mock_data: MockDataOpt = False, train_tokens: RunTokensOpt = DEFAULT_TRAIN_TOKENS, ep: SEpOpt = None,
-    etp: SEtpOpt = None, moe_imbalance: MoeImbalanceOpt = None, moe_dispatcher: MoeDispatcherOpt = "alltoall",
+    etp: SEtpOpt = None, ep_overlap: SEpOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None,
+    moe_dispatcher: MoeDispatcherOpt = "alltoall",
     moe_capacity_factor: MoeCapacityOpt = None, moe_pad_to_capacity: MoePadOpt = False,
     optimizer_states: OptimizerStatesOpt = "fp32", attention_backend: AttentionOpt = None,
 ) -> None:
@@ -89,7 +90,7 @@ def plan(
                         "--optimizer-states fp32")
     pins = Pins(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, vpp=vpp, recompute=recompute, schedule=schedule, zero=zero,
                 vocab=vocab, layers_per_stage=layers_per_stage, sequence_parallel=sequence_parallel, tp_mode=tp_mode,
-                tp_overlap=tp_overlap, ep=ep, etp=etp)
+                tp_overlap=tp_overlap, ep=ep, etp=etp, ep_overlap=ep_overlap)
     space = search_space(pins, spec, job, gpus, hw.gpus_per_node, allow_idle=allow_idle,
                          allow_cross_node_tp=allow_cross_node_tp, trainer=caps)
     measured = load_cost_profile(profile, gpu, spec, hw, job, force_profile)

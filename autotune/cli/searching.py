@@ -22,7 +22,8 @@ from autotune.search.validate import memory_problem
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import DEEPEP_GROUP_RULE, RECOMPUTES, SCHEDULES, VOCABS, check_plan, plan_from_dict
+from autotune.specs.experts import DEEPEP_GROUP_RULE
+from autotune.specs.plan import RECOMPUTES, SCHEDULES, VOCABS, check_plan, plan_from_dict
 from autotune.specs.profile import Profile
 from autotune.specs.tpgrid import MODES
 from autotune.specs.trainer_jobs import as_run_model
@@ -68,6 +69,7 @@ def pins_space(pins: Pins, *, allow_idle: bool, allow_cross_node_tp: bool) -> Se
         vocab=choices(pins.vocab, "--vocab", VOCABS),
         sequence_parallel=None if pins.sequence_parallel is None else (pins.sequence_parallel,),
         tp_overlap=None if pins.tp_overlap is None else (pins.tp_overlap,),
+        ep_overlap=None if pins.ep_overlap is None else (pins.ep_overlap,),
         layers_per_stage=layers, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp,
         tp_mode=choices(pins.tp_mode, "--tp-mode", MODES), ep=ints(pins.ep, "--ep"), etp=ints(pins.etp, "--etp"))
 

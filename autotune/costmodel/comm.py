@@ -171,3 +171,13 @@ def bucketed_exposure(total_bytes: float, bucket_bytes: float, window: float, pe
         return 0.0
     last = per_bucket(min(bucket_bytes, total_bytes))
     return max(last, total_bytes / bucket_bytes * per_bucket(bucket_bytes) - window)
+
+
+#: Channels NCCL runs a cross-node collective on in an 8-NIC node (two rings per NIC); each channel is one
+#: CUDA block holding one SM for the collective's whole duration (NCCL's topology search, nChannels).
+NCCL_CHANNELS = 16
+
+
+def comm_interference(hw: HardwareSpec) -> float:
+    """Share of the GPU a running NCCL collective takes from the compute it overlaps: its channels' SMs."""
+    return min(1.0, NCCL_CHANNELS / hw.sm_count) if hw.sm_count else 0.0

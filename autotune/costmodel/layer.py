@@ -19,6 +19,7 @@ from autotune.costmodel.memory import (LayerActivations, dense_layer_params, emb
 from autotune.costmodel.moe import deepep_buffer_bytes, moe_activation_bytes, moe_comm
 from autotune.costmodel.ops import (LayerShape, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
+from autotune.costmodel.epoverlap import hideable_exchange
 from autotune.costmodel.tpcomm import (recomputed_gathers_s, regathers_inputs, tp_layer_comm,
                                        tp_overlap_buffers)
 from autotune.costmodel.tpmodes import layer_tp_comm_s, layer_tp_memory
@@ -84,6 +85,10 @@ class LayerCost:
     """Bytes a GPU allocates once for this layer's collectives, whatever its layer count (under tp overlap,
     Megatron's TE userbuffers or torchtitan's symmetric-memory workspace: tpcomm.tp_overlap_buffers; DeepEP's
     NVLink buffer: moe.deepep_buffer_bytes)."""
+    ep_hidden_fwd_s: float = 0.0
+    """The part of tp_fwd_s that is the expert all-to-all and hides behind another micro-batch's compute when
+    the plan overlaps it (epoverlap.ep_overlapped)."""
+    ep_hidden_bwd_s: float = 0.0
 
     @property
     def stage_params(self) -> int:
@@ -238,7 +243,8 @@ def blend_layers(moe: LayerCost, dense: LayerCost, w: float, freq: int = 1) -> L
                      memory_expert_params=math.ceil(moe.expert_params / freq),
                      surplus_params=moe.params - math.ceil((moe.params + (freq - 1) * dense.params) / freq),
                      surplus_expert_params=moe.expert_params - math.ceil(moe.expert_params / freq),
-                     dense_params=dense.params, buffers=max(moe.buffers, dense.buffers))
+                     dense_params=dense.params, buffers=max(moe.buffers, dense.buffers),
+                     ep_hidden_fwd_s=(1 - w) * moe.ep_hidden_fwd_s, ep_hidden_bwd_s=(1 - w) * moe.ep_hidden_bwd_s)
 
 
 def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
@@ -258,8 +264,10 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
     # tensor-parallel collective around its MLP: each rank routes its own sequence-parallel tokens
     tp_fwd, tp_bwd = tp_layer_comm(model, hw, job, shape, fwd_ops, bwd_ops, lookup, tp_overlap, blocks,
                                    memoized_op_time(hw, job.dtype, kernel, None, op_memo))
+    hidden = (0.0, 0.0)
     if moe:  # the token exchange counts with the tensor-parallel collectives: both sit on the compute stream
         ep_fwd, ep_bwd = moe_comm(model, hw, shape)
+        hidden = hideable_exchange(ep_fwd, ep_bwd, fwd.seconds + bwd.seconds + tp_fwd + tp_bwd)
         tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd
     cp_fwd, cp_bwd = _cp_exchange(model, hw, shape, cp)
     return LayerCost(
@@ -274,7 +282,8 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
         wgrad_s=_wgrad_seconds(bwd_ops, hw, job.dtype, lookup, kernel),
         expert_params=moe_expert_share(model, tp, ep, etp) if moe else 0,
         buffers=tp_overlap_buffers(model, hw, job, shape, tp_overlap) + (deepep_buffer_bytes(model, shape) if moe
-                                                                          else 0))
+                                                                          else 0),
+        ep_hidden_fwd_s=hidden[0], ep_hidden_bwd_s=hidden[1])
 
 
 def _activations(model: ModelSpec, shape: LayerShape, job: JobSpec, moe: bool = False) -> LayerActivations:

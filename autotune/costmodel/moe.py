@@ -17,7 +17,7 @@ from autotune.costmodel import comm
 from autotune.costmodel.ops import LayerShape, Op, _activation, _gemm, _memory_op
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import DEEPEP_NVL_PEERS
+from autotune.specs.experts import DEEPEP_NVL_PEERS
 from autotune.units import FP32_BYTES
 
 #: Load imbalance of balanced routing: published MoE throughput benchmarks force it (Megatron-Bridge's

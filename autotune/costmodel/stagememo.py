@@ -22,11 +22,11 @@ STAGE_PART_PLANS = 4096
 PLAN_SHAPE_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "layers_per_stage")
 _plan_shape = attrgetter(*PLAN_SHAPE_FIELDS)  # their values as a tuple, read in C
 #: What stages.stage_times reads of a plan but its schedule and ZeRO stage (_time_shape)
-_time_fields = attrgetter("tp", "cp", "mbs", "sequence_parallel", "tp_mode", "tp_overlap", "ep", "etp", "vocab",
-                          "pp", "vpp", "dp", "recompute", "recompute_layers")
+_time_fields = attrgetter("tp", "cp", "mbs", "sequence_parallel", "tp_mode", "tp_overlap", "ep", "etp", "ep_overlap",
+                          "vocab", "pp", "vpp", "dp", "recompute", "recompute_layers")
 #: What stages.stage_state reads of a plan but its schedule (_state_shape)
-_state_fields = attrgetter("tp", "cp", "mbs", "sequence_parallel", "tp_mode", "tp_overlap", "ep", "etp", "vocab",
-                           "pp", "vpp", "dp", "zero")
+_state_fields = attrgetter("tp", "cp", "mbs", "sequence_parallel", "tp_mode", "tp_overlap", "ep", "etp", "ep_overlap",
+                           "vocab", "pp", "vpp", "dp", "zero")
 
 
 def shape_memo(memos: tuple[dict, dict, dict], plan: Plan, ticks: Ticks, p2p_s: float,

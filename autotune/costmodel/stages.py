@@ -6,6 +6,7 @@ import math
 from typing import NamedTuple
 
 from autotune.costmodel import comm
+from autotune.costmodel.comm import comm_interference
 from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.ops import CATEGORIES
 from autotune.costmodel.pipeline import Ticks, chunks_per_rank, pass_ticks, peak_in_flight
@@ -356,16 +357,6 @@ def gpu_transient(plan: Plan, layer: LayerCost) -> int:
     gathered full weights and the next one's prefetch; the layer's communication buffers (LayerCost.buffers)."""
     gathered = 2 * (layer.stage_params + layer.surplus_params) * WEIGHT_BYTES if plan.zero >= 3 else 0
     return gathered + layer.buffers
-
-
-#: Channels NCCL runs a cross-node collective on in an 8-NIC node (two rings per NIC); each channel is one
-#: CUDA block holding one SM for the collective's whole duration (NCCL's topology search, nChannels).
-NCCL_CHANNELS = 16
-
-
-def comm_interference(hw: HardwareSpec) -> float:
-    """Share of the GPU a running NCCL collective takes from the compute it overlaps: its channels' SMs."""
-    return min(1.0, NCCL_CHANNELS / hw.sm_count) if hw.sm_count else 0.0
 
 
 def zero3_exposed(plan: Plan, hw: HardwareSpec, params: int, fwd_s: float, bwd_s: float,

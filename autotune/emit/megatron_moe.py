@@ -46,8 +46,8 @@ def dispatcher_flags(plan: Plan, dispatcher: str) -> list[Flag]:
 
 def moe_flags(model: ModelSpec, plan: Plan, dispatcher: str = "alltoall", job: JobSpec | None = None) -> list[Flag]:
     """The MoE and MLA flags (none for a dense model with ordinary attention): experts, top-k, expert width,
-    the layer pattern, shared experts, the router's score function, the expert layout (ep, etp), grouped GEMMs
-    and the token dispatcher autotune's cost model priced (dispatcher_flags)."""
+    the layer pattern, shared experts, the router's score function, the expert layout (ep, etp), grouped GEMMs,
+    the token dispatcher autotune's cost model priced (dispatcher_flags) and its overlap."""
     flags: list[Flag] = []
     if model.is_moe:
         flags += [
@@ -56,6 +56,8 @@ def moe_flags(model: ModelSpec, plan: Plan, dispatcher: str = "alltoall", job: J
             ("--moe-layer-freq", moe_layer_pattern(model)),
             ("--expert-model-parallel-size", str(plan.ep)), ("--expert-tensor-parallel-size", str(plan.etp)),
             ("--moe-grouped-gemm", None), *dispatcher_flags(plan, dispatcher),
+            # the all-to-all of one micro-batch beside another's compute, as costed (costmodel/epoverlap.py)
+            *([("--overlap-moe-expert-parallel-comm", None)] if plan.ep_overlap else []),
             *(capacity_flags(job) if job is not None else []),
             ("--moe-router-score-function", model.router),
         ]

@@ -79,6 +79,7 @@ def plan_line(plan: Plan) -> str:
         f"{plan.recompute} ({plan.recompute_layers} layer{'s' if plan.recompute_layers != 1 else ''})")
     mode = "" if plan.tp_mode == "1d" else f" ({plan.tp_mode} grid)"
     experts = f", ep {plan.ep}, etp {plan.etp}" if (plan.ep, plan.etp) != (1, 1) else ""  # MoE plans only
+    experts += " (all-to-all overlapped)" if plan.ep_overlap else ""
     return (f"tp {plan.tp}{mode}, pp {plan.pp}, dp {plan.dp}, cp {plan.cp}{experts}, mbs {plan.mbs} x "
             f"{plan.num_microbatches} micro-batches, {plan.schedule} (vpp {plan.vpp}), recompute {rc}, "
             f"zero {plan.zero}, sequence parallel {'on' if plan.sequence_parallel else 'off'}"
@@ -102,6 +103,7 @@ def plan_brief(plan: Plan) -> str:
     sched = plan.schedule if plan.vpp == 1 else f"{plan.schedule} vpp {plan.vpp}"
     mode = "" if plan.tp_mode == "1d" else f" ({plan.tp_mode})"
     experts = f" ep {plan.ep} etp {plan.etp}" if (plan.ep, plan.etp) != (1, 1) else ""  # MoE plans only
+    experts += " (a2a overlap)" if plan.ep_overlap else ""
     return (f"tp {plan.tp}{mode} pp {plan.pp} dp {plan.dp} cp {plan.cp}{experts}, mbs {plan.mbs} x "
             f"{plan.num_microbatches}, "
             f"{sched}, recompute {rc}, zero {plan.zero}{', sp' if plan.sequence_parallel else ''}"
@@ -109,12 +111,14 @@ def plan_brief(plan: Plan) -> str:
 
 
 def plan_tag(plan: Plan) -> str:
-    """'tp8 pp4 dp32 v5 z1 sel': a plan's degrees (cp and mbs when > 1), schedule (v5 interleaved, zb ZB-H1,
-    vhalf V-Half, nothing for 1F1B), ZeRO stage and recomputation, short enough for a table cell."""
+    """'tp8 pp4 dp32 v5 z1 sel': a plan's degrees (cp and mbs when > 1; ep, etp and epo, the overlapped expert
+    all-to-all, for MoE), schedule (v5 interleaved, zb ZB-H1, vhalf V-Half, nothing for 1F1B), ZeRO stage and
+    recomputation, short enough for a table cell."""
     parts = [f"tp{plan.tp}" + ("" if plan.tp_mode == "1d" else f"({plan.tp_mode})"), f"pp{plan.pp}"]
     parts += ([f"cp{plan.cp}"] if plan.cp > 1 else []) + [f"dp{plan.dp}"]
     parts += [f"ep{plan.ep}"] if plan.ep > 1 else []
     parts += [f"etp{plan.etp}"] if plan.etp > 1 else []
+    parts += ["epo"] if plan.ep_overlap else []
     schedule = {"zb-h1": ["zb"], "v-half": ["vhalf"]}.get(plan.schedule, [f"v{plan.vpp}"] if plan.vpp > 1 else [])
     parts += ([f"mbs{plan.mbs}"] if plan.mbs > 1 else []) + schedule
     parts += [f"z{plan.zero}"] + ({"none": [], "selective": ["sel"], "full": ["full"]}[plan.recompute])
@@ -134,7 +138,7 @@ def brief_line(est: Estimate, *, prefix: str = "") -> str:
     if p.recompute_layers is not None:  # full recompute of only that many layers per chunk
         words.insert(words.index(f"recompute={p.recompute}") + 1, f"recompute_layers={p.recompute_layers}")
     if (p.ep, p.etp) != (1, 1):
-        words[4:4] = [f"ep={p.ep}", f"etp={p.etp}"]
+        words[4:4] = [f"ep={p.ep}", f"etp={p.etp}"] + (["ep_overlap=on"] if p.ep_overlap else [])
     return " ".join([prefix, *words] if prefix else words)
 
 

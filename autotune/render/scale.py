@@ -30,11 +30,13 @@ SCALING_CSV_COLUMNS = (
     "gpu_hours", "cost_per_million_tokens", "reason",
     # the rest of the plan, as --json has it (appended: earlier columns keep their places)
     "recompute_layers", "sequence_parallel", "tp_overlap", "tp_mode", "vocab", "layers_per_stage", "bucket_size",
-    "ep", "etp")
+    "ep", "etp", "ep_overlap")
 #: Plan columns of the CSV, read from the point's plan (the others are the point's own fields)
 _PLAN_COLUMNS = frozenset(("tp", "pp", "dp", "cp", "mbs", "num_microbatches", "vpp", "schedule", "recompute", "zero",
                            "recompute_layers", "sequence_parallel", "tp_overlap", "tp_mode", "vocab",
-                           "layers_per_stage", "bucket_size", "ep", "etp"))
+                           "layers_per_stage", "bucket_size", "ep", "etp", "ep_overlap"))
+#: What a plan's JSON leaves out when it is the default (specs/plan.py Plan.to_dict: dense and unoverlapped)
+_OMITTED = {"ep": 1, "etp": 1, "ep_overlap": False}
 _MARK_CHANGE, _MARK_KNEE = "★", "⚠"
 
 
@@ -85,8 +87,7 @@ def scaling_csv(result: ScalingResult) -> str:
         plan = doc["plan"] or {}
         row = []
         for col in SCALING_CSV_COLUMNS:
-            value = (plan.get(col, 1 if col in ("ep", "etp") and plan else None) if col in _PLAN_COLUMNS
-                     else doc[col])
+            value = (plan.get(col, _OMITTED.get(col) if plan else None) if col in _PLAN_COLUMNS else doc[col])
             if isinstance(value, list):  # layers per stage, ';'-separated as in runs.csv
                 value = ";".join(map(str, value))
             row.append("" if value is None else str(value).lower() if isinstance(value, bool) else value)

@@ -29,7 +29,7 @@ def coarse_bound(cm: CostModel, c: Candidate, memo: dict) -> tuple[float, bool]:
     stage updates at least the average stage's layers. c cannot fit when that fullest stage cannot hold its
     layers' weights, gradients and optimizer states and one micro-batch of their activations at the most
     recomputation allowed. `memo` (one dict per search) keeps the per-layer terms."""
-    shape = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp)
+    shape = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.ep_overlap)
     (per_layer, act, share) = _timing(cm, ("time", *shape, c.base, c.full_max > 0), memo)
     (state, adam, credit) = _sharded(cm, ("state", c.tp, c.tp_mode, c.ep, c.etp, c.cp, c.dp, c.zero), shape, memo)
     L = cm.model.num_layers
@@ -84,15 +84,15 @@ def _fullest_and_floor(L: int, act: np.ndarray, state: np.ndarray, credit: np.nd
 def _arrays(cm: CostModel, cands: list[Candidate], memo: dict) -> tuple[np.ndarray, ...]:
     """The per-candidate terms of coarse_bound as arrays: per-layer time, pivot share, activation, state,
     Adam and dense-first credit, then pp, vpp and micro-batches."""
-    (tp, pp, dp, cp, mbs, m, schedule, vpp, base, _, full_max, zero, sp, _, mode, overlap, ep, etp) = zip(*cands)
+    (tp, pp, dp, cp, mbs, m, schedule, vpp, base, _, full_max, zero, sp, _, mode, overlap, ep, etp, epo) = zip(*cands)
     may_full = [f > 0 for f in full_max]
-    time_keys = list(zip(repeat("time"), tp, cp, mbs, sp, mode, overlap, ep, etp, base, may_full))
+    time_keys = list(zip(repeat("time"), tp, cp, mbs, sp, mode, overlap, ep, etp, epo, base, may_full))
     state_keys = list(zip(repeat("state"), tp, mode, ep, etp, cp, dp, zero))
     # each distinct key's terms once, then spread to the candidates by the key's number (one dict lookup each)
     numbers: dict = {}
     time_ids = np.array([numbers.setdefault(k, len(numbers)) for k in time_keys])
     timing = [_timing(cm, key, memo) for key in numbers]
-    shapes = dict(zip(state_keys, zip(tp, cp, mbs, sp, mode, overlap, ep, etp)))  # a layer shape of each key
+    shapes = dict(zip(state_keys, zip(tp, cp, mbs, sp, mode, overlap, ep, etp, epo)))  # a layer shape of each key
     sharded = [_sharded(cm, key, shape, memo) for key, shape in shapes.items()]
     numbers = {key: i for i, key in enumerate(shapes)}
     state_ids = np.array([numbers[k] for k in state_keys])
@@ -113,8 +113,8 @@ def _timing(cm: CostModel, key: tuple, memo: dict) -> tuple[float, int, float]:
     """Per layer of the candidates sharing `key`: time at the base recomputation, the fewest activation bytes
     allowed, and the pivot path's share (as in quick_bound)."""
     if (value := memo.get(key)) is None:
-        _, tp, cp, mbs, sp, mode, overlap, ep, etp, base, may_full = key
-        layer = cm.layer(tp, cp, mbs, sp, mode, overlap, ep, etp)
+        _, tp, cp, mbs, sp, mode, overlap, ep, etp, epo, base, may_full = key
+        layer = cm.layer(tp, cp, mbs, sp, mode, overlap, ep, etp, epo)
         act = min(layer.act.full, layer.act.get(base)) if may_full else layer.act.get(base)
         share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
                     vocab_path_share(cm.vocab(tp, cp, mbs, sp, mode, overlap, ep, etp, base)))

@@ -145,6 +145,7 @@ def _check_trainer(space: SearchSpace, caps: TrainerCaps) -> None:
         ("--recompute", space.recompute, ("none", "full") + (("selective",) if caps.selective_recompute else ())),
         ("--sequence-parallel", space.sequence_parallel, caps.sequence_parallel),
         ("--tp-overlap", space.tp_overlap, (True, False) if caps.tp_overlap else (False,)),
+        ("--ep-overlap", space.ep_overlap, (True, False) if caps.ep_overlap else (False,)),
     ]
     for flag, pins, options in runs:
         if pins is not None and not any(v in options for v in pins):

@@ -118,7 +118,7 @@ Progress = Callable[[SearchProgress], None]
 def candidate_key(c: Candidate) -> tuple:
     """Candidates that differ only in ZeRO stage, SP or vocabulary pin count as one strategy: the runners-up
     list the best plan of each distinct strategy."""
-    return (c.tp_mode, c.tp, c.pp, c.dp, c.cp, c.mbs, c.schedule, c.vpp, c.base, c.ep, c.etp)
+    return (c.tp_mode, c.tp, c.pp, c.dp, c.cp, c.mbs, c.schedule, c.vpp, c.base, c.ep, c.etp, c.ep_overlap)
 
 
 def search(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int, space: SearchSpace, *, top_k: int = 3,

@@ -15,7 +15,8 @@ from autotune.errors import InvalidPlanError, SpecError
 from autotune.search.experts import expert_options, moe_sequence_parallel
 from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
-from autotune.specs.plan import DEFAULT_BUCKET, deepep_group_issue, default_bucket
+from autotune.specs.experts import deepep_group_issue
+from autotune.specs.plan import DEFAULT_BUCKET, default_bucket
 from autotune.specs.trainers import TrainerCaps, deepspeed_split, expert_layout_issue
 from autotune.specs.tpgrid import check_tp_shapes, tp_mode_degrees
 
@@ -51,6 +52,7 @@ class SearchSpace:
     layers_per_stage: tuple[int, ...] | None = None
     tp_mode: tuple[str, ...] | None = None
     tp_overlap: tuple[bool, ...] | None = None
+    ep_overlap: tuple[bool, ...] | None = None
     """Tensor-parallel modes to consider; None means 1-D only (the mode every trainer but Colossal-AI runs)."""
     buckets: tuple[int, ...] | None = None
     """Gradient bucket sizes; None: BUCKETS and the trainer's own default at each candidate's dp (bucket_menu)."""
@@ -118,6 +120,8 @@ class Candidate(NamedTuple):
     """Expert-parallel degree (MoE models; search/experts.py)."""
     etp: int = 1
     """Expert-tensor-parallel degree (MoE models)."""
+    ep_overlap: bool = False
+    """The expert all-to-all overlapped with another micro-batch's compute (specs.experts.check_ep_overlap)."""
 
     @property
     def even_only(self) -> bool:
@@ -277,6 +281,7 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
         sp_overlap = [(sp, overlap) for sp in _allowed(_trainer_sp(space.trainer, job, sps, tp, cp),
                                                        space.sequence_parallel)
                       for overlap in _allowed(_overlap_options(space.trainer, job, sp), space.tp_overlap)]
+        overlaps = _ep_overlap_options(model, job, space)
         local = job.global_batch // dp
         mbs_options = divisors(local) if space.mbs else [d for d in divisors(local)
                                                          if d * job.seq_len // cp <= MAX_MICROBATCH_TOKENS or d == 1]
@@ -291,8 +296,10 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
                         for sp, overlap in sp_overlap:
                             for vocab in vocabs:
                                 for ep, etp in layouts[zero]:
-                                    yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin, fmax,
-                                                    zero, sp, vocab, mode, overlap, ep, etp)
+                                    for ep_overlap in overlaps(ep, pp, schedule, fmin):
+                                        yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin,
+                                                        0 if ep_overlap else fmax, zero, sp, vocab, mode, overlap,
+                                                        ep, etp, ep_overlap)
 
 
 def _expert_layouts(model: ModelSpec, space: SearchSpace, gpus_per_node: int, deepep: bool, tp: int, cp: int,
@@ -334,6 +341,21 @@ def _overlap_options(caps: TrainerCaps | None, job: JobSpec, sp: bool) -> list[b
     if caps is not None and not (caps.tp_overlap and (job.fused_kernels or not caps.tp_overlap_needs_fused)):
         return [False]
     return [True, False]
+
+
+def _ep_overlap_options(model: ModelSpec, job: JobSpec, space: SearchSpace):
+    """The expert all-to-all overlap settings of a candidate (ep, pp, schedule, fewest fully recomputed layers):
+    on where Megatron runs it (specs.experts.check_ep_overlap), which then bars full recomputation; off always."""
+    caps = space.trainer
+    able = model.is_moe and job.trainer == "megatron" and (caps is None or caps.ep_overlap) and \
+        model.mtp_layers <= 1 and True in (space.ep_overlap or (True,))
+    off = [False] if False in (space.ep_overlap or (False,)) else []
+
+    def options(ep: int, pp: int, schedule: str, fmin: int) -> list[bool]:
+        if able and ep > 1 and fmin == 0 and (schedule == "interleaved" if pp > 1 else not model.mtp_layers):
+            return [True, *off]
+        return off
+    return options
 
 
 def _vocab_options(space: SearchSpace, model: ModelSpec, pp: int, schedule: str) -> list[str]:

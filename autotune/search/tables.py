@@ -128,7 +128,7 @@ def to_plan(c: Candidate, layers: tuple[int, ...], bucket: int = DEFAULT_BUCKET,
                 sequence_parallel=c.sp,
                 vocab="parallel" if c.vocab == "parallel" else ("ends" if is_even_split(layers) else "balanced"),
                 layers_per_stage=layers, bucket_size=bucket, tp_mode=c.tp_mode, tp_overlap=c.tp_overlap, ep=c.ep,
-                etp=c.etp)
+                etp=c.etp, ep_overlap=c.ep_overlap)
 
 
 def shell_plan(c: Candidate) -> Plan:
@@ -198,7 +198,7 @@ def candidate_p2p(cm: CostModel, c: Candidate, tokens: int) -> float:
 def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> CandidateCosts:
     """Gather the per-stage coefficients of one candidate."""
     buckets = sync_buckets(cm, c, buckets)
-    layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp),
+    layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.ep_overlap),
                     cm.vocab(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base))
     plan = shell_plan(c)
     shards = c.dp * c.cp

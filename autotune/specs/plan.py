@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from autotune.errors import InvalidPlanError
 from autotune.specs._strict import check_keys
+from autotune.specs.experts import check_ep_overlap, check_experts, deepep_group_issue
 from autotune.specs.limits import MAX_BUCKET, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, check_max
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
@@ -86,6 +87,9 @@ class Plan:
     """Expert-tensor-parallel degree: each routed expert's MLP split etp ways, independent of the attention's
     tp. Megatron's own default is etp = tp (--expert-tensor-parallel-size unset); autotune's plans always state
     it and the emitters write it out, so 1 here means 1."""
+    ep_overlap: bool = False
+    """The expert all-to-all of one micro-batch overlapped with the compute of another (Megatron's
+    --overlap-moe-expert-parallel-comm: each forward runs beside the previous micro-batch's backward)."""
 
     @property
     def model_parallel(self) -> int:
@@ -106,7 +110,8 @@ class Plan:
             "sequence_parallel": self.sequence_parallel, "vocab": self.vocab,
             "layers_per_stage": list(self.layers_per_stage), "bucket_size": self.bucket_size,
             "tp_mode": self.tp_mode, "tp_overlap": self.tp_overlap,
-        } | ({"ep": self.ep, "etp": self.etp} if (self.ep, self.etp) != (1, 1) else {})
+        } | ({"ep": self.ep, "etp": self.etp} if (self.ep, self.etp) != (1, 1) else {}) | (
+            {"ep_overlap": True} if self.ep_overlap else {})
 
     @property
     def expert_dp(self) -> int:
@@ -116,7 +121,7 @@ class Plan:
 
 _REQUIRED = ("tp", "pp", "dp", "mbs", "num_microbatches", "layers_per_stage")
 _OPTIONAL = ("cp", "vpp", "schedule", "recompute", "recompute_layers", "zero", "sequence_parallel", "vocab",
-             "bucket_size", "tp_mode", "tp_overlap", "ep", "etp")
+             "bucket_size", "tp_mode", "tp_overlap", "ep", "etp", "ep_overlap")
 
 
 def plan_from_dict(data: Any, where: str, trainer: str = "megatron") -> Plan:
@@ -142,7 +147,7 @@ def plan_from_dict(data: Any, where: str, trainer: str = "megatron") -> Plan:
             if data[key] not in options:
                 raise InvalidPlanError(f"{where}: {key} must be one of {', '.join(options)}, got {data[key]!r}")
             extra[key] = data[key]
-    for key in ("sequence_parallel", "tp_overlap"):
+    for key in ("sequence_parallel", "tp_overlap", "ep_overlap"):
         if key in data:
             if not isinstance(data[key], bool):
                 raise InvalidPlanError(f"{where}: {key} must be true or false")
@@ -255,67 +260,10 @@ def check_plan(plan: Plan, model: ModelSpec, job: JobSpec, num_gpus: int, gpus_p
     _check_schedule(plan)
     _check_recompute(plan)
     check_experts(plan, model)
+    check_ep_overlap(plan, model, job.trainer)
     if model.is_moe and job.moe_dispatcher == "deepep" and (why := deepep_group_issue(plan.ep * plan.etp,
                                                                                         gpus_per_node)):
         raise InvalidPlanError(f"the deepep MoE dispatcher: {why}")
-
-
-def check_experts(plan: Plan, model: ModelSpec) -> None:
-    """Megatron's expert-parallel layout rules (megatron/core/parallel_state.py and transformer_config.py)."""
-    ep, etp = plan.ep, plan.etp
-    if not model.is_moe:
-        if (ep, etp) != (1, 1):
-            raise InvalidPlanError(f"ep {ep} / etp {etp} apply to mixture-of-experts models; {model.name} is "
-                                   "dense: set ep 1 and etp 1")
-        return
-    if model.num_experts % ep:
-        raise InvalidPlanError(f"ep {ep} must divide num_experts {model.num_experts}; pick an ep that divides it")
-    if model.moe_ffn_hidden_size % etp:
-        raise InvalidPlanError(f"etp {etp} must divide the expert width moe_ffn_hidden_size "
-                               f"{model.moe_ffn_hidden_size}; pick an etp that divides it")
-    stage = plan.tp * plan.cp * plan.dp
-    if stage % (ep * etp):
-        raise InvalidPlanError(f"ep*etp = {ep}*{etp} must divide tp*cp*dp = {stage} (Megatron folds the expert "
-                               "groups into a pipeline stage's GPUs); lower ep or etp")
-    if plan.tp > 1 and not plan.sequence_parallel:
-        raise InvalidPlanError("an MoE model with tp > 1 needs sequence_parallel true (Megatron requires it for "
-                               "expert layers); set it")
-
-
-#: GPUs DeepEP's kernels treat as one node's NVLink peers: rank % 8 is a GPU's NVLink rank, rank // 8 its
-#: node (NUM_MAX_NVL_PEERS; deep_ep 1.0.0 on PyPI, csrc/deep_ep.cpp)
-DEEPEP_NVL_PEERS = 8
-#: Group sizes inside one node that DeepEP's kernels are built for: deep_ep 1.0.0's intranode.cu launches
-#: kernels templated on the rank count through SWITCH_RANKS, whose cases are 2, 4 and 8 (csrc/kernels/
-#: launch.cuh in DeepEP's repository; the header is not in the PyPI sdist)
-DEEPEP_INTRANODE_GROUPS = (2, 4, 8)
-#: Group sizes across nodes that DeepEP has dispatch and combine configs for (deep_ep 1.0.0,
-#: Buffer.get_dispatch_config asserts the size is one of them; megatron-core's moe/fused_a2a.py calls it)
-DEEPEP_INTERNODE_GROUPS = (16, 24, 32, 64, 128, 144, 160)
-#: What deepep_group_issue accepts, in words (for the errors that name the fix)
-DEEPEP_GROUP_RULE = (f"ep*etp of {', '.join(map(str, DEEPEP_INTRANODE_GROUPS))} inside a node, or of "
-                     f"{', '.join(map(str, DEEPEP_INTERNODE_GROUPS))} on nodes of a multiple of 8 GPUs")
-
-
-def deepep_group_issue(group: int, gpus_per_node: int) -> str:
-    """Why DeepEP's normal kernels cannot run over an ETP*EP group of `group` GPUs ("": they can; Megatron's flex
-    dispatcher sends over that group, whose ranks are consecutive). Up to 8 GPUs it runs inside one node over
-    NVLink, so the group must not straddle nodes; beyond, it runs across nodes of 8 NVLink peers each."""
-    if group == 1:
-        return ""  # no dispatch: Megatron's flex dispatcher needs ETP*EP > 1 and the model runs no all-to-all
-    fix = f"DeepEP needs {DEEPEP_GROUP_RULE}; pick another ep or etp, or use the alltoall dispatcher"
-    if group <= DEEPEP_NVL_PEERS:
-        if group not in DEEPEP_INTRANODE_GROUPS:
-            return f"DeepEP has no kernels for a group of ep*etp = {group} GPUs: {fix}"
-        if gpus_per_node % group:
-            return f"ep*etp = {group} GPUs straddle nodes of {gpus_per_node}: {fix}"
-        return ""
-    if gpus_per_node % DEEPEP_NVL_PEERS:
-        return (f"ep*etp = {group} spans nodes, and DeepEP takes every {DEEPEP_NVL_PEERS} consecutive GPUs for one "
-                f"node's NVLink peers, which nodes of {gpus_per_node} GPUs are not: {fix}")
-    if group not in DEEPEP_INTERNODE_GROUPS:
-        return f"DeepEP has no configs for a group of ep*etp = {group} GPUs: {fix}"
-    return ""
 
 
 def _check_grid(plan: Plan, model: ModelSpec) -> None:

@@ -52,6 +52,9 @@ class TrainerCaps:
     """TP communication overlapped with the GEMMs."""
     tp_overlap_needs_fused: bool = False
     """The overlap needs fused kernels (torchtitan's async TP lives under torch.compile)."""
+    ep_overlap: bool = False
+    """The expert all-to-all overlapped with another micro-batch's compute (Megatron's
+    --overlap-moe-expert-parallel-comm)."""
     max_vpp: int = 1
     """Most model chunks per pipeline rank of the interleaved schedule (1: none)."""
     split: Split = "any"
@@ -108,7 +111,8 @@ _MEGATRON = TrainerCaps(
     name="megatron", schedules=("1f1b", "interleaved"), vocabs=("ends", "balanced"),
     # --use-distributed-optimizer (1); Megatron FSDP --data-parallel-sharding-strategy optim_grads(_params) (2, 3),
     # which is not used with pipelining
-    zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1), cp=True, tp_overlap=True, max_vpp=8, moe=True, sp_seq_divisor=True,
+    zero_flat=(0, 1, 2, 3), zero_pipelined=(0, 1), cp=True, tp_overlap=True, ep_overlap=True, max_vpp=8, moe=True,
+    sp_seq_divisor=True,
     moe_dispatchers=("alltoall", "deepep"), mtp=True, optimizer_states=("fp32", "bf16", "bf16-moments"),
     source="Megatron-LM core_r0.16: no zero-bubble or V schedule, no vocabulary parallelism (TRAINERS.md 1.1); "
            "any split through --pipeline-model-parallel-layout")
@@ -220,6 +224,8 @@ def unsupported(caps: TrainerCaps, plan: Plan, model: ModelSpec, job: JobSpec) -
     if p.tp_overlap and not (caps.tp_overlap and (job.fused_kernels or not caps.tp_overlap_needs_fused)):
         out.append(f"tp_overlap: {n} has no TP communication overlap" + (" without torch.compile (--unfused)"
                                                                           if caps.tp_overlap else ""))
+    if p.ep_overlap and not caps.ep_overlap:
+        out.append(f"ep_overlap: {n} has no overlap of the expert all-to-all")
     if model.is_moe:
         out += _moe_rules(caps, plan, model)
         if job.moe_dispatcher not in caps.moe_dispatchers and plan.ep * plan.etp > 1:
@@ -355,6 +361,8 @@ def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple
         p = replace(p, sequence_parallel=False, tp_overlap=False)
     if p.tp_overlap and not caps.tp_overlap:
         p = replace(p, tp_overlap=False)
+    if p.ep_overlap and (not caps.ep_overlap or (p.pp > 1 and p.schedule != "interleaved")):
+        p = replace(p, ep_overlap=False)  # (a pipeline's overlap lives in the interleaved schedule)
     if p.recompute == "selective" and not caps.selective_recompute and caps.name != "torchtitan":
         # torchtitan's emitter writes its per-op selective AC, which the cost model prices with torchtitan's
         # kernels (what `check` reads back); the others checkpoint whole layers

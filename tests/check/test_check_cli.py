@@ -658,6 +658,31 @@ torchrun --nproc-per-node 8 pretrain_gpt.py \\
 """
 
 
+def test_the_expert_all_to_all_overlap_is_read_and_held_to_megatrons_rules(cli, autotune_proc, tmp_path: Path) -> None:
+    """--overlap-moe-expert-parallel-comm is costed as the plan's ep_overlap (estimate agrees), and without a
+    virtual pipeline beside pp 4 it is refused as megatron-core refuses it."""
+    flag = " --overlap-moe-expert-parallel-comm"
+    interleaved = MIXTRAL_SCRIPT.replace("--sequence-parallel", "--sequence-parallel "
+                                         "--num-virtual-stages-per-pipeline-rank 2")
+    on = _write(tmp_path, "on.sh", interleaved.replace(" --use-distributed-optimizer",
+                                                       " --use-distributed-optimizer" + flag))
+    off = _write(tmp_path, "off.sh", interleaved)
+    doc_on, _ = _check_json(cli, str(on), "--gpu", "h100-sxm", "--gpus", "256")
+    doc_off, _ = _check_json(cli, str(off), "--gpu", "h100-sxm", "--gpus", "256")
+    assert doc_on["plan"]["ep_overlap"] is True and "ep_overlap" not in doc_off["plan"]
+    assert doc_on["step_time_s"] < doc_off["step_time_s"]
+    args = ("estimate", "--model", "mixtral-8x22b", "--gpu", "h100-sxm", "--gpus", "256", "--global-batch", "1024",
+            "--seq-len", "4096", "--tp", "4", "--pp", "4", "--vpp", "2", "--ep", "8", "--etp", "4", "--zero", "1",
+            "--json")
+    plain, over = (json.loads(cli(*args, *flags).stdout) for flags in ((), ("--ep-overlap",)))
+    assert over["plan"]["ep_overlap"] is True and over["step_time_s"] < plain["step_time_s"]
+    bad = _write(tmp_path, "bad.sh", MIXTRAL_SCRIPT.replace(" --use-distributed-optimizer",
+                                                            " --use-distributed-optimizer" + flag))
+    result = autotune_proc("check", str(bad), "--gpu", "h100-sxm", "--gpus", "256")
+    assert result.returncode == 1 and "ep_overlap with pp > 1 runs in Megatron's interleaved schedule" in \
+        result.stderr and "ep_overlap is --overlap-moe-expert-parallel-comm" in result.stderr
+
+
 @pytest.mark.parametrize("model", [(), ("--model", "mixtral-8x22b")])
 def test_dropout_left_at_megatrons_default_is_a_training_choice_not_a_shape(cli, tmp_path: Path, model) -> None:
     """A Mixtral script that leaves dropout at Megatron's 0.1 and takes its vocabulary from a Hugging Face

@@ -16,7 +16,8 @@ from autotune.costmodel.estimate import CostModel
 from autotune.costmodel.layer import layer_cost, layer_shape
 from autotune.costmodel.memory import layer_activations, state_bytes_per_param
 from autotune.costmodel.ops import Op, backward_ops, layer_forward_ops
-from autotune.costmodel.stages import comm_interference, zero3_exposed
+from autotune.costmodel.comm import comm_interference
+from autotune.costmodel.stages import zero3_exposed
 from autotune.errors import SpecError
 from autotune.specs.job import JobSpec, StateBytes
 from autotune.specs.plan import Plan, even_split

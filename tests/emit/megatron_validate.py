@@ -128,6 +128,7 @@ _FLAGS += (
     ("--qk-head-dim", "int", {"default": 128}), ("--qk-pos-emb-head-dim", "int", {"default": 64}),
     ("--v-head-dim", "int", {"default": 128}), ("--moe-expert-capacity-factor", "float", {}),
     ("--moe-pad-expert-input-to-capacity", "true", {}), ("--qk-layernorm", "true", {}),
+    ("--overlap-moe-expert-parallel-comm", "true", {}),
     ("--moe-router-num-groups", "int", {}), ("--moe-router-group-topk", "int", {}),
     ("--moe-router-topk-scaling-factor", "float", {}),
     # multi-token prediction (arguments.py _add_mtp_args; TransformerConfig.mtp_num_layers)
@@ -403,7 +404,8 @@ def _transformer_config(a: argparse.Namespace):
                   moe_expert_capacity_factor=a.moe_expert_capacity_factor,
                   moe_pad_expert_input_to_capacity=a.moe_pad_expert_input_to_capacity,
                   moe_router_num_groups=a.moe_router_num_groups, moe_router_group_topk=a.moe_router_group_topk,
-                  moe_router_topk_scaling_factor=a.moe_router_topk_scaling_factor)
+                  moe_router_topk_scaling_factor=a.moe_router_topk_scaling_factor,
+                  overlap_moe_expert_parallel_comm=a.overlap_moe_expert_parallel_comm)
     if a.multi_latent_attention:
         from megatron.core.transformer.transformer_config import MLATransformerConfig
         config_class = MLATransformerConfig

@@ -40,6 +40,12 @@ CASES = {
     "kimi_k2_recipe": ("kimi-k2", Plan(tp=2, pp=16, dp=32, ep=32, etp=1, mbs=1, num_microbatches=128, zero=1,
                                        sequence_parallel=True, recompute="selective", vocab="balanced",
                                        layers_per_stage=(4,) * 15 + (1,))),
+    # the expert all-to-all overlapped (--overlap-moe-expert-parallel-comm): megatron-core wants a virtual
+    # pipeline with pp > 1, no full recompute, and then one MTP layer at most
+    "deepseek_v3_ep_overlap": ("deepseek-v3", Plan(tp=2, pp=4, dp=128, ep=64, etp=1, mbs=1, num_microbatches=32,
+                                                   zero=1, sequence_parallel=True, vocab="balanced",
+                                                   schedule="interleaved", vpp=2, layers_per_stage=(16, 16, 16, 13),
+                                                   ep_overlap=True)),
     "qwen3_235b_etp": ("qwen3-235b-a22b", Plan(tp=4, pp=2, dp=128, ep=16, etp=4, mbs=1, num_microbatches=32,
                                                zero=1, sequence_parallel=True, recompute="selective",
                                                layers_per_stage=(47, 47))),
@@ -77,6 +83,7 @@ def test_moe_plans_pass_megatron_validation(case: str, dispatcher: str) -> None:
                                                                         m.v_head_dim)
         assert c.moe_shared_expert_intermediate_size == 2048
     assert c.moe_router_enable_expert_bias == m.router_bias  # DeepSeek-V3 and Kimi-K2 only
+    assert c.overlap_moe_expert_parallel_comm == plan.ep_overlap
     assert c.mtp_num_layers == (m.mtp_layers or None)  # DeepSeek-V3 trains its MTP module, as Megatron-Bridge's
     # and routes as its config.json does: node-limited groups (8, 4) and scaled routed outputs (2.5; Kimi 2.827)
     assert (c.moe_router_num_groups, c.moe_router_group_topk) == (

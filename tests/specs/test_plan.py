@@ -158,7 +158,7 @@ def test_deepep_groups_follow_deepeps_own_limits(group: int, gpus_per_node: int,
     """deep_ep 1.0.0 (PyPI): csrc/deep_ep.cpp asserts a group below 8 or a multiple of 8 and takes rank % 8 as
     the NVLink rank; Buffer.get_dispatch_config has configs for 16, 24, 32, 64, 128, 144, 160 ranks across
     nodes; its intranode kernels are instantiated for 2, 4 and 8 ranks (SWITCH_RANKS)."""
-    from autotune.specs.plan import deepep_group_issue
+    from autotune.specs.experts import deepep_group_issue
 
     assert (deepep_group_issue(group, gpus_per_node) == "") is ok
 

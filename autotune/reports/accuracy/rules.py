@@ -99,6 +99,10 @@ RULES: tuple[tuple[str, str], ...] = (
                    "default otherwise (NeMo 2.0 performance recipes, which the Megatron-LM examples follow, turn "
                    "tp_comm_overlap on for tp > 1 on H100); off only where a row says tp_comm_overlap=false; "
                    "torchtitan: on when other_settings names AsyncTP, off for vanilla TP"),
+    ("ep_overlap", "megatron MoE rows with ep > 1: on only where other_settings says "
+                   "overlap_moe_expert_parallel_comm=true or moe_a2a_overlap=true (Megatron-Bridge's recipes leave "
+                   "it off); a row whose layout megatron-core refuses it with (full recompute, pp > 1 without "
+                   "interleaving) is evaluated without it, with a note"),
     ("p2p_overlap", "megatron rows with vpp > 1: pipeline sends overlapped with the passes outside warm-up and "
                     "cool-down (overlap_p2p_comm: Megatron-LM's default; NeMo 2.0's MegatronCommOverlapCallback "
                     "sets it whenever vpp > 1, nemo_toolkit 2.0.0 lightning/pytorch/callbacks/"
@@ -291,12 +295,15 @@ def published_plan(row: dict[str, str], model: ModelSpec, job: JobSpec, trainer:
     else:
         overlap = sp and bool(re.search(r"async\s*-?\s*tp", settings))
     ep, etp = (column_int(row, "ep", 1), column_int(row, "etp", tp)) if model.is_moe else (1, 1)
+    # Megatron-Bridge's recipes leave it off (recipes/*: comm_overlap.overlap_moe_expert_parallel_comm = False)
+    ep_overlap = trainer == "megatron" and ep > 1 and bool(re.search(
+        r"(overlap_moe_expert_parallel_comm|moe_a2a_overlap)\s*=\s*true", settings))
     layers = recipe_layout(row, model, pp, vpp) or even_split(model.num_layers, pp)
     return Plan(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, num_microbatches=local // mbs, ep=ep, etp=etp,
                 schedule="interleaved" if vpp > 1 else "1f1b", vpp=vpp,
                 recompute=row_recompute(row, trainer, model), zero=zero,  # type: ignore[arg-type]
                 sequence_parallel=sp, tp_overlap=overlap, vocab="ends" if is_even_split(layers) else "balanced",
-                layers_per_stage=layers, bucket_size=default_bucket(trainer, dp))
+                layers_per_stage=layers, bucket_size=default_bucket(trainer, dp), ep_overlap=ep_overlap)
 
 
 def nearest_interleaved(plan: Plan, num_layers: int) -> Plan:
@@ -339,6 +346,10 @@ def representable(plan: Plan, model: ModelSpec, job: JobSpec, hw: HardwareSpec) 
         fixed = nearest_interleaved(fixed, model.num_layers)
         notes[-1] += (f"{fixed.schedule} vpp {fixed.vpp}, layers {list(fixed.layers_per_stage)}, vocab "
                       f"{fixed.vocab} (the valid layout with the shortest ideal pipeline time)")
+    if fixed.ep_overlap and (fixed.recompute == "full" or (fixed.pp > 1 and fixed.schedule != "interleaved")):
+        fixed = replace(fixed, ep_overlap=False)
+        notes.append("the expert all-to-all overlap the row names: megatron-core refuses it with full recompute or "
+                     "with pp > 1 without interleaving, so it is evaluated without it")
     try:
         check_plan(fixed, model, job, gpus, hw.gpus_per_node)
     except InvalidPlanError as exc:
