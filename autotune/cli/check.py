@@ -32,6 +32,7 @@ from autotune.errors import AutotuneError, InfeasibleError, InvalidPlanError, Sp
 from autotune.fileio import check_target, write_files
 from autotune.render.common import dump_json, plan_line, plan_tag, precision_words, written_report
 from autotune.render.estimate import estimate_json
+from autotune.search.pins import check_space
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import OVERLAP_KEYS, JobSpec
@@ -92,7 +93,7 @@ def check_command(
                    "check": _check_json(config, u, est, best, findings, max_gap, written, code)}
             typer.echo(dump_json(doc))
         else:
-            _print_report(output_format, config, u, est, best, hw, findings, written)
+            _print_report(output_format, config, u, est, best, hw, findings, written, search_note)
         if code:
             raise typer.Exit(code)
 
@@ -144,7 +145,7 @@ def _understood(config: Path, reading: Reading, kind: str, fmt: str | None, gpus
 
 
 def _print_report(output_format: str, config: Path, u: Understood, est: Estimate, best: Estimate | None,
-                  hw: HardwareSpec, findings: list[Finding], written: list[Path]) -> None:
+                  hw: HardwareSpec, findings: list[Finding], written: list[Path], search_note: str | None) -> None:
     """The text report (its verdicts on stderr) or one GitHub workflow annotation per finding."""
     if output_format == "github":
         summary = Finding("notice", f"{u.trainer}: {plan_tag(u.plan)}: step {est.step_time_s:.3f} s, MFU "
@@ -152,7 +153,7 @@ def _print_report(output_format: str, config: Path, u: Understood, est: Estimate
         for finding in [summary, *findings]:
             typer.echo(github_line(finding, str(config)))
         return
-    typer.echo(_report(config, u, est, best, hw))
+    typer.echo(_report(config, u, est, best, hw, search_note))
     if written:
         typer.echo(written_report(written))
     for f in findings:  # the verdicts behind the exit code are diagnostics: stderr, as every error
@@ -224,8 +225,11 @@ def _best(u: Understood, hw: HardwareSpec, gpus: int, measured: Any, time_limit:
           work_limit: float) -> tuple[Estimate | None, str | None, bool]:
     """The best plan the trainer runs on the same GPUs and job, or None and why; and whether a limit stopped its
     search before it was proven the best. It is costed as autotune's config of it runs (as_emitted)."""
+    space = trainer_space(u.trainer, u.plan)
     try:
-        result = run_search(u.model, hw, as_emitted(u.job), gpus, trainer_space(u.trainer, u.plan), top_k=0,
+        check_space(space, u.model, as_emitted(u.job), gpus, hw.gpus_per_node)  # an MoE model DeepSpeed gets no
+        # config for has no best plan to propose (plan --trainer refuses it alike)
+        result = run_search(u.model, hw, as_emitted(u.job), gpus, space, top_k=0,
                             time_limit_s=time_limit, profile=measured, work_limit=work_limit)
     except (InfeasibleError, SpecError) as exc:  # nothing to compare with: the config's own verdict stands
         return None, str(exc), False
@@ -293,7 +297,8 @@ def _kernel_words(u: Understood) -> str:
     return f"{u.trainer} kernels" + ("" if u.job.fused_kernels else ", fusions off (costed unfused)")
 
 
-def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, hw: HardwareSpec) -> str:
+def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, hw: HardwareSpec,
+            search_note: str | None = None) -> str:
     job, usable = u.job, gib(est.usable_memory_bytes)
     lines = [f"config: {config} ({u.trainer}" + (f", {u.torchtitan_format}" if u.torchtitan_format else "") + ")",
              f"understood: {u.model.name}" + (f" with {mtp} MTP module(s)" if (mtp := runs_mtp(u.model, job)) else "")
@@ -313,7 +318,8 @@ def _report(config: Path, u: Understood, est: Estimate, best: Estimate | None, h
                      f"{term} {gib(size):.2f}{over}")
     lines.append("")
     if best is None:
-        lines.append(f"best plan for {u.trainer}: none fits on these GPUs")
+        lines.append(f"best plan for {u.trainer}: " + (f"none ({search_note})" if search_note else
+                                                        "none fits on these GPUs"))
     else:
         gain = gain_pct(est, best)
         verdict = ("the config does not fit, so its step time is no comparison" if not est.fits else

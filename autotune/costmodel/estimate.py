@@ -9,12 +9,13 @@ from operator import attrgetter, mul
 
 from autotune.costmodel import comm
 from autotune.costmodel.compute import attention_kernel
-from autotune.costmodel.flops import model_flops_per_step
 from autotune.costmodel.epoverlap import ep_overlapped
+from autotune.costmodel.flops import model_flops_per_step
 from autotune.costmodel.layer import (LayerCost, VocabCost, blend_layers, dense_layer_cost, layer_cost, layer_shape,
                                       moe_layer_cost, vocab_cost)
 from autotune.costmodel.measured import (MeasuredOps, OpCoverage, apply_comm, check_profile_model,
                                          roofline_coverage, step_ops)
+from autotune.costmodel.memory import whole_tensor_bucket
 from autotune.costmodel.moe import deepep_refusal
 from autotune.costmodel.mtp import MtpPasses, mtp_passes, with_mtp
 from autotune.costmodel.ops import CATEGORIES
@@ -303,18 +304,21 @@ def dp_sync_exposed(plan: Plan, hw: HardwareSpec, stages: tuple[StageCost, ...],
     if link is None:
         link = memo[comm.group_link, n, plan.tp] = comm.group_link(hw, n, plan.tp)
     reduce = comm.all_reduce if plan.zero == 0 else comm.reduce_scatter
+    bucket = memo.get(("bucket", plan.tp, plan.bucket_size))  # at least a whole weight matrix
+    if bucket is None:
+        bucket = memo["bucket", plan.tp, plan.bucket_size] = max(plan.bucket_size, whole_tensor_bucket(model, plan.tp))
     if not overlap:
         return exposed + _unoverlapped(plan, stages, grad_bytes, reduce, n, link)
     if plan.zero < 2:  # ZeRO-2 reduce-scatters in every micro-batch (stages.zero3_exposed), not once a step
-        exposed += _bucketed_over_stages(stages, grad_bytes, plan.bucket_size, "bwd", lambda b: reduce(b, n, link),
-                                         memo.setdefault((reduce, n, plan.tp, grad_bytes, plan.bucket_size), {}))
+        exposed += _bucketed_over_stages(stages, grad_bytes, bucket, "bwd", lambda b: reduce(b, n, link),
+                                         memo.setdefault((reduce, n, plan.tp, grad_bytes, bucket), {}))
     if plan.zero in (1, 2) and gather_in_step:
         exposed += _whole_buffers(stages, WEIGHT_BYTES, comm.all_gather, [s.fwd_s for s in stages], n, link)
     elif plan.zero in (1, 2):
-        exposed += _bucketed_over_stages(stages, WEIGHT_BYTES, plan.bucket_size, "fwd",
+        exposed += _bucketed_over_stages(stages, WEIGHT_BYTES, bucket, "fwd",
                                          lambda b: comm.all_gather(b, n, link),
                                          memo.setdefault((comm.all_gather, n, plan.tp, WEIGHT_BYTES,
-                                                          plan.bucket_size), {}))
+                                                          bucket), {}))
     return exposed
 
 

@@ -31,6 +31,16 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = N
     return dense_layer_params(model, tp)
 
 
+def whole_tensor_bucket(model: ModelSpec, tp: int) -> int:
+    """The smallest gradient bucket, in parameters, a trainer runs: Megatron's DDP and DeepSpeed fill a bucket
+    with whole tensors, flushing before one that would overflow it, so a bucket smaller than a weight matrix holds
+    that matrix alone. The smallest of a dense block's matrices on one GPU (the attention's output projection, or
+    the key/value part where MLA has no plain QKV) is the floor: a DeepSpeed reduce_bucket_size of 1 made ~10^9
+    collectives of one parameter each (user-tester); the floor leaves buckets of real configs as they are."""
+    h, q, f = model.hidden_size, model.q_width, model.ffn_hidden_size
+    return max(1, min(q * h, f * h) // tp)
+
+
 def dense_layer_params(model: ModelSpec, tp: int = 1) -> int:
     """A block with a dense MLP of ffn_hidden_size (every layer of a dense model, the dense-first layers of an
     MoE model)."""

@@ -11,6 +11,7 @@ import heapq
 import math
 
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
+from autotune.costmodel.memory import whole_tensor_bucket
 from autotune.costmodel.schedules import pipeline_lower_bound
 from autotune.costmodel.stages import (stage_bwd_s, stage_fwd_s, stage_params, vocab_parallel_comm,
                                        vocab_placement, zero3_exposed)
@@ -127,7 +128,10 @@ def vocab_path_share(vocab) -> float:
 
 
 def _sync_bound(cm: CostModel, c: Candidate, buckets: tuple[int, ...], layer, vocab, smallest: int) -> float:
-    """Every bucketed sync of candidate c, bounded (sync_bound)."""
+    """Every bucketed sync of candidate c, bounded (sync_bound), at the buckets the estimate runs (at least a
+    whole weight matrix, memory.whole_tensor_bucket)."""
+    floor = whole_tensor_bucket(cm.model, c.tp)
+    buckets = tuple(max(b, floor) for b in buckets)
     # (one layer's window, all vocabulary windows) for the backward and the forward
     windows = {"bwd": (stage_bwd_s(1, layer, vocab, first=False, last=False),
                        stage_bwd_s(0, layer, vocab, first=True, last=True)),

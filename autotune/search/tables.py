@@ -13,6 +13,7 @@ from functools import lru_cache
 from autotune.costmodel import comm
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
+from autotune.costmodel.memory import whole_tensor_bucket
 from autotune.costmodel.pipeline import UNIT_TICKS, chunks_per_rank, peak_in_flight
 from autotune.costmodel.placement import rank_placements
 from autotune.costmodel.schedules import exposed_p2p_share
@@ -196,8 +197,10 @@ def candidate_p2p(cm: CostModel, c: Candidate, tokens: int) -> float:
 
 
 def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> CandidateCosts:
-    """Gather the per-stage coefficients of one candidate."""
-    buckets = sync_buckets(cm, c, buckets)
+    """Gather the per-stage coefficients of one candidate. A bucket below a whole weight matrix runs as that
+    matrix (memory.whole_tensor_bucket), so the plan states the bucket that runs."""
+    floor = whole_tensor_bucket(cm.model, c.tp)
+    buckets = tuple(dict.fromkeys(max(b, floor) for b in sync_buckets(cm, c, buckets)))
     layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.ep_overlap),
                     cm.vocab(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base))
     plan = shell_plan(c)

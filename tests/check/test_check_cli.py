@@ -683,6 +683,21 @@ def test_the_expert_all_to_all_overlap_is_read_and_held_to_megatrons_rules(cli, 
         result.stderr and "ep_overlap is --overlap-moe-expert-parallel-comm" in result.stderr
 
 
+def test_no_deepspeed_plan_is_proposed_for_a_mixture_of_experts(autotune_proc, tmp_path: Path) -> None:
+    """`plan --trainer deepspeed` refuses an MoE model (no MoE config is written for DeepSpeed), so check proposes
+    none either, says why, and --emit-better leaves the config's own verdict (out of memory, exit 5) standing; it
+    proposed an ep 8 DeepSpeed plan, and --emit-better then failed with exit 1 (user-tester)."""
+    config = _write(tmp_path, "ds_config.json", json.dumps({
+        "train_batch_size": 256, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 16,
+        "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}))
+    args = ("check", str(config), "--gpu", "h100-sxm", "--gpus", "16", "--model", "mixtral-8x7b", "--seq-len", "4096")
+    proc = autotune_proc(*args)
+    assert proc.returncode == 5 and "best plan for deepspeed: none (--trainer deepspeed: autotune writes no " \
+        "expert-parallel (MoE) config" in proc.stdout
+    proc = autotune_proc(*args, "--emit-better", str(tmp_path / "better"))
+    assert proc.returncode == 5 and not (tmp_path / "better").exists(), proc.stderr
+
+
 @pytest.mark.parametrize("model", [(), ("--model", "mixtral-8x22b")])
 def test_dropout_left_at_megatrons_default_is_a_training_choice_not_a_shape(cli, tmp_path: Path, model) -> None:
     """A Mixtral script that leaves dropout at Megatron's 0.1 and takes its vocabulary from a Hugging Face

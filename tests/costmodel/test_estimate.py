@@ -87,14 +87,25 @@ def test_two_stages_add_the_bubble_and_the_tied_embedding_sync(model):
 def test_data_parallel_gradient_reduction_is_bucketed_behind_the_last_backward():
     """pp = 1, ZeRO 0: the fp32 gradients are all-reduced in buckets while the last micro-batch's backward
     runs (Megatron's overlap_grad_reduce); what does not fit behind it is exposed."""
-    plan = _plan(dp=4, num_microbatches=4, bucket_size=1_000_000)
+    plan = _plan(dp=4, num_microbatches=4, bucket_size=2_000_000)
     est = CostModel(MODEL, HW, JOB).estimate(plan)
     stage = est.stages[0]
     link = comm.group_link(HW, 4, 1)
-    want = comm.bucketed_exposure(stage.params * 4, 1_000_000 * 4, stage.bwd_s,
+    want = comm.bucketed_exposure(stage.params * 4, 2_000_000 * 4, stage.bwd_s,
                                   lambda size: comm.all_reduce(size, 4, link))
     assert est.breakdown.dp_comm_exposed_s == pytest.approx(want)
     assert want > 0
+
+
+def test_a_bucket_holds_at_least_a_whole_weight_matrix():
+    """Megatron's DDP and DeepSpeed fill buckets with whole tensors: a bucket below the smallest weight matrix
+    (here the 1024 x 1024 output projection, 1,048,576 parameters) runs as that matrix, not as one collective per
+    bucket's worth of parameters (a DeepSpeed reduce_bucket_size of 1 was 10^9 collectives, user-tester)."""
+    assert memory.whole_tensor_bucket(MODEL, 1) == 1024 * 1024 and memory.whole_tensor_bucket(MODEL, 2) == 512 * 1024
+    cm = CostModel(MODEL, HW, JOB)
+    tiny, floor = (cm.estimate(_plan(dp=4, num_microbatches=4, bucket_size=b)) for b in (1, 1024 * 1024))
+    assert tiny.breakdown.dp_comm_exposed_s == floor.breakdown.dp_comm_exposed_s > 0
+    assert tiny.step_time_s == floor.step_time_s
 
 
 def test_a_reduction_after_the_backward_is_exposed_whole():
