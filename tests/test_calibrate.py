@@ -145,6 +145,12 @@ ERROR_CASES = {
                          "would run at 601 TFLOP/s"),
     "far faster than peak": ((HEADER, ROW_17B.replace("3.528018", "1e-200"), ROW_36B), "TFLOP/s per GPU, above its "
                              "fp16 peak of 312; give seconds per optimizer step"),
+    # milliseconds given as seconds (3528 for 3.528 s), or 1e300, were fitted with every efficiency on its lower
+    # bound and a file written (user-tester)
+    "milliseconds": ((HEADER, ROW_17B.replace("3.528018", "3528.018"), ROW_36B),
+                     ":2: step_time_s 3528.02: the linear layers alone would run at 0.0273% of the fp16 peak, less "
+                     "than any GPU training run reaches (0.5%): milliseconds given as seconds?"),
+    "far slower than peak": ((HEADER, ROW_17B, ROW_36B.replace("3.697407", "1e300")), ":3: step_time_s 1e+300:"),
     "non-numeric degree": ((HEADER, ROW_17B, ROW_36B.replace(",2,1,32,", ",two,1,32,")), ":3: tp: must be a whole"),
     "zero degree": ((HEADER, ROW_17B.replace(",1,1,32,1,", ",1,0,32,1,"), ROW_36B), ":2: pp: must be >= 1"),
     "bad bool": ((HEADER, ROW_17B.replace("false,false", "false,maybe"), ROW_36B), ":2: flash_attention: must be"),

@@ -188,9 +188,15 @@ def _run(path: Path, no: int, row: dict[str, str], hw: HardwareSpec) -> Run:
     return Run(line=no, model_name=row["model"], model=model, job=job, plan=plan, step_time_s=step)
 
 
+#: The least share of the peak a run's linear layers may reach: a step slower than that is read as a typo (a
+#: millisecond figure in seconds reads 1000x too slow, so a run at 40% MFU reads 0.04%)
+SLOWEST_SHARE = 0.005
+
+
 def _check_physical(where: str, step: float, model: ModelSpec, job: JobSpec, plan: Plan, hw: HardwareSpec) -> None:
     """A step faster than the GPUs can compute is a typo (milliseconds, or a per-micro-batch time), and fitting
-    efficiencies to it pins every one at its bound: refused. The floor is the linear layers' work alone, 6 FLOPs
+    efficiencies to it pins every one at its bound: refused, as is one below SLOWEST_SHARE of the peak (a
+    millisecond figure, 1e300). The floor is the linear layers' work alone, 6 FLOPs
     per parameter a token passes through (forward 2, backward 4), which no schedule or kernel avoids."""
     work = 6.0 * active_params(model, input_embedding=False) * job.global_batch * job.seq_len
     rate = work / (step * plan.num_gpus)
@@ -199,6 +205,11 @@ def _check_physical(where: str, step: float, model: ModelSpec, job: JobSpec, pla
         raise SpecError(f"{where}: step_time_s {step:g}: faster than {plan.num_gpus} x {hw.name} can compute: the "
                         f"linear layers alone would run at {_tflops(rate)} TFLOP/s per GPU, above its "
                         f"{job.dtype} peak of {peak / TERA:,.0f}; give seconds per optimizer step")
+    if rate < SLOWEST_SHARE * peak:
+        raise SpecError(f"{where}: step_time_s {step:g}: the linear layers alone would run at "
+                        f"{100 * rate / peak:.3g}% of the {job.dtype} peak, less than any GPU training run "
+                        f"reaches ({100 * SLOWEST_SHARE:g}%): milliseconds given as seconds? give seconds per "
+                        "optimizer step")
 
 
 def _tflops(rate: float) -> str:
