@@ -232,7 +232,8 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     if "auto" in (fp16, bf16):
         notes.append("fp16/bf16 enabled 'auto': the Hugging Face Trainer decides from its own arguments; costed as "
                      f"{'fp16' if fp16 is True else 'bf16'}")
-    elif fp16 is not True and bf16 is not True:
+    full_precision = "auto" not in (fp16, bf16) and fp16 is not True and bf16 is not True
+    if full_precision:
         notes.append("neither bf16 nor fp16 enabled: DeepSpeed trains in fp32; costed as bf16")
     for offload in ("offload_optimizer", "offload_param"):
         device = zero_cfg.get(offload, {}).get("device", "none") if isinstance(zero_cfg.get(offload), dict) else "none"
@@ -321,4 +322,4 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
                    recompute="full" if interval else "none", zero=zero, overlap_grad_reduce=overlap,
                    sequence_parallel=sp, layers_per_stage=layers, split="deepspeed", bucket_size=bucket,
                    dtype=dtype, grad_reduce=grad_reduce(config, dtype, zero, notes), optimizer_states=states,
-                   notes=tuple(notes))
+                   fp32=full_precision, notes=tuple(notes))

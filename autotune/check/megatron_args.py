@@ -223,7 +223,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         sequence_parallel=bool(args.get("--sequence-parallel")) and (tp or 1) > 1,
         tp_overlap=bool(args.get("--tp-comm-overlap")), vocab_parallel=bool(args.get("--enable-vocab-parallel")),
         layers_per_stage=layers, split=split, split_extra=extra, bucket_size=_int(args, "--ddp-bucket-size"),
-        dtype=dtype, flash_attention=flash_attention(args, notes),
+        dtype=dtype, fp32=not args.get("--bf16") and dtype == "bf16", flash_attention=flash_attention(args, notes),
         fused_kernels=not (args.get("--no-masked-softmax-fusion") or args.get("--no-bias-dropout-fusion")),
         grad_reduce=grad_reduce(args), optimizer_states=optimizer_states(args, notes),
         moe_dispatcher=dispatcher(args, notes), cross_entropy=cross_entropy(args, notes),

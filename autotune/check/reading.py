@@ -43,6 +43,8 @@ class Reading:
     sequence_parallel: bool = False
     tp_overlap: bool = False
     ep_overlap: bool = False
+    fp32: bool = False
+    """The config trains in fp32 (no 16-bit flag or block), which check refuses: autotune costs 16-bit and fp8."""
     vocab_parallel: bool = False
     layers_per_stage: tuple[int, ...] | None = None
     """Explicit per-rank layers; None: the trainer's own split of the model's layers (`split` says how)."""

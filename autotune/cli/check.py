@@ -127,6 +127,10 @@ def _understood(config: Path, reading: Reading, kind: str, fmt: str | None, gpus
     except SpecError as exc:
         raise type(exc)(in_config_terms(str(exc), kind)) from None
     check_moe_flags(u.model, moe_imbalance, "alltoall", None, False)
+    if reading.fp32:  # twice the 16-bit weights, gradients and activations: a fit verdict would be the model's
+        fix = "add --bf16" if kind == "megatron" else 'add "bf16": {"enabled": true}'
+        raise SpecError(f"{config}: the config trains in fp32 (no 16-bit precision set), which autotune does not "
+                        f"cost (it costs 16-bit and fp8 training, with half fp32's memory); {fix} to check that run")
     u = replace(u, notes=u.notes + launch_notes(reading.launch, gpus, hw.gpus_per_node))
     try:
         check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)

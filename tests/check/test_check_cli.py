@@ -683,6 +683,23 @@ def test_the_expert_all_to_all_overlap_is_read_and_held_to_megatrons_rules(cli, 
         result.stderr and "ep_overlap is --overlap-moe-expert-parallel-comm" in result.stderr
 
 
+def test_a_config_that_trains_in_fp32_is_refused_with_the_fix(autotune_proc, tmp_path: Path) -> None:
+    """Without a 16-bit precision both trainers train in fp32, with twice the memory autotune would cost: refused,
+    naming the flag or block to add (it was costed as bf16 and said to fit, user-tester)."""
+    script = _write(tmp_path, "fp32.txt", ARGS.replace("PARALLEL", "").replace("--bf16", ""))
+    proc = autotune_proc("check", str(script), "--gpu", "h100-sxm", "--gpus", "8")
+    assert proc.returncode == 1 and proc.stderr.strip().endswith("add --bf16 to check that run"), proc.stderr
+    config = _write(tmp_path, "ds_config.json", json.dumps({
+        "train_batch_size": 256, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 16,
+        "zero_optimization": {"stage": 1}}))
+    proc = autotune_proc("check", str(config), "--gpu", "h100-sxm", "--gpus", "16", "--model", "llama3-8b",
+                         "--seq-len", "4096")
+    assert proc.returncode == 1 and "trains in fp32 (no 16-bit precision set), which autotune does not cost" in \
+        proc.stderr and proc.stderr.strip().endswith('add "bf16": {"enabled": true} to check that run')
+    assert autotune_proc("check", str(_write(tmp_path, "bf16.txt", ARGS.replace("PARALLEL", ""))), "--gpu",
+                         "h100-sxm", "--gpus", "8").returncode in (0, 4, 5)
+
+
 def test_no_deepspeed_plan_is_proposed_for_a_mixture_of_experts(autotune_proc, tmp_path: Path) -> None:
     """`plan --trainer deepspeed` refuses an MoE model (no MoE config is written for DeepSpeed), so check proposes
     none either, says why, and --emit-better leaves the config's own verdict (out of memory, exit 5) standing; it
