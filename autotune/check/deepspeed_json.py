@@ -308,6 +308,11 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     if pipeline is None and tp * pp * cp * dp != gpus and autotp.get("autotp_size"):
         raise SpecError(f"{where}: tensor_parallel.autotp_size {tp} x data-parallel {dp} x sequence-parallel {cp} "
                         f"= {tp * dp * cp} GPUs, but --gpus is {gpus}; fix the batch keys or the degree")
+    if pipeline is not None and tp * pp * cp * dp != gpus and gpus % (tp * pp * cp) == 0:
+        raise SpecError(f"{where}: train_batch_size {tbs} != train_micro_batch_size_per_gpu {mbs} x "
+                        f"gradient_accumulation_steps {gas} x data-parallel size {gpus // (tp * pp * cp)} (--gpus "
+                        f"{gpus} / tp {tp} x pp {pp} x cp {cp}), which DeepSpeed asserts; fix the batch keys, or "
+                        f"check on {tp * pp * cp * dp} GPUs")
     if pipeline is None and tp * pp * cp * dp != gpus:
         tp = gpus // (pp * cp * dp) if gpus % (pp * cp * dp) == 0 else tp
         notes.append(f"no ds_pipeline.json: pp 1 assumed and tp {tp} (--gpus / dp) from the mpu, which DeepSpeed's "

@@ -82,6 +82,17 @@ def test_megatron_defaults_hand_computed() -> None:
     assert (r.tp, r.pp, r.mbs, r.global_batch, r.zero, r.recompute) == (1, 1, 1, None, 0, "none")
 
 
+def test_deepspeed_batch_keys_that_disagree_with_the_gpus_name_the_keys() -> None:
+    """256 = 1 x 8 x dp needs dp 32, but 16 GPUs over tp 1 x pp 1 give 16: DeepSpeed's own assertion, said in its
+    keys (it read as 'the config's degrees ... = 32 GPUs, but --gpus is 16', which suggests changing the job)."""
+    pipeline = {"num_stages": 1, "mpu": {"tensor_model_parallel_size": 1}}
+    with pytest.raises(SpecError, match=r"ds.json: train_batch_size 256 != train_micro_batch_size_per_gpu 1 x "
+                       r"gradient_accumulation_steps 8 x data-parallel size 16 \(--gpus 16 / tp 1 x pp 1 x cp 1\), "
+                       r"which DeepSpeed asserts; fix the batch keys, or check on 32 GPUs"):
+        read_deepspeed({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 8,
+                        "bf16": {"enabled": True}}, pipeline, 16, "ds.json")
+
+
 def test_toml_defaults_and_types() -> None:
     r = read_toml('[model]\nflavor = "70B"\n[parallelism]\ntensor_parallel_degree = 8\n'
                   'pipeline_parallel_degree = 4\n[training]\nlocal_batch_size = 8\nseq_len = 4096\n')
