@@ -34,8 +34,9 @@ TEXT_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {"gemma3_text": {
 #: The model_type of the text_config a multimodal wrapper builds when its text_config names none
 #: (transformers' Gemma3Config makes a Gemma3TextConfig of any text_config dict)
 _TEXT_MODEL_TYPES = {"gemma3": "gemma3_text"}
-#: Families whose attention normalizes every query and key head (transformers' q_norm and k_norm)
-_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text")
+#: Families whose attention normalizes its queries and keys (transformers' q_norm and k_norm: per head, or over
+#: the whole projection in OLMo 2, the same bytes and a norm's cost either way)
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
 _GATED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "mixtral",
                       "phi3")
 

@@ -138,3 +138,14 @@ def test_wrong_types_of_routing_and_capping_keys_are_errors_not_dropped():
                                 ("n_group", "eight", 'n_group "eight" must be a whole number >= 1')):
         with pytest.raises(SpecError, match=message):
             model_from_hf_config({**ds, key: value}, "config.json")
+
+
+def test_olmo2_normalizes_its_queries_and_keys():
+    """allenai/OLMo-2-1124-7B's config.json: transformers' Olmo2Attention has q_norm and k_norm, so the model
+    reads with them and Megatron's script gets --qk-layernorm (user-tester: it was read without)."""
+    olmo2 = {"model_type": "olmo2", "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008,
+             "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 32, "vocab_size": 100352,
+             "tie_word_embeddings": False}
+    model = model_from_hf_config(olmo2, "config.json")
+    assert model.qk_norm and (model.activation, model.norm) == ("swiglu", "rmsnorm")
+    assert not model_from_hf_config({**olmo2, "model_type": "olmo"}, "config.json").qk_norm
