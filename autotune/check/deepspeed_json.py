@@ -15,6 +15,7 @@ from typing import Any
 
 from autotune.check.reading import Reading, check_sizes, misspelling_of, ordinal
 from autotune.errors import SpecError
+from autotune.emit.deepspeed import PARTITION_METHOD
 from autotune.specs._strict import shown
 from autotune.specs.model import ACTIVATIONS, BIASES, NORMS, POSITIONS
 from autotune.specs.plan import DEEPSPEED_BUCKET
@@ -262,12 +263,24 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
         tp = _int(mpu, "tensor_model_parallel_size", f"{pwhere}: mpu")
         cp = _int(mpu, "sequence_parallel_world_size", f"{pwhere}: mpu") if "sequence_parallel_world_size" in mpu else 1
         sp = bool(mpu.get("sequence_parallel", False)) and tp > 1
+        key = "activation_checkpoint_interval"
+        if key in pipe_cfg and key in pipeline and pipe_cfg[key] != pipeline[key]:
+            raise SpecError(f"{where}: pipeline.activation_checkpoint_interval "
+                            f"{pipe_cfg['activation_checkpoint_interval']!r} but {pwhere}'s "
+                            f"{pipeline['activation_checkpoint_interval']!r}; make them agree")
         interval = pipeline.get("activation_checkpoint_interval", interval)
+        method = pipeline.get("partition_method", PARTITION_METHOD)
+        if method != PARTITION_METHOD and "layers_per_stage" not in pipeline:
+            raise SpecError(f"{pwhere}: partition_method {method!r} is not read (autotune reads DeepSpeed's "
+                            f"{PARTITION_METHOD!r} split); give the split it makes as layers_per_stage")
         if "layers_per_stage" in pipeline:
             raw = pipeline["layers_per_stage"]
             if not isinstance(raw, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in raw):
                 raise SpecError(f"{pwhere}: layers_per_stage must be a list of whole numbers")
             layers = tuple(raw)
+        if "sequence_parallel_size" in config and _int(config, "sequence_parallel_size", where) != cp:
+            raise SpecError(f"{where}: sequence_parallel_size {config['sequence_parallel_size']} but {pwhere}'s "
+                            f"mpu.sequence_parallel_world_size {cp}; make them agree")
         if cp > 1:
             notes.append(f"mpu.sequence_parallel_world_size {cp}: DeepSpeed-Ulysses, costed as context parallelism")
     elif "sequence_parallel_size" in config:  # Ulysses without an mpu: the mesh deepspeed.initialize builds

@@ -93,6 +93,25 @@ def test_deepspeed_batch_keys_that_disagree_with_the_gpus_name_the_keys() -> Non
                         "bf16": {"enabled": True}}, pipeline, 16, "ds.json")
 
 
+def test_deepspeed_keys_the_pipeline_file_also_sets_must_agree() -> None:
+    """A Ulysses degree, a checkpoint interval or a partition method the JSON and ds_pipeline.json set apart were
+    dropped without a word, the pipeline file winning (user-tester): refused, naming both."""
+    config = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+              "bf16": {"enabled": True}}
+    pipeline = {"num_stages": 2, "mpu": {"tensor_model_parallel_size": 1}, "activation_checkpoint_interval": 0}
+    with pytest.raises(SpecError, match="ds.json: sequence_parallel_size 2 but ds_pipeline.json's "
+                       "mpu.sequence_parallel_world_size 1; make them agree"):
+        read_deepspeed({**config, "sequence_parallel_size": 2}, pipeline, 16, "ds.json")
+    with pytest.raises(SpecError, match="ds.json: pipeline.activation_checkpoint_interval 1 but ds_pipeline.json's "
+                       "0; make them agree"):
+        read_deepspeed({**config, "pipeline": {"activation_checkpoint_interval": 1}}, pipeline, 16, "ds.json")
+    with pytest.raises(SpecError, match="ds_pipeline.json: partition_method 'parameters' is not read"):
+        read_deepspeed(config, {**pipeline, "partition_method": "parameters"}, 16, "ds.json")
+    r = read_deepspeed({**config, "sequence_parallel_size": 1, "pipeline": {"activation_checkpoint_interval": 0}},
+                       {**pipeline, "partition_method": "type:transformer"}, 16, "ds.json")
+    assert (r.pp, r.cp, r.recompute) == (2, 1, "none")
+
+
 def test_toml_defaults_and_types() -> None:
     r = read_toml('[model]\nflavor = "70B"\n[parallelism]\ntensor_parallel_degree = 8\n'
                   'pipeline_parallel_degree = 4\n[training]\nlocal_batch_size = 8\nseq_len = 4096\n')
