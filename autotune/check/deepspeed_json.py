@@ -138,29 +138,31 @@ DTYPE_ALIASES = {**dict.fromkeys(("torch.float16", "fp16", "float16", "half"), "
 WIRE_DTYPES = ("fp16", "bf16", "fp32")
 
 
-def grad_reduce(config: dict[str, Any], dtype: str, zero: int, notes: list[str]) -> str:
+def grad_reduce(config: dict[str, Any], dtype: str, zero: int, notes: list[str], where: str = "") -> str:
     """JobSpec.grad_reduce of the config: DeepSpeed accumulates gradients in data_types.grad_accum_dtype, the model's
     dtype by default, and reduces them in communication_data_type, that dtype by default (deepspeed 0.19 engine.py
     get_data_types, communication_data_type). What DeepSpeed refuses is refused: other spellings, and 16-bit
     training accumulating in fp32 without ZeRO (_do_optimizer_sanity_check: "unsupported mix"). A reduction dtype
     other than the buffers' is noted and costed as theirs."""
     types = config.get("data_types") if isinstance(config.get("data_types"), dict) else {}
-    given = types.get("grad_accum_dtype")
+    given, at = types.get("grad_accum_dtype"), f"{where}: " if where else ""
     accum = dtype if given is None else DTYPE_ALIASES.get(str(given))
     if accum is None or accum not in (dtype, "fp32"):
-        raise SpecError(f"data_types.grad_accum_dtype {given!r}: DeepSpeed accumulates {dtype} training's gradients "
-                        f"in {dtype} or fp32 (spelt as its DtypeEnum: {dtype}, fp32, torch.float32...); fix it")
+        raise SpecError(at + f"data_types.grad_accum_dtype {given!r}: DeepSpeed accumulates {dtype} training's "
+                        f"gradients in {dtype} or fp32 (spelt as its DtypeEnum: {dtype}, fp32, torch.float32...); "
+                        "fix it")
     if accum == "fp32" and zero == 0:
-        raise SpecError(f"data_types.grad_accum_dtype fp32 without ZeRO: DeepSpeed refuses {dtype} parameters with "
-                        "fp32 gradient accumulation there (unsupported mix); set zero_optimization.stage >= 1")
+        raise SpecError(at + f"data_types.grad_accum_dtype fp32 without ZeRO: DeepSpeed refuses {dtype} parameters "
+                        "with fp32 gradient accumulation there (unsupported mix); set zero_optimization.stage >= 1")
     wire = config.get("communication_data_type")
     if wire is not None and wire not in WIRE_DTYPES:
-        raise SpecError(f"communication_data_type {wire!r}: DeepSpeed takes one of {', '.join(WIRE_DTYPES)}; fix it")
+        raise SpecError(at + f"communication_data_type {wire!r}: DeepSpeed takes one of {', '.join(WIRE_DTYPES)}; "
+                        "fix it")
     if (wire or dtype) != accum:
         notes.append(f"gradients reduced in {wire or dtype} (communication_data_type) from {accum} buffers: costed "
                      f"as {accum} (the reduction's dtype is not modelled apart from the buffers')")
     if accum == "fp32" and zero == 1 and dtype == "bf16":
-        raise SpecError("data_types.grad_accum_dtype fp32 with bf16 at ZeRO 1: DeepSpeed runs its BF16_Optimizer "
+        raise SpecError(at + "data_types.grad_accum_dtype fp32 with bf16 at ZeRO 1: DeepSpeed runs its BF16_Optimizer "
                         "there (bf16 and fp32 gradients both kept, bf16 master-weight keys ignored), which autotune "
                         "does not cost; use ZeRO 2 or drop data_types")
     return accum
@@ -339,5 +341,5 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
                    global_batch=tbs, seq_len=seq_len, model_fields=_model_fields(shape), model_soft=_model_soft(shape),
                    recompute="full" if interval else "none", zero=zero, overlap_grad_reduce=overlap,
                    sequence_parallel=sp, layers_per_stage=layers, split="deepspeed", bucket_size=bucket,
-                   dtype=dtype, grad_reduce=grad_reduce(config, dtype, zero, notes), optimizer_states=states,
+                   dtype=dtype, grad_reduce=grad_reduce(config, dtype, zero, notes, where), optimizer_states=states,
                    fp32=full_precision, notes=tuple(notes))

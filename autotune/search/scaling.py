@@ -159,7 +159,7 @@ def scale(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpu_counts: Sequence
             continue
         todo.append(gpus)
     if len(pin_errors) == len(gpu_counts):
-        raise SpecError(f"the pins hold at no size of the sweep: {pin_errors[0]}")
+        raise SpecError(f"no size of the sweep can be planned: {pin_errors[0]}")
     search_one = partial(_best_widening, model, hw, job, space=space, fallback=fallback, time_limit_s=time_limit_s,
                          work_limit=work_limit, profile=profile)
     if jobs == 1 or len(todo) < 2:

@@ -88,6 +88,8 @@ def test_deepspeed_refusals_are_deepspeeds(config: dict, zero: int, message: str
     optimizer sanity check) is one line naming the key."""
     with pytest.raises(SpecError, match=re.escape(message)):
         deepspeed_grad_reduce(config, "bf16", zero, [])
+    with pytest.raises(SpecError, match="^ds_config.json: "):  # named like the reader's other errors (user-tester)
+        deepspeed_grad_reduce(config, "bf16", zero, [], "ds_config.json")
 
 
 def test_the_default_is_the_trainers_own(cli) -> None:
