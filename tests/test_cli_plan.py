@@ -256,6 +256,9 @@ ERROR_CASES = {
     "unknown schedule": (("--schedule", "gpipe"), "gpipe"),
     "negative top": (("--top", "-1"), "--top"),
     "ep on a dense model": (("--ep", "2"), "is dense (no experts); drop --ep"),
+    "ep overlap on a dense model": (("--ep-overlap",), "which llama3-8b does not have (it is dense); drop "
+                                                      "--ep-overlap"),
+    "ep overlap at ep 1": (("--model", "mixtral-8x7b", "--ep", "1", "--ep-overlap"), "does not run at --ep 1"),
     "ep not dividing experts": (("--model", "mixtral-8x7b", "--ep", "3"),
                                 "--ep 3 does not divide the 8 experts of mixtral-8x7b; use one of 1, 2, 4, 8"),
     "pipelined schedule on pp 1": (("--schedule", "zb-h1", "--pp", "1"), "needs --pp >= 2"),

@@ -106,6 +106,10 @@ def _check_experts(space: SearchSpace, model: ModelSpec) -> None:
     for flag, values in (("--ep", space.ep), ("--etp", space.etp)):
         if not model.is_moe and values is not None and set(values) != {1}:
             raise SpecError(f"{flag} {','.join(map(str, values))}: {model.name} is dense (no experts); drop {flag}")
+    if space.ep_overlap == (True,) and (not model.is_moe or space.ep == (1,)):
+        raise SpecError(f"--ep-overlap overlaps the expert all-to-all, which {model.name} "
+                        + ("does not have (it is dense)" if not model.is_moe else "does not run at --ep 1")
+                        + "; drop --ep-overlap")
     if not model.is_moe:
         return
     tps = set(space.tp) if space.tp is not None else None

@@ -296,7 +296,7 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
                         for sp, overlap in sp_overlap:
                             for vocab in vocabs:
                                 for ep, etp in layouts[zero]:
-                                    for ep_overlap in overlaps(ep, pp, schedule, fmin):
+                                    for ep_overlap in (overlaps(ep, pp, schedule, fmin) if overlaps else OFF):
                                         yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin,
                                                         0 if ep_overlap else fmax, zero, sp, vocab, mode, overlap,
                                                         ep, etp, ep_overlap)
@@ -343,13 +343,20 @@ def _overlap_options(caps: TrainerCaps | None, job: JobSpec, sp: bool) -> list[b
     return [True, False]
 
 
+#: The overlap settings of a candidate that cannot overlap its expert all-to-all
+OFF = (False,)
+
+
 def _ep_overlap_options(model: ModelSpec, job: JobSpec, space: SearchSpace):
     """The expert all-to-all overlap settings of a candidate (ep, pp, schedule, fewest fully recomputed layers):
-    on where Megatron runs it (specs.experts.check_ep_overlap), which then bars full recomputation; off always."""
+    on where Megatron runs it (specs.experts.check_ep_overlap), which then bars full recomputation; off always.
+    None where no candidate can have it (a dense model, another trainer, pinned off): OFF for all, unasked."""
     caps = space.trainer
     able = model.is_moe and job.trainer == "megatron" and (caps is None or caps.ep_overlap) and \
         model.mtp_layers <= 1 and True in (space.ep_overlap or (True,))
     off = [False] if False in (space.ep_overlap or (False,)) else []
+    if not able and off:
+        return None
 
     def options(ep: int, pp: int, schedule: str, fmin: int) -> list[bool]:
         if able and ep > 1 and fmin == 0 and (schedule == "interleaved" if pp > 1 else not model.mtp_layers):
