@@ -30,7 +30,7 @@ from autotune.costmodel.stages import StageMemory
 from autotune.emit import EmitInput
 from autotune.errors import AutotuneError, InfeasibleError, InvalidPlanError, SpecError
 from autotune.fileio import check_target, write_files
-from autotune.render.common import dump_json, plan_line, plan_tag, precision_words, written_report
+from autotune.render.common import bucket_warnings, dump_json, plan_line, plan_tag, precision_words, written_report
 from autotune.render.estimate import estimate_json
 from autotune.search.pins import check_space
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S, DEFAULT_WORK_LIMIT
@@ -131,7 +131,8 @@ def _understood(config: Path, reading: Reading, kind: str, fmt: str | None, gpus
         fix = "add --bf16" if kind == "megatron" else 'add "bf16": {"enabled": true}'
         raise SpecError(f"{config}: the config trains in fp32 (no 16-bit precision set), which autotune does not "
                         f"cost (it costs 16-bit and fp8 training, with half fp32's memory); {fix} to check that run")
-    u = replace(u, notes=u.notes + launch_notes(reading.launch, gpus, hw.gpus_per_node))
+    u = replace(u, notes=u.notes + launch_notes(reading.launch, gpus, hw.gpus_per_node)
+                + tuple(bucket_warnings(u.plan, u.model) if reading.bucket_size is not None else ()))
     try:
         check_plan(u.plan, u.model, u.job, gpus, hw.gpus_per_node, allow_cross_node_tp=True)
     except InvalidPlanError as exc:

@@ -24,7 +24,7 @@ from autotune.costmodel.accumulation import flushed_estimate, one_flush
 from autotune.costmodel.estimate import CostModel
 from autotune.emit.document import document_model, document_trainer
 from autotune.errors import SpecError
-from autotune.render.common import brief_line, mfu_warnings
+from autotune.render.common import brief_line, bucket_warnings, mfu_warnings
 from autotune.render.estimate import estimate_json, estimate_report
 from autotune.search.planner import DEFAULT_TIME_LIMIT_S
 from autotune.specs.job import JobSpec, check_moe_imbalance
@@ -128,7 +128,8 @@ def estimate(
             est, shown_plan = flushed_estimate(spec, hw, job, measured, plan, flushes), one_flush(plan, job, flushes)[0]
         coverage = cm.op_coverage(plan)
         timeline = None if json_out or brief else cm.timeline(shown_plan)
-    show_warnings([*hw.kernel_warnings(job.dtype, job.flash_attention), *mfu_warnings(est)]
+    show_warnings([*hw.kernel_warnings(job.dtype, job.flash_attention), *mfu_warnings(est),
+                   *(bucket_warnings(plan, spec) if bucket_size is not None else [])]
                   + ([f"{where}: check.pipeline_flushes {flushes}: the config runs the {plan.schedule} schedule "
                       f"{flushes} times a step (torchtitan's gradient accumulation with a pipeline), each over "
                       f"{plan.num_microbatches // flushes} micro-batches; costed so, as check did (the timeline shows "

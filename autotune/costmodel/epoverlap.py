@@ -29,14 +29,30 @@ def hideable_exchange(ep_fwd_s: float, ep_bwd_s: float, compute_s: float) -> tup
     return hidden * ep_fwd_s / exchange, hidden * ep_bwd_s / exchange
 
 
-def ep_overlapped(layer: LayerCost, hw: HardwareSpec) -> LayerCost:
-    """The layer under the overlap: its hideable exchange leaves the passes' exposed communication, less the SMs it
-    holds while hidden; one more micro-batch's forward activations of a layer live at the peak (the forward of
-    i+1 allocates before the backward of i frees, megatron-core's ep_overlap_early_attn_memory_release note).
-    Every forward is taken as paired: the warm-up and cool-down passes of a pipeline, which run alone, are not
-    told apart (an optimistic bound by their share, (pp - 1) / (vpp x micro-batches) of a rank's passes)."""
+def paired_share(pp: int, vpp: int, micro_batches: int) -> float:
+    """Share of a rank's passes that run beside a partner: megatron-core's combined schedule pairs the forward of
+    one micro-batch with the backward of another in its steady phase only. Without a pipeline the first forward and
+    the last backward run alone; in the interleaved schedule the first rank's warm-up forwards (2(pp - 1) + (vpp -
+    1) pp, and one more for the overlap) and as many cool-down backwards do (the first rank's, the most: the share
+    is a lower bound for the others)."""
+    passes = vpp * micro_batches
+    alone = 1 + (2 * (pp - 1) + (vpp - 1) * pp if pp > 1 else 0)
+    return max(0, passes - alone) / passes
+
+
+def pairing(x) -> float:
+    """paired_share of a plan or a search candidate (both carry pp, vpp, num_microbatches, ep_overlap); 0.0
+    without the overlap."""
+    return paired_share(x.pp, x.vpp, x.num_microbatches) if x.ep_overlap else 0.0
+
+
+def ep_overlapped(layer: LayerCost, hw: HardwareSpec, share: float = 1.0) -> LayerCost:
+    """The layer under the overlap, `share` of its passes paired (pairing): that share of its hideable exchange
+    leaves the passes' exposed communication, less the SMs it holds while hidden; one more micro-batch's forward
+    activations of a layer live at the peak (the forward of i+1 allocates before the backward of i frees,
+    megatron-core's ep_overlap_early_attn_memory_release note)."""
     if not (layer.ep_hidden_fwd_s or layer.ep_hidden_bwd_s):
         return layer
-    kept = 1.0 - comm_interference(hw)
+    kept = share * (1.0 - comm_interference(hw))
     return replace(layer, tp_fwd_s=layer.tp_fwd_s - kept * layer.ep_hidden_fwd_s,
                    tp_bwd_s=layer.tp_bwd_s - kept * layer.ep_hidden_bwd_s, buffers=layer.buffers + layer.act.none)

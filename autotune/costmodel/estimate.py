@@ -9,7 +9,7 @@ from operator import attrgetter, mul
 
 from autotune.costmodel import comm
 from autotune.costmodel.compute import attention_kernel
-from autotune.costmodel.epoverlap import ep_overlapped
+from autotune.costmodel.epoverlap import ep_overlapped, pairing
 from autotune.costmodel.flops import model_flops_per_step
 from autotune.costmodel.layer import (LayerCost, VocabCost, blend_layers, dense_layer_cost, layer_cost, layer_shape,
                                       moe_layer_cost, vocab_cost)
@@ -131,14 +131,15 @@ class CostModel:
         self.state_bytes = job.state_bytes  # bytes per parameter of the training state, read on every estimate
 
     def layer(self, tp: int, cp: int, mbs: int, sp: bool, tp_mode: str = "1d", tp_overlap: bool = False,
-              ep: int = 1, etp: int = 1, ep_overlap: bool = False) -> LayerCost:
+              ep: int = 1, etp: int = 1, paired: float = 0.0) -> LayerCost:
         """The partition's layer: an MoE model with dense layers places its mean layer (layer.blend_layers);
-        under ep_overlap, with its all-to-all overlapped (epoverlap.ep_overlapped)."""
-        key = (tp, cp, mbs, sp, tp_mode, tp_overlap, ep, etp, ep_overlap)
+        with `paired` > 0 (epoverlap.pairing: the share of passes run beside a partner under ep_overlap), with
+        that share of its all-to-all overlapped (epoverlap.ep_overlapped)."""
+        key = (tp, cp, mbs, sp, tp_mode, tp_overlap, ep, etp, paired)
         if key not in self._layer:
             model = self.model
-            if ep_overlap:
-                self._layer[key] = ep_overlapped(self.layer(*key[:-1]), self.hw)
+            if paired:
+                self._layer[key] = ep_overlapped(self.layer(*key[:-1]), self.hw, paired)
                 return self._layer[key]
             if model.is_moe and model.num_dense_layers and tp_mode == "1d":
                 self._layer[key] = blend_layers(self.kind_layer(tp, cp, mbs, sp, tp_overlap, ep, etp, moe=True),
@@ -207,7 +208,7 @@ class CostModel:
 
     def _stages(self, plan: Plan, ticks: Ticks) -> tuple[StageCost, ...]:
         key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel)
-        layer = self.layer(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp, plan.ep_overlap)
+        layer = self.layer(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp, pairing(plan))
         vocab = self.vocab(*key, plan.tp_mode, plan.tp_overlap, plan.ep, plan.etp, base_recompute(plan))
         comm_key = (plan.pp, plan.vpp, plan.tp, plan.cp, plan.dp, plan.sequence_parallel, plan.mbs,
                     plan.vocab == "parallel", plan.schedule, plan.num_microbatches)
@@ -240,7 +241,7 @@ class CostModel:
         """The proportions the plan's v-half order is built for (stages.schedule_ticks: they depend on the
         layer and the base recomputation only)."""
         key = (plan.tp, plan.cp, plan.mbs, plan.sequence_parallel, plan.tp_mode, plan.tp_overlap, plan.ep,
-               plan.etp, plan.ep_overlap, base_recompute(plan))
+               plan.etp, pairing(plan), base_recompute(plan))
         if key not in self._ticks:
             self._ticks[key] = schedule_ticks(plan, self.layer(*key[:-1]))
         return self._ticks[key]

@@ -32,13 +32,16 @@ def layer_params(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = N
 
 
 def whole_tensor_bucket(model: ModelSpec, tp: int) -> int:
-    """The smallest gradient bucket, in parameters, a trainer runs: Megatron's DDP and DeepSpeed fill a bucket
-    with whole tensors, flushing before one that would overflow it, so a bucket smaller than a weight matrix holds
-    that matrix alone. The smallest of a dense block's matrices on one GPU (the attention's output projection, or
-    the key/value part where MLA has no plain QKV) is the floor: a DeepSpeed reduce_bucket_size of 1 made ~10^9
-    collectives of one parameter each (user-tester); the floor leaves buckets of real configs as they are."""
-    h, q, f = model.hidden_size, model.q_width, model.ffn_hidden_size
-    return max(1, min(q * h, f * h) // tp)
+    """The smallest gradient bucket, in parameters, a trainer runs: neither Megatron's DDP (which closes a bucket
+    once it reaches the size) nor DeepSpeed (which flushes before a tensor that would overflow it) splits a tensor,
+    so a bucket below a weight matrix holds at least one. The floor is the smallest weight matrix of a block on one
+    GPU: the attention's output projection, the dense MLP's and an expert's matrices, MLA's down-projections (all
+    taken split tp ways, the smallest they get). A DeepSpeed reduce_bucket_size of 1 made ~10^9 collectives of one
+    parameter each (user-tester); buckets of real configs (Megatron's 40M and more, DeepSpeed's 500M) stay above."""
+    h = model.hidden_size
+    widths = [model.q_width, model.ffn_hidden_size, model.moe_ffn_hidden_size,
+              model.kv_lora_rank + model.qk_rope_head_dim if model.mla else 0, model.q_lora_rank]
+    return max(1, min(w * h for w in widths if w > 0) // tp)
 
 
 def dense_layer_params(model: ModelSpec, tp: int = 1) -> int:

@@ -13,8 +13,10 @@ from typing import Any
 from rich.console import Console
 
 from autotune.costmodel.estimate import Estimate
+from autotune.costmodel.memory import whole_tensor_bucket
 from autotune.render.timeline import stage_label
 from autotune.specs.job import JobSpec
+from autotune.specs.model import ModelSpec
 from autotune.specs.plan import Plan
 from autotune.units import gib
 
@@ -140,6 +142,17 @@ def brief_line(est: Estimate, *, prefix: str = "") -> str:
     if (p.ep, p.etp) != (1, 1):
         words[4:4] = [f"ep={p.ep}", f"etp={p.etp}"] + (["ep_overlap=on"] if p.ep_overlap else [])
     return " ".join([prefix, *words] if prefix else words)
+
+
+def bucket_warnings(plan: Plan, model: ModelSpec) -> list[str]:
+    """A gradient bucket below the smallest weight matrix runs as that matrix (memory.whole_tensor_bucket): said,
+    with the size it is costed at, where the plan states one less than half of it, so that the bucket the user
+    gave (a flag or a config's key: the callers ask only then) would mean twice the collectives it runs."""
+    floor = whole_tensor_bucket(model, plan.tp)
+    if 2 * plan.bucket_size >= floor:
+        return []
+    return [f"bucket {plan.bucket_size:,} parameters is below {model.name}'s smallest weight matrix on a GPU "
+            f"({floor:,}): the trainer never splits a tensor, so it is costed as {floor:,}"]
 
 
 def mfu_warnings(est: Estimate) -> list[str]:

@@ -83,11 +83,11 @@ def baseline_plans(cm: CostModel, cc: CandidateCosts, gpus: int, *, pinned: tupl
         r = least_recompute(cc, chunks)
         if r is None:
             continue
-        plan = to_plan(cc.cand, tuple(cc.cand.vpp * k for k in chunks), cc.buckets[0], r)
-        if len(cc.buckets) > 1:  # the stages do not depend on the bucket: time the sync alone for each
+        plan = to_plan(cc.cand, tuple(cc.cand.vpp * k for k in chunks), cc.bucket_labels[0], r)
+        if len(cc.bucket_labels) > 1:  # the stages do not depend on the bucket: time the sync alone for each
             stages = cm.stages(plan)
-            sync = [cm.dp_sync(replace(plan, bucket_size=b), stages) for b in cc.buckets]
-            plan = replace(plan, bucket_size=cc.buckets[sync.index(min(sync))])
+            sync = [cm.dp_sync(replace(plan, bucket_size=b), stages) for b in cc.bucket_labels]
+            plan = replace(plan, bucket_size=cc.bucket_labels[sync.index(min(sync))])
         try:
             est = validate_plan(plan, cm, gpus, allow_idle=allow_idle, allow_cross_node_tp=allow_cross_node_tp)
         except InvalidPlanError:

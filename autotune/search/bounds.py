@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from autotune.costmodel.epoverlap import pairing
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.memory import whole_tensor_bucket
 from autotune.costmodel.schedules import pipeline_lower_bound
@@ -54,11 +55,11 @@ def _quick_terms(cm: CostModel, c: Candidate, buckets: tuple[int, ...], memo: di
     """What quick_bound takes from candidate c alone: (per_layer, L * per_layer + the fixed sum, fixed max and
     min, the last rank's time, the path share, the sync bound, the tied-embedding sync, Adam)."""
     L = cm.model.num_layers
-    layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.ep_overlap),
+    layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, pairing(c)),
                     cm.vocab(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base))
     # the fixed terms and the smallest stage, shared by the candidates that differ only in ZeRO stage and full
     # recomputation (a third of those quick_bound meets, whose terms took a quarter of its time)
-    shape = ("fixed", c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.ep_overlap, c.base, c.pp,
+    shape = ("fixed", c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, pairing(c), c.base, c.pp,
              c.vpp, c.dp, c.schedule, c.vocab, c.num_microbatches)
     if (shared := None if memo is None else memo.get(shape)) is None:
         tokens = c.mbs * cm.job.seq_len // c.cp
@@ -86,7 +87,7 @@ def _quick_terms(cm: CostModel, c: Candidate, buckets: tuple[int, ...], memo: di
     share = min(layer.fwd.seconds / layer.time("full") if layer.time("full") > 0 else 0.0, 0.5,
                 vocab_path_share(vocab))
     key = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.dp, c.zero, c.pp, c.vpp, c.schedule, c.vocab, c.ep,
-           c.etp, c.ep_overlap)
+           c.etp, pairing(c))
     if memo is None or key not in memo:
         sync = _sync_bound(cm, c, buckets, layer, vocab, smallest)
         if memo is not None:

@@ -12,6 +12,7 @@ from itertools import repeat
 
 import numpy as np
 
+from autotune.costmodel.epoverlap import pairing
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.schedules import pipeline_lower_bound
 from autotune.costmodel.state import dense_first_credit, layer_state_bytes
@@ -29,7 +30,7 @@ def coarse_bound(cm: CostModel, c: Candidate, memo: dict) -> tuple[float, bool]:
     stage updates at least the average stage's layers. c cannot fit when that fullest stage cannot hold its
     layers' weights, gradients and optimizer states and one micro-batch of their activations at the most
     recomputation allowed. `memo` (one dict per search) keeps the per-layer terms."""
-    shape = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.ep_overlap)
+    shape = (c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, pairing(c))
     (per_layer, act, share) = _timing(cm, ("time", *shape, c.base, c.full_max > 0), memo)
     (state, adam, credit) = _sharded(cm, ("state", c.tp, c.tp_mode, c.ep, c.etp, c.cp, c.dp, c.zero), shape, memo)
     L = cm.model.num_layers
@@ -84,7 +85,8 @@ def _fullest_and_floor(L: int, act: np.ndarray, state: np.ndarray, credit: np.nd
 def _arrays(cm: CostModel, cands: list[Candidate], memo: dict) -> tuple[np.ndarray, ...]:
     """The per-candidate terms of coarse_bound as arrays: per-layer time, pivot share, activation, state,
     Adam and dense-first credit, then pp, vpp and micro-batches."""
-    (tp, pp, dp, cp, mbs, m, schedule, vpp, base, _, full_max, zero, sp, _, mode, overlap, ep, etp, epo) = zip(*cands)
+    (tp, pp, dp, cp, mbs, m, schedule, vpp, base, _, full_max, zero, sp, _, mode, overlap, ep, etp, _) = zip(*cands)
+    epo = [pairing(c) if c.ep_overlap else 0.0 for c in cands]  # the share of passes paired (0.0: no overlap)
     may_full = [f > 0 for f in full_max]
     time_keys = list(zip(repeat("time"), tp, cp, mbs, sp, mode, overlap, ep, etp, epo, base, may_full))
     state_keys = list(zip(repeat("state"), tp, mode, ep, etp, cp, dp, zero))

@@ -199,7 +199,7 @@ def _add_hint(model, cc: CandidateCosts, hint: Hint, chunks, r, choice) -> None:
         model.AddHint(var, value)
     if r is not None:
         model.AddHint(r, hint.recompute_layers)
-    for y, bucket in zip(choice, cc.buckets):
+    for y, bucket in zip(choice, cc.bucket_labels):
         model.AddHint(y, int(bucket == hint.bucket))
 
 
@@ -360,7 +360,7 @@ def _read(solver, cc: CandidateCosts, chunks, r, choice, status: str, pipe) -> P
     layers = tuple(v * k for k in k_vals)
     r_val = min(solver.Value(r), max(layers) // v) if r is not None else 0
     rc_vals = tuple(min(r_val, k) for k in k_vals)
-    bucket = next((b for b, y in zip(cc.buckets, choice) if solver.Value(y)), cc.buckets[0])
+    bucket = next((b for b, y in zip(cc.bucket_labels, choice) if solver.Value(y)), cc.bucket_labels[0])
     return PartitionResult(status, layers, r_val, bucket, int(solver.ObjectiveValue()), (k_vals, rc_vals),
                            solver.Value(pipe))
 

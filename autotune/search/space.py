@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from autotune.costmodel.epoverlap import paired_share
 from autotune.errors import InvalidPlanError, SpecError
 from autotune.search.experts import expert_options, moe_sequence_parallel
+from autotune.specs.experts import deepep_group_issue
 from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
-from autotune.specs.experts import deepep_group_issue
 from autotune.specs.plan import DEFAULT_BUCKET, default_bucket
 from autotune.specs.trainers import TrainerCaps, deepspeed_split, expert_layout_issue
 from autotune.specs.tpgrid import check_tp_shapes, tp_mode_degrees
@@ -296,7 +297,7 @@ def enumerate_candidates(model: ModelSpec, job: JobSpec, gpus: int, gpus_per_nod
                         for sp, overlap in sp_overlap:
                             for vocab in vocabs:
                                 for ep, etp in layouts[zero]:
-                                    for ep_overlap in (overlaps(ep, pp, schedule, fmin) if overlaps else OFF):
+                                    for ep_overlap in (overlaps(ep, pp, schedule, fmin, vpp, m) if overlaps else OFF):
                                         yield Candidate(tp, pp, dp, cp, mbs, m, schedule, vpp, base, fmin,
                                                         0 if ep_overlap else fmax, zero, sp, vocab, mode, overlap,
                                                         ep, etp, ep_overlap)
@@ -348,7 +349,8 @@ OFF = (False,)
 
 
 def _ep_overlap_options(model: ModelSpec, job: JobSpec, space: SearchSpace):
-    """The expert all-to-all overlap settings of a candidate (ep, pp, schedule, fewest fully recomputed layers):
+    """The expert all-to-all overlap settings of a candidate (ep, pp, schedule, fewest fully recomputed layers,
+    vpp, micro-batches):
     on where Megatron runs it (specs.experts.check_ep_overlap), which then bars full recomputation; off always.
     None where no candidate can have it (a dense model, another trainer, pinned off): OFF for all, unasked."""
     caps = space.trainer
@@ -358,8 +360,9 @@ def _ep_overlap_options(model: ModelSpec, job: JobSpec, space: SearchSpace):
     if not able and off:
         return None
 
-    def options(ep: int, pp: int, schedule: str, fmin: int) -> list[bool]:
-        if able and ep > 1 and fmin == 0 and (schedule == "interleaved" if pp > 1 else not model.mtp_layers):
+    def options(ep: int, pp: int, schedule: str, fmin: int, vpp: int, m: int) -> list[bool]:
+        if able and ep > 1 and fmin == 0 and (schedule == "interleaved" if pp > 1 else not model.mtp_layers) \
+                and paired_share(pp, vpp, m) > 0:  # (nothing to pair: one micro-batch, or all in warm-up)
             return [True, *off]
         return off
     return options

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from autotune.costmodel import comm
+from autotune.costmodel.epoverlap import pairing
 from autotune.costmodel.estimate import ADAM_STEP_BYTES, CostModel
 from autotune.costmodel.layer import LayerCost, VocabCost
 from autotune.costmodel.memory import whole_tensor_bucket
@@ -83,7 +84,8 @@ class CandidateCosts:
     stages: tuple[StageTerms, ...]
     usable: int
     buckets: tuple[int, ...]
-    """Bucket sizes (parameters) the solver may pick."""
+    """Bucket sizes (parameters) the solver may pick, as they run: at least a whole weight matrix
+    (memory.whole_tensor_bucket)."""
     syncs: tuple[Sync, ...]
     tied_sync_s: float
     adam_s_per_param: float
@@ -96,6 +98,9 @@ class CandidateCosts:
     where it is negative)."""
     dense_first: int = 0
     """The model's dense-first layers (0 where no credit applies: none, or a grid tensor-parallel layer)."""
+    bucket_labels: tuple[int, ...] = ()
+    """The bucket a plan states for each of `buckets`: the size asked for (the menu's or the pin), which the
+    trainer's config gets; the estimate floors it as the search does."""
     memo: dict = field(default_factory=dict, compare=False, repr=False)
     """What the bounds derive from these terms more than once (chunk_ranges, stage_caps, pivot_path_floor)."""
 
@@ -198,10 +203,13 @@ def candidate_p2p(cm: CostModel, c: Candidate, tokens: int) -> float:
 
 def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> CandidateCosts:
     """Gather the per-stage coefficients of one candidate. A bucket below a whole weight matrix runs as that
-    matrix (memory.whole_tensor_bucket), so the plan states the bucket that runs."""
+    matrix (memory.whole_tensor_bucket): costed so, labelled as asked (the first of those that run alike)."""
     floor = whole_tensor_bucket(cm.model, c.tp)
-    buckets = tuple(dict.fromkeys(max(b, floor) for b in sync_buckets(cm, c, buckets)))
-    layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.ep_overlap),
+    labels: dict[int, int] = {}
+    for b in sync_buckets(cm, c, buckets):
+        labels.setdefault(max(b, floor), b)
+    buckets = tuple(labels)
+    layer, vocab = (cm.layer(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, pairing(c)),
                     cm.vocab(c.tp, c.cp, c.mbs, c.sp, c.tp_mode, c.tp_overlap, c.ep, c.etp, c.base))
     plan = shell_plan(c)
     shards = c.dp * c.cp
@@ -247,7 +255,8 @@ def candidate_costs(cm: CostModel, c: Candidate, buckets: tuple[int, ...]) -> Ca
         layer_state=sum(layer_state_bytes(layer, c.zero, shards, plan.expert_dp, cm.state_bytes)),
         act_base=layer.act.get(c.base),
         act_full=layer.act.full, act_none=layer.act.none, stages=tuple(stages), usable=cm.hw.usable_memory_bytes,
-        buckets=buckets, syncs=sync_collectives(cm, c, buckets), tied_sync_s=tied_sync_seconds(cm, c),
+        buckets=buckets, bucket_labels=tuple(labels.values()), syncs=sync_collectives(cm, c, buckets),
+        tied_sync_s=tied_sync_seconds(cm, c),
         adam_s_per_param=ADAM_STEP_BYTES / adam_shards / (cm.hw.hbm_bandwidth * cm.hw.efficiency.memory),
         layer_fbw=layer_passes(layer, c.base), ticks=ticks, dense_credit=credit,
         dense_first=dense_first if credit else 0)

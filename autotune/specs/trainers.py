@@ -162,13 +162,13 @@ FORK_CAPS: dict[str, TrainerCaps] = {
         _MEGATRON, name="megatron+vocab-parallel", vocabs=("ends", "balanced", "parallel"),
         # its flags are core_v0.10.0's plus its own (TRAINERS.md section 4): the precision-aware optimizer is not
         # recorded among them, so only fp32 Adam states are planned for it
-        moe_dispatchers=("alltoall",), optimizer_states=("fp32",),
+        moe_dispatchers=("alltoall",), optimizer_states=("fp32",), ep_overlap=False,  # (megatron-core 0.14+)
         source="sail-sg/VocabularyParallelism (HEAD 6191c3b, Megatron-LM core 0.9): --enable-vocab-parallel with "
                "1F1B, pp > 1, untied embeddings (TRAINERS.md section 4)"),
     "zero-bubble": replace(
         _MEGATRON, name="megatron+zero-bubble", schedules=("1f1b", "interleaved", "zb-h1", "v-half"),
         # both forks branch from Megatron-LM before its flex dispatcher; neither records the precision-aware optimizer
-        moe_dispatchers=("alltoall",), optimizer_states=("fp32",),
+        moe_dispatchers=("alltoall",), optimizer_states=("fp32",), ep_overlap=False,
         source="sail-sg/zero-bubble-pipeline-parallelism: ZB-H1 and V-Half (its flags are not recorded: the "
                "launch script does not switch them on)"),
 }

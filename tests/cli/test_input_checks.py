@@ -50,6 +50,15 @@ def test_a_bucket_beyond_any_model_is_refused(cli):
         cli("estimate", *DENSE, "--tp", "1", "--pp", "1", "--bucket-size", "99999999999999999999")
 
 
+def test_a_bucket_far_below_a_weight_matrix_is_said_costed_as_the_matrix(cli):
+    """--bucket-size 1: the trainer never splits a tensor, so it runs (and is costed) as the smallest matrix; said,
+    where the bucket was given; the same estimate without the flag says nothing."""
+    given = cli("estimate", *DENSE, "--tp", "1", "--pp", "1", "--bucket-size", "1", "--brief")
+    assert "warning: bucket 1 parameters is below llama3-8b's smallest weight matrix on a GPU (16,777,216)" in \
+        given.stderr and "so it is costed as 16,777,216" in given.stderr
+    assert "bucket" not in cli("estimate", *DENSE, "--tp", "1", "--pp", "1", "--brief").stderr
+
+
 def test_kernels_errors_name_the_kernels_flag(cli):
     with pytest.raises(SpecError, match=r"^--kernels \(or --trainer\) must be one of"):
         cli("estimate", *DENSE, "--tp", "1", "--pp", "1", "--kernels", "foo")

@@ -60,3 +60,27 @@ def test_the_overlap_shortens_the_step_and_costs_one_layer_of_memory():
     assert over.step_time_s < plain.step_time_s
     assert plain.breakdown.tp_comm_s - over.breakdown.tp_comm_s > 0.2 * plain.breakdown.tp_comm_s
     assert over.peak_memory_bytes > plain.peak_memory_bytes
+
+
+def test_only_the_steady_phase_pairs_its_passes():
+    """megatron-core's combined schedule: without a pipeline the first forward and the last backward run alone
+    ((m - 1) / m paired; none of one micro-batch); interleaved, the first rank's 2(pp - 1) + (vpp - 1) pp warm-up
+    forwards and one more for the overlap run alone, and as many cool-down backwards (reviewer: one micro-batch
+    was credited the whole overlap)."""
+    from autotune.costmodel.epoverlap import paired_share
+    assert paired_share(1, 1, 1) == 0.0 and paired_share(1, 1, 4) == 0.75
+    assert paired_share(8, 4, 128) == pytest.approx((512 - (1 + 14 + 24)) / 512)
+    assert paired_share(4, 2, 2) == 0.0  # every pass in warm-up or cool-down
+    cm = CostModel(load_model("qwen3-30b-a3b"), HW, JobSpec(global_batch=512, seq_len=4096))
+    one = Plan(tp=1, pp=1, dp=64, ep=8, mbs=8, num_microbatches=1, zero=1, layers_per_stage=(48,))
+    plain, over = cm.estimate(one), cm.estimate(replace(one, ep_overlap=True))
+    assert (over.step_time_s, over.peak_memory_bytes) == (plain.step_time_s, plain.peak_memory_bytes)
+
+
+def test_the_search_never_overlaps_what_it_cannot_pair():
+    """Mixtral-8x7B on 64 GPUs at a batch of 64 (reviewer): one micro-batch per replica at pp 1 pairs nothing, so
+    no plan of the search overlaps there."""
+    from autotune.search.space import SearchSpace, enumerate_candidates
+    job = JobSpec(global_batch=64, seq_len=4096)
+    for c in enumerate_candidates(load_model("mixtral-8x7b"), job, 64, 8, SearchSpace(pp=(1,), dp=(64,))):
+        assert not c.ep_overlap, c

@@ -232,3 +232,12 @@ def test_weak_scaling_to_thousands_of_data_parallel_ranks_stays_flat_with_megatr
         fixed.append(cm.estimate(replace(plan, bucket_size=40_000_000)).step_time_s)
     assert all(abs(s / steps[0] - 1) < 0.05 for s in steps), steps
     assert fixed[-1] > 1.5 * fixed[0], fixed
+
+
+def test_the_bucket_floor_reaches_mla_and_expert_matrices():
+    """The floor is the smallest weight matrix of a block on a GPU: DeepSeek-V3's key/value down-projection (7168 x
+    (512 + 64)), not its attention output (reviewer: 132M took the emitted bucket off Megatron's 40M)."""
+    from autotune.catalog import load_model
+    assert memory.whole_tensor_bucket(load_model("deepseek-v3"), 1) == 7168 * 576
+    assert memory.whole_tensor_bucket(load_model("gpt-oss-120b"), 1) == 2880 * 2880  # an expert's matrix
+    assert memory.whole_tensor_bucket(load_model("llama3-8b"), 2) == 4096 * 4096 // 2

@@ -80,3 +80,18 @@ def test_deepep_leaves_only_the_groups_it_runs_over() -> None:
     assert groups("deepep", 4) == {1, 2, 4}
     assert groups("deepep", 8) == {1, 2, 4, 8, 16}
     assert {8, 16} <= groups("alltoall", 4)
+
+
+def test_a_pinned_bucket_below_a_matrix_keeps_its_label_and_is_costed_as_the_matrix() -> None:
+    """The plan states the bucket asked for (the trainer's config gets it); the estimate and the search cost it
+    as the smallest weight matrix it cannot split, alike (reviewer: the search relabelled it)."""
+    from autotune.costmodel.estimate import CostModel
+    from autotune.costmodel.memory import whole_tensor_bucket
+    inst = _instance(tiny_moe(), 8, 4.0)
+    res = search(inst.model, inst.hw, inst.job, inst.gpus, SearchSpace(buckets=(1,), tp=(1,), tp_overlap=(False,)),
+                 top_k=0, time_limit_s=30)
+    plan = res.best.plan
+    assert plan.bucket_size == 1 and whole_tensor_bucket(inst.model, plan.tp) > 1
+    cm = CostModel(inst.model, inst.hw, inst.job)
+    floor = replace(plan, bucket_size=whole_tensor_bucket(inst.model, plan.tp))
+    assert res.best.step_time_s == cm.estimate(plan).step_time_s == cm.estimate(floor).step_time_s
