@@ -268,3 +268,12 @@ def test_a_fit_with_a_bound_reached_still_reaches_the_least_squares_optimum(tmp_
         for factor in (0.99, 1.01):
             assert sse(replace(cal.after, **{key: getattr(cal.after, key) * factor})) >= best * (1 - 1e-6), key
     assert cal.mape_after_pct < 1.5
+
+
+def test_a_slow_step_that_cannot_be_milliseconds_is_kept(tmp_path):
+    """A latency-bound run of a tiny model can fall under 0.5% of the peak; read as milliseconds it would beat the
+    peak, so it is no typo and is fitted (reviewer: tiny-gpt at 0.1 s on 8 H100s was refused)."""
+    rows = [f"tiny-gpt,h100-sxm,8,64,1024,bf16,1,1,8,1,1,8,1f1b,1,none,0,false,true,{t}" for t in ("0.1", "0.12")]
+    rows[1] = rows[1].replace(",1,1,8,1,1,8,", ",1,1,8,1,2,4,")
+    cal = calibrate(_write(tmp_path, HEADER, *rows))
+    assert len(cal.rows) == 2

@@ -259,6 +259,10 @@ ERROR_CASES = {
     "ep overlap on a dense model": (("--ep-overlap",), "which llama3-8b does not have (it is dense); drop "
                                                       "--ep-overlap"),
     "ep overlap at ep 1": (("--model", "mixtral-8x7b", "--ep", "1", "--ep-overlap"), "does not run at --ep 1"),
+    "ep overlap with full recompute": (("--model", "mixtral-8x7b", "--ep-overlap", "--recompute", "full"),
+                                       "--ep-overlap with --recompute full: megatron-core overlaps"),
+    "ep overlap on 1f1b": (("--model", "mixtral-8x7b", "--ep-overlap", "--pp", "2", "--schedule", "1f1b"),
+                           "--ep-overlap with --pp > 1 runs in the interleaved schedule"),
     "ep not dividing experts": (("--model", "mixtral-8x7b", "--ep", "3"),
                                 "--ep 3 does not divide the 8 experts of mixtral-8x7b; use one of 1, 2, 4, 8"),
     "pipelined schedule on pp 1": (("--schedule", "zb-h1", "--pp", "1"), "needs --pp >= 2"),

@@ -188,6 +188,24 @@ def _moe_flag_rules(args: dict[str, Any]) -> None:
     for chosen in str(args.get("--moe-router-load-balancing-type", "aux_loss")).split():
         if chosen not in BALANCING:
             raise SpecError(f"--moe-router-load-balancing-type {chosen!r}: use one of {', '.join(BALANCING)}"[:200])
+    _overlap_flag_rules(args, kind)
+
+
+def _overlap_flag_rules(args: dict[str, Any], kind: str | None) -> None:
+    """megatron-core's rules beside --overlap-moe-expert-parallel-comm that a plan does not hold
+    (specs/experts.check_ep_overlap holds the rest): an alltoall or flex dispatcher (Megatron's default is
+    allgather), no --moe-shared-expert-overlap beside it, and --delay-wgrad-compute only with it."""
+    overlap = bool(args.get("--overlap-moe-expert-parallel-comm"))
+    if overlap and "--num-experts" in args and (kind or "allgather") not in ("alltoall", "flex"):
+        raise SpecError(f"--overlap-moe-expert-parallel-comm with the {kind or 'allgather (default)'} dispatcher: "
+                        "megatron-core overlaps the alltoall and flex dispatchers only; add "
+                        "--moe-token-dispatcher-type alltoall")
+    if overlap and args.get("--moe-shared-expert-overlap"):
+        raise SpecError("--overlap-moe-expert-parallel-comm with --moe-shared-expert-overlap: megatron-core refuses "
+                        "the pair; drop --moe-shared-expert-overlap")
+    if args.get("--delay-wgrad-compute") and not overlap:
+        raise SpecError("--delay-wgrad-compute without --overlap-moe-expert-parallel-comm: megatron-core refuses it; "
+                        "add the overlap or drop --delay-wgrad-compute")
 
 
 def dispatcher(args: dict[str, Any], notes: list[str]) -> str:

@@ -110,6 +110,17 @@ def _check_experts(space: SearchSpace, model: ModelSpec) -> None:
         raise SpecError(f"--ep-overlap overlaps the expert all-to-all, which {model.name} "
                         + ("does not have (it is dense)" if not model.is_moe else "does not run at --ep 1")
                         + "; drop --ep-overlap")
+    if space.ep_overlap == (True,):  # megatron-core's rules (specs/experts.check_ep_overlap), said as pins
+        if space.recompute == ("full",):
+            raise SpecError("--ep-overlap with --recompute full: megatron-core overlaps the expert all-to-all only "
+                            "without full recomputation; pin --recompute none or selective, or drop --ep-overlap")
+        if space.pp is not None and min(space.pp) > 1 and space.schedule is not None and \
+                "interleaved" not in space.schedule:
+            raise SpecError("--ep-overlap with --pp > 1 runs in the interleaved schedule (megatron-core needs a "
+                            "virtual pipeline); pin --schedule interleaved, or drop --ep-overlap")
+        if model.mtp_layers > 1:
+            raise SpecError(f"--ep-overlap: megatron-core overlaps at most one MTP layer, and {model.name} has "
+                            f"{model.mtp_layers}; drop --ep-overlap")
     if not model.is_moe:
         return
     tps = set(space.tp) if space.tp is not None else None

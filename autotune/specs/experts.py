@@ -70,6 +70,15 @@ def deepep_group_issue(group: int, gpus_per_node: int) -> str:
     return ""
 
 
+def ep_overlap_issue(plan: Plan, model: ModelSpec, trainer: str = "megatron") -> str:
+    """Why the plan's trainer cannot overlap its expert all-to-all ("": it can), check_ep_overlap's message."""
+    try:
+        check_ep_overlap(plan, model, trainer)
+    except InvalidPlanError as exc:
+        return str(exc)
+    return ""
+
+
 def check_ep_overlap(plan: Plan, model: ModelSpec, trainer: str) -> None:
     """Megatron's rules for --overlap-moe-expert-parallel-comm (megatron-core 0.16, TransformerConfig
     __post_init__): expert parallelism, no full recomputation, a virtual pipeline when pp > 1 (the overlap lives

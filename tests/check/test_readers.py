@@ -206,6 +206,26 @@ def test_megatron_moe_dispatcher_is_read_back(flags: str, dispatcher: str, noted
     assert any("--moe-token-dispatcher-type" in n for n in r.notes) == noted, r.notes
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    ("--overlap-moe-expert-parallel-comm", "with the allgather (default) dispatcher: megatron-core overlaps the "
+                                            "alltoall and flex dispatchers only"),
+    ("--moe-token-dispatcher-type alltoall --overlap-moe-expert-parallel-comm --moe-shared-expert-overlap",
+     "with --moe-shared-expert-overlap: megatron-core refuses the pair"),
+    ("--moe-token-dispatcher-type alltoall --delay-wgrad-compute", "--delay-wgrad-compute without "
+                                                                   "--overlap-moe-expert-parallel-comm"),
+])
+def test_the_expert_overlap_flags_megatron_core_refuses_are_refused(flags: str, message: str) -> None:
+    """The rules beside --overlap-moe-expert-parallel-comm that no plan holds (reviewer: each got a normal
+    report)."""
+    with pytest.raises(SpecError, match=message.replace("(", "\\(").replace(")", "\\)")):
+        read_megatron("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 128 --bf16 "
+                      f"--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 2 {flags}\n")
+    r = read_megatron("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 128 --bf16 "
+                      "--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 2 --moe-token-dispatcher-type "
+                      "alltoall --overlap-moe-expert-parallel-comm --delay-wgrad-compute\n")
+    assert r.ep_overlap
+
+
 def test_earlier_torchtitan_keys_are_read_where_they_moved() -> None:
     """[training] batch_size and [experimental] pipeline/context degrees (torchtitan's earlier TOML layout) mean
     what 0.2.x's [training] local_batch_size and [parallelism] keys mean; they were ignored, so a tp2 pp2 cp2 run
@@ -576,9 +596,12 @@ def test_megatron_flags_a_user_tester_found_unknown_are_known() -> None:
                "--profile-ranks", "0", "1", "--profile-step-start", "10", "--rerun-mode", "disabled"]
     r = reading_from_args(base + neutral, [])
     assert not any("unknown flag" in n or "ignored" in n for n in r.notes), r.notes
-    named = reading_from_args(base + ["--delay-wgrad-compute", "--enable-cuda-graph", "--use-tp-pp-dp-mapping"], [])
+    named = reading_from_args(base + ["--enable-cuda-graph", "--use-tp-pp-dp-mapping"], [])
     assert [n.split(":")[0] for n in named.notes if n.startswith("--")] == [
-        "--delay-wgrad-compute", "--enable-cuda-graph", "--use-tp-pp-dp-mapping"]
+        "--enable-cuda-graph", "--use-tp-pp-dp-mapping"]
+    # megatron-core 0.16 refuses --delay-wgrad-compute without the expert overlap (test_the_expert_overlap_flags...)
+    with pytest.raises(SpecError, match="--delay-wgrad-compute without --overlap-moe-expert-parallel-comm"):
+        reading_from_args(base + ["--delay-wgrad-compute"], [])
 
 
 def test_routing_imbalance_comes_from_the_flag_the_config_or_the_header() -> None:

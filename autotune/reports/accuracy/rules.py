@@ -12,6 +12,7 @@ from autotune.reports.accuracy import row_models
 from autotune.reports.accuracy.recipes import (CROSS_ENTROPY_RULE, MOE_RECIPE_SOURCES, MOE_RECIPES, MoeRecipe,
                                                least_fitting_recompute, recipe_layout, row_cross_entropy)
 from autotune.reports.accuracy.row_models import RowSkipped, column_int
+from autotune.specs.experts import ep_overlap_issue
 from autotune.specs.hardware import HardwareSpec
 from autotune.specs.job import JobSpec
 from autotune.specs.model import ModelSpec
@@ -110,8 +111,7 @@ RULES: tuple[tuple[str, str], ...] = (
                     "megatron_base_model.py, and the launcher's Llama configs are assumed to set it true with vpp "
                     "as NeMo's GPT config template does: not read this session); torchtitan's interleaved rows "
                     "the same share (torch's runtime schedule posts receives early; that the rows' torch of 2024-12 "
-                    "already ran Interleaved1F1B on it is assumed, not read); without vpp every send is waited "
-                    "on"),
+                    "already ran Interleaved1F1B on it is assumed, not read); without vpp every send waits"),
     ("partition", "layers_per_stage = even_split(num_layers, pp), vocab 'ends'; where check_plan rejects the "
                   "published layout, the nearest valid one (for an interleaved split: the vpp <= published "
                   "and per-rank layer counts with the shortest ideal pipeline time, vocab 'balanced' when "
@@ -346,10 +346,10 @@ def representable(plan: Plan, model: ModelSpec, job: JobSpec, hw: HardwareSpec) 
         fixed = nearest_interleaved(fixed, model.num_layers)
         notes[-1] += (f"{fixed.schedule} vpp {fixed.vpp}, layers {list(fixed.layers_per_stage)}, vocab "
                       f"{fixed.vocab} (the valid layout with the shortest ideal pipeline time)")
-    if fixed.ep_overlap and (fixed.recompute == "full" or (fixed.pp > 1 and fixed.schedule != "interleaved")):
+    if fixed.ep_overlap and (why := ep_overlap_issue(fixed, model)):  # megatron-core's rules
         fixed = replace(fixed, ep_overlap=False)
-        notes.append("the expert all-to-all overlap the row names: megatron-core refuses it with full recompute or "
-                     "with pp > 1 without interleaving, so it is evaluated without it")
+        notes.append(f"the expert all-to-all overlap the row names: megatron-core refuses it here ({why}), so it "
+                     "is evaluated without it")
     try:
         check_plan(fixed, model, job, gpus, hw.gpus_per_node)
     except InvalidPlanError as exc:
