@@ -235,9 +235,7 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
     if "auto" in (fp16, bf16):
         notes.append("fp16/bf16 enabled 'auto': the Hugging Face Trainer decides from its own arguments; costed as "
                      f"{'fp16' if fp16 is True else 'bf16'}")
-    full_precision = "auto" not in (fp16, bf16) and fp16 is not True and bf16 is not True
-    if full_precision:
-        notes.append("neither bf16 nor fp16 enabled: DeepSpeed trains in fp32; costed as bf16")
+    full_precision = "auto" not in (fp16, bf16) and fp16 is not True and bf16 is not True  # check refuses it
     for offload in ("offload_optimizer", "offload_param"):
         device = zero_cfg.get(offload, {}).get("device", "none") if isinstance(zero_cfg.get(offload), dict) else "none"
         if device not in ("none", None):

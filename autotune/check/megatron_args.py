@@ -211,9 +211,6 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
     dtype = "fp16" if args.get("--fp16") else "bf16"
     if "--fp8-format" in args or args.get("--fp8-hybrid"):
         dtype = "fp8"
-    if not args.get("--bf16") and dtype == "bf16":
-        notes.append("neither --bf16 nor --fp16: Megatron trains in fp32; read as bf16 (autotune costs 16-bit "
-                     "and fp8 matmuls)")
     return Reading(
         trainer="megatron", tp=tp or 1, pp=pp or 1, cp=cp or 1,
         ep=_int(args, "--expert-model-parallel-size", 1) or 1, etp=_int(args, "--expert-tensor-parallel-size"),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from autotune.errors import SpecError
+from autotune.specs.experts import ep_overlap_issue
 from autotune.specs.job import JobSpec, state_zero_stages
 from autotune.specs.model import ModelSpec
 from autotune.specs.overlap import gathers_params_in_step, overlaps_grad_reduce
@@ -361,12 +362,12 @@ def as_run(caps: TrainerCaps, plan: Plan, model: ModelSpec) -> tuple[Plan, tuple
         p = replace(p, sequence_parallel=False, tp_overlap=False)
     if p.tp_overlap and not caps.tp_overlap:
         p = replace(p, tp_overlap=False)
-    if p.ep_overlap and (not caps.ep_overlap or (p.pp > 1 and p.schedule != "interleaved")):
-        p = replace(p, ep_overlap=False)  # (a pipeline's overlap lives in the interleaved schedule)
     if p.recompute == "selective" and not caps.selective_recompute and caps.name != "torchtitan":
         # torchtitan's emitter writes its per-op selective AC, which the cost model prices with torchtitan's
         # kernels (what `check` reads back); the others checkpoint whole layers
         p = replace(p, recompute="full", recompute_layers=None)
+    if p.ep_overlap and (not caps.ep_overlap or ep_overlap_issue(p, model)):  # megatron-core's rules, as run
+        p = replace(p, ep_overlap=False)
     if p.recompute_layers is not None and p.recompute_layers < max(p.layers_per_stage) // p.vpp \
             and not caps.partial_recompute:
         p = replace(p, recompute_layers=None)
