@@ -56,9 +56,11 @@ _SHAPE_KEYS = {"num_layers": "num_layers", "hidden_size": "hidden_size", "num_at
 #: Its choices, each from the ModelSpec values a model file may hold
 _CHOICE_KEYS = {"activation": ACTIVATIONS, "norm": NORMS, "bias": BIASES, "position_embedding": POSITIONS}
 #: And what does not change the cost (Reading.model_soft: it picks between catalog models of the same shape)
-_SOFT_KEYS = ("norm_eps", "rope_theta", "rope_scaling_factor", "init_std")
+_SOFT_KEYS = ("norm_eps", "rope_theta", "rope_scaling_factor", "init_std", "rotary_fraction")
+#: Its true/false keys
+_FLAG_KEYS = ("tied_embeddings", "parallel_block")
 #: Every key of the block (emit/deepspeed.py _model)
-_MODEL_KEYS = {*_SHAPE_KEYS, *_CHOICE_KEYS, *_SOFT_KEYS, "tied_embeddings", "rope_scaling", "seq_len"}
+_MODEL_KEYS = {*_SHAPE_KEYS, *_CHOICE_KEYS, *_SOFT_KEYS, *_FLAG_KEYS, "rope_scaling", "seq_len"}
 
 
 def _model_fields(shape: Any) -> dict[str, Any] | None:
@@ -79,10 +81,11 @@ def _model_fields(shape: Any) -> dict[str, Any] | None:
             if shape[key] not in values:
                 raise SpecError(f"{where}: {key} must be one of {', '.join(values)}, got {shape[key]!r}")
             out[key] = shape[key]
-    if "tied_embeddings" in shape:
-        if not isinstance(shape["tied_embeddings"], bool):
-            raise SpecError(f"{where}: tied_embeddings must be true or false, got {shape['tied_embeddings']!r}")
-        out["tied_embeddings"] = shape["tied_embeddings"]
+    for key in _FLAG_KEYS:
+        if key in shape:
+            if not isinstance(shape[key], bool):
+                raise SpecError(f"{where}: {key} must be true or false, got {shape[key]!r}")
+            out[key] = shape[key]
     return out
 
 
@@ -90,6 +93,10 @@ def _model_soft(shape: Any) -> dict[str, Any] | None:
     """ds_pipeline.json's model settings that do not change the cost (finite numbers > 0 only)."""
     if not isinstance(shape, dict):
         return None
+    rotary = shape.get("rotary_fraction", 1.0)
+    if isinstance(rotary, bool) or not isinstance(rotary, (int, float)) or not 0 < rotary <= 1:
+        raise SpecError(f"ds_pipeline.json: model: rotary_fraction must be a share of each head in (0, 1], got "
+                        f"{rotary!r}")
     return {k: float(shape[k]) for k in _SOFT_KEYS if isinstance(shape.get(k), (int, float))
             and not isinstance(shape[k], bool) and 0 < shape[k] < math.inf} or None
 

@@ -24,7 +24,7 @@ from autotune.check.megatron_notes import costed_otherwise_notes
 from autotune.check.megatron_precision import (PRECISION_SWITCH, PRECISION_VALUE, cross_entropy, flash_attention,
                                                grad_reduce, optimizer_states)
 from autotune.check.megatron_recompute import recompute_setting
-from autotune.check.megatron_values import float_arg as _float, int_arg as _int
+from autotune.check.megatron_values import float_arg as _float, fraction_arg, int_arg as _int
 from autotune.check.overlaps import overlap_settings
 from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.check.script import launch_words, launcher_world
@@ -290,8 +290,7 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         if fields["router_bias"] and fields["router"] != "sigmoid":
             raise SpecError("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (megatron-core "
                             "refuses it with softmax); add it, or drop the bias")
-        shared = _int(args, "--moe-shared-expert-intermediate-size", 0)
-        if shared:
+        if shared := _int(args, "--moe-shared-expert-intermediate-size", 0):
             fields.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
     fields.update(mla_model_fields(args, _int, notes))
     fields["mtp_layers"] = check_max(_int(args, "--mtp-num-layers", 0) or 0, MAX_MTP_LAYERS, "--mtp-num-layers")
@@ -310,9 +309,10 @@ def _soft(args: dict[str, Any]) -> dict[str, Any]:
     soft: dict[str, Any] = {}
     for flag, key in (("--rotary-base", "rope_theta"), ("--norm-epsilon", "norm_eps"),
                       ("--init-method-std", "init_std"), ("--rope-scaling-factor", "rope_scaling_factor"),
-                      ("--moe-router-topk-scaling-factor", "moe_router_scaling")):
+                      ("--moe-router-topk-scaling-factor", "moe_router_scaling"),
+                      ("--rotary-percent", "rotary_fraction")):
         if isinstance(args.get(flag), str):
-            soft[key] = _float(args, flag, 0.0)
+            soft[key] = fraction_arg(args, flag) if key == "rotary_fraction" else _float(args, flag, 0.0)
     if args.get("--use-rope-scaling"):
         soft["rope_scaling"] = "llama3"
     return soft

@@ -29,3 +29,11 @@ def float_arg(args: dict[str, Any], flag: str, default: float) -> float:
         return float(args[flag]) if flag in args else default
     except ValueError:
         raise SpecError(f"{flag} {args[flag]!r}: expected a number") from None
+
+
+def fraction_arg(args: dict[str, Any], flag: str) -> float:
+    """A share in (0, 1] (--rotary-percent: Megatron-LM takes it as a fraction, 1.0 = every head dimension)."""
+    value = float_arg(args, flag, 1.0)
+    if not 0 < value <= 1:
+        raise SpecError(f"{flag} {args[flag]!r}: expected a share of each head in (0, 1], e.g. 0.25")
+    return value

@@ -123,7 +123,9 @@ def _config(inp: EmitInput) -> str:
         f"norm_eps={m.norm_eps!r}, position_embedding={python_str(m.position_embedding)}, "
         f"rope_theta={m.rope_theta!r}, rope_scaling={python_str(m.rope_scaling)}, "
         f"rope_scaling_factor={m.rope_scaling_factor!r}, tied_embeddings={m.tied_embeddings}, "
-        f"bias={python_str(m.bias)}, init_std={m.init_std!r})",
+        f"bias={python_str(m.bias)}, init_std={m.init_std!r}"
+        + (f", rotary_fraction={m.rotary_fraction!r}" if m.rotary_fraction < 1 else "")
+        + (", parallel_block=True" if m.parallel_block else "") + ")",
     ]
     if p.recompute != "none":
         lines.append("model = dict(checkpoint=True)  # activation checkpointing on every layer")

@@ -285,7 +285,9 @@ def _model(inp: EmitInput) -> dict[str, Any]:
             "vocab_size": m.vocab_size, "activation": m.activation, "norm": m.norm, "norm_eps": m.norm_eps,
             "position_embedding": m.position_embedding, "rope_theta": m.rope_theta, "rope_scaling": m.rope_scaling,
             "rope_scaling_factor": m.rope_scaling_factor, "tied_embeddings": m.tied_embeddings, "bias": m.bias,
-            "init_std": m.init_std, "seq_len": inp.job.seq_len}
+            "init_std": m.init_std, "seq_len": inp.job.seq_len,
+            **({"rotary_fraction": m.rotary_fraction} if m.rotary_fraction < 1 else {}),
+            **({"parallel_block": True} if m.parallel_block else {})}
 
 
 def _run(inp: EmitInput) -> dict[str, Any]:

@@ -99,6 +99,11 @@ def _model_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
         flags.append(("--swiglu", None))
     if m.position_embedding == "rope":
         flags += [("--position-embedding-type", "rope"), ("--max-position-embeddings", str(job.seq_len))]
+    elif m.position_embedding == "alibi":
+        warn.append("ALiBi: megatron-core 0.16 has no ALiBi (Megatron-LM offers rope, learned_absolute, mrope and "
+                    "none); emitted --position-embedding-type none, the cost predicted, but another model: no "
+                    "position signal besides the causal mask")
+        flags += [("--position-embedding-type", "none"), ("--max-position-embeddings", str(job.seq_len))]
     else:
         max_pos = m.max_position_embeddings
         if max_pos < job.seq_len:
@@ -121,8 +126,13 @@ def _model_flags(inp: EmitInput, warn: list[str]) -> list[Flag]:
     flags += [("--norm-epsilon", float_text(m.norm_eps)), ("--init-method-std", float_text(m.init_std))]
     if m.position_embedding == "rope":
         flags.append(("--rotary-base", str(round(m.rope_theta))))
+        if m.rotary_fraction < 1:
+            flags.append(("--rotary-percent", float_text(m.rotary_fraction)))
         if m.rope_scaling == "llama3":  # Megatron's apply_rope_scaling: Llama 3.1's low 1, high 4, original 8192
             flags += [("--use-rope-scaling", None), ("--rope-scaling-factor", float_text(m.rope_scaling_factor))]
+    if m.parallel_block:
+        warn.append("parallel block: megatron-core 0.16 builds attention then MLP in sequence (it has no parallel-"
+                    "residual option), so this config trains that variant: same parameters and predicted cost")
     if not m.causal:
         warn.append("the model is not causal; pretrain_gpt.py trains a causal decoder (bidirectional models "
                     "use pretrain_bert.py)")

@@ -226,7 +226,9 @@ def _model_warnings(inp: EmitInput, fmt: str) -> list[str]:
         (f"{m.position_embedding} positions", m.position_embedding != "rope"), (f"{m.bias} biases", m.bias != "none"),
         ("dropout", m.dropout), ("bidirectional attention", not m.causal),
         (f"head_dim {m.head_dim} != dim / heads", m.head_dim * m.num_heads != m.hidden_size),
-        ("logit soft-capping", bool(m.attn_logit_softcap or m.final_logit_softcap))) if bad]
+        ("logit soft-capping", bool(m.attn_logit_softcap or m.final_logit_softcap)),
+        ("attention beside the MLP (a parallel block)", m.parallel_block),
+        (f"RoPE on {m.rotary_fraction:.0%} of each head", m.rotary_fraction < 1)) if bad]
     if differs:
         out.append(f"model {m.name}: torchtitan's llama3 is a causal RoPE/RMSNorm/SwiGLU decoder without biases or "
                    f"dropout; this model has {', '.join(differs)}, which needs a model of its own")

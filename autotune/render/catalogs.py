@@ -24,6 +24,8 @@ def models_json(models: Sequence[tuple[ModelSpec, Mapping[str, Any]]]) -> dict[s
         "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim, "ffn_hidden_size": m.ffn_hidden_size,
         "vocab_size": m.vocab_size, "activation": m.activation, "norm": m.norm, "tied_embeddings": m.tied_embeddings,
         "bias": m.bias, "position_embedding": m.position_embedding,
+        **({"rotary_fraction": m.rotary_fraction} if m.rotary_fraction < 1 else {}),
+        **({"parallel_block": True} if m.parallel_block else {}),
         **({"catalog_name": m.catalog_name} if m.catalog_name else {}),
         "params_B": rounded(total_params(m) / 1e9), "published_params_B": raw.get("published_params_B"),
         **({"num_experts": m.num_experts, "moe_top_k": m.moe_top_k, "moe_ffn_hidden_size": m.moe_ffn_hidden_size,
@@ -75,10 +77,18 @@ def reading_line(m: ModelSpec) -> str:
     twin = f", the catalog's {m.catalog_name} exactly" if m.catalog_name else ""
     return (f"{gated} MLP, {'LayerNorm' if m.norm == 'layernorm' else 'RMSNorm'}, biases {m.bias}, "
             f"{m.num_heads} query / {m.num_kv_heads} key-value heads of {m.head_dim}, "
-            f"{'RoPE' if m.position_embedding == 'rope' else 'learned positions'}, "
+            f"{position_label(m)}, "
+            + ("attention beside the MLP (costed as in sequence), " if m.parallel_block else "") +
             f"{'tied' if m.tied_embeddings else 'untied'} embeddings{window}"
             + (", query/key norms" if m.qk_norm else "") + (f", MTP {m.mtp_layers}" if m.mtp_layers else "")
             + f"{twin}; {total_params(m) / 1e9:.2f}B parameters")
+
+
+def position_label(m: ModelSpec) -> str:
+    """The position encoding in words: RoPE (on the share of each head it rotates), learned, or ALiBi."""
+    if m.position_embedding == "rope":
+        return "RoPE" + (f" on {m.rotary_fraction:.0%} of each head" if m.rotary_fraction < 1 else "")
+    return "ALiBi" if m.position_embedding == "alibi" else "learned positions"
 
 
 def source_clause(source: str) -> str:

@@ -3,7 +3,7 @@ document, which `plan --json` extends."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -49,9 +49,20 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
         "overlap": {"grads_after_backward": est.grads_after_backward, "p2p_waited_share": rounded(est.p2p_exposed)},
         "stages": [_stage_json(s) for s in est.stages],
         "operators": {c: rounded(t) for c, t in est.op_seconds},
-        "model_spec": asdict(model),
+        "model_spec": model_spec_json(model),
         "job": job_json(model, hw, job, est.plan.num_gpus),
     }
+
+
+#: ModelSpec fields newer than the plan documents autotune 0.x already wrote, written only where they differ from
+#: their default, so that an earlier release still reads the plan of a model without them (its reader is strict)
+_WRITTEN_WHEN_SET = ("rotary_fraction", "parallel_block")
+
+
+def model_spec_json(model: ModelSpec) -> dict[str, Any]:
+    """The model's shape as a plan document records it (emit/document.py reads it back)."""
+    defaults = {f.name: f.default for f in fields(ModelSpec)}
+    return {k: v for k, v in asdict(model).items() if k not in _WRITTEN_WHEN_SET or v != defaults[k]}
 
 
 def job_json(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int) -> dict[str, Any]:

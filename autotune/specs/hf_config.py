@@ -9,8 +9,8 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.specs._strict import shown
-from autotune.specs.hf_families import (PLAIN_MLP_TYPES, STATE_SPACE_KEYS, bias_of, family_keys, kv_heads,
-                                        model_from_gpt2_config, norm_of, switch)
+from autotune.specs.hf_families import (PLAIN_MLP_TYPES, STATE_SPACE_KEYS, bias_of, block_keys, family_keys,
+                                        kv_heads, model_from_gpt2_config, norm_of, switch)
 from autotune.specs.model import ModelSpec, model_from_dict
 
 
@@ -103,6 +103,7 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         spec["mtp_layers"] = data["num_nextn_predict_layers"]
     spec.update(moe)
     spec.update(_hf_window_and_clamp(data, model_type, where))
+    spec.update(block_keys(data, model_type, spec.get("head_dim"), where))
     if model_type == "opt":  # a learned table with OPT's 2-row offset
         spec.update(position_embedding="learned", max_position_embeddings=data.get("max_position_embeddings", 2048) + 2)
     if model_type == "bert":

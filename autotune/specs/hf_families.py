@@ -28,6 +28,48 @@ _BIASED_TYPES = ("gpt_neox", "starcoder2", "phi", "bloom", "opt", "codegen")
 STATE_SPACE_KEYS = ("mamba_d_state", "mamba_expand", "state_size", "ssm_cfg", "attn_layer_period")
 
 
+#: Families whose block runs attention and the MLP side by side on one input and adds both to the residual
+#: (transformers' GPTJBlock, CodeGenBlock, PhiDecoderLayer, CohereDecoderLayer); GPT-NeoX and StableLM by
+#: use_parallel_residual (default true, false), Falcon by parallel_attn (default true)
+_PARALLEL_TYPES = ("gptj", "codegen", "phi", "cohere", "cohere2")
+_PARALLEL_KEYS = {"gpt_neox": ("use_parallel_residual", True), "stablelm": ("use_parallel_residual", False),
+                  "falcon": ("parallel_attn", True)}
+#: The share of a head RoPE rotates where config.json leaves partial_rotary_factor (rotary_pct) out: the
+#: families' transformers defaults (GPTNeoXConfig 0.25, PhiConfig 0.5, StableLmConfig 0.25, PersimmonConfig 0.5)
+_ROTARY_DEFAULTS = {"gpt_neox": 0.25, "phi": 0.5, "stablelm": 0.25, "persimmon": 0.5}
+
+
+def block_keys(data: dict[str, Any], model_type: str, head_dim: Any, where: str) -> dict[str, Any]:
+    """The block's arrangement and position encoding where a family departs from Llama's: a parallel block,
+    RoPE on part of each head (rotary_dim of head_dim for GPT-J and CodeGen, default 64; partial_rotary_factor
+    or GPT-NeoX's rotary_pct), ALiBi (BLOOM; Falcon with alibi true)."""
+    out: dict[str, Any] = {}
+    keyed = _PARALLEL_KEYS.get(model_type)
+    if model_type in _PARALLEL_TYPES or (keyed and switch(data, keyed[0], keyed[1], where)):
+        out["parallel_block"] = True
+    if model_type == "bloom" or (model_type == "falcon" and switch(data, "alibi", False, where)):
+        return {**out, "position_embedding": "alibi"}
+    if model_type in ("gptj", "codegen"):
+        rotary_dim = data.get("rotary_dim", 64)
+        share = 1.0 if rotary_dim is None or not isinstance(head_dim, int) else _share(rotary_dim, "rotary_dim",
+                                                                                       where) / head_dim
+    else:
+        key = next((k for k in ("partial_rotary_factor", "rotary_pct") if data.get(k) is not None), None)
+        share = _share(data[key], key, where) if key else _ROTARY_DEFAULTS.get(model_type, 1.0)
+    if not 0 < share <= 1:
+        raise SpecError(f"{where}: rotary_dim {data.get('rotary_dim')} exceeds the head width {head_dim}; lower it")
+    return {**out, "rotary_fraction": share} if share < 1 else out
+
+
+def _share(value: Any, key: str, where: str) -> float:
+    """A positive number from config.json (a rotary share or width)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise SpecError(f"{where}: {key} must be a number > 0, got {shown(value)}")
+    if key != "rotary_dim" and value > 1:
+        raise SpecError(f"{where}: {key} {value:g} must be a share of the head in (0, 1]; fix it")
+    return float(value)
+
+
 def kv_heads(data: dict[str, Any], model_type: str) -> Any:
     """Key/value heads: num_key_value_heads; Falcon's as FalconAttention takes them: num_kv_heads (default: every
     head) with new_decoder_architecture or without multi_query (default true), else one."""
@@ -103,6 +145,9 @@ def model_from_gpt2_config(data: dict[str, Any], where: str) -> ModelSpec:
     if rotary:  # GPT-J and CodeGen rotate (part of) each head and keep no position table; untied by default
         spec["position_embedding"] = "rope"
         del spec["max_position_embeddings"]
+        n_head = data["n_head"]
+        spec.update(block_keys(data, str(data.get("model_type", "")), hidden // n_head if isinstance(hidden, int) and
+                               isinstance(n_head, int) and n_head > 0 else None, where))
     return model_from_dict(spec, where)
 
 

@@ -7,14 +7,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from autotune.errors import SpecError
-from autotune.specs._strict import boolean, check_keys, choice, nonneg_float, positive_float, positive_int, shown
+from autotune.specs._strict import (boolean, check_keys, choice, fraction, nonneg_float, positive_float, positive_int,
+                                    shown)
 from autotune.specs.limits import MAX_LAYERS, check_max, check_name, int_maximum
 
 Activation = Literal["gelu", "swiglu", "geglu"]
 ACTIVATIONS = ("gelu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 BIASES = ("none", "qkv", "all")
-POSITIONS = ("rope", "learned")
+POSITIONS = ("rope", "learned", "alibi")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,10 +50,15 @@ class ModelSpec:
     """Whether dropout layers exist (they store 1-byte masks, Korthikanti et al. 2022)."""
     causal: bool = True
     """Causal (decoder) attention; flash attention then skips the masked half of the score matrix."""
-    position_embedding: Literal["rope", "learned"] = "rope"
-    """Rotary embeddings (an element-wise op per layer) or a learned table (max_position x h weights)."""
+    position_embedding: Literal["rope", "learned", "alibi"] = "rope"
+    """Rotary embeddings (an element-wise op per layer), a learned table (max_position x h weights) or ALiBi's
+    per-head score bias (BLOOM: no weights, no op of its own: flash attention adds it in-kernel)."""
     max_position_embeddings: int = 0
-    """Rows of the learned position table (0 for rope)."""
+    """Rows of the learned position table (0 otherwise)."""
+    rotary_fraction: float = 1.0
+    """Share of each head RoPE rotates (Pythia 0.25, Phi-2 0.4); costed whole: the kernel reads whole heads."""
+    parallel_block: bool = False
+    """Attention and MLP side by side on one input (GPT-J, NeoX, Falcon): costed (and emitted) as sequential."""
     # ---- mixture of experts (all 0 for a dense model: nothing below changes a dense model's costs)
     num_experts: int = 0
     """Routed experts per MoE layer (0 = dense MLP in every layer)."""
@@ -201,7 +207,7 @@ _REQUIRED = ("name", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size"
              "norm", "tied_embeddings")
 _OPTIONAL = ("schema", "num_kv_heads", "head_dim", "bias", "dropout", "causal", "position_embedding",
              "max_position_embeddings", "source", "catalog_name", "published_params_B", "description", "rope_theta",
-             "rope_scaling", "rope_scaling_factor", "norm_eps", "init_std")
+             "rope_scaling", "rope_scaling_factor", "norm_eps", "init_std", "rotary_fraction", "parallel_block")
 ROPE_SCALINGS = ("none", "llama3", "yarn", "linear")
 #: More multi-token prediction modules than any published model trains (DeepSeek-V3: 1)
 MAX_MTP_LAYERS = 16
@@ -338,6 +344,9 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
     max_pos = positive_int(data, "max_position_embeddings", where) if "max_position_embeddings" in data else 0
     if position == "learned" and not max_pos:
         raise SpecError(f"{where}: position_embedding 'learned' needs max_position_embeddings")
+    rotary = fraction(data, "rotary_fraction", where) if "rotary_fraction" in data else 1.0
+    if rotary < 1 and position != "rope":
+        raise SpecError(f"{where}: rotary_fraction {rotary:g} needs position_embedding 'rope'; drop it")
     moe = _moe_fields(data, positive_int(data, "num_layers", where), where)
     activation = choice(data, "activation", ACTIVATIONS, where)
     causal = boolean(data, "causal", where) if "causal" in data else True
@@ -347,8 +356,7 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
         kv, head_dim = heads, moe["qk_nope_head_dim"] + moe["qk_rope_head_dim"]
     mtp = _count(data, "mtp_layers", where) if "mtp_layers" in data else 0
     if mtp and not causal:
-        raise SpecError(f"{where}: mtp_layers {mtp} predicts later tokens of a causal language model; drop it or "
-                        "set causal true")
+        raise SpecError(f"{where}: mtp_layers {mtp} needs a causal language model; drop it or set causal true")
     return ModelSpec(
         name=check_name(data["name"], "name", where),
         num_layers=check_max(positive_int(data, "num_layers", where), MAX_LAYERS, "num_layers", where),
@@ -368,6 +376,8 @@ def model_from_dict(data: dict[str, Any], where: str) -> ModelSpec:
         mtp_layers=check_max(mtp, MAX_MTP_LAYERS, "mtp_layers", where),
         position_embedding=position,  # type: ignore[arg-type]
         max_position_embeddings=max_pos,
+        rotary_fraction=rotary, parallel_block=boolean(data, "parallel_block", where) if "parallel_block" in data
+        else False,
         source=data.get("source", ""),
         catalog_name=check_name(data["catalog_name"], "catalog_name", where) if data.get("catalog_name") else "",
         rope_theta=positive_float(data, "rope_theta", where) if "rope_theta" in data else 10000.0,

@@ -622,3 +622,25 @@ def test_routing_imbalance_comes_from_the_flag_the_config_or_the_header() -> Non
         notes: list[str] = []
         assert _routing(reading, given, notes) == expected
         assert [n[:len(note)] for n in notes] == ([note] if note else [])
+
+
+def test_partial_rope_and_a_parallel_block_are_read_back() -> None:
+    """--rotary-percent (Megatron-LM) and ds_pipeline.json's rotary_fraction / parallel_block (emit/deepspeed.py's
+    model block) come back as the model's; a share outside (0, 1] is refused in the flag's own terms."""
+    flags = "--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 128 --use-rotary-position-embeddings"
+    assert read_megatron(f"{flags} --rotary-percent 0.25\n").model_soft["rotary_fraction"] == 0.25
+    for bad in ("1.5", "0", "nan"):
+        with pytest.raises(SpecError, match=f"--rotary-percent '{bad}': expected a share of each head in"):
+            read_megatron(f"{flags} --rotary-percent {bad}\n")
+    config = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+              "bf16": {"enabled": True}}
+    model = {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 8,
+             "head_dim": 128, "ffn_hidden_size": 4096, "vocab_size": 50432, "activation": "gelu", "norm": "layernorm",
+             "position_embedding": "rope", "rotary_fraction": 0.25, "parallel_block": True}
+    pipeline = {"num_stages": 2, "mpu": {"tensor_model_parallel_size": 1}, "model": model}
+    r = read_deepspeed(config, pipeline, 16, "ds.json")
+    assert (r.model_fields["parallel_block"], r.model_soft["rotary_fraction"]) == (True, 0.25)
+    with pytest.raises(SpecError, match="rotary_fraction must be a share of each head in"):
+        read_deepspeed(config, {**pipeline, "model": {**model, "rotary_fraction": 2}}, 16, "ds.json")
+    with pytest.raises(SpecError, match="parallel_block must be true or false"):
+        read_deepspeed(config, {**pipeline, "model": {**model, "parallel_block": "yes"}}, 16, "ds.json")

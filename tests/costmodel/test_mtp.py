@@ -129,7 +129,7 @@ def test_vocabulary_parallelism_cannot_split_the_module() -> None:
     ({"mtp_layers": -1}, "mtp_layers must be a whole number >= 0"),
     ({"mtp_layers": 1.5}, "mtp_layers must be a whole number >= 0"),
     ({"mtp_layers": 17}, "mtp_layers 17 exceeds the maximum of 16"),
-    ({"mtp_layers": 1, "causal": False}, "mtp_layers 1 predicts later tokens of a causal language model")])
+    ({"mtp_layers": 1, "causal": False}, "mtp_layers 1 needs a causal language model")])
 def test_bad_mtp_fields_name_the_field(changes, message) -> None:
     data = {"name": "m", "num_layers": 4, "hidden_size": 256, "num_heads": 4, "ffn_hidden_size": 512,
             "vocab_size": 1000, "activation": "swiglu", "norm": "rmsnorm", "tied_embeddings": False, **changes}

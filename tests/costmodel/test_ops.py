@@ -235,3 +235,17 @@ def test_megatron_weight_gradients_read_and_write_the_fp32_main_gradient():
         assert by_name["expert_up_wgrad"].bytes == 1e6 + extra * 16 * 2880 * 5760
         assert by_name["expert_up_dgrad"].bytes == by_name["qk_scores_wgrad"].bytes == 1e6
     assert {op.name: op.bytes for op in ops.backward_ops((up,), gpt_model(), plain)}["expert_up_wgrad"] == 1e6
+
+
+def test_alibi_has_no_rope_op_and_partial_rope_costs_the_whole_heads():
+    """ALiBi (BLOOM) adds its bias inside the attention kernel: the layer loses exactly the RoPE op and nothing
+    else. RoPE on part of each head (Pythia's rotary_pct 0.25) is costed as whole-head RoPE: the fused kernel
+    (Transformer Engine's, and megatron-core's apply_rotary_pos_emb) reads and writes every head whole, passing
+    the unrotated dimensions through."""
+    model = replace(gpt_model(), position_embedding="rope")
+    rope = ops.layer_forward_ops(model, _shape())
+    alibi = ops.layer_forward_ops(replace(model, position_embedding="alibi"), _shape())
+    partial = ops.layer_forward_ops(replace(model, rotary_fraction=0.25), _shape())
+    assert [op.name for op in rope if op.name not in {o.name for o in alibi}] == ["rope"]
+    assert [op for op in rope if op.name != "rope"] == list(alibi)
+    assert list(partial) == list(rope)

@@ -103,6 +103,7 @@ def train(argv_file: str, steps: int) -> None:
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
             share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,
             position_embedding_type=a.position_embedding_type, rotary_base=a.rotary_base,
+            rotary_percent=a.rotary_percent,
             vp_stage=vp if v.vpp > 1 else None))
     layers = [sum(1 for _ in c.decoder.layers) if hasattr(c, "decoder") else 0 for c in chunks]
     params = [p for c in chunks for p in c.parameters()]

@@ -47,7 +47,8 @@ _FLAGS: tuple[tuple[str, str, dict], ...] = (
     ("--disable-bias-linear", "false", {"dest": "add_bias_linear"}), ("--add-qkv-bias", "true", {}),
     ("--attention-dropout", "float", {"default": 0.1}), ("--hidden-dropout", "float", {"default": 0.1}),
     ("--norm-epsilon", "float", {"default": 1e-5}), ("--init-method-std", "float", {"default": 0.02}),
-    ("--rotary-base", "int", {"default": 10000}), ("--use-rope-scaling", "true", {}),
+    ("--rotary-base", "int", {"default": 10000}), ("--rotary-percent", "float", {"default": 1.0}),
+    ("--use-rope-scaling", "true", {}),
     ("--rope-scaling-factor", "float", {"default": 8.0}),
     # data and tokenizer
     ("--mock-data", "true", {}),

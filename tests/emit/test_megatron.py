@@ -99,7 +99,8 @@ def assert_matches_plan(inp: EmitInput, v: Validated, world_size: int) -> None:
         assert v.padded_vocab == m.vocab_size
     if not getattr(a, "enable_vocab_parallel", False):  # the fork's core 0.9 has no --attention-backend
         assert a.attention_backend == ("fused" if inp.job.flash_attention else "unfused")
-    assert a.position_embedding_type == ("rope" if m.position_embedding == "rope" else "learned_absolute")
+    assert a.position_embedding_type == {"rope": "rope", "alibi": "none"}.get(m.position_embedding, "learned_absolute")
+    assert a.rotary_percent == (m.rotary_fraction if m.position_embedding == "rope" else 1.0)
 
 
 def _validate(inp: EmitInput) -> None:
@@ -393,6 +394,27 @@ def test_warnings_for_what_megatron_cannot_express() -> None:
               Plan(tp=2, pp=1, cp=2, dp=2, mbs=1, num_microbatches=4, layers_per_stage=(32,)))
     assert any("--attention-backend fused" in w for w in _warnings(cp))
     assert validate_args(megatron_argv(cp), 8).args.attention_backend == "fused"
+
+
+def test_block_and_position_encoding_a_megatron_config_can_and_cannot_express() -> None:
+    """RoPE on part of each head is --rotary-percent (Megatron-LM's flag, GPTModel's rotary_percent); megatron-core
+    0.16 has neither a parallel attention/MLP block nor ALiBi, so those configs train a sequential block and no
+    position encoding (--position-embedding-type none, the cost predicted), each with a warning; the launch
+    validates either way."""
+    base = GOLDEN["even"]
+    neox = replace(base, model=replace(base.model, rotary_fraction=0.25, parallel_block=True, name="neox-like"))
+    alibi = replace(base, model=replace(base.model, position_embedding="alibi", name="bloom-like"))
+    argv = megatron_argv(neox)
+    assert argv[argv.index("--rotary-percent") + 1] == "0.25"
+    assert [w for w in _warnings(neox) if w.startswith("parallel block:")] and not [
+        w for w in _warnings(neox) if "ALiBi" in w]
+    argv = megatron_argv(alibi)
+    assert argv[argv.index("--position-embedding-type") + 1] == "none"
+    assert "--rotary-percent" not in argv and "--rotary-base" not in argv
+    assert any(w.startswith("ALiBi: megatron-core 0.16 has no ALiBi") for w in _warnings(alibi))
+    assert "--rotary-percent" not in megatron_argv(base)
+    _validate(neox)
+    _validate(alibi)
 
 
 def test_unfused_kernels_and_fp8() -> None:

@@ -515,3 +515,20 @@ def test_the_memory_warning_judges_what_the_toml_runs_as_the_header_does():
     assert asked and all(p.sequence_parallel for p in asked)
     cli = emit("torchtitan", inp, torchtitan_format="cli")  # the 0.3.0 CLI runs the plan as planned: it fits
     assert not any("run out of memory" in w for w in cli.warnings)
+
+
+@pytest.mark.parametrize("fmt", ["cli", "toml"])
+def test_blocks_and_positions_llama3_cannot_build_are_named(fmt):
+    """torchtitan's llama3 rotates whole heads with RoPE and runs attention then MLP: a GPT-NeoX-style model (RoPE
+    on a quarter of each head, attention beside the MLP) or an ALiBi one needs a model of its own, and the warning
+    says which of these it has."""
+    base = GOLDEN["even"]
+    neox = dataclasses.replace(base, model=dataclasses.replace(base.model, name="neox-like", rotary_fraction=0.25,
+                                                               parallel_block=True))
+    alibi = dataclasses.replace(base, model=dataclasses.replace(base.model, name="bloom-like",
+                                                                position_embedding="alibi"))
+    said = [w for w in emit_torchtitan(neox, fmt=fmt).warnings if "needs a model of its own" in w]
+    assert len(said) == 1 and "attention beside the MLP (a parallel block)" in said[0]
+    assert "RoPE on 25% of each head" in said[0]
+    assert any("alibi positions" in w for w in emit_torchtitan(alibi, fmt=fmt).warnings)
+    assert not any("needs a model of its own" in w for w in emit_torchtitan(base, fmt=fmt).warnings)

@@ -30,10 +30,11 @@ from autotune.specs.plan import Plan  # noqa: E402
 from .megatron_validate import run_launch_script  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "megatron_train.py"
-#: Llama 3's layout at a tiny size: GQA, SwiGLU, RMSNorm, RoPE base 500000, untied; vocabulary 64.
+#: Llama 3's layout at a tiny size: GQA, SwiGLU, RMSNorm, RoPE base 500000, untied; vocabulary 64. RoPE turns
+#: half of each head (--rotary-percent 0.5, as GPT-NeoX's rotary_pct does) so that flag trains through GPTModel too.
 TINY_LLAMA = ModelSpec(name="tiny-llama", num_layers=4, hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
                        ffn_hidden_size=64, vocab_size=64, activation="swiglu", norm="rmsnorm", tied_embeddings=False,
-                       rope_theta=500000.0)
+                       rope_theta=500000.0, rotary_fraction=0.5)
 #: All on 4 processes, trained in one start-up: 1F1B, interleaved, tp (each with data parallelism), tp x pp.
 CASES = {
     "pp2-dp2-1f1b": Plan(tp=1, pp=2, dp=2, mbs=1, num_microbatches=4, zero=0, layers_per_stage=(2, 2)),

@@ -46,7 +46,8 @@ def test_plain_gelu_layernorm_families_match_their_published_totals(config, publ
     m = model_from_hf_config(config, "config.json")
     assert (m.activation, m.norm, m.bias) == ("gelu", "layernorm", "all")
     assert total_params(m) == pytest.approx(published, rel=rel)
-    assert m.position_embedding == ("learned" if config["model_type"] in ("opt", "gpt_bigcode") else "rope")
+    assert m.position_embedding == {"opt": "learned", "gpt_bigcode": "learned", "bloom": "alibi"}.get(
+        config["model_type"], "rope")
     assert m.num_kv_heads == (1 if config.get("multi_query") else m.num_heads if "num_key_value_heads" not in config
                               else config["num_key_value_heads"])
 
@@ -149,3 +150,56 @@ def test_olmo2_normalizes_its_queries_and_keys():
     model = model_from_hf_config(olmo2, "config.json")
     assert model.qk_norm and (model.activation, model.norm) == ("swiglu", "rmsnorm")
     assert not model_from_hf_config({**olmo2, "model_type": "olmo"}, "config.json").qk_norm
+
+
+#: microsoft/phi-2's config.json (partial_rotary_factor 0.4; PhiDecoderLayer adds attention and MLP together)
+PHI_2 = {"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240, "num_attention_heads": 32,
+         "num_hidden_layers": 32, "vocab_size": 51200, "partial_rotary_factor": 0.4, "hidden_act": "gelu_new",
+         "tie_word_embeddings": False}
+#: stabilityai/stablelm-2-1_6b's config.json (partial_rotary_factor 0.25, use_parallel_residual false)
+STABLELM_2 = {"model_type": "stablelm", "hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 32,
+              "num_key_value_heads": 32, "num_hidden_layers": 24, "vocab_size": 100352, "partial_rotary_factor": 0.25,
+              "use_parallel_residual": False, "hidden_act": "silu"}
+FALCON_7B = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
+             "vocab_size": 65024, "multi_query": True, "parallel_attn": True, "alibi": False, "bias": False}
+
+
+@pytest.mark.parametrize(("config", "position", "rotary", "parallel"), [
+    (GPT_NEOX_20B, "rope", 0.25, True),  # rotary_pct 0.25, use_parallel_residual true
+    ({k: v for k, v in GPT_NEOX_20B.items() if k not in ("rotary_pct", "use_parallel_residual")}, "rope", 0.25,
+     True),  # GPTNeoXConfig's defaults: rotary_pct 0.25, use_parallel_residual true
+    ({**GPT_NEOX_20B, "use_parallel_residual": False, "partial_rotary_factor": 0.5}, "rope", 0.5, False),
+    (GPT_J_6B, "rope", 64 / 256, True),  # rotary_dim 64 of a 4096/16 = 256-wide head; GPTJBlock is parallel
+    ({**GPT_J_6B, "rotary_dim": None}, "rope", 1.0, True),  # null: GPT-J rotates the whole head
+    (PHI_2, "rope", 0.4, True), ({k: v for k, v in PHI_2.items() if k != "partial_rotary_factor"}, "rope", 0.5, True),
+    (STABLELM_2, "rope", 0.25, False),
+    (FALCON_7B, "rope", 1.0, True), ({**FALCON_7B, "parallel_attn": False}, "rope", 1.0, False),
+    ({**FALCON_7B, "alibi": True}, "alibi", 1.0, True),  # tiiuae/falcon-rw-1b style
+    (BLOOM_176B, "alibi", 1.0, False),
+    ({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "vocab_size": 100}, "rope", 1.0, False),
+], ids=["neox", "neox-defaults", "neox-sequential", "gptj", "gptj-full", "phi2", "phi-default", "stablelm",
+        "falcon", "falcon-sequential", "falcon-alibi", "bloom", "llama"])
+def test_block_arrangement_and_position_encoding_are_read(config, position, rotary, parallel):
+    """What the cost model costs as Llama's block but a launch config must say or warn about: RoPE on part of
+    each head (transformers' partial_rotary_factor / rotary_pct / rotary_dim, with each config class's default),
+    attention beside the MLP, ALiBi instead of RoPE."""
+    m = model_from_hf_config(config, "config.json")
+    assert (m.position_embedding, m.rotary_fraction, m.parallel_block) == (position, pytest.approx(rotary), parallel)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"rotary_pct": 1.5}, "rotary_pct 1.5 must be a share of the head in (0, 1]"),
+    ({"rotary_pct": 0}, "rotary_pct must be a number > 0, got 0"),
+    ({"rotary_pct": "quarter"}, "rotary_pct must be a number > 0"),
+    ({"use_parallel_residual": "yes"}, "use_parallel_residual"),
+])
+def test_bad_block_keys_are_one_line_errors_naming_the_key(change, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")
+                       .replace("[", r"\[").replace(".", r"\.")):
+        model_from_hf_config({**GPT_NEOX_20B, **change}, "config.json")
+
+
+def test_a_rotary_dim_wider_than_the_head_is_refused():
+    with pytest.raises(SpecError, match="rotary_dim 512 exceeds the head width 256"):
+        model_from_hf_config({**GPT_J_6B, "rotary_dim": 512}, "config.json")

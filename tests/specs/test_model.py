@@ -22,6 +22,17 @@ def test_minimal_model_gets_documented_defaults():
     assert m.q_width == m.kv_width == 256 and not m.gated
 
 
+def test_block_and_position_keys_of_a_model_file():
+    """A Pythia-style block (RoPE on a quarter of each head, attention beside the MLP) and ALiBi; the defaults are
+    Llama's (whole-head RoPE, attention then MLP)."""
+    neox = model_from_dict({**BASE, "rotary_fraction": 0.25, "parallel_block": True}, "m.json")
+    alibi = model_from_dict({**BASE, "position_embedding": "alibi"}, "m.json")
+    plain = model_from_dict(dict(BASE), "m.json")
+    assert (neox.rotary_fraction, neox.parallel_block, plain.rotary_fraction, plain.parallel_block) == (
+        0.25, True, 1.0, False)
+    assert (alibi.position_embedding, alibi.max_position_embeddings) == ("alibi", 0)
+
+
 def test_unknown_keys_are_rejected_and_named():
     with pytest.raises(SpecError, match=r"m\.json: unknown key\(s\) hiden_size, rope_base"):
         model_from_dict({**BASE, "hiden_size": 1, "rope_base": 1e4}, "m.json")
@@ -42,6 +53,11 @@ def test_missing_keys_are_rejected_and_named():
     ({"num_layers": 0}, "num_layers must be > 0"),
     ({"num_layers": 2.5}, "num_layers must be a whole number"),
     ({"tied_embeddings": "yes"}, "tied_embeddings must be true or false"),
+    ({"rotary_fraction": 1.5}, r"rotary_fraction must be in \(0, 1\], got 1\.5"),
+    ({"rotary_fraction": 0}, "rotary_fraction must be a number > 0"),
+    ({"rotary_fraction": 0.5, "position_embedding": "alibi"}, "rotary_fraction 0.5 needs position_embedding 'rope'"),
+    ({"parallel_block": 1}, "parallel_block must be true or false"),
+    ({"position_embedding": "nope"}, "position_embedding must be one of rope, learned, alibi"),
 ])
 def test_bad_values_name_the_field(change, message):
     with pytest.raises(SpecError, match=message):
