@@ -206,16 +206,23 @@ class Shell:
         if op is None:
             return [value or ""]
         if op == "+":
-            return ["" if unset else " ".join(self.expand_text(word))]
+            return ["" if unset else self._word(word)]
         if not unset:
             return [value or ""]
-        default = " ".join(self.expand_text(word))
+        default = self._word(word)
         if op == "=":
             self.scalars[name] = default
         elif op == "?":
             self.notes.append(f"${name} is required and has no default; read as empty")
             return [""]
         return [default]
+
+    def _word(self, word: str) -> str:
+        """The word of ${name:-word} after bash's expansion and quote removal (`${X:-"v"}` is v): a '...' part
+        literal, a "..." or bare part expanded."""
+        parts = re.finditer(r"'([^']*)'|\"((?:\\.|[^\"\\])*)\"|((?:\\.|[^'\"\\])+|\\.?)", word, re.S)
+        return "".join(single if single is not None else " ".join(self.expand_text(double if bare is None else bare))
+                       for single, double, bare in (m.groups() for m in parts))
 
     def _paren(self, text: str) -> list[str]:
         if text.startswith("((") and text.endswith("))"):
@@ -242,8 +249,9 @@ class Shell:
         except Exception:  # noqa: BLE001 (any failure: not an expression we follow)
             return None
 
-    def expand(self, word: Word) -> list[str]:
-        """A word's fields: quoted parts are not split, unquoted ones are split on blanks."""
+    def expand(self, word: Word, split: bool = True) -> list[str]:
+        """A word's fields: quoted parts are not split, unquoted ones are split on blanks (not in an assignment,
+        split False, where bash splits nothing: X=$Y keeps Y's blanks)."""
         out: list[str] = []
         cur: str | None = None
         for kind, text in word.parts:
@@ -251,7 +259,7 @@ class Shell:
                 pieces = [text]
             else:
                 pieces = self.expand_text(text)
-                if kind == "uq":
+                if kind == "uq" and split:
                     pieces = [w for p in pieces for w in p.split()]
             for k, piece in enumerate(pieces):
                 if k == 0 and cur is not None:

@@ -119,7 +119,7 @@ def _assign(shell: Shell, cmd: Command) -> list[Word]:
             break
         value = Word(((words[0].parts[0][0], words[0].parts[0][1][len(m.group(1)) + len(m.group(2)) + 1:]),
                       *words[0].parts[1:]))
-        text = "".join(shell.expand(value)) if value.parts[0][1] or len(value.parts) > 1 else ""
+        text = " ".join(shell.expand(value, split=False)) if value.parts[0][1] or len(value.parts) > 1 else ""
         shell.scalars[m.group(1)] = (shell.scalars.get(m.group(1), "") if m.group(2) else "") + text
         words = words[1:]
     return [] if declare else words

@@ -17,6 +17,7 @@ both become one nested dict and one mapping, the inverse of autotune/emit/torcht
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import replace
 from typing import Any
@@ -49,7 +50,8 @@ KNOWN = {
                     "pipeline_parallel_split_points", "context_parallel_rotate_method", "expert_parallel_degree",
                     "expert_tensor_parallel_degree"},
     "compile": {"enable", "enable_async_tensor_parallel", "components", "backend"},
-    "activation_checkpoint": {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns"},
+    "activation_checkpoint": {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns",
+                              "memory_budget", "visualize_memory_budget_pareto"},
     "model": {"name", "flavor", "converters", "tokenizer_path", "hf_assets_path", "norm_type"},
 }
 SCHEDULES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "v-half"}
@@ -118,8 +120,7 @@ def read_overrides(text: str) -> Reading:
             if word == "--config" and values:
                 config, model = values[0], CONFIGS.get(values[0])
                 if model is None and values[0]:
-                    notes.append(f"--config {values[0]}: not a torchtitan config function autotune knows; the model "
-                                 "comes from --model")
+                    notes.append(_unknown_config_note(values[0]))
         elif word in NEUTRAL_OPTIONS:
             pass
         elif word.startswith("--") and "." in word:
@@ -272,13 +273,15 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
         raise SpecError(f"training.local_batch_size {lbs} is not a multiple of "
                         f"parallelism.pipeline_parallel_microbatch_size {mbs}")
     layers, vpp, split, extra = _pipeline(tree, pp, schedule)
-    mode = _get(tree, "activation_checkpoint", "mode", str, "selective")
+    mode = _get(tree, "activation_checkpoint", "mode", str, "selective").replace("-", "_")
     option = str(tree.get("activation_checkpoint", {}).get("selective_ac_option", "op"))
     recompute, recompute_every = {"none": ("none", None), "full": ("full", None)}.get(mode, ("selective", None))
     if mode == "selective" and option.isdigit():
         recompute, recompute_every = "full", int(option)
+    elif mode == "memory_budget":
+        recompute = _memory_budget(tree, notes)
     elif mode not in ("none", "full", "selective"):
-        raise SpecError(f"activation_checkpoint.mode {mode!r}: use none, selective or full")
+        raise SpecError(f"activation_checkpoint.mode {mode!r}: use none, selective, full or memory_budget")
     async_tp = bool(_get(tree, "compile", "enable_async_tensor_parallel", bool, False)
                     or _get(tree, "parallelism", "enable_async_tensor_parallel", bool, False))
     sp = tp > 1 and (fmt == "toml" or _get(tree, "parallelism", "enable_sequence_parallel", bool, True))
@@ -296,7 +299,36 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
         recompute_every=recompute_every, zero=zero, sequence_parallel=sp,
         tp_overlap=async_tp, layers_per_stage=layers, split=split, split_extra=extra, dtype=dtype,
         fused_kernels=_compiled_model(tree), model_name=model, notes=tuple(notes),
+        moe_imbalance=1.0 if _get(tree, "debug", "moe_force_load_balance", bool, False) else None,
         shard_replicas=replicate if shard != 1 and zero else 1)
+
+
+def _memory_budget(tree: dict[str, Any], notes: list[str]) -> str:
+    """torchtitan 0.3.0's MemoryBudgetAC: torch.compile's partitioner recomputes what keeps the activations within
+    memory_budget (default 0.5) of the way from full checkpointing (0) to none (1). Its choice is the compiler's, so
+    the ends read as full and none, and a budget between them as selective, with a note."""
+    budget = tree.get("activation_checkpoint", {}).get("memory_budget", 0.5)
+    if isinstance(budget, str) and re.fullmatch(r"\d*\.?\d+", budget):  # a command-line value: its text
+        budget = float(budget)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
+        raise SpecError(f"activation_checkpoint.memory_budget must be a number from 0 to 1, got {budget!r}")
+    if budget in (0, 1):
+        return "full" if budget == 0 else "none"
+    notes.append(f"activation_checkpoint memory_budget {budget:g}: torch.compile's partitioner picks what to "
+                 "recompute; costed as selective recomputation")
+    return "selective"
+
+
+def _unknown_config_note(name: str) -> str:
+    """What a config function without a catalog model is read as: its settings where torchtitan_configs lists
+    them, else torchtitan 0.3.0's own defaults (Trainer.Config: local_batch_size 8, seq_len 2048, SelectiveAC),
+    which the function may change."""
+    if config_defaults(name):
+        return f"--config {name}: its model is not in autotune's catalog, so it comes from --model; {name}'s batch, " \
+               "sequence length and checkpointing are read as it sets them"
+    return (f"--config {name}: not a torchtitan config function autotune knows, so the model comes from --model and "
+            "the batch, sequence length and activation checkpointing from the overrides, else torchtitan's defaults "
+            f"(local_batch_size 8, seq_len 2048, selective): give them as overrides to check what {name} sets")
 
 
 #: optimizer.implementation's values (torchtitan 0.3.0 OptimizersContainer.Config; 0.2.x lacks the last)

@@ -109,7 +109,7 @@ def _routing(r: Reading, given: float | None, notes: list[str]) -> float | None:
     if given is not None:
         if r.moe_imbalance is not None:
             notes.append(f"--moe-imbalance {given:g} replaces the config's own routing ({r.moe_imbalance:g}: "
-                         "--moe-router-force-load-balancing)")
+                         "balance forced)")
         return given
     if r.moe_imbalance is None and r.header_imbalance is not None:
         notes.append(f"routing imbalance {r.header_imbalance!r} from autotune's header (the run's, no flag sets it; "

@@ -26,6 +26,10 @@ SCRIPTS = {
     "arith-and-assign": 'N=${N:=3}\nM=$((N * 4))\nexport P=$N Q="q r"\npython pretrain_gpt.py --m $M --n "$N" $Q\n',
     "bash-c": 'TP=${TP:-4}\nexport ARGS="--lr 1"\nsrun --nodes 2 bash -c "python pretrain_gpt.py --tp $TP \\$ARGS"\n',
     "nested-default": 'python pretrain_gpt.py --x "${X:-${Y:-deep}}" --y "a${Z:-b}c" ${E:+set}\n',
+    # quotes inside the default are removed (torchtitan's run_train.sh: TRAIN_FILE=${TRAIN_FILE:-"torchtitan.train"})
+    "quoted-default": 'TP=${TP:-"4"}\nF=${F:-"a b"}\nS=${S:-\'$lit\'}\nQ=${Q-x"y z"w}\n'
+                      'Y="a  b"\nX=$Y\nA=(p q)\nJ=${A[@]}\n'
+                      'python pretrain_gpt.py --tp $TP "$F" $F "$S" "$Q" ${U:+"set"} "${V:-"in dq"}" "$X" "$J"\n',
 }
 
 
