@@ -114,6 +114,19 @@ def _overlap_comm(zero_cfg: dict[str, Any], zero: int, where: str, notes: list[s
     return value or zero not in (1, 2)
 
 
+def _checkpoint_interval(configured: Any, pipeline: dict[str, Any], where: str, notes: list[str]) -> Any:
+    """The interval the pipeline engine runs: the JSON's pipeline.activation_checkpoint_interval where it is
+    above 0, which replaces the PipelineModule's (deepspeed 0.19 runtime/pipe/engine.py PipelineEngine.__init__),
+    else the module's (ds_pipeline.json's)."""
+    module = pipeline.get("activation_checkpoint_interval", 0)
+    if isinstance(configured, int) and not isinstance(configured, bool) and configured > 0:
+        if module != configured:
+            notes.append(f"{where}: pipeline.activation_checkpoint_interval {configured} replaces ds_pipeline.json's "
+                         f"{module!r}, as DeepSpeed's pipeline engine does")
+        return configured
+    return module
+
+
 def _size(doc: dict[str, Any], key: str, where: str) -> int | None:
     """A batch size or step count the config gives (None where it leaves it to DeepSpeed): at least 1."""
     if key not in doc:
@@ -270,12 +283,7 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
         tp = _int(mpu, "tensor_model_parallel_size", f"{pwhere}: mpu")
         cp = _int(mpu, "sequence_parallel_world_size", f"{pwhere}: mpu") if "sequence_parallel_world_size" in mpu else 1
         sp = bool(mpu.get("sequence_parallel", False)) and tp > 1
-        key = "activation_checkpoint_interval"
-        if key in pipe_cfg and key in pipeline and pipe_cfg[key] != pipeline[key]:
-            raise SpecError(f"{where}: pipeline.activation_checkpoint_interval "
-                            f"{pipe_cfg['activation_checkpoint_interval']!r} but {pwhere}'s "
-                            f"{pipeline['activation_checkpoint_interval']!r}; make them agree")
-        interval = pipeline.get("activation_checkpoint_interval", interval)
+        interval = _checkpoint_interval(interval, pipeline, where, notes)
         method = pipeline.get("partition_method", PARTITION_METHOD)
         if method != PARTITION_METHOD and "layers_per_stage" not in pipeline:
             raise SpecError(f"{pwhere}: partition_method {method!r} is not read (autotune reads DeepSpeed's "
@@ -333,8 +341,12 @@ def read_deepspeed(config: dict[str, Any], pipeline: dict[str, Any] | None, gpus
                         f"gradient_accumulation_steps {gas} x data-parallel size {gpus // (tp * pp * cp)} (--gpus "
                         f"{gpus} / tp {tp} x pp {pp} x cp {cp}), which DeepSpeed asserts; fix the batch keys, or "
                         f"check on {tp * pp * cp * dp} GPUs")
+    if pipeline is None and gpus % (pp * cp * dp):
+        raise SpecError(f"{where}: train_batch_size {tbs} / (train_micro_batch_size_per_gpu {mbs} x "
+                        f"gradient_accumulation_steps {gas}) = data-parallel size {dp}, which does not divide --gpus "
+                        f"{gpus}; fix the batch keys, or check on a multiple of {dp} GPUs")
     if pipeline is None and tp * pp * cp * dp != gpus:
-        tp = gpus // (pp * cp * dp) if gpus % (pp * cp * dp) == 0 else tp
+        tp = gpus // (pp * cp * dp)
         notes.append(f"no ds_pipeline.json: pp 1 assumed and tp {tp} (--gpus / dp) from the mpu, which DeepSpeed's "
                      "JSON does not hold")
     dtype = "fp16" if fp16 is True else "bf16"

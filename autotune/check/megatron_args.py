@@ -226,7 +226,7 @@ def reading_from_args(argv: list[str], notes: list[str]) -> Reading:
         moe_dispatcher=dispatcher(args, notes), cross_entropy=cross_entropy(args, notes),
         **overlap_settings(args, zero, vpp),
         moe_imbalance=routing_imbalance(args), moe_capacity=capacity(args, _float), model_fields=model,
-        model_soft=_soft(args), notes=tuple(notes),
+        model_soft=_soft(args), notes=tuple(notes), vocab_divisor=_int(args, "--make-vocab-size-divisible-by", 128),
         shard_replicas=(_int(args, "--num-distributed-optimizer-instances", 1) or 1) if zero == 1 else 1)
 
 

@@ -75,6 +75,9 @@ class Reading:
     """Megatron's --microbatch-group-size-per-virtual-pipeline-stage (costed as its default, pp)."""
     moe_capacity: tuple[float, bool] = (0.0, False)
     """MoE capacity factor (0: dropless) and whether experts are padded to it (JobSpec.moe_capacity_factor)."""
+    vocab_divisor: int = 0
+    """Megatron's --make-vocab-size-divisible-by (default 128): it pads the vocabulary to a multiple of this x tp;
+    0 for trainers that do not pad."""
     moe_imbalance: float | None = None
     """Busiest expert's load over the mean where the config fixes it (1.0: forced balanced routing); None: the
     cost model's default for learned routing (JobSpec.moe_imbalance)."""

@@ -353,9 +353,10 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
     note = header_note(r.header_plan, plan)
     if note is not None:
         notes.append(note)
-    if trainer == "megatron" and model.vocab_size % r.tp:
-        notes.append(f"vocab {model.vocab_size} is not divisible by tp {r.tp}: Megatron pads it to "
-                     f"{vocab_padded(model.vocab_size, r.tp, 1)} or more; costed unpadded")
+    if r.vocab_divisor and (padded := vocab_padded(model.vocab_size, r.tp, r.vocab_divisor)) != model.vocab_size:
+        notes.append(f"vocab {model.vocab_size}: Megatron pads it to {padded}, a multiple of "
+                     f"--make-vocab-size-divisible-by {r.vocab_divisor} x tp {r.tp}; costed unpadded (the LM head and "
+                     f"embedding {padded / model.vocab_size - 1:.1%} larger in the run)")
     return Understood(trainer=trainer, plan=plan, model=model, job=job, notes=tuple(notes), torchtitan_format=fmt,
                       flushes=flushes)
 

@@ -1044,3 +1044,16 @@ def test_distributed_optimizer_instances_follow_megatrons_rules(cli, tmp_path: P
     with pytest.raises(SpecError, match="4 distributed-optimizer instances .* must divide the data x context-parallel "
                                         "size 2"):
         cli("check", str(path), "--gpu", "h100-sxm", "--gpus", "8")
+
+
+def test_megatron_vocabulary_padding_is_said_exactly(cli, tmp_path: Path) -> None:
+    """Megatron-LM pads the vocabulary to a multiple of --make-vocab-size-divisible-by (default 128) x tp
+    (_vocab_size_with_padding): GPT-2's 50257 at tp 8 becomes 51200, not '50264 or more' (user-tester); with a
+    divisor of 1 it pads to the next multiple of tp alone."""
+    gpt2 = ARGS.replace("--vocab-size 128255", "--vocab-size 50256").replace("PARALLEL", "--tensor-model-parallel-size 8")
+    doc, _ = _check_json(cli, str(_write(tmp_path, "args.txt", gpt2)), "--gpu", "h100-sxm", "--gpus", "16")
+    assert any("vocab 50257: Megatron pads it to 51200, a multiple of --make-vocab-size-divisible-by 128 x tp 8; "
+               "costed unpadded (the LM head and embedding 1.9% larger in the run)" in n for n in doc["check"]["notes"])
+    exact = gpt2.replace("--vocab-size 50256", "--vocab-size 50256 --make-vocab-size-divisible-by 1")
+    doc, _ = _check_json(cli, str(_write(tmp_path, "exact.txt", exact)), "--gpu", "h100-sxm", "--gpus", "16")
+    assert any("pads it to 50264" in n for n in doc["check"]["notes"])  # 50257 -> a multiple of 1 x 8

@@ -97,18 +97,31 @@ def test_deepspeed_batch_keys_that_disagree_with_the_gpus_name_the_keys() -> Non
                         "bf16": {"enabled": True}}, pipeline, 16, "ds.json")
 
 
+def test_deepspeed_batch_keys_wanting_more_gpus_name_the_keys_without_a_pipeline_file() -> None:
+    """Without ds_pipeline.json the data-parallel size is the batch keys' quotient: 256 / (2 x 2) = 64 on 32 GPUs
+    read as 'the config's degrees ... dp 64 = 64 GPUs' (user-tester), which does not say where dp 64 comes from."""
+    with pytest.raises(SpecError, match=r"z2.json: train_batch_size 256 / \(train_micro_batch_size_per_gpu 2 x "
+                       r"gradient_accumulation_steps 2\) = data-parallel size 64, which does not divide --gpus 32"):
+        read_deepspeed({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+                        "bf16": {"enabled": True}}, None, 32, "z2.json")
+
+
 def test_deepspeed_keys_the_pipeline_file_also_sets_must_agree() -> None:
-    """A Ulysses degree, a checkpoint interval or a partition method the JSON and ds_pipeline.json set apart were
-    dropped without a word, the pipeline file winning (user-tester): refused, naming both."""
+    """A Ulysses degree or a partition method the JSON and ds_pipeline.json set apart were dropped without a word,
+    the pipeline file winning (user-tester): refused, naming both; the checkpoint interval as DeepSpeed takes it."""
     config = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
               "bf16": {"enabled": True}}
     pipeline = {"num_stages": 2, "mpu": {"tensor_model_parallel_size": 1}, "activation_checkpoint_interval": 0}
     with pytest.raises(SpecError, match="ds.json: sequence_parallel_size 2 but ds_pipeline.json's "
                        "mpu.sequence_parallel_world_size 1; make them agree"):
         read_deepspeed({**config, "sequence_parallel_size": 2}, pipeline, 16, "ds.json")
-    with pytest.raises(SpecError, match="ds.json: pipeline.activation_checkpoint_interval 1 but ds_pipeline.json's "
-                       "0; make them agree"):
-        read_deepspeed({**config, "pipeline": {"activation_checkpoint_interval": 1}}, pipeline, 16, "ds.json")
+    # the checkpoint interval is DeepSpeed's to resolve: the JSON's, where above 0, replaces the module's
+    # (runtime/pipe/engine.py), noted; a JSON 0 leaves the module's
+    r = read_deepspeed({**config, "pipeline": {"activation_checkpoint_interval": 1}}, pipeline, 16, "ds.json")
+    assert r.recompute == "full" and any("replaces ds_pipeline.json's 0" in n for n in r.notes)
+    r = read_deepspeed({**config, "pipeline": {"activation_checkpoint_interval": 0}},
+                       {**pipeline, "activation_checkpoint_interval": 1}, 16, "ds.json")
+    assert r.recompute == "full"
     with pytest.raises(SpecError, match="ds_pipeline.json: partition_method 'parameters' is not read"):
         read_deepspeed(config, {**pipeline, "partition_method": "parameters"}, 16, "ds.json")
     r = read_deepspeed({**config, "sequence_parallel_size": 1, "pipeline": {"activation_checkpoint_interval": 0}},
