@@ -20,11 +20,11 @@ from autotune.check.megatron_layout import check_layout, parse_layout
 from autotune.check.megatron_moe_args import (MOE_NEUTRAL_SWITCH, MOE_NEUTRAL_VALUE, MOE_SWITCH, MOE_VALUE,
                                               capacity, dispatcher, mla_model_fields, moe_model_fields,
                                               routing_imbalance)
-from autotune.check.megatron_notes import costed_otherwise_notes
+from autotune.check.megatron_notes import COSTED_OTHERWISE, QUALIFIERS, costed_otherwise_notes
 from autotune.check.megatron_precision import (PRECISION_SWITCH, PRECISION_VALUE, cross_entropy, flash_attention,
                                                grad_reduce, optimizer_states)
 from autotune.check.megatron_recompute import recompute_setting
-from autotune.check.megatron_values import float_arg as _float, fraction_arg, int_arg as _int
+from autotune.check.megatron_values import float_arg as _float, fraction_arg, int_arg as _int, window_fields
 from autotune.check.overlaps import overlap_settings
 from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.check.script import launch_words, launcher_world
@@ -97,7 +97,7 @@ SWITCH = frozenset("""
 VALUE, SWITCH = VALUE | MOE_VALUE | PRECISION_VALUE, SWITCH | MOE_SWITCH | PRECISION_SWITCH  # megatron_moe/precision
 NEUTRAL_VALUE, NEUTRAL_SWITCH = NEUTRAL_VALUE | MOE_NEUTRAL_VALUE, NEUTRAL_SWITCH | MOE_NEUTRAL_SWITCH
 #: Value flags that take a list (argparse nargs='*').
-LIST_VALUE = {"--recompute-modules"}
+LIST_VALUE = {"--recompute-modules", "--window-size", "--window-attn-skip-freq"}
 #: Old spellings Megatron still accepts, and what they mean here.
 DEPRECATED = {
     "--model-parallel-size": "--tensor-model-parallel-size",
@@ -110,7 +110,9 @@ DEPRECATED = {
     "--use-custom-fsdp": "--use-megatron-fsdp",  # its name before megatron-core 0.14
 }
 #: Every flag the reader knows, for telling a slip of one from a flag it does not (reading.misspelling_of).
-KNOWN_FLAGS = frozenset(VALUE | SWITCH | LIST_VALUE | NEUTRAL_VALUE | NEUTRAL_SWITCH | set(DEPRECATED))
+#: Flags read for their notes only (megatron_notes.py), with any values they have.
+OTHERWISE = frozenset(COSTED_OTHERWISE) | frozenset(QUALIFIERS)
+KNOWN_FLAGS = frozenset(VALUE | SWITCH | LIST_VALUE | NEUTRAL_VALUE | NEUTRAL_SWITCH | OTHERWISE | set(DEPRECATED))
 
 
 def read_megatron(text: str) -> Reading:
@@ -144,7 +146,7 @@ def parse_args(argv: list[str], notes: list[str]) -> dict[str, Any]:
             args[flag], i = True, i + 1
             if DEPRECATED.get(flag) in SWITCH:  # a renamed switch: every reader sees the current name
                 args[DEPRECATED[flag]] = True
-        elif flag in NEUTRAL_VALUE or flag in NEUTRAL_SWITCH:  # any values it has go with it
+        elif flag in NEUTRAL_VALUE or flag in NEUTRAL_SWITCH or flag in OTHERWISE:  # any values go with it
             args[flag], i = inline or True, i + 1
             while i < len(argv) and not argv[i].startswith("--"):
                 args[flag], i = argv[i], i + 1
@@ -292,7 +294,7 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
                             "refuses it with softmax); add it, or drop the bias")
         if shared := _int(args, "--moe-shared-expert-intermediate-size", 0):
             fields.update(num_shared_experts=1, shared_expert_ffn_hidden_size=shared)
-    fields.update(mla_model_fields(args, _int, notes))
+    fields.update(mla_model_fields(args, _int, notes), **window_fields(args, fields["num_layers"]))
     fields["mtp_layers"] = check_max(_int(args, "--mtp-num-layers", 0) or 0, MAX_MTP_LAYERS, "--mtp-num-layers")
     if args.get("--tokenizer-type") == "NullTokenizer" and "--vocab-size" in args:
         fields["vocab_size"] = (_int(args, "--vocab-size") or 0) + 1  # NullTokenizer adds the EOD token

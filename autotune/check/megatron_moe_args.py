@@ -42,30 +42,31 @@ MLA_DEFAULTS = {"--kv-lora-rank": 32, "--qk-head-dim": 128, "--qk-pos-emb-head-d
 _TERM = re.compile(r"\[([01](?:,[01])*)\](?:\*(\d+))?")
 
 
-def layer_pattern(text: str, num_layers: int) -> list[int]:
+def layer_pattern(text: str, num_layers: int, flag: str = "--moe-layer-freq") -> list[int]:
     """--moe-layer-freq as one 0/1 per layer: an int N (Megatron: layer i is MoE when i % N == 0), or a list
-    expression of the forms Megatron's examples use, '([0]*3+[1]*58)' or '[0,1,0,1]' (read without eval)."""
+    expression of the forms Megatron's examples use, '([0]*3+[1]*58)' or '[0,1,0,1]' (read without eval); the
+    list form of another per-layer flag (`flag`: --window-attn-skip-freq) alike."""
     flat = text.replace(" ", "")
     if re.fullmatch(r"\d+", flat):
         step = int(flat)
         if step < 1:
-            raise SpecError(f"--moe-layer-freq {text}: a layer frequency must be >= 1")
+            raise SpecError(f"{flag} {text}: a layer frequency must be >= 1")
         return [1 if i % step == 0 else 0 for i in range(num_layers)]
     body = flat[1:-1] if flat.startswith("(") and flat.endswith(")") else flat
     bits: list[int] = []
     for term in body.split("+"):
         match = _TERM.fullmatch(term)
         if match is None:
-            raise SpecError(f"--moe-layer-freq {text!r}: use an integer or a list expression such as "
+            raise SpecError(f"{flag} {text!r}: use an integer or a list expression such as "
                             "'([0]*3+[1]*58)' (one 0 or 1 per layer)")
         repeat = int(match.group(2) or 1)
         if repeat > num_layers:
-            raise SpecError(f"--moe-layer-freq {text!r}: a repeat of {repeat} exceeds --num-layers {num_layers}")
+            raise SpecError(f"{flag} {text!r}: a repeat of {repeat} exceeds --num-layers {num_layers}")
         bits += [int(b) for b in match.group(1).split(",")] * repeat
     if len(bits) != num_layers:
-        raise SpecError(f"--moe-layer-freq {text!r} gives {len(bits)} layers, --num-layers {num_layers}; give one "
+        raise SpecError(f"{flag} {text!r} gives {len(bits)} layers, --num-layers {num_layers}; give one "
                         "entry per layer")
-    if not any(bits):
+    if not any(bits) and flag == "--moe-layer-freq":
         raise SpecError(f"--moe-layer-freq {text!r} has no MoE layer; drop --num-experts for a dense model")
     return bits
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.errors import SpecError
+
 #: flag -> the note a config giving it gets (the flag recognised, its effect costed as said)
 COSTED_OTHERWISE = {
     "--rampup-batch-size": "--rampup-batch-size: the batch ramps up; checked at the full --global-batch-size",
@@ -31,7 +33,17 @@ COSTED_OTHERWISE = {
                            "the launch gaps",
     "--use-tp-pp-dp-mapping": "--use-tp-pp-dp-mapping: ranks ordered tp-pp-dp; costed in Megatron's default order "
                               "(tp-cp-ep-dp-pp), which decides which groups share a node",
+    # (user-tester: TransformerConfig fields, not "unknown flags"; each changes the step's time or memory)
+    "--cuda-graph-impl": "--cuda-graph-impl: CUDA graphs replay the captured scope without kernel launches, "
+                         "keeping their static buffers; costed with the launch gaps and without the buffers",
+    "--cpu-offloading": "--cpu-offloading: layers' activations (or weights) go to host memory between forward and "
+                        "backward; costed on the GPU, so the memory figure is the run's without offloading",
+    "--fine-grained-activation-offloading": "--fine-grained-activation-offloading: the --offload-modules' "
+                                            "activations go to host memory; costed on the GPU, without offloading",
 }
+#: Flags whose value only qualifies one above (read with it, no note of their own)
+QUALIFIERS = ("--cuda-graph-scope", "--cuda-graph-warmup-steps", "--cpu-offloading-num-layers",
+              "--cpu-offloading-activations", "--cpu-offloading-weights", "--offload-modules")
 
 
 #: values of a COSTED_OTHERWISE flag that are what the cost model prices (no note)
@@ -39,8 +51,22 @@ PRICED_AS_GIVEN = {"--num-distributed-optimizer-instances": {"1"}, "--cp-comm-ty
                    "--fp8-recipe": {"delayed", "tensorwise"}}
 
 
+#: What megatron-core 0.16's TransformerConfig.__post_init__ refuses beside --cpu-offloading: flag -> the feature
+_NOT_WITH_OFFLOADING = (("--pipeline-model-parallel-size", "pipeline parallelism"),
+                        ("--recompute-granularity", "activation recomputation"),
+                        ("--recompute-activations", "activation recomputation"), ("--cuda-graph-impl", "CUDA graphs"),
+                        ("--fine-grained-activation-offloading", "fine-grained activation offloading"))
+
+
 def costed_otherwise_notes(args: dict[str, Any], notes: list[str]) -> None:
     """Append the note of each COSTED_OTHERWISE flag the config gives (a switch that is off, or a value the cost
-    model prices as it is, gives none)."""
+    model prices as it is, gives none), after refusing what megatron-core refuses beside CPU offloading."""
+    if args.get("--cpu-offloading"):
+        for flag, feature in _NOT_WITH_OFFLOADING:
+            value = args.get(flag)
+            if value not in (None, False, "1", "none"):
+                given = flag if value is True else f"{flag} {value}"
+                raise SpecError(f"--cpu-offloading with {given}: megatron-core refuses CPU offloading with {feature} "
+                                "(TransformerConfig); drop one")
     notes.extend(note for flag, note in COSTED_OTHERWISE.items()
-                 if args.get(flag) not in (None, False) and args.get(flag) not in PRICED_AS_GIVEN.get(flag, ()))
+                 if args.get(flag) not in (None, False, "none") and args.get(flag) not in PRICED_AS_GIVEN.get(flag, ()))

@@ -326,8 +326,9 @@ def understand(path: Path, reading: Reading, *, trainer: str, fmt: str | None, g
             raise
         raise SpecError(f"{exc}, or check {launch.name} beside it, which names it") from None
     notes = list(r.notes) + notes
-    run = as_run_model(model, trainer, seq_len)
-    if run != model:  # only torchtitan builds a model's window (emit warns so too)
+    run = model if (r.model_fields or {}).get("sliding_window") else as_run_model(model, trainer, seq_len)
+    if run != model:  # only torchtitan's emitted config builds a model's window (emit warns so), or a Megatron
+        # script giving --window-size itself (megatron-core's TransformerConfig.window_size)
         notes.append(f"{model.name}: the config sets no attention window, so its {model.sliding_window_layers} "
                      f"windowed layers run full attention over {seq_len} tokens; costed so")
         model = run

@@ -1057,3 +1057,17 @@ def test_megatron_vocabulary_padding_is_said_exactly(cli, tmp_path: Path) -> Non
     exact = gpt2.replace("--vocab-size 50256", "--vocab-size 50256 --make-vocab-size-divisible-by 1")
     doc, _ = _check_json(cli, str(_write(tmp_path, "exact.txt", exact)), "--gpu", "h100-sxm", "--gpus", "16")
     assert any("pads it to 50264" in n for n in doc["check"]["notes"])  # 50257 -> a multiple of 1 x 8
+
+
+def test_a_megatron_window_is_costed_as_the_script_sets_it(cli, tmp_path: Path) -> None:
+    """--window-size with --window-attn-skip-freq 2 windows every other layer of the 32 (megatron-core builds the
+    window from TransformerConfig.window_size), so the check costs them windowed and faster than full attention;
+    without the flags, full attention everywhere."""
+    base = ARGS.replace("PARALLEL", "--tensor-model-parallel-size 2")
+    full, _ = _check_json(cli, str(_write(tmp_path, "full.txt", base)), "--gpu", "h100-sxm", "--gpus", "16")
+    windowed = base.replace("--swiglu", "--swiglu --window-size 128 0 --window-attn-skip-freq 2")
+    doc, _ = _check_json(cli, str(_write(tmp_path, "win.txt", windowed)), "--gpu", "h100-sxm", "--gpus", "16")
+    spec = doc["model_spec"]
+    assert (spec["sliding_window"], spec["sliding_window_layers"]) == (128, 16)
+    assert full["model_spec"]["sliding_window"] == 0 and doc["step_time_s"] < full["step_time_s"]
+    assert not any("sets no attention window" in n or "unknown flag" in n for n in doc["check"]["notes"])

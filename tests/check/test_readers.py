@@ -291,6 +291,14 @@ _LLAMA = ("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --swiglu 
     ("--tensor_model_parallel_size 8", "did you mean --tensor-model-parallel-size"),
     ("--sequence-paralel", "did you mean --sequence-parallel"),
     ("--use-distributed-optimiser", "did you mean --use-distributed-optimizer"),
+    ("--cpu-offloading --cpu-offloading-num-layers 4 --pipeline-model-parallel-size 2",
+     "--cpu-offloading with --pipeline-model-parallel-size 2: megatron-core refuses CPU offloading with pipeline"),
+    ("--pipeline-model-parallel-size 1 --cpu-offloading --recompute-activations",
+     "refuses CPU offloading with activation recomputation"),
+    ("--pipeline-model-parallel-size 1 --cpu-offloading --cuda-graph-impl transformer_engine",
+     "refuses CPU offloading with CUDA graphs"),
+    ("--window-size 128", "--window-size '128': expected two whole numbers, left and right"),
+    ("--window-size 128 0 --window-attn-skip-freq '[1,0]'", r"--window-attn-skip-freq '\[1,0\]' gives 2 layers"),
 ])
 def test_megatron_refusals_are_refused_here(flags: str, message: str) -> None:
     """What Megatron refuses at start-up (validate_args, megatron-core's TransformerConfig and
@@ -661,3 +669,32 @@ def test_partial_rope_and_a_parallel_block_are_read_back() -> None:
         read_deepspeed(config, {**pipeline, "model": {**model, "rotary_fraction": 2}}, 16, "ds.json")
     with pytest.raises(SpecError, match="parallel_block must be true or false"):
         read_deepspeed(config, {**pipeline, "model": {**model, "parallel_block": "yes"}}, 16, "ds.json")
+
+
+@pytest.mark.parametrize(("flags", "window", "layers"), [
+    ("--window-size 128 0", 128, 80), ("--window-size 128,0 --window-attn-skip-freq 2", 128, 40),
+    ("--window-size '(4096, 0)' --window-attn-skip-freq 4", 4096, 60),
+    ("--window-size 128 0 --window-attn-skip-freq '[1,1,1,0]*20'", 128, 60), ("--window-size -1 0", 0, 0),
+])
+def test_megatron_attention_window_is_read(flags: str, window: int, layers: int) -> None:
+    """--window-size LEFT RIGHT and --window-attn-skip-freq (TransformerConfig fields: an int N windows layer n
+    unless n % N == 0, 1-based; a list marks windowed layers with 1), read as the model's window on those
+    layers (user-tester: 'unknown flag', the attention costed as full in every layer); -1 is no window."""
+    fields = read_megatron(_LLAMA + flags + "\n").model_fields
+    assert (fields.get("sliding_window", 0), fields.get("sliding_window_layers", 0)) == (window, layers)
+
+
+def test_offloading_and_cuda_graphs_are_noted_as_not_costed() -> None:
+    """TransformerConfig's offloading and CUDA-graph fields change the run's memory and time; they were read as
+    'unknown flags' that 'do not change the plan' (user-tester). Now each says what is costed instead."""
+    notes = read_megatron(_LLAMA + "--pipeline-model-parallel-size 1 --cpu-offloading --cpu-offloading-num-layers 3\n"
+                          ).notes + read_megatron(_LLAMA + "--fine-grained-activation-offloading --offload-modules "
+                                                           "core_attn\n").notes
+    assert not any("unknown flag" in n for n in notes)
+    assert any(n.startswith("--cpu-offloading: layers' activations") for n in notes)
+    assert any(n.startswith("--fine-grained-activation-offloading: the --offload-modules'") for n in notes)
+    notes = read_megatron(_LLAMA + "--cuda-graph-impl transformer_engine --cuda-graph-scope attn moe_router\n").notes
+    assert any(n.startswith("--cuda-graph-impl: CUDA graphs replay") for n in notes)
+    assert not any("unknown flag" in n or "cuda-graph" in n for n in read_megatron(
+        _LLAMA + "--cuda-graph-impl none\n").notes)
+
