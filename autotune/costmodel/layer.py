@@ -20,6 +20,7 @@ from autotune.costmodel.moe import deepep_buffer_bytes, moe_activation_bytes, mo
 from autotune.costmodel.ops import (LayerShape, backward_ops, embedding_backward_ops, embedding_forward_ops,
                                     head_backward_ops, head_forward_ops, layer_forward_ops)
 from autotune.costmodel.epoverlap import hideable_exchange
+from autotune.costmodel.ringattn import cp_exposed
 from autotune.costmodel.tpcomm import (recomputed_gathers_s, regathers_inputs, tp_layer_comm,
                                        tp_overlap_buffers)
 from autotune.costmodel.tpmodes import layer_tp_comm_s, layer_tp_memory
@@ -269,12 +270,11 @@ def _layer_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp
         ep_fwd, ep_bwd = moe_comm(model, hw, shape)
         hidden = hideable_exchange(ep_fwd, ep_bwd, fwd.seconds + bwd.seconds + tp_fwd + tp_bwd)
         tp_fwd, tp_bwd = tp_fwd + ep_fwd, tp_bwd + ep_bwd
-    cp_fwd, cp_bwd = _cp_exchange(model, hw, shape, cp)
+    cp_fwd, cp_bwd = cp_exposed(model, hw, shape, cp, job.trainer, attn_fwd_s,
+                                pass_time(attn_bwd, hw, job.dtype, lookup, kernel).seconds)
     return LayerCost(
         fwd=fwd, bwd=bwd, attn_fwd_s=attn_fwd_s, tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd,
-        # each of the cp-1 exchanges hides behind one ring step's attention (1/cp of it, load-balanced)
-        cp_fwd_s=max(0.0, cp_fwd - (cp - 1) / cp * attn_fwd_s),
-        cp_bwd_s=max(0.0, cp_bwd - (cp - 1) / cp * pass_time(attn_bwd, hw, job.dtype, lookup, kernel).seconds),
+        cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,  # what the ring attention's steps leave of the exchange (ringattn.py)
         params=moe_layer_params(model, tp, ep, etp) if moe else dense_layer_params(model, tp),
         act=_activations(model, shape, job, moe),
         sac_gather_s=recomputed_gathers_s(model, hw, job, shape, blocks),
@@ -326,18 +326,6 @@ def _sac_seconds(fwd_ops, hw: HardwareSpec, job: JobSpec, lookup) -> float:
 def _wgrad_seconds(bwd_ops, hw: HardwareSpec, dtype: str, lookup, kernel: str) -> float:
     """Time of the weight-gradient GEMMs of a backward op list."""
     return pass_time(tuple(op for op in bwd_ops if op.name.endswith("_wgrad")), hw, dtype, lookup, kernel).seconds
-
-
-def _cp_exchange(model: ModelSpec, hw: HardwareSpec, shape: LayerShape, cp: int) -> tuple[float, float]:
-    """Ring attention: cp-1 point-to-point steps passing this rank's K and V chunk on (forward); the
-    backward also passes dK and dV, twice the bytes (Liu et al. 2023; Megatron's context parallelism). Every
-    rank sends at once, so a ring spanning nodes runs at one NIC per step."""
-    if cp == 1:
-        return 0.0, 0.0
-    kv_bytes = 2 * shape.elem * shape.tokens * model.kv_width / shape.tp
-    link = comm.p2p_link(hw, cp, shape.tp)
-    step = comm.p2p(kv_bytes, link)
-    return (cp - 1) * step, 2 * (cp - 1) * step
 
 
 def vocab_cost(model: ModelSpec, hw: HardwareSpec, job: JobSpec, *, tp: int, cp: int, mbs: int, sp: bool,
