@@ -44,6 +44,13 @@ def _is_file(path: str) -> bool:
         return False
 
 
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def model_names() -> list[str]:
     return sorted(p.stem for p in (PROFILES_DIR / "models").glob("*.json"))
 
@@ -59,6 +66,11 @@ def load_model(name_or_path: str) -> ModelSpec:
         return model_from_dict(read_json(catalog, "model file"), str(catalog))
     check_name(name_or_path, "path", "--model")  # a config.json's path becomes the model's name
     path = Path(name_or_path)
+    if _is_dir(name_or_path):  # a Hugging Face checkpoint folder, as transformers' from_pretrained takes one
+        if not (path / "config.json").is_file():
+            raise SpecError(f"--model {name_or_path!r} is a directory without a config.json; give the model file's "
+                            "path")
+        return load_model(str(path / "config.json"))
     if not _is_file(name_or_path):
         raise SpecError(f"--model {name_or_path!r}: not a catalog model or a file; known models: "
                         f"{', '.join(model_names())} (see `autotune models`)")
@@ -90,6 +102,8 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
     """A catalog GPU by name, or a hardware file by path."""
     catalog = _catalog_file("hardware", name_or_path)
     path = catalog if catalog is not None else Path(name_or_path)
+    if catalog is None and _is_dir(name_or_path):
+        raise SpecError(f"--gpu {name_or_path!r} is a directory; give a catalog GPU name or a hardware file's path")
     if catalog is None and not _is_file(name_or_path):
         check_name(name_or_path, "name", "--gpu")  # a very long or odd --gpu gets the name rule, not an OSError
         raise SpecError(f"--gpu {name_or_path!r}: not a catalog GPU or a file; known GPUs: "

@@ -97,6 +97,8 @@ def parse_json(raw: bytes | str, where: str, *, max_depth: int,
     """JSON bytes or text to Python: encoding, nesting, syntax and out-of-range numbers are one-line errors
     (`syntax` words the syntax error, e.g. with the file's line first; default "<where>: invalid JSON at ...")."""
     text = decode_text(raw, where).removeprefix("\ufeff")  # a byte-order mark some editors write: not JSON's
+    if not text.strip():  # json says "Expecting value at line 1 column 1", which does not say why
+        raise SpecError(f"{where}: empty (no JSON in it); give the file its content, or another file")
     depth = json_depth(text)
     if depth > max_depth:
         raise SpecError(f"{where}: nested {depth} levels deep, more than the maximum of {max_depth}; give a flatter "
@@ -137,7 +139,13 @@ MAX_INT_DIGITS = 4000
 def check_target(path: Path, *, directory: bool, flag: str = "--out") -> None:
     """Refuse, before any work, an output path that exists as something a write may not replace: for a file
     anything but a regular file (or a directory, which `write_launch` writes into), for a directory anything
-    but a directory."""
+    but a directory; and one whose writes would be refused (the nearest existing folder not writable), which
+    would otherwise surface after the search."""
+    parent = path if directory and path.is_dir() else path.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecError(f"{flag} {path}: {parent} is not writable (Permission denied); choose another {flag}")
     if not os.path.lexists(path):
         return
     if directory and not path.is_dir():

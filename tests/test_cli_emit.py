@@ -23,6 +23,7 @@ from autotune.cli import main
 from autotune.cli.launch import document_reestimator
 from autotune.emit.document import emit_input_from_document
 from autotune.emit import TRAINERS, emit
+from autotune.render.estimate import WRITTEN_WHEN_SET
 from autotune.specs.model import ModelSpec
 from autotune.specs.plan import even_split
 
@@ -109,7 +110,8 @@ def _read(directory: Path) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------ plan --json
 def test_plan_json_carries_what_emit_needs(docs):
     doc = docs["pipe"]
-    assert set(doc["model_spec"]) == {f.name for f in fields(ModelSpec)}
+    # every field, but the newer ones a model without them leaves out (earlier releases read the document)
+    assert set(doc["model_spec"]) == {f.name for f in fields(ModelSpec)} - set(WRITTEN_WHEN_SET)
     assert doc["model_spec"]["name"] == "llama3-8b" and doc["model_spec"]["num_layers"] == 32
     assert {"model", "gpu", "gpus", "gpus_per_node", "global_batch", "seq_len", "dtype", "flash_attention",
             "fused_kernels"} <= doc["job"].keys()
@@ -484,3 +486,18 @@ def test_out_named_like_a_file_for_several_files_says_it_is_a_directory(autotune
     proc = autotune_proc("emit", "--plan", str(doc), "--trainer", "megatron", "--out", str(tmp_path / "run.sh"))
     assert proc.returncode == 0 and "megatron writes 2 files, so" in proc.stderr
     assert (tmp_path / "run.sh" / "launch_megatron.sh").is_file()
+
+
+def test_an_unwritable_out_is_refused_before_the_search(capsys, tmp_path, monkeypatch):
+    """`plan --out` under a folder it cannot write ran the whole search before 'Permission denied' (user-tester):
+    the nearest existing folder is checked first (os.access, stubbed here so that root sees it too)."""
+    import autotune.fileio as fileio
+
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    monkeypatch.setattr(fileio.os, "access", lambda p, mode: os.path.abspath(p) != str(locked))
+    searched = []
+    monkeypatch.setattr("autotune.cli.plan.check_train_tokens", lambda *a: searched.append(a))
+    message = _one_error(*_main(capsys, "plan", *JOB, "--out", str(locked / "run")))
+    assert f"--out {locked / 'run'}: {locked} is not writable (Permission denied)" in message and not searched
+    assert not (locked / "run").exists()

@@ -89,3 +89,15 @@ def model_options_message(section: dict[str, Any], model: str | None) -> str:
         fix = "its Float8 linears come with a config function that converts them (llama3_405b's does)"
     return (f"{given}: torchtitan 0.3.x takes no model options on its command line (tyro refuses them: a config "
             f"function builds the model); {fix}, or check the 0.2.x TOML that sets [model]")
+
+
+def unknown_config_note(name: str) -> str:
+    """What a config function without a catalog model is read as: its settings where CONFIG_DEFAULTS lists
+    them, else torchtitan 0.3.0's own defaults (Trainer.Config: local_batch_size 8, seq_len 2048, SelectiveAC),
+    which the function may change."""
+    if config_defaults(name):
+        return f"--config {name}: its model is not in autotune's catalog, so it comes from --model; {name}'s batch, " \
+               "sequence length and checkpointing are read as it sets them"
+    return (f"--config {name}: not a torchtitan config function autotune knows, so the model comes from --model and "
+            "the batch, sequence length and activation checkpointing from the overrides, else torchtitan's defaults "
+            f"(local_batch_size 8, seq_len 2048, selective): give them as overrides to check what {name} sets")

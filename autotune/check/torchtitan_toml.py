@@ -17,7 +17,6 @@ both become one nested dict and one mapping, the inverse of autotune/emit/torcht
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import replace
 from typing import Any
@@ -26,7 +25,9 @@ from autotune.catalog import model_names
 from autotune.check.bash import Shell, tokenize
 from autotune.check.reading import Reading, check_sizes, misspelling_of
 from autotune.check.script import launch_words, launcher_world
-from autotune.check.torchtitan_configs import config_defaults, model_options_message, with_overrides
+from autotune.check.torchtitan_configs import (config_defaults, model_options_message, unknown_config_note,
+                                              with_overrides)
+from autotune.check.torchtitan_settings import compiled_model, get as _get, memory_budget, optimizer_states
 from autotune.emit.torchtitan import own_config_names
 from autotune.emit.torchtitan_mapping import MOE_REGISTRY, REGISTRY
 from autotune.errors import SpecError
@@ -120,7 +121,7 @@ def read_overrides(text: str) -> Reading:
             if word == "--config" and values:
                 config, model = values[0], CONFIGS.get(values[0])
                 if model is None and values[0]:
-                    notes.append(_unknown_config_note(values[0]))
+                    notes.append(unknown_config_note(values[0]))
         elif word in NEUTRAL_OPTIONS:
             pass
         elif word.startswith("--") and "." in word:
@@ -161,19 +162,6 @@ def _value(values: list[str], positive: bool) -> Any:
         return [v.split(",") for v in values]
     v = values[0]
     return int(v) if v.lstrip("-").isdigit() else {"true": True, "false": False}.get(v.lower(), v)
-
-
-def _get(tree: dict[str, Any], section: str, key: str, kind: type, default: Any) -> Any:
-    value = tree.get(section, {}).get(key, default)
-    if value is default:
-        return default
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise SpecError(f"{section}.{key} must be an integer, got {value!r}; write it without quotes")
-    if kind is bool and not isinstance(value, bool):
-        raise SpecError(f"{section}.{key} must be true or false, got {value!r}")
-    if kind is str and not isinstance(value, str):
-        raise SpecError(f"{section}.{key} must be a string, got {value!r}")
-    return value
 
 
 def _check_known(tree: dict[str, Any], notes: list[str]) -> None:
@@ -279,7 +267,7 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     if mode == "selective" and option.isdigit():
         recompute, recompute_every = "full", int(option)
     elif mode == "memory_budget":
-        recompute = _memory_budget(tree, notes)
+        recompute = memory_budget(tree, notes)
     elif mode not in ("none", "full", "selective"):
         raise SpecError(f"activation_checkpoint.mode {mode!r}: use none, selective, full or memory_budget")
     async_tp = bool(_get(tree, "compile", "enable_async_tensor_parallel", bool, False)
@@ -292,75 +280,15 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     dtype = "fp8" if any("float8" in str(c) for c in converters) else "bf16"
     if precision != "bfloat16":
         notes.append(f"training.mixed_precision_param {precision}: costed as bf16")
-    return Reading(optimizer_states=_optimizer_states(tree, fmt),
+    return Reading(optimizer_states=optimizer_states(tree, fmt),
         trainer="torchtitan", tp=tp, pp=pp, cp=cp, dp=None if shard == -1 else replicate * shard, ep=ep, etp=etp,
         mbs=mbs, num_microbatches=lbs // mbs if pp > 1 else None, global_batch=None if gbs == -1 else gbs,
         seq_len=seq, vpp=vpp, schedule=schedule, recompute=recompute,
         recompute_every=recompute_every, zero=zero, sequence_parallel=sp,
         tp_overlap=async_tp, layers_per_stage=layers, split=split, split_extra=extra, dtype=dtype,
-        fused_kernels=_compiled_model(tree), model_name=model, notes=tuple(notes),
+        fused_kernels=compiled_model(tree), model_name=model, notes=tuple(notes),
         moe_imbalance=1.0 if _get(tree, "debug", "moe_force_load_balance", bool, False) else None,
         shard_replicas=replicate if shard != 1 and zero else 1)
-
-
-def _memory_budget(tree: dict[str, Any], notes: list[str]) -> str:
-    """torchtitan 0.3.0's MemoryBudgetAC: torch.compile's partitioner recomputes what keeps the activations within
-    memory_budget (default 0.5) of the way from full checkpointing (0) to none (1). Its choice is the compiler's, so
-    the ends read as full and none, and a budget between them as selective, with a note."""
-    budget = tree.get("activation_checkpoint", {}).get("memory_budget", 0.5)
-    if isinstance(budget, str) and re.fullmatch(r"\d*\.?\d+", budget):  # a command-line value: its text
-        budget = float(budget)
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 <= budget <= 1:
-        raise SpecError(f"activation_checkpoint.memory_budget must be a number from 0 to 1, got {budget!r}")
-    if budget in (0, 1):
-        return "full" if budget == 0 else "none"
-    notes.append(f"activation_checkpoint memory_budget {budget:g}: torch.compile's partitioner picks what to "
-                 "recompute; costed as selective recomputation")
-    return "selective"
-
-
-def _unknown_config_note(name: str) -> str:
-    """What a config function without a catalog model is read as: its settings where torchtitan_configs lists
-    them, else torchtitan 0.3.0's own defaults (Trainer.Config: local_batch_size 8, seq_len 2048, SelectiveAC),
-    which the function may change."""
-    if config_defaults(name):
-        return f"--config {name}: its model is not in autotune's catalog, so it comes from --model; {name}'s batch, " \
-               "sequence length and checkpointing are read as it sets them"
-    return (f"--config {name}: not a torchtitan config function autotune knows, so the model comes from --model and "
-            "the batch, sequence length and activation checkpointing from the overrides, else torchtitan's defaults "
-            f"(local_batch_size 8, seq_len 2048, selective): give them as overrides to check what {name} sets")
-
-
-#: optimizer.implementation's values (torchtitan 0.3.0 OptimizersContainer.Config; 0.2.x lacks the last)
-IMPLEMENTATIONS = ("for-loop", "foreach", "fused", "fused_opt_states_bf16")
-
-
-def _optimizer_states(tree: dict[str, Any], fmt: str) -> str:
-    """JobSpec.optimizer_states of optimizer.implementation: 0.3.0's fused_opt_states_bf16 keeps Adam's moments in
-    bf16 beside fp32 parameters (bf16-moments); the others keep fp32 states."""
-    section = tree.get("optimizer")
-    implementation = str(section.get("implementation", "fused")) if isinstance(section, dict) else "fused"
-    if implementation not in IMPLEMENTATIONS:  # torchtitan's Literal refuses the rest
-        raise SpecError(f"optimizer.implementation {implementation!r}: torchtitan takes one of "
-                        f"{', '.join(IMPLEMENTATIONS)}; fix it")
-    reduce = _get(tree, "training", "mixed_precision_reduce", str, "float32")
-    if reduce != "float32":
-        raise SpecError(f"training.mixed_precision_reduce {reduce!r}: torchtitan reduces in float32 only "
-                        "(its config's Literal); drop it or set float32")
-    if implementation != "fused_opt_states_bf16":
-        return "fp32"
-    if fmt == "toml":
-        raise SpecError("optimizer.implementation fused_opt_states_bf16: torchtitan 0.2.x takes for-loop, foreach or "
-                        "fused (bf16 Adam states came in 0.3.0); use one of those")
-    return "bf16-moments"
-
-
-def _compiled_model(tree: dict[str, Any]) -> bool:
-    """torch.compile on the model, torchtitan's fused kernels: compile.enable with "model" among its components
-    (torchtitan's default ["model", "loss"]; deepseek_v3_671b() compiles the loss alone)."""
-    components = tree.get("compile", {}).get("components", ["model", "loss"])
-    names = [c for group in components for c in (group if isinstance(group, list) else [group])]
-    return _get(tree, "compile", "enable", bool, False) and "model" in names
 
 
 def _schedule(name: str) -> str:

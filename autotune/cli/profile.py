@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import sys
 import time
 from pathlib import Path
@@ -103,7 +104,18 @@ def _progress(show: bool, what: str):
 
 
 def _existing(out: Path) -> Profile | None:
-    return load_profile(out) if out.is_file() else None
+    """The profile --out already holds, which this run adds to; a file that is not one is refused with the fix
+    for this command (another --out), not the reader's (re-profile), which is what the user is doing."""
+    if not out.is_file():
+        return None
+    try:
+        return load_profile(out)
+    except SpecError as exc:
+        reason = re.split(r"; (?:the file is corrupt|give the file)", str(exc))[0]
+        reason = reason.removeprefix(f"--profile {out}: ").removeprefix(f"{out}:")
+        raise SpecError(f"--out {out}: an existing file this run would add to, but not a profile autotune reads "
+                        f"({'line ' if reason[:1].isdigit() else ''}{reason.strip()}); remove it or choose another "
+                        "--out") from None
 
 
 def profile_command(

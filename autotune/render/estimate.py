@@ -56,13 +56,13 @@ def estimate_json(est: Estimate, model: ModelSpec, hw: HardwareSpec, job: JobSpe
 
 #: ModelSpec fields newer than the plan documents autotune 0.x already wrote, written only where they differ from
 #: their default, so that an earlier release still reads the plan of a model without them (its reader is strict)
-_WRITTEN_WHEN_SET = ("rotary_fraction", "parallel_block")
+WRITTEN_WHEN_SET = ("rotary_fraction", "parallel_block")
 
 
 def model_spec_json(model: ModelSpec) -> dict[str, Any]:
     """The model's shape as a plan document records it (emit/document.py reads it back)."""
     defaults = {f.name: f.default for f in fields(ModelSpec)}
-    return {k: v for k, v in asdict(model).items() if k not in _WRITTEN_WHEN_SET or v != defaults[k]}
+    return {k: v for k, v in asdict(model).items() if k not in WRITTEN_WHEN_SET or v != defaults[k]}
 
 
 def job_json(model: ModelSpec, hw: HardwareSpec, job: JobSpec, gpus: int) -> dict[str, Any]:

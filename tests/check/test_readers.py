@@ -506,7 +506,7 @@ def test_deepspeed_bf16_master_weights_and_states(bf16: dict, zero: int, expecte
 ])
 def test_torchtitan_optimizer_and_reduce_dtypes(tree: dict, fmt: str, expected: str) -> None:
     """torchtitan's bf16 Adam moments read back; what its config Literals refuse is refused in one line."""
-    from autotune.check.torchtitan_toml import _optimizer_states
+    from autotune.check.torchtitan_settings import optimizer_states as _optimizer_states
 
     if expected in ("fp32", "bf16-moments"):
         assert _optimizer_states(tree, fmt) == expected

@@ -158,6 +158,21 @@ def test_profile_errors(capsys, tmp_path):
     assert code == 0 and "--comm" in out and "--profile" not in out
 
 
+def test_an_out_file_that_is_not_a_profile_is_refused_with_this_commands_fix(capsys, tmp_path):
+    """--out names an existing file the run would add to: one that is not a profile said 're-run autotune profile
+    to write a fresh file', which is what the user was doing (user-tester); now it names the file's fault and the
+    fix (another --out), and leaves the file as it was."""
+    for name, text, says in (("obj.json", '{"a": 1}', "(line 1: schema: missing"),
+                             ("junk.json", "xx", "(line 1: invalid JSON at column 1"),
+                             ("empty.json", "", "(empty (no JSON in it))")):
+        path = tmp_path / name
+        path.write_text(text)
+        code, out, err = _main(capsys, "profile", "--model", "tiny-gpt", "--device", "cpu", "--out", str(path))
+        assert code == 1 and not out and err.count("\n") == 1 and says in err, err
+        assert err.rstrip().endswith("remove it or choose another --out") and "re-run" not in err
+        assert path.read_text() == text
+
+
 def test_device_cuda_without_cuda_is_the_first_error(capsys, tmp_path, monkeypatch):
     """On a machine without CUDA, --device cuda is what is wrong, whatever --tp, --model or --comm say (the --tp
     check came first, and --comm failed inside torchrun)."""

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from autotune.catalog import load_model, model_names
+from autotune.catalog import load_hardware, load_model, model_names
 from autotune.errors import SpecError
 from autotune.specs.model import model_from_dict, model_from_hf_config
 
@@ -154,6 +154,25 @@ def test_load_model_reads_a_hf_file_and_rejects_unknown_names(tmp_path):
     assert load_model(str(path)).num_kv_heads == 8
     with pytest.raises(SpecError, match="not a catalog model or a file; known models: .*llama3-8b"):
         load_model("no-such-model")
+
+
+def test_an_empty_model_file_says_it_is_empty(tmp_path):
+    """json's 'Expecting value: line 1 column 1' did not say the file was empty (user-tester)."""
+    (tmp_path / "config.json").write_text(" \n")
+    with pytest.raises(SpecError, match=r"config.json: empty \(no JSON in it\); give the file its content"):
+        load_model(str(tmp_path / "config.json"))
+
+
+def test_a_checkpoint_folder_is_read_through_its_config_json(tmp_path):
+    """--model DIR, as transformers' from_pretrained takes a checkpoint folder (user-tester: 'not a catalog model
+    or a file' and the whole catalog); a folder without config.json, and --gpu DIR, say what to give."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(LLAMA3_8B_CONFIG))
+    assert load_model(str(tmp_path / "ckpt")) == load_model(str(tmp_path / "ckpt" / "config.json"))
+    with pytest.raises(SpecError, match=r"is a directory without a config.json; give the model file's path$"):
+        load_model(str(tmp_path))
+    with pytest.raises(SpecError, match=r"--gpu '.*' is a directory; give a catalog GPU name or a hardware file"):
+        load_hardware(str(tmp_path))
 
 
 def test_every_catalog_model_loads():
