@@ -219,10 +219,29 @@ class Shell:
 
     def _word(self, word: str) -> str:
         """The word of ${name:-word} after bash's expansion and quote removal (`${X:-"v"}` is v): a '...' part
-        literal, a "..." or bare part expanded."""
-        parts = re.finditer(r"'([^']*)'|\"((?:\\.|[^\"\\])*)\"|((?:\\.|[^'\"\\])+|\\.?)", word, re.S)
-        return "".join(single if single is not None else " ".join(self.expand_text(double if bare is None else bare))
-                       for single, double, bare in (m.groups() for m in parts))
+        literal, a "..." or bare part expanded, a ${...} or $(...) inside either taken whole (it may hold quotes
+        of its own). Not kept: which parts were quoted, so an unquoted ${X:-"a b"} splits where bash would not."""
+        out, text, i = [], "", 0
+        quote = ""
+        while i < len(word):
+            c = word[i]
+            if c == "$" and i + 1 < len(word) and word[i + 1] in "({":
+                k = _skip_subst(word, i)
+                text, i = text + word[i:k], k
+            elif c == "\\" and i + 1 < len(word) and quote != "'":
+                text, i = text + word[i:i + 2], i + 2
+            elif c == "'" and quote != '"':
+                k = word.find("'", i + 1)
+                if k < 0:
+                    raise SpecError(f"unbalanced ' in ${{...:-{word}}}: close it")
+                out.append(" ".join(self.expand_text(text)) + word[i + 1:k])
+                text, i = "", k + 1
+            elif c == '"':
+                out.append(" ".join(self.expand_text(text)))
+                text, quote, i = "", "" if quote else '"', i + 1
+            else:
+                text, i = text + c, i + 1
+        return "".join(out) + " ".join(self.expand_text(text))
 
     def _paren(self, text: str) -> list[str]:
         if text.startswith("((") and text.endswith("))"):

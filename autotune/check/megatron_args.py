@@ -79,10 +79,10 @@ VALUE = frozenset("""
 --num-layers-per-virtual-pipeline-stage --virtual-pipeline-model-parallel-size --decoder-first-pipeline-num-layers
 --decoder-last-pipeline-num-layers --pipeline-model-parallel-layout --micro-batch-size --global-batch-size
 --recompute-granularity --recompute-method --recompute-num-layers --recompute-modules --ddp-bucket-size
---data-parallel-sharding-strategy --microbatch-group-size-per-virtual-pipeline-stage
---fp8-format --attention-backend --expert-model-parallel-size --num-experts --expert-tensor-parallel-size
---moe-router-topk --moe-ffn-hidden-size --moe-router-score-function --moe-shared-expert-intermediate-size
---moe-token-dispatcher-type --moe-flex-dispatcher-backend
+--data-parallel-sharding-strategy --microbatch-group-size-per-virtual-pipeline-stage --window-size
+--window-attn-skip-freq --fp8-format --attention-backend --expert-model-parallel-size --num-experts
+--expert-tensor-parallel-size --moe-router-topk --moe-ffn-hidden-size --moe-router-score-function
+--moe-shared-expert-intermediate-size --moe-token-dispatcher-type --moe-flex-dispatcher-backend
 """.split())
 #: Switches this reader uses.
 SWITCH = frozenset("""
@@ -97,7 +97,7 @@ SWITCH = frozenset("""
 VALUE, SWITCH = VALUE | MOE_VALUE | PRECISION_VALUE, SWITCH | MOE_SWITCH | PRECISION_SWITCH  # megatron_moe/precision
 NEUTRAL_VALUE, NEUTRAL_SWITCH = NEUTRAL_VALUE | MOE_NEUTRAL_VALUE, NEUTRAL_SWITCH | MOE_NEUTRAL_SWITCH
 #: Value flags that take a list (argparse nargs='*').
-LIST_VALUE = {"--recompute-modules", "--window-size", "--window-attn-skip-freq"}
+LIST_VALUE = {"--recompute-modules"}
 #: Old spellings Megatron still accepts, and what they mean here.
 DEPRECATED = {
     "--model-parallel-size": "--tensor-model-parallel-size",
@@ -263,7 +263,7 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
     kv = _int(args, "--num-query-groups", heads) if args.get("--group-query-attention") else heads
     position = args.get("--position-embedding-type", "rope" if args.get("--use-rotary-position-embeddings")
                         else "learned_absolute")
-    if position not in ("rope", "learned_absolute"):
+    if position not in ("rope", "learned_absolute", "none"):  # none: no op and no weights, as ALiBi is costed
         notes.append(f"--position-embedding-type {position}: costed as rope (no learned table)")
     fields: dict[str, Any] = {
         "num_layers": _int(args, "--num-layers"), "hidden_size": h, "num_heads": heads, "num_kv_heads": kv,
@@ -274,7 +274,7 @@ def _model(args: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
         "tied_embeddings": not args.get("--untie-embeddings-and-output-weights"),
         "bias": ("qkv" if args.get("--add-qkv-bias") else "none") if args.get("--disable-bias-linear") else "all",
         "dropout": _float(args, "--attention-dropout", 0.1) > 0 or _float(args, "--hidden-dropout", 0.1) > 0,
-        "causal": True, "position_embedding": "learned" if position == "learned_absolute" else "rope",
+        "causal": True, "position_embedding": {"learned_absolute": "learned", "none": "alibi"}.get(position, "rope"),
         "qk_norm": bool(args.get("--qk-layernorm")),
         "max_position_embeddings": (_int(args, "--max-position-embeddings", 0) or 0)
         if position == "learned_absolute" else 0,

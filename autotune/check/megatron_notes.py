@@ -62,6 +62,11 @@ def costed_otherwise_notes(args: dict[str, Any], notes: list[str]) -> None:
     """Append the note of each COSTED_OTHERWISE flag the config gives (a switch that is off, or a value the cost
     model prices as it is, gives none), after refusing what megatron-core refuses beside CPU offloading."""
     if args.get("--cpu-offloading"):
+        layers, offloaded = args.get("--num-layers"), args.get("--cpu-offloading-num-layers", "0")
+        if isinstance(layers, str) and layers.isdigit() and not (
+                isinstance(offloaded, str) and offloaded.isdigit() and int(offloaded) < int(layers)):
+            raise SpecError(f"--cpu-offloading-num-layers {offloaded}: megatron-core offloads at most --num-layers "
+                            f"{int(layers) - 1} layers (0 to num_layers - 1); lower it")
         for flag, feature in _NOT_WITH_OFFLOADING:
             value = args.get(flag)
             if value not in (None, False, "1", "none"):

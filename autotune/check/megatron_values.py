@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from autotune.check.megatron_moe_args import layer_pattern
 from autotune.errors import SpecError
 
 #: Whole-number flags where 0 means none (every other one is a size or count of at least 1).
@@ -40,19 +41,18 @@ def fraction_arg(args: dict[str, Any], flag: str) -> float:
 
 
 def window_fields(args: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """The sliding window of --window-size LEFT RIGHT (TransformerConfig.window_size; '128,0' and '(128, 0)'
-    alike), read as ModelSpec's window of LEFT keys as Megatron-Bridge maps Hugging Face's sliding_window, on the
+    """The sliding window of --window-size LEFT,RIGHT (TransformerConfig.window_size; '(128, 0)' alike), read as
+    ModelSpec's window of LEFT keys (Transformer Engine's sees LEFT + 1, itself included; Megatron-Bridge maps
+    Hugging Face's sliding_window 128 to (128, 0), so LEFT matches the catalog's windows), on the
     layers --window-attn-skip-freq leaves windowed: an int N windows layer n (1-based) unless n % N == 0, a list
     has 1 for each windowed layer (megatron-core 0.16 transformer/utils.py is_layer_window_attention); without
     it, every layer. {} without a window (or LEFT -1, Megatron's infinite window)."""
-    from autotune.check.megatron_moe_args import layer_pattern  # it reads list patterns of every per-layer flag
-
     if "--window-size" not in args:
         return {}
     sizes = re.findall(r"-?\d+", str(args["--window-size"]))
     if len(sizes) != 2 or not re.fullmatch(r"[\s(),\d-]*", str(args["--window-size"])):
         raise SpecError(f"--window-size {args['--window-size']!r}: expected two whole numbers, left and right "
-                        "(128 0 for a causal 128-token window)")
+                        "(128,0 for a causal 128-token window)")
     left = int(sizes[0])
     if left < 0:
         return {}

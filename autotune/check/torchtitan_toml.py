@@ -267,6 +267,9 @@ def reading_from_tree(tree: dict[str, Any], fmt: str, model: str | None, notes: 
     if mode == "selective" and option.isdigit():
         recompute, recompute_every = "full", int(option)
     elif mode == "memory_budget":
+        if not compiled_model(tree):  # torchtitan 0.3.0 Trainer.Config validation refuses it
+            raise SpecError("activation-checkpoint:memory-budget needs the model compiled: torchtitan refuses it "
+                            "otherwise; add --compile.enable and 'model' to --compile.components")
         recompute = memory_budget(tree, notes)
     elif mode not in ("none", "full", "selective"):
         raise SpecError(f"activation_checkpoint.mode {mode!r}: use none, selective, full or memory_budget")

@@ -30,7 +30,8 @@ STATE_SPACE_KEYS = ("mamba_d_state", "mamba_expand", "state_size", "ssm_cfg", "a
 
 #: Families whose block runs attention and the MLP side by side on one input and adds both to the residual
 #: (transformers' GPTJBlock, CodeGenBlock, PhiDecoderLayer, CohereDecoderLayer); GPT-NeoX and StableLM by
-#: use_parallel_residual (default true, false), Falcon by parallel_attn (default true)
+#: use_parallel_residual (default true, false), Falcon by parallel_attn (default true) or new_decoder_architecture
+#: (FalconDecoderLayer adds the attention output to the MLP's when either is set)
 _PARALLEL_TYPES = ("gptj", "codegen", "phi", "cohere", "cohere2")
 _PARALLEL_KEYS = {"gpt_neox": ("use_parallel_residual", True), "stablelm": ("use_parallel_residual", False),
                   "falcon": ("parallel_attn", True)}
@@ -45,7 +46,8 @@ def block_keys(data: dict[str, Any], model_type: str, head_dim: Any, where: str)
     or GPT-NeoX's rotary_pct), ALiBi (BLOOM; Falcon with alibi true)."""
     out: dict[str, Any] = {}
     keyed = _PARALLEL_KEYS.get(model_type)
-    if model_type in _PARALLEL_TYPES or (keyed and switch(data, keyed[0], keyed[1], where)):
+    falcon_new = model_type == "falcon" and switch(data, "new_decoder_architecture", False, where)
+    if model_type in _PARALLEL_TYPES or falcon_new or (keyed and switch(data, keyed[0], keyed[1], where)):
         out["parallel_block"] = True
     if model_type == "bloom" or (model_type == "falcon" and switch(data, "alibi", False, where)):
         return {**out, "position_embedding": "alibi"}

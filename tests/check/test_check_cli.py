@@ -348,8 +348,7 @@ def test_torchtitan_accumulation_with_a_pipeline_runs_the_schedule_per_step(cli,
     local / microbatch_size micro-batches (0.3.0 trainer.py): local 4 on dp 4 is 4 flushes of 4 micro-batches,
     costed as 4 flushes and one optimizer step (user-tester: it read as one schedule of 16), and a local batch
     whose product with dp does not divide the global one is refused as torchtitan refuses it."""
-    from dataclasses import replace
-
+    
     from autotune.catalog import load_hardware
     from autotune.check.understood import read_config, understand
     from autotune.costmodel.estimate import CostModel
@@ -1050,7 +1049,8 @@ def test_megatron_vocabulary_padding_is_said_exactly(cli, tmp_path: Path) -> Non
     """Megatron-LM pads the vocabulary to a multiple of --make-vocab-size-divisible-by (default 128) x tp
     (_vocab_size_with_padding): GPT-2's 50257 at tp 8 becomes 51200, not '50264 or more' (user-tester); with a
     divisor of 1 it pads to the next multiple of tp alone."""
-    gpt2 = ARGS.replace("--vocab-size 128255", "--vocab-size 50256").replace("PARALLEL", "--tensor-model-parallel-size 8")
+    gpt2 = ARGS.replace("--vocab-size 128255", "--vocab-size 50256").replace("PARALLEL",
+                                                                            "--tensor-model-parallel-size 8")
     doc, _ = _check_json(cli, str(_write(tmp_path, "args.txt", gpt2)), "--gpu", "h100-sxm", "--gpus", "16")
     assert any("vocab 50257: Megatron pads it to 51200, a multiple of --make-vocab-size-divisible-by 128 x tp 8; "
                "costed unpadded (the LM head and embedding 1.9% larger in the run)" in n for n in doc["check"]["notes"])
@@ -1065,9 +1065,23 @@ def test_a_megatron_window_is_costed_as_the_script_sets_it(cli, tmp_path: Path) 
     without the flags, full attention everywhere."""
     base = ARGS.replace("PARALLEL", "--tensor-model-parallel-size 2")
     full, _ = _check_json(cli, str(_write(tmp_path, "full.txt", base)), "--gpu", "h100-sxm", "--gpus", "16")
-    windowed = base.replace("--swiglu", "--swiglu --window-size 128 0 --window-attn-skip-freq 2")
+    windowed = base.replace("--swiglu", "--swiglu --window-size 128,0 --window-attn-skip-freq 2")
     doc, _ = _check_json(cli, str(_write(tmp_path, "win.txt", windowed)), "--gpu", "h100-sxm", "--gpus", "16")
     spec = doc["model_spec"]
     assert (spec["sliding_window"], spec["sliding_window_layers"]) == (128, 16)
     assert full["model_spec"]["sliding_window"] == 0 and doc["step_time_s"] < full["step_time_s"]
     assert not any("sets no attention window" in n or "unknown flag" in n for n in doc["check"]["notes"])
+
+
+def test_an_alibi_models_megatron_script_reads_back_as_that_model(cli, tmp_path: Path) -> None:
+    """The Megatron script of an ALiBi model (BLOOM) says --position-embedding-type none; it read back as RoPE, so
+    `check --model` the header names refused it as another model (reviewer). It reads as position-free, costed as
+    ALiBi is."""
+    config = _write(tmp_path, "config.json", json.dumps({"model_type": "bloom", "n_layer": 4, "hidden_size": 256,
+                                                         "n_head": 4, "vocab_size": 1024}))
+    planned = cli("plan", "--model", str(config), "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "16",
+                  "--seq-len", "1024", "--trainer", "megatron", "--out", str(tmp_path / "run"))
+    assert planned.exit_code == 0, planned.output
+    doc, code = _check_json(cli, str(tmp_path / "run" / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "8",
+                            "--model", str(config))
+    assert code == 0 and doc["model_spec"]["position_embedding"] == "alibi"

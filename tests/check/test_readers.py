@@ -29,7 +29,8 @@ SCRIPTS = {
     # quotes inside the default are removed (torchtitan's run_train.sh: TRAIN_FILE=${TRAIN_FILE:-"torchtitan.train"})
     "quoted-default": 'TP=${TP:-"4"}\nF=${F:-"a b"}\nS=${S:-\'$lit\'}\nQ=${Q-x"y z"w}\n'
                       'Y="a  b"\nX=$Y\nA=(p q)\nJ=${A[@]}\n'
-                      'python pretrain_gpt.py --tp $TP "$F" $F "$S" "$Q" ${U:+"set"} "${V:-"in dq"}" "$X" "$J"\n',
+                      'python pretrain_gpt.py --tp $TP "$F" $F "$S" "$Q" ${U:+"set"} "${V:-"in dq"}" "$X" "$J" '
+                      '${A:-${B:-"x"}} "${A:-${B:-"x y"}}"\n',
 }
 
 
@@ -297,8 +298,10 @@ _LLAMA = ("--num-layers 80 --hidden-size 8192 --num-attention-heads 64 --swiglu 
      "refuses CPU offloading with activation recomputation"),
     ("--pipeline-model-parallel-size 1 --cpu-offloading --cuda-graph-impl transformer_engine",
      "refuses CPU offloading with CUDA graphs"),
+    ("--pipeline-model-parallel-size 1 --cpu-offloading --cpu-offloading-num-layers 80",
+     "--cpu-offloading-num-layers 80: megatron-core offloads at most --num-layers 79 layers"),
     ("--window-size 128", "--window-size '128': expected two whole numbers, left and right"),
-    ("--window-size 128 0 --window-attn-skip-freq '[1,0]'", r"--window-attn-skip-freq '\[1,0\]' gives 2 layers"),
+    ("--window-size 128,0 --window-attn-skip-freq '[1,0]'", r"--window-attn-skip-freq '\[1,0\]' gives 2 layers"),
 ])
 def test_megatron_refusals_are_refused_here(flags: str, message: str) -> None:
     """What Megatron refuses at start-up (validate_args, megatron-core's TransformerConfig and
@@ -652,7 +655,8 @@ def test_routing_imbalance_comes_from_the_flag_the_config_or_the_header() -> Non
 def test_partial_rope_and_a_parallel_block_are_read_back() -> None:
     """--rotary-percent (Megatron-LM) and ds_pipeline.json's rotary_fraction / parallel_block (emit/deepspeed.py's
     model block) come back as the model's; a share outside (0, 1] is refused in the flag's own terms."""
-    flags = "--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 128 --use-rotary-position-embeddings"
+    flags = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 128 "
+             "--use-rotary-position-embeddings")
     assert read_megatron(f"{flags} --rotary-percent 0.25\n").model_soft["rotary_fraction"] == 0.25
     for bad in ("1.5", "0", "nan"):
         with pytest.raises(SpecError, match=f"--rotary-percent '{bad}': expected a share of each head in"):
@@ -672,12 +676,12 @@ def test_partial_rope_and_a_parallel_block_are_read_back() -> None:
 
 
 @pytest.mark.parametrize(("flags", "window", "layers"), [
-    ("--window-size 128 0", 128, 80), ("--window-size 128,0 --window-attn-skip-freq 2", 128, 40),
+    ("--window-size 128,0", 128, 80), ("--window-size 128,0 --window-attn-skip-freq 2", 128, 40),
     ("--window-size '(4096, 0)' --window-attn-skip-freq 4", 4096, 60),
-    ("--window-size 128 0 --window-attn-skip-freq '[1,1,1,0]*20'", 128, 60), ("--window-size -1 0", 0, 0),
+    ("--window-size 128,0 --window-attn-skip-freq '[1,1,1,0]*20'", 128, 60), ("--window-size=-1,0", 0, 0),
 ])
 def test_megatron_attention_window_is_read(flags: str, window: int, layers: int) -> None:
-    """--window-size LEFT RIGHT and --window-attn-skip-freq (TransformerConfig fields: an int N windows layer n
+    """--window-size LEFT,RIGHT and --window-attn-skip-freq (TransformerConfig fields: an int N windows layer n
     unless n % N == 0, 1-based; a list marks windowed layers with 1), read as the model's window on those
     layers (user-tester: 'unknown flag', the attention costed as full in every layer); -1 is no window."""
     fields = read_megatron(_LLAMA + flags + "\n").model_fields

@@ -131,15 +131,18 @@ def test_no_real_torchtitan_setting_is_refused_as_a_slip(version, monkeypatch) -
 
 def test_debug_forced_balance_memory_budget_and_unknown_functions() -> None:
     """torchtitan's --debug.moe_force_load_balance (its router's round-robin, models/common/decoder.py) reads as
-    balanced routing, as Megatron's --moe-router-force-load-balancing does; MemoryBudgetAC's budget reads as full
-    (0), none (1) or selective between them, with a note; a config function autotune does not list says that the
-    batch and sequence are torchtitan's defaults unless the overrides give them (user-tester: silent)."""
+    balanced routing, as Megatron's --moe-router-force-load-balancing does; MemoryBudgetAC (which torchtitan runs
+    on a compiled model only) reads as full (0), none (1) or selective between them, with a note; a config
+    function autotune does not list says that the batch and sequence are torchtitan's defaults unless the
+    overrides give them (user-tester: silent)."""
     base = "--module qwen3 --config qwen3_30b_a3b"
     assert read_overrides(f"{base} --debug.moe_force_load_balance").moe_imbalance == 1.0
     assert read_overrides(base).moe_imbalance is None
     assert read_toml('[model]\nname = "qwen3"\nflavor = "30B-A3B"\n[debug]\nmoe_force_load_balance = true\n'
                      ).moe_imbalance == 1.0
-    budget = f"{base} activation-checkpoint:memory-budget --activation_checkpoint.memory_budget"
+    with pytest.raises(SpecError, match="memory-budget needs the model compiled: torchtitan refuses it otherwise"):
+        read_overrides(f"{base} activation-checkpoint:memory-budget")
+    budget = f"{base} --compile.enable activation-checkpoint:memory-budget --activation_checkpoint.memory_budget"
     assert [read_overrides(f"{budget} {b}").recompute for b in ("0", "0.3", "1")] == ["full", "selective", "none"]
     assert any("memory_budget 0.3: torch.compile's partitioner" in n for n in read_overrides(f"{budget} 0.3").notes)
     with pytest.raises(SpecError, match="memory_budget must be a number from 0 to 1, got 1.5"):

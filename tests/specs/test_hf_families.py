@@ -175,11 +175,13 @@ FALCON_7B = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads":
     (STABLELM_2, "rope", 0.25, False),
     (FALCON_7B, "rope", 1.0, True), ({**FALCON_7B, "parallel_attn": False}, "rope", 1.0, False),
     ({**FALCON_7B, "alibi": True}, "alibi", 1.0, True),  # tiiuae/falcon-rw-1b style
+    ({**FALCON_7B, "parallel_attn": False, "new_decoder_architecture": True, "num_kv_heads": 71}, "rope", 1.0,
+     True),  # FalconDecoderLayer: new_decoder_architecture or parallel_attn adds attention to the MLP output
     (BLOOM_176B, "alibi", 1.0, False),
     ({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
       "num_hidden_layers": 2, "vocab_size": 100}, "rope", 1.0, False),
 ], ids=["neox", "neox-defaults", "neox-sequential", "gptj", "gptj-full", "phi2", "phi-default", "stablelm",
-        "falcon", "falcon-sequential", "falcon-alibi", "bloom", "llama"])
+        "falcon", "falcon-sequential", "falcon-alibi", "falcon-new-layout", "bloom", "llama"])
 def test_block_arrangement_and_position_encoding_are_read(config, position, rotary, parallel):
     """What the cost model costs as Llama's block but a launch config must say or warn about: RoPE on part of
     each head (transformers' partial_rotary_factor / rotary_pct / rotary_dim, with each config class's default),
