@@ -501,3 +501,15 @@ def test_an_unwritable_out_is_refused_before_the_search(capsys, tmp_path, monkey
     message = _one_error(*_main(capsys, "plan", *JOB, "--out", str(locked / "run")))
     assert f"--out {locked / 'run'}: {locked} is not writable (Permission denied)" in message and not searched
     assert not (locked / "run").exists()
+
+
+def test_a_reused_out_directory_names_the_launch_files_this_plan_did_not_write(capsys, tmp_path):
+    """plan --trainer megatron --out D, then --trainer deepspeed --out D, left launch_megatron.sh beside a plan.json
+    recording deepspeed, without a word (user-tester). Now a warning names them; a fresh directory gets none."""
+    _emitters_present()
+    out = tmp_path / "run"
+    _, err = _ok(capsys, "plan", *JOB, "--trainer", "megatron", "--out", str(out))
+    assert "earlier run" not in err
+    _, err = _ok(capsys, "plan", *JOB, "--trainer", "deepspeed", "--out", str(out))
+    assert (f"warning: --out {out}: launch_megatron.sh, sbatch_megatron.sh from an earlier run sit beside this "
+            "plan.json") in err

@@ -138,6 +138,10 @@ def _understood(config: Path, reading: Reading, kind: str, fmt: str | None, gpus
     except InvalidPlanError as exc:
         default = (f" (no --global-batch-size: Megatron's default is --micro-batch-size x data-parallel size = "
                    f"{u.job.global_batch})" if kind == "megatron" and reading.global_batch is None else "")
+        if kind == "torchtitan" and u.plan.schedule == "interleaved" and u.plan.num_microbatches % u.plan.pp:
+            default = (" (torch's ScheduleInterleaved1F1B runs it, in rounds of max(1, micro-batches // pp); "
+                       "autotune costs Megatron's interleaved order, which needs whole rounds of pp: not costed "
+                       "here; a pipeline_parallel_microbatch_size that leaves a multiple of pp micro-batches is)")
         raise InvalidPlanError(in_config_terms(f"{config}: the plan it runs breaks a rule: {exc}{default}", kind)
                                ) from None
     if (issue := seq_len_issue(TRAINER_CAPS[u.trainer], u.plan, u.job.seq_len)) is not None:

@@ -112,8 +112,23 @@ def save_plan(out: str, doc: dict[str, Any], trainer: str | None, *, torchtitan_
                                reestimate=reestimate, mock_data=mock_data, train_tokens=train_tokens)
         files, warnings = files + list(result.files), result.warnings
     written = write_files(Path(out), files)
-    show_warnings(warnings)
+    show_warnings((*warnings, *stale_launch_files(Path(out), [name for name, _ in files])))
     return written
+
+
+#: The files some trainer's launch config is made of (emit/*.py): one left in --out DIR from an earlier plan
+#: for another trainer would sit beside a plan.json that no longer describes it
+LAUNCH_FILES = ("launch_*.sh", "sbatch_*.sh", "ds_config.json", "ds_pipeline.json", "torchtitan.toml",
+                "torchtitan_overrides.txt", "autotune_torchtitan_config.py", "colossalai_config.py")
+
+
+def stale_launch_files(directory: Path, written: list[str]) -> list[str]:
+    """A warning naming the launch files in `directory` this run did not write (none: no warning)."""
+    stale = sorted({p.name for pattern in LAUNCH_FILES for p in directory.glob(pattern) if p.is_file()} - set(written))
+    if not stale:
+        return []
+    return [f"--out {directory}: {', '.join(stale)} from an earlier run sit beside this plan.json, which does not "
+            "describe them; remove them, or use a new --out"]
 
 
 def write_launch(out: str | None, trainer: str, result: EmitResult) -> list[Path]:

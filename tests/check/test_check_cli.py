@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune.emit import emit
-from autotune.errors import SpecError
+from autotune.errors import InvalidPlanError, SpecError
 from emit.scenarios import GOLDEN  # tests/emit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -1085,3 +1085,14 @@ def test_an_alibi_models_megatron_script_reads_back_as_that_model(cli, tmp_path:
     doc, code = _check_json(cli, str(tmp_path / "run" / "launch_megatron.sh"), "--gpu", "h100-sxm", "--gpus", "8",
                             "--model", str(config))
     assert code == 0 and doc["model_spec"]["position_embedding"] == "alibi"
+
+
+def test_torchtitans_short_interleaved_pipeline_says_what_runs_and_what_is_costed(cli, tmp_path: Path) -> None:
+    """deepseek_v3_671b's 4 micro-batches over pp 8: torch's ScheduleInterleaved1F1B runs fewer micro-batches than
+    stages (user-tester: refused as if the trainer did), but autotune's interleaved order is Megatron's, so the
+    refusal says so and what would be costed."""
+    script = _write(tmp_path, "run.sh", "torchrun --nproc_per_node=8 -m torchtitan.train --module deepseek_v3 "
+                    "--config deepseek_v3_671b --parallelism.pipeline_parallel_degree 8 "
+                    "--parallelism.expert_parallel_degree 8 --parallelism.data_parallel_shard_degree 8\n")
+    with pytest.raises(InvalidPlanError, match="torch's ScheduleInterleaved1F1B runs it.*not costed here"):
+        cli("check", str(script), "--gpu", "h100-sxm", "--gpus", "64")
