@@ -348,7 +348,8 @@ def test_torchtitan_accumulation_with_a_pipeline_runs_the_schedule_per_step(cli,
     local / microbatch_size micro-batches (0.3.0 trainer.py): local 4 on dp 4 is 4 flushes of 4 micro-batches,
     costed as 4 flushes and one optimizer step (user-tester: it read as one schedule of 16), and a local batch
     whose product with dp does not divide the global one is refused as torchtitan refuses it."""
-    
+    from dataclasses import replace
+
     from autotune.catalog import load_hardware
     from autotune.check.understood import read_config, understand
     from autotune.costmodel.estimate import CostModel
