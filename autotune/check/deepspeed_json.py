@@ -119,7 +119,9 @@ def _checkpoint_interval(configured: Any, pipeline: dict[str, Any], where: str, 
     above 0, which replaces the PipelineModule's (deepspeed 0.19 runtime/pipe/engine.py PipelineEngine.__init__),
     else the module's (ds_pipeline.json's)."""
     module = pipeline.get("activation_checkpoint_interval", 0)
-    if isinstance(configured, int) and not isinstance(configured, bool) and configured > 0:
+    if isinstance(configured, bool) or not isinstance(configured, int):  # DeepSpeed's config refuses it too
+        raise SpecError(f"{where}: pipeline.activation_checkpoint_interval must be a whole number, got {configured!r}")
+    if configured > 0:
         if module != configured:
             notes.append(f"{where}: pipeline.activation_checkpoint_interval {configured} replaces ds_pipeline.json's "
                          f"{module!r}, as DeepSpeed's pipeline engine does")

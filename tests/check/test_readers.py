@@ -123,6 +123,8 @@ def test_deepspeed_keys_the_pipeline_file_also_sets_must_agree() -> None:
     r = read_deepspeed({**config, "pipeline": {"activation_checkpoint_interval": 0}},
                        {**pipeline, "activation_checkpoint_interval": 1}, 16, "ds.json")
     assert r.recompute == "full"
+    with pytest.raises(SpecError, match="pipeline.activation_checkpoint_interval must be a whole number, got 1.5"):
+        read_deepspeed({**config, "pipeline": {"activation_checkpoint_interval": 1.5}}, pipeline, 16, "ds.json")
     with pytest.raises(SpecError, match="ds_pipeline.json: partition_method 'parameters' is not read"):
         read_deepspeed(config, {**pipeline, "partition_method": "parameters"}, 16, "ds.json")
     r = read_deepspeed({**config, "sequence_parallel_size": 1, "pipeline": {"activation_checkpoint_interval": 0}},
