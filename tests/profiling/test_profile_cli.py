@@ -91,8 +91,10 @@ def test_plan_with_the_profile_differs_from_the_roofline_plan(tiny_profile, caps
     prof = ("--profile", str(tiny_profile))
     roof_measured, best_measured = estimate(roof["plan"], *prof), estimate(measured["plan"], *prof)
     roof_roofline = estimate(roof["plan"])
+    # which plan wins follows this CPU's timings: at cp 2 the layer has ring attention's two correction ops more
+    ops = 34 + (2 if measured["plan"]["cp"] > 1 else 0)
     assert best_measured["op_costs"] == {"source": str(tiny_profile), "device": load_profile(tiny_profile).device.name,
-                                         "measured_ops": 34, "roofline_ops": 0, "fallback": []}
+                                         "measured_ops": ops, "roofline_ops": 0, "fallback": []}
     assert roof_roofline["op_costs"]["source"] == "roofline"
     # the reason: measured compute is more than 100x the roofline's, and under it the roofline's plan loses
     assert roof_measured["breakdown"]["compute_s"] > 100 * roof_roofline["breakdown"]["compute_s"]
