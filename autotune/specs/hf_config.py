@@ -103,7 +103,7 @@ def model_from_hf_config(data: dict[str, Any], where: str) -> ModelSpec:
         spec["mtp_layers"] = data["num_nextn_predict_layers"]
     spec.update(moe)
     spec.update(_hf_window_and_clamp(data, model_type, where))
-    spec.update(block_keys(data, model_type, spec.get("head_dim"), where))
+    spec.update(block_keys(data, model_type, where))
     if model_type == "opt":  # a learned table with OPT's 2-row offset
         spec.update(position_embedding="learned", max_position_embeddings=data.get("max_position_embeddings", 2048) + 2)
     if model_type == "bert":

@@ -40,10 +40,10 @@ _PARALLEL_KEYS = {"gpt_neox": ("use_parallel_residual", True), "stablelm": ("use
 _ROTARY_DEFAULTS = {"gpt_neox": 0.25, "phi": 0.5, "stablelm": 0.25, "persimmon": 0.5}
 
 
-def block_keys(data: dict[str, Any], model_type: str, head_dim: Any, where: str) -> dict[str, Any]:
+def block_keys(data: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
     """The block's arrangement and position encoding where a family departs from Llama's: a parallel block,
-    RoPE on part of each head (rotary_dim of head_dim for GPT-J and CodeGen, default 64; partial_rotary_factor
-    or GPT-NeoX's rotary_pct), ALiBi (BLOOM; Falcon with alibi true)."""
+    RoPE on part of each head (GPT-J's and CodeGen's rotary_dim, default 64, of their n_embd / n_head wide heads;
+    partial_rotary_factor or GPT-NeoX's rotary_pct), ALiBi (BLOOM; Falcon with alibi true)."""
     out: dict[str, Any] = {}
     keyed = _PARALLEL_KEYS.get(model_type)
     falcon_new = model_type == "falcon" and switch(data, "new_decoder_architecture", False, where)
@@ -51,16 +51,23 @@ def block_keys(data: dict[str, Any], model_type: str, head_dim: Any, where: str)
         out["parallel_block"] = True
     if model_type == "bloom" or (model_type == "falcon" and switch(data, "alibi", False, where)):
         return {**out, "position_embedding": "alibi"}
-    if model_type in ("gptj", "codegen"):
-        rotary_dim = data.get("rotary_dim", 64)
-        share = 1.0 if rotary_dim is None or not isinstance(head_dim, int) else _share(rotary_dim, "rotary_dim",
-                                                                                       where) / head_dim
-    else:
-        key = next((k for k in ("partial_rotary_factor", "rotary_pct") if data.get(k) is not None), None)
-        share = _share(data[key], key, where) if key else _ROTARY_DEFAULTS.get(model_type, 1.0)
-    if not 0 < share <= 1:
-        raise SpecError(f"{where}: rotary_dim {data.get('rotary_dim')} exceeds the head width {head_dim}; lower it")
+    key = next((k for k in ("partial_rotary_factor", "rotary_pct") if data.get(k) is not None), None)
+    share = _share(data[key], key, where) if key else _ROTARY_DEFAULTS.get(model_type, 1.0)
+    if model_type in ("gptj", "codegen") and data.get("rotary_dim", 64) is not None:
+        share = _rotary_dim_share(data, where)
     return {**out, "rotary_fraction": share} if share < 1 else out
+
+
+def _rotary_dim_share(data: dict[str, Any], where: str) -> float:
+    """GPT-J's and CodeGen's rotary_dim (default 64) over their head width, n_embd / n_head (whose own checks
+    come later: 1 where they are not yet whole numbers)."""
+    width, heads = data.get("n_embd"), data.get("n_head")
+    if not (isinstance(width, int) and isinstance(heads, int) and heads > 0):
+        return 1.0
+    rotary_dim = _share(data.get("rotary_dim", 64), "rotary_dim", where)
+    if rotary_dim > width // heads:
+        raise SpecError(f"{where}: rotary_dim {rotary_dim:g} exceeds the head width {width // heads}; lower it")
+    return rotary_dim / (width // heads)
 
 
 def _share(value: Any, key: str, where: str) -> float:
@@ -147,9 +154,7 @@ def model_from_gpt2_config(data: dict[str, Any], where: str) -> ModelSpec:
     if rotary:  # GPT-J and CodeGen rotate (part of) each head and keep no position table; untied by default
         spec["position_embedding"] = "rope"
         del spec["max_position_embeddings"]
-        n_head = data["n_head"]
-        spec.update(block_keys(data, str(data.get("model_type", "")), hidden // n_head if isinstance(hidden, int) and
-                               isinstance(n_head, int) and n_head > 0 else None, where))
+        spec.update(block_keys(data, str(data.get("model_type", "")), where))
     return model_from_dict(spec, where)
 
 
